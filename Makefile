@@ -1,0 +1,41 @@
+# Environment: a .venv with torch 2.13.0 (CPU) on this machine. On Colab (COLAB_RELEASE_TAG set)
+# the system python and its preinstalled CUDA torch are used as they are.
+ifdef COLAB_RELEASE_TAG
+PY := python3
+ENV_STAMP := .colab-env
+else
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ENV_STAMP := $(VENV)/.kit-installed
+endif
+NB ?=
+ARGS ?=
+JOBS ?=
+RELEASES ?= 5.14.1 5.17.0 5.24.0
+
+.PHONY: env run-all run test report matrix clean
+
+env: $(ENV_STAMP)
+
+$(ENV_STAMP): requirements.txt pyproject.toml
+ifndef COLAB_RELEASE_TAG
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+endif
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+run-all: env
+	$(PY) -m helpers.runner run-all $(if $(JOBS),--jobs $(JOBS)) $(ARGS)
+
+run: env
+	@test -n "$(NB)" || (echo "usage: make run NB=02 [ARGS='-p model_id ...']" && exit 2)
+	$(PY) -m helpers.runner run $(NB) $(ARGS)
+
+test: env
+	$(PY) -m pytest -q -n 2 tests
+
+clean:
+	rm -rf outputs/notebooks outputs/results outputs/figures outputs/html outputs/matrix outputs/SUMMARY.md outputs/timings.json

@@ -1,0 +1,90 @@
+"""The seed's cache variants, built exactly the way their names say, and how to describe them."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from . import compat
+from .compare import tensors_bitwise_equal
+
+
+@dataclass
+class Variant:
+    """A cache variant: the cache, how it was built, or why this release cannot build it."""
+
+    name: str
+    how: str
+    cache: Any = None
+    unavailable: str | None = None
+
+
+def kv_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Detached clones of every layer's (keys, values)."""
+    pairs = []
+    for layer in compat.cache_layers(cache):
+        keys, values = compat.layer_kv(layer)
+        pairs.append((keys.detach().clone(), values.detach().clone()))
+    return pairs
+
+
+def rebuild_by_update(cache: Any, config: Any | None = None) -> DynamicCache:
+    """`update()` each layer's K/V into a new DynamicCache (config-aware when config is given)."""
+    rebuilt = compat.dynamic_cache(config)
+    for layer_idx, (keys, values) in enumerate(kv_pairs(cache)):
+        rebuilt.update(keys, values, layer_idx)
+    return rebuilt
+
+
+def build_variants(prefill_cache: Any, model_config: Any) -> dict[str, Variant]:
+    """The seed's four variants: A original deep copy, B update() into DynamicCache(),
+    C update() into DynamicCache(config=text_config), D the tensor-data constructor."""
+    text_config = compat.text_config(model_config)
+    variants = {
+        "original": Variant("original", "copy.deepcopy(prefill_cache)", copy.deepcopy(prefill_cache)),
+        "rebuilt_update": Variant("rebuilt_update", "DynamicCache() + update() per layer", rebuild_by_update(prefill_cache)),
+        "rebuilt_config": Variant("rebuilt_config", "DynamicCache(config=text_config) + update() per layer",
+                                  rebuild_by_update(prefill_cache, text_config)),
+    }
+    how = "DynamicCache(ddp_cache_data=kv_pairs, config=text_config)"
+    try:
+        variants["rebuilt_ctor"] = Variant("rebuilt_ctor", how, compat.dynamic_cache_from_pairs(kv_pairs(prefill_cache), text_config))
+    except NotImplementedError as exc:
+        variants["rebuilt_ctor"] = Variant("rebuilt_ctor", how, unavailable=str(exc))
+    return variants
+
+
+def describe(cache: Any) -> dict[str, Any]:
+    """Layer count, layer classes, reported length and K/V shapes of a cache."""
+    layers = compat.cache_layers(cache)
+    shapes = []
+    for layer in layers:
+        keys, values = compat.layer_kv(layer)
+        shapes.append((tuple(keys.shape) if keys is not None else None, tuple(values.shape) if values is not None else None))
+    return {
+        "cache_class": type(cache).__name__,
+        "n_layers": len(layers),
+        "layer_classes": sorted({type(layer).__name__ for layer in layers}),
+        "seq_length": int(cache.get_seq_length()),
+        "kv_shapes": sorted({str(s) for s in shapes}),
+        "kv_dtype": sorted({str(compat.layer_kv(layer)[0].dtype) for layer in layers if compat.layer_kv(layer)[0] is not None}),
+    }
+
+
+def kv_bitwise_equal(a: Any, b: Any) -> bool:
+    """Every layer's keys and values identical in shape, dtype and bits."""
+    la, lb = compat.cache_layers(a), compat.cache_layers(b)
+    if len(la) != len(lb):
+        return False
+    return all(tensors_bitwise_equal(x, y) for ka, kb in zip(la, lb)
+               for x, y in zip(compat.layer_kv(ka), compat.layer_kv(kb)))
+
+
+def fresh_copy(variant: Variant) -> Any:
+    """A deep copy so that one continuation never mutates the cache the next one starts from."""
+    if variant.cache is None:
+        raise RuntimeError(f"variant {variant.name} is unavailable: {variant.unavailable}")
+    return copy.deepcopy(variant.cache)

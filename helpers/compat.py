@@ -1,0 +1,154 @@
+"""Every difference between supported transformers releases, in one place.
+
+Notebooks and other helpers call these functions instead of touching attributes or keyword
+names that moved between releases (5.14.1, 5.17.0, 5.24.0 are the ones the kit is run on).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+import transformers
+from transformers import DynamicCache
+
+TRANSFORMERS_VERSION = transformers.__version__
+
+
+def _params(fn: Any) -> dict[str, inspect.Parameter]:
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return {}
+
+
+def cache_kwarg(model: torch.nn.Module) -> str:
+    """Name of the forward keyword that carries the cache (`past_key_values`, later `cache`)."""
+    params = _params(model.forward)
+    if "past_key_values" in params:
+        return "past_key_values"
+    if "cache" in params:
+        return "cache"
+    return "past_key_values"
+
+
+def cache_from_kwargs(kwargs: dict[str, Any]) -> Any:
+    """The cache object inside a forward call's kwargs, whatever the release calls it."""
+    for name in ("past_key_values", "cache"):
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    return None
+
+
+def output_cache(output: Any) -> Any:
+    """The cache returned by a forward call (`past_key_values`, later `cache`)."""
+    for name in ("past_key_values", "cache"):
+        value = getattr(output, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def generate_logits(output: Any) -> tuple[torch.Tensor, ...]:
+    """Per-step raw logits of `generate(..., output_logits=True, return_dict_in_generate=True)`."""
+    logits = getattr(output, "logits", None)
+    if logits is None:
+        raise AttributeError(f"{type(output).__name__} carries no per-step logits on transformers {TRANSFORMERS_VERSION}")
+    return tuple(logits)
+
+
+def layer_kv(layer: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(keys, values) of one cache layer."""
+    if hasattr(layer, "keys") and not callable(getattr(layer, "keys")):
+        return layer.keys, layer.values
+    return getattr(layer, "key_cache", None), getattr(layer, "value_cache", None)
+
+
+def cache_layers(cache: Any) -> list[Any]:
+    """The per-layer objects of a cache."""
+    return list(getattr(cache, "layers", []))
+
+
+def has_tensor_data_constructor() -> bool:
+    """Whether `DynamicCache(ddp_cache_data=..., config=...)` exists on this release."""
+    params = _params(DynamicCache.__init__)
+    return "ddp_cache_data" in params and "config" in params
+
+
+def dynamic_cache_from_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], config: Any) -> DynamicCache:
+    """The release's tensor-data constructor; NotImplementedError where it has none."""
+    if not has_tensor_data_constructor():
+        raise NotImplementedError(f"DynamicCache has no ddp_cache_data/config constructor on transformers {TRANSFORMERS_VERSION}")
+    return DynamicCache(ddp_cache_data=pairs, config=config)
+
+
+def dynamic_cache(config: Any | None = None, **kwargs: Any) -> DynamicCache:
+    """An empty DynamicCache, config-aware when a config is given."""
+    return DynamicCache(config=config, **kwargs) if config is not None else DynamicCache(**kwargs)
+
+
+def text_config(config: Any) -> Any:
+    """The decoder (text) config of a multimodal or text-only model config."""
+    getter = getattr(config, "get_text_config", None)
+    return getter(decoder=True) if getter is not None else getattr(config, "text_config", config)
+
+
+# --- Qwen3-VL model-side multimodal position state -------------------------------------------------
+
+ROPE_STATE_ATTR = "rope_deltas"
+
+
+def rope_state_owner(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module that keeps the multimodal position state (`rope_deltas`), or None for text-only models."""
+    for candidate in (getattr(model, "model", None), getattr(model, "base_model", None), model):
+        if candidate is not None and hasattr(candidate, ROPE_STATE_ATTR):
+            return candidate
+    return None
+
+
+def get_rope_state(model: torch.nn.Module) -> torch.Tensor | None:
+    """Current model-side multimodal position state, None where the model has none set."""
+    owner = rope_state_owner(model)
+    return None if owner is None else getattr(owner, ROPE_STATE_ATTR)
+
+
+def set_rope_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
+    """Overwrite the model-side multimodal position state."""
+    owner = rope_state_owner(model)
+    if owner is None:
+        raise AttributeError(f"{type(model).__name__} keeps no {ROPE_STATE_ATTR} on transformers {TRANSFORMERS_VERSION}")
+    setattr(owner, ROPE_STATE_ATTR, value)
+
+
+def accepts_mm_token_type_ids(model: torch.nn.Module) -> bool:
+    """Whether the multimodal forward takes `mm_token_type_ids` (needed for M-RoPE on newer releases)."""
+    return "mm_token_type_ids" in _params(model.forward)
+
+
+def image_processor_class() -> type:
+    """A Qwen2-VL-family image processor class that works without torchvision."""
+    try:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        return Qwen2VLImageProcessorPil
+    except ImportError:
+        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+        return Qwen2VLImageProcessor
+
+
+def describe_release() -> dict[str, Any]:
+    """What the compat layer resolved on the installed release (shown in notebooks, tested)."""
+    return {
+        "transformers": TRANSFORMERS_VERSION,
+        "tensor_data_constructor": has_tensor_data_constructor(),
+        "image_processor": image_processor_class().__name__,
+    }
+
+
+def generate_cache_kwarg() -> str:
+    """Name under which `generate()` takes a starting cache."""
+    from transformers.generation.utils import GenerationMixin
+
+    params = _params(GenerationMixin.generate)
+    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"

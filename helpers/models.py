@@ -1,0 +1,224 @@
+"""Model loading: the seeded tiny defaults (built from configs, nothing downloaded) and real checkpoints.
+
+`load()` is the one entry point notebooks use. A real checkpoint name goes through
+`from_pretrained`; offline it fails fast with one clear `ModelUnavailableError`.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import urlparse
+
+import torch
+
+TINY_VL = "tiny-qwen3-vl"
+TINY_HYBRID = "tiny-qwen3.5-hybrid"
+
+# Token ids of the tiny Qwen3-VL (its vocabulary is synthetic).
+TINY_VL_TOKENS = {"image": 2000, "video": 2001, "vision_start": 2002, "vision_end": 2003}
+
+
+class ModelUnavailableError(RuntimeError):
+    """A model_id that cannot be loaded here; the message names the offline default."""
+
+
+@dataclass
+class ModelBundle:
+    """A loaded model with what the notebooks need to know about it."""
+
+    model: torch.nn.Module
+    model_id: str
+    revision: str | None
+    dtype: torch.dtype
+    attn_implementation: str
+    device: str
+    seed: int
+    is_multimodal: bool
+    processor: Any = None  # image processor (tiny) or AutoProcessor (real multimodal)
+    tokenizer: Any = None  # None for the tiny models: their token ids are synthetic
+    build: Callable[[], torch.nn.Module] | None = field(default=None, repr=False)
+
+    @property
+    def is_tiny(self) -> bool:
+        return self.model_id.startswith("tiny-")
+
+    def fresh_instance(self) -> torch.nn.Module:
+        """A second model instance with the same weights and no model-side state from earlier calls."""
+        if self.build is None:
+            raise RuntimeError("this bundle has no builder for a fresh instance")
+        return self.build()
+
+    def environment(self) -> dict[str, Any]:
+        device_name = torch.cuda.get_device_name(0) if self.device.startswith("cuda") else None
+        return {
+            "device": self.device,
+            "device_name": device_name or "cpu",
+            "dtype": str(self.dtype).replace("torch.", ""),
+            "attn_implementation": self.attn_implementation,
+            "model_id": self.model_id,
+            "model_revision": self.revision or ("built from config (random weights)" if self.is_tiny else "main"),
+            "seed": self.seed,
+        }
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """'float16' / 'fp16' / torch.float16 -> torch.float16."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
+    name = aliases.get(dtype, dtype)
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    return value
+
+
+def resolve_device(device: str) -> str:
+    """'auto' -> cuda when available, else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def tiny_qwen3_vl_config(attn_implementation: str = "sdpa") -> Any:
+    """A small Qwen3-VL: 4 text layers, hidden 128, a real 2-block vision tower with patch 16.
+
+    Sized so a 224x224 image gives 49 image tokens and rope_deltas -42, as in the seed, and so
+    the findings change the top-1 token, while a notebook runs in seconds on 2 CPU cores.
+    """
+    from transformers import Qwen3VLConfig
+
+    config = Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+            rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [8, 4, 4],
+                             "mrope_interleaved": True},
+        ),
+        vision_config=dict(
+            depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
+            patch_size=16, spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0, 1],
+            num_position_embeddings=2304,
+        ),
+        image_token_id=TINY_VL_TOKENS["image"], video_token_id=TINY_VL_TOKENS["video"],
+        vision_start_token_id=TINY_VL_TOKENS["vision_start"], vision_end_token_id=TINY_VL_TOKENS["vision_end"],
+        tie_word_embeddings=False,
+    )
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def build_tiny_qwen3_vl(seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """The seeded, randomly initialised tiny Qwen3-VL (same weights for the same seed)."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(seed)
+    return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(attn_implementation)).eval()
+
+
+def tiny_image_processor() -> Any:
+    """The real Qwen-VL image processor class, constructed locally with Qwen3-VL's patch settings."""
+    from .compat import image_processor_class
+
+    return image_processor_class()(patch_size=16, temporal_patch_size=2, merge_size=2,
+                                   image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+
+
+def _tiny_hybrid(seed: int, attn_implementation: str) -> torch.nn.Module:
+    from .hybrid import build_tiny_hybrid
+
+    return build_tiny_hybrid(seed=seed, attn_implementation=attn_implementation)
+
+
+TINY_MODELS: dict[str, tuple[Callable[[int, str], torch.nn.Module], bool]] = {
+    TINY_VL: (lambda seed, attn: build_tiny_qwen3_vl(seed, attn), True),
+    TINY_HYBRID: (_tiny_hybrid, False),
+}
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the model hub answers a TCP connect within `timeout` seconds (and offline mode is off)."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    host = urlparse(endpoint).hostname or "huggingface.co"
+    try:
+        with socket.create_connection((host, 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _is_cached(model_id: str, revision: str | None) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    hit = try_to_load_from_cache(model_id, "config.json", revision=revision)
+    return isinstance(hit, str)
+
+
+def _unavailable(model_id: str, why: str) -> ModelUnavailableError:
+    tiny = ", ".join(f"'{name}'" for name in TINY_MODELS)
+    return ModelUnavailableError(
+        f"cannot load model_id='{model_id}': {why}. Offline, use a tiny default built from a config "
+        f"({tiny}); real checkpoints need the model hub (for example in Colab)."
+    )
+
+
+def load_pretrained(model_id: str, revision: str | None, dtype: torch.dtype, attn_implementation: str,
+                    device: str, trust_remote_code: bool = False) -> tuple[torch.nn.Module, Any, Any, bool]:
+    """(model, processor, tokenizer, is_multimodal) of a real checkpoint, or ModelUnavailableError."""
+    from transformers import AutoConfig
+
+    local = os.path.isdir(model_id)
+    if not local and not _is_cached(model_id, revision) and not hub_reachable():
+        raise _unavailable(model_id, "the model hub is not reachable from this machine and it is not in the local cache")
+    try:
+        config = AutoConfig.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - one clear message instead of the hub client's traceback
+        raise _unavailable(model_id, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+    is_multimodal = hasattr(config, "vision_config")
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+
+    cls = AutoModelForImageTextToText if is_multimodal else AutoModelForCausalLM
+    common = dict(revision=revision, trust_remote_code=trust_remote_code)
+    model = cls.from_pretrained(model_id, dtype=dtype, attn_implementation=attn_implementation, **common).to(device).eval()
+    loader = AutoProcessor if is_multimodal else AutoTokenizer
+    try:
+        processor = loader.from_pretrained(model_id, **common)
+    except (OSError, ValueError, TypeError):
+        if not local:
+            raise
+        # A local directory saved without tokenizer files (as in the tests): synthetic token ids.
+        processor = None
+    tokenizer = getattr(processor, "tokenizer", processor)
+    return model, (processor if is_multimodal else None), tokenizer, is_multimodal
+
+
+def load(model_id: str = TINY_VL, revision: str | None = None, dtype: str | torch.dtype = "float32",
+         attn_implementation: str = "sdpa", device: str = "cpu", seed: int = 0,
+         trust_remote_code: bool = False) -> ModelBundle:
+    """Load a tiny default or a real checkpoint into a ModelBundle."""
+    torch_dtype, device = resolve_dtype(dtype), resolve_device(device)
+    if model_id in TINY_MODELS:
+        builder, is_multimodal = TINY_MODELS[model_id]
+
+        def build() -> torch.nn.Module:
+            return builder(seed, attn_implementation).to(device=device, dtype=torch_dtype).eval()
+
+        return ModelBundle(build(), model_id, None, torch_dtype, attn_implementation, device, seed, is_multimodal,
+                           processor=tiny_image_processor() if is_multimodal else None, build=build)
+    if model_id.startswith("tiny-"):
+        raise _unavailable(model_id, "no tiny model of that name")
+    torch.manual_seed(seed)
+
+    def build_real() -> torch.nn.Module:
+        return load_pretrained(model_id, revision, torch_dtype, attn_implementation, device, trust_remote_code)[0]
+
+    model, processor, tokenizer, is_multimodal = load_pretrained(
+        model_id, revision, torch_dtype, attn_implementation, device, trust_remote_code)
+    if is_multimodal and processor is None:  # a local directory saved without processor files
+        processor = tiny_image_processor()
+    return ModelBundle(model, model_id, revision, torch_dtype, attn_implementation, device, seed, is_multimodal,
+                       processor=processor, tokenizer=tokenizer, build=build_real)

@@ -1,0 +1,31 @@
+"""Notebook start-up: declare the claims, write the results file, load the model, show the environment."""
+from __future__ import annotations
+
+from typing import Any
+
+from .models import ModelBundle, load
+from .results import Results, environment
+
+
+def start(notebook: str, claims: dict[str, str], model_id: str, revision: str | None = None,
+          dtype: str = "float32", attn_implementation: str = "sdpa", device: str = "cpu", seed: int = 0,
+          trust_remote_code: bool = False) -> tuple[Results, ModelBundle]:
+    """Results file first (so a failed load is recorded), then the model; returns (results, bundle)."""
+    res = Results(notebook, claims, environment(model_id=model_id, model_revision=revision, dtype=dtype,
+                                                attn_implementation=attn_implementation, device=device, seed=seed))
+    try:
+        bundle = load(model_id, revision, dtype, attn_implementation, device, seed, trust_remote_code)
+    except Exception as exc:
+        for claim_id in claims:
+            res.fail(claim_id, exc)
+        raise
+    res.env = environment(bundle)
+    res.write()
+    return res, bundle
+
+
+def show_environment(res: Results) -> Any:
+    """The environment block as a one-column DataFrame."""
+    import pandas as pd
+
+    return pd.DataFrame({"value": res.env}).rename_axis("environment")
