@@ -35,7 +35,7 @@ run: env
 	$(PY) -m helpers.runner run $(NB) $(ARGS)
 
 test: env
-	$(PY) -m pytest -q -n 2 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 clean:
 	rm -rf outputs/notebooks outputs/results outputs/figures outputs/html outputs/matrix outputs/SUMMARY.md outputs/timings.json

@@ -93,6 +93,8 @@ def _text(bundle: ModelBundle, text: str, seed: int, length: int = 24) -> Prompt
         ids = torch.randint(10, max(11, vocab - 10), (1, length), generator=torch.Generator().manual_seed(seed))
     else:
         ids = bundle.tokenizer(text, return_tensors="pt")["input_ids"]
+        if ids.shape[1] < 2:
+            raise ValueError(f"the tokenizer of {bundle.model_id} turned the prompt into {ids.shape[1]} token(s); need at least 2")
     return Prompt(ids, torch.ones_like(ids))
 
 

@@ -20,6 +20,9 @@ TINY_HYBRID = "tiny-qwen3.5-hybrid"
 TINY_VL_TOKENS = {"image": 2000, "video": 2001, "vision_start": 2002, "vision_end": 2003}
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+
+
 class ModelUnavailableError(RuntimeError):
     """A model_id that cannot be loaded here; the message names the offline default."""
 
@@ -185,13 +188,9 @@ def load_pretrained(model_id: str, revision: str | None, dtype: torch.dtype, att
     common = dict(revision=revision, trust_remote_code=trust_remote_code)
     model = cls.from_pretrained(model_id, dtype=dtype, attn_implementation=attn_implementation, **common).to(device).eval()
     loader = AutoProcessor if is_multimodal else AutoTokenizer
-    try:
-        processor = loader.from_pretrained(model_id, **common)
-    except (OSError, ValueError, TypeError):
-        if not local:
-            raise
-        # A local directory saved without tokenizer files (as in the tests): synthetic token ids.
-        processor = None
+    # A local directory saved without tokenizer files (as in the tests) gets synthetic token ids.
+    has_tokenizer = not local or any(os.path.exists(os.path.join(model_id, f)) for f in TOKENIZER_FILES)
+    processor = loader.from_pretrained(model_id, **common) if has_tokenizer else None
     tokenizer = getattr(processor, "tokenizer", processor)
     return model, (processor if is_multimodal else None), tokenizer, is_multimodal
 

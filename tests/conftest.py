@@ -1,0 +1,25 @@
+"""Shared fixtures: the tiny model and its prompt are built once per test worker."""
+from __future__ import annotations
+
+import pytest
+
+from helpers import continuation, inputs, models
+
+
+@pytest.fixture(scope="session")
+def bundle() -> models.ModelBundle:
+    return models.load(models.TINY_VL)
+
+
+@pytest.fixture(scope="session")
+def prompt(bundle: models.ModelBundle) -> inputs.Prompt:
+    return inputs.build_prompt(bundle)
+
+
+@pytest.fixture()
+def prefix_cache(bundle: models.ModelBundle, prompt: inputs.Prompt):
+    """A fresh cache of prompt[:-1] (prefill also resets the model-side rope state)."""
+    from helpers import compat
+
+    compat.set_rope_state(bundle.model, None)
+    return continuation.prefill(bundle.model, prompt)[1]

@@ -1,0 +1,161 @@
+"""Unit tests for the foundation helpers on the installed release."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from helpers import caches, compare, compat, continuation, models, results
+from helpers.capture import first_call
+
+
+def test_tiny_model_is_deterministic_and_sized_as_the_seed(bundle, prompt):
+    other = models.build_tiny_qwen3_vl(seed=0)
+    for (name, a), (_, b) in zip(bundle.model.state_dict().items(), other.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert prompt.length == 83  # 12 text + 51 image block + 20 text, as one 224x224 image gives
+    assert int(prompt.mm_kwargs["image_grid_thw"].prod()) // 4 == 49
+
+
+def test_prefill_sets_the_seeds_rope_deltas(bundle, prefix_cache):
+    assert compat.get_rope_state(bundle.model).flatten().tolist() == [-42]
+    assert prefix_cache.get_seq_length() == 82
+
+
+def test_variants_are_built_the_way_their_names_say(bundle, prefix_cache, monkeypatch):
+    calls = []
+    original_update = DynamicCache.update
+
+    def spy(self, keys, values, layer_idx, *args, **kwargs):
+        calls.append((id(self), layer_idx))
+        return original_update(self, keys, values, layer_idx, *args, **kwargs)
+
+    monkeypatch.setattr(DynamicCache, "update", spy)
+    variants = caches.build_variants(prefix_cache, bundle.model.config)
+    n = len(compat.cache_layers(prefix_cache))
+    assert variants["original"].cache is not prefix_cache
+    assert [i for c, i in calls if c == id(variants["rebuilt_update"].cache)] == list(range(n))
+    assert [i for c, i in calls if c == id(variants["rebuilt_config"].cache)] == list(range(n))
+    assert not [i for c, i in calls if c == id(variants["original"].cache)]
+    assert variants["rebuilt_config"].cache.layer_class_to_replicate is None  # config-aware: layers pre-created
+    assert variants["rebuilt_update"].cache.layer_class_to_replicate is not None
+    if compat.has_tensor_data_constructor():
+        assert caches.kv_bitwise_equal(variants["rebuilt_ctor"].cache, prefix_cache)
+    for v in variants.values():
+        assert caches.describe(v.cache)["seq_length"] == 82
+
+
+def test_kv_pairs_are_copies(prefix_cache):
+    pairs = caches.kv_pairs(prefix_cache)
+    keys, _ = compat.layer_kv(compat.cache_layers(prefix_cache)[0])
+    assert pairs[0][0].data_ptr() != keys.data_ptr()
+    pairs[0][0].add_(1)
+    assert not caches.kv_bitwise_equal(caches.rebuild_by_update(prefix_cache), DynamicCache())
+
+
+def test_bitwise_equality_detects_a_single_changed_value(prefix_cache):
+    rebuilt = caches.rebuild_by_update(prefix_cache)
+    assert caches.kv_bitwise_equal(rebuilt, prefix_cache)
+    keys, _ = compat.layer_kv(compat.cache_layers(rebuilt)[-1])
+    keys[0, 0, -1, 0] += 1e-3
+    assert not caches.kv_bitwise_equal(rebuilt, prefix_cache)
+
+
+def test_logit_metrics():
+    a = torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0, 5.0]])
+    same = compare.logit_metrics(a, a.clone())
+    assert same["bitwise_equal"] and same["max_abs_diff"] == 0.0 and same["top5_overlap"] == 5
+    b = a.clone()
+    b[0, 0] = 10.0
+    diff = compare.logit_metrics(a, b)
+    assert diff["max_abs_diff"] == 10.0 and not diff["top1_equal"] and diff["top1"] == 0 and diff["cosine"] < 1
+    with pytest.raises(ValueError):
+        compare.logit_metrics(a, a[:, :3])
+
+
+def test_first_call_capture_sees_the_empty_suffix(bundle, prompt, prefix_cache):
+    out = continuation.generate_first_step(bundle.model, prompt.last_token, prefix_cache)
+    assert not out.ok and out.error_type
+    assert out.first_call["input_ids_shape"] == [1, 0]
+    assert out.first_call["past_length"] == 82
+
+
+def test_first_call_hook_is_removed(bundle, prompt):
+    with first_call(bundle.model) as captured:
+        pass
+    assert captured == [] and not bundle.model._forward_pre_hooks
+
+
+def test_full_mask_continuation_matches_full_forward(bundle, prompt, prefix_cache):
+    full, _ = continuation.prefill(bundle.model, prompt, end=None)
+    out = continuation.generate_first_step(bundle.model, prompt.last_token, prefix_cache, attention_mask=prompt.attention_mask)
+    assert out.ok and out.first_call["input_ids_shape"] == [1, 1]
+    assert compare.logit_metrics(full, out.logits)["max_abs_diff"] < 1e-4
+
+
+def test_compat_layer_on_installed_release(bundle, prefix_cache):
+    info = compat.describe_release()
+    assert info["transformers"] == compat.TRANSFORMERS_VERSION
+    assert compat.cache_kwarg(bundle.model) in ("past_key_values", "cache")
+    assert compat.generate_cache_kwarg() in ("past_key_values", "cache")
+    assert compat.rope_state_owner(bundle.model) is bundle.model.model
+    assert compat.text_config(bundle.model.config).num_hidden_layers == 4
+    keys, values = compat.layer_kv(compat.cache_layers(prefix_cache)[0])
+    assert keys.shape == values.shape and keys.shape[-2] == 82
+    assert compat.image_processor_class().__name__.startswith("Qwen2VLImageProcessor")
+    compat.set_rope_state(bundle.model, torch.tensor([[5]]))
+    assert compat.get_rope_state(bundle.model).item() == 5
+
+
+def test_bad_model_id_fails_fast_with_one_clear_message(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    start = time.perf_counter()
+    with pytest.raises(models.ModelUnavailableError) as err:
+        models.load("no-such-org/no-such-model")
+    assert time.perf_counter() - start < 10
+    assert "tiny-qwen3-vl" in str(err.value) and "no-such-org/no-such-model" in str(err.value)
+    assert err.value.__cause__ is None
+    with pytest.raises(models.ModelUnavailableError):
+        models.load("tiny-not-a-model")
+
+
+def test_unreachable_hub_is_detected_quickly(monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.invalid")
+    start = time.perf_counter()
+    with pytest.raises(models.ModelUnavailableError, match="not reachable"):
+        models.load("Qwen/Qwen3-VL-2B-Instruct", revision="89644892e4d85e24eaac8bacfd4f463576704203")
+    assert time.perf_counter() - start < 10
+
+
+def test_real_loading_code_on_a_local_checkpoint(tmp_path, bundle):
+    bundle.model.save_pretrained(tmp_path / "vl")
+    loaded = models.load(str(tmp_path / "vl"))
+    assert loaded.is_multimodal and not loaded.is_tiny and loaded.processor is not None
+    for a, b in zip(bundle.model.state_dict().values(), loaded.model.state_dict().values()):
+        assert torch.equal(a, b)
+    assert loaded.environment()["model_id"] == str(tmp_path / "vl")
+
+
+def test_results_file_is_written_at_start_and_after_each_decision(tmp_path):
+    path = tmp_path / "r.json"
+    res = results.Results("nb", {"a": "A holds", "b": "B holds"}, path=path)
+    data = results.load(path)
+    assert [c["verdict"] for c in data["claims"]] == ["error", "error"]
+    res.decide("a", torch.tensor(True).item(), {"x": torch.tensor([1.5])})
+    res.decide("b", False, {"y": float("nan")})
+    data = json.loads(path.read_text())
+    assert [c["verdict"] for c in data["claims"]] == ["reproduced", "not_reproduced"]
+    assert data["claims"][0]["evidence"] == {"x": [1.5]} and data["claims"][1]["evidence"] == {"y": None}
+    with res.guard("a"):
+        raise RuntimeError("boom")
+    assert results.load(path)["claims"][0]["verdict"] == "reproduced"  # a decided claim is not overwritten
+    res2 = results.Results("nb", {"c": "C"}, path=tmp_path / "r2.json")
+    with res2.guard("c"):
+        raise RuntimeError("boom")
+    assert results.load(tmp_path / "r2.json")["claims"][0]["verdict"] == "error"
+    with pytest.raises(KeyError):
+        res.decide("zzz", True, {})
