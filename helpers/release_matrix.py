@@ -1,0 +1,420 @@
+"""Every notebook on several transformers releases: outputs/matrix/<release>/ and outputs/matrix.md.
+
+Each release gets its own small virtual environment, .venv-tf/<release>, that shares everything
+else with the environment running this code (torch above all: it is never downloaded again). It
+holds only transformers==<release> and whichever of its dependencies (tokenizers,
+huggingface-hub, ...) the shared ones do not satisfy. A `.pth` file in it adds the shared
+site-packages (and through them this kit's editable install) after its own. The pinned release
+reuses the running environment itself. Environments are kept and reused on the next run.
+
+The notebooks then run under that environment's python (`python -m helpers.runner run-all`, so
+papermill's kernel is that python too) with KVKIT_OUTPUT_DIR=outputs/matrix/<release>.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from .paths import output_dir, repo_root
+from .report import VERDICT_MARK, cell, fmt_value, truncate
+
+DEFAULT_RELEASES = ("5.14.1", "5.17.0", "5.24.0")
+STAMP = ".kvkit-ready"
+PIP = ["-m", "pip", "--disable-pip-version-check", "--no-input", "install", "--no-deps", "--no-compile", "-q"]
+
+# Run inside a release environment: requirements of the named distributions that are not met.
+_UNMET = r"""
+import json, sys
+from importlib import metadata
+from packaging.requirements import Requirement
+unmet = []
+for name in sys.argv[1:]:
+    for text in metadata.requires(name) or []:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have is None or (req.specifier and not req.specifier.contains(have, prereleases=True)):
+            unmet.append({"name": req.name, "requirement": f"{req.name}{req.specifier}", "have": have, "by": name})
+print(json.dumps(unmet))
+"""
+
+_PROBE = r"""
+import json, importlib.metadata as m
+import torch, transformers, helpers, papermill, nbconvert
+out = {"python_executable": __import__("sys").executable, "transformers": transformers.__version__,
+       "torch": torch.__version__, "helpers": helpers.__file__, "transformers_file": transformers.__file__}
+for name in ("tokenizers", "huggingface-hub", "safetensors"):
+    try:
+        out[name] = m.version(name)
+    except m.PackageNotFoundError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class ReleaseEnv:
+    release: str
+    ok: bool
+    python: str | None = None
+    reason: str = ""
+    versions: dict[str, Any] = field(default_factory=dict)
+    installed: list[str] = field(default_factory=list)
+    reused: bool = False
+    seconds: float = 0.0
+
+
+def pinned_release() -> str | None:
+    """The transformers version requirements.txt pins."""
+    try:
+        for line in (repo_root() / "requirements.txt").read_text().splitlines():
+            if line.strip().startswith("transformers=="):
+                return line.split("==", 1)[1].split("#")[0].strip()
+    except OSError:
+        pass
+    return None
+
+
+def venvs_dir() -> Path:
+    return Path(os.environ.get("KVKIT_RELEASE_VENVS") or repo_root() / ".venv-tf")
+
+
+def shared_site_packages() -> list[str]:
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def _tail(text: str, n: int = 300) -> str:
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "ERROR" in ln or "Error" in ln]
+    return " ".join((errors or lines)[-2:])[-n:]
+
+
+def _run(cmd: Sequence[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def _probe(python: str) -> dict[str, Any]:
+    res = _run([python, "-c", _PROBE], timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(f"import failed: {_tail(res.stderr)}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _check_probe(release: str, versions: dict[str, Any]) -> str:
+    if versions.get("transformers") != release:
+        return f"imports transformers {versions.get('transformers')} instead of {release}"
+    if not str(versions.get("helpers", "")).startswith(str(repo_root())):
+        return f"imports helpers from {versions.get('helpers')}, not this checkout"
+    return ""
+
+
+def ensure_env(release: str, log=print) -> ReleaseEnv:
+    """The python to run `release` under, creating .venv-tf/<release> if needed (never raises)."""
+    from packaging.version import InvalidVersion, Version
+
+    start = time.perf_counter()
+    env = ReleaseEnv(release, ok=False)
+    try:
+        Version(release)
+    except InvalidVersion:
+        env.reason = f"{release!r} is not a version number"
+        return env
+    try:
+        current = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        current = None
+    if current == release:  # the pinned release: the running environment itself
+        env.python, env.reused = sys.executable, True
+    else:
+        try:
+            with _lock(venvs_dir() / f"{release}.lock"):
+                _build_env(release, env, log)
+        except Exception as exc:  # noqa: BLE001 - reported in the release's column
+            env.reason = env.reason or f"{type(exc).__name__}: {exc}"[:400]
+            env.ok = False
+            env.seconds = round(time.perf_counter() - start, 1)
+            return env
+    try:
+        env.versions = _probe(env.python)
+        env.reason = _check_probe(release, env.versions)
+    except Exception as exc:  # noqa: BLE001
+        env.reason = f"{type(exc).__name__}: {exc}"[:400]
+    env.ok = not env.reason
+    env.seconds = round(time.perf_counter() - start, 1)
+    return env
+
+
+def _build_env(release: str, env: ReleaseEnv, log) -> None:
+    path = venvs_dir() / release
+    python = path / "bin" / "python"
+    shared = shared_site_packages()
+    stamp = path / STAMP
+    if stamp.exists() and python.exists():
+        try:
+            recorded = json.loads(stamp.read_text())
+            if recorded.get("shared") == shared and not _check_probe(release, _probe(str(python))):
+                env.python, env.reused, env.installed = str(python), True, recorded.get("installed", [])
+                return
+        except Exception:  # noqa: BLE001 - a broken environment is rebuilt
+            pass
+    log(f"[matrix] creating {path} for transformers {release}", flush=True)
+    shutil.rmtree(path, ignore_errors=True)
+    res = _run([sys.executable, "-m", "venv", "--without-pip", str(path)])
+    if res.returncode != 0:
+        raise RuntimeError(f"venv creation failed: {_tail(res.stderr)}")
+    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    site.joinpath("_kvkit_shared.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in shared))
+    wanted = [f"transformers=={release}"]
+    checked = ["transformers"]
+    for _ in range(5):
+        res = _run([str(python), *PIP, *wanted])
+        if res.returncode != 0:
+            env.reason = f"pip could not install {' '.join(wanted)}: {_tail(res.stderr or res.stdout)}"
+            raise RuntimeError(env.reason)
+        env.installed += wanted
+        res = _run([str(python), "-c", _UNMET, *checked])
+        if res.returncode != 0:
+            raise RuntimeError(f"dependency check failed: {_tail(res.stderr)}")
+        unmet = json.loads(res.stdout.strip().splitlines()[-1])
+        if not unmet:
+            break
+        heavy = [u for u in unmet if u["name"].lower() in ("torch", "torchvision")]
+        if heavy:
+            env.reason = (f"needs {heavy[0]['requirement']} (shared {heavy[0]['name']} is {heavy[0]['have']}); "
+                          "torch is never downloaded per release")
+            raise RuntimeError(env.reason)
+        wanted = sorted({u["requirement"] for u in unmet})
+        checked = sorted({u["name"] for u in unmet})
+        log(f"[matrix] {release}: installing {' '.join(wanted)} (shared: "
+            + ", ".join(f"{u['name']} {u['have']}" for u in unmet) + ")", flush=True)
+    else:
+        raise RuntimeError(f"dependencies still unmet after 5 rounds: {unmet}")
+    stamp.write_text(json.dumps({"release": release, "shared": shared, "installed": env.installed}) + "\n")
+    env.python = str(python)
+
+
+# --------------------------------------------------------------------------- running
+
+def run_release(release: str, out_base: Path, notebooks: Sequence[str] | None = None,
+                jobs: int | None = None, log=print) -> dict[str, Any]:
+    """Install (or reuse) the release's environment and run the notebooks under it."""
+    dest = out_base / "matrix" / release
+    for sub in ("results", "notebooks", "figures", "html"):
+        shutil.rmtree(dest / sub, ignore_errors=True)
+    for name in ("SUMMARY.md", "timings.json", "release.json"):
+        (dest / name).unlink(missing_ok=True)
+    dest.mkdir(parents=True, exist_ok=True)
+    log(f"[matrix] transformers {release}: preparing environment", flush=True)
+    env = ensure_env(release, log)
+    info: dict[str, Any] = {**asdict(env), "rc": None, "run_seconds": None}
+    if not env.ok:
+        log(f"[matrix] transformers {release}: cannot run: {env.reason}", flush=True)
+    else:
+        log(f"[matrix] transformers {release}: {'reusing' if env.reused else 'built'} {env.python} "
+            f"({env.seconds:.0f}s); running notebooks", flush=True)
+        cmd = [env.python, "-m", "helpers.runner", "run-all"]
+        if notebooks:
+            cmd += ["--notebooks", *notebooks]
+        if jobs:
+            cmd += ["--jobs", str(jobs)]
+        child_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+        child_env["KVKIT_OUTPUT_DIR"] = str(dest)
+        start = time.perf_counter()
+        rc = subprocess.call(cmd, cwd=str(repo_root()), env=child_env)
+        info["rc"], info["run_seconds"] = rc, round(time.perf_counter() - start, 1)
+        log(f"[matrix] transformers {release}: run-all exit {rc} in {info['run_seconds']:.0f}s", flush=True)
+    (dest / "release.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def run_matrix(releases: Sequence[str] = DEFAULT_RELEASES, notebooks: Sequence[str] | None = None,
+               jobs: int | None = None, out_base: Path | None = None, log=print) -> tuple[Path, list[dict[str, Any]]]:
+    """Every release in turn (one that fails does not stop the others), then matrix.md."""
+    out_base = Path(out_base) if out_base else output_dir()
+    infos = [run_release(r, out_base, notebooks, jobs, log) for r in releases]
+    path = write_matrix(out_base, releases)
+    return path, infos
+
+
+# --------------------------------------------------------------------------- matrix.md
+
+def _load_release(out_base: Path, release: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    dest = out_base / "matrix" / release
+    try:
+        info = json.loads((dest / "release.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        info = {"release": release, "ok": False, "reason": "not run (no release.json)"}
+    results = {}
+    for path in sorted((dest / "results").glob("*.json")) if (dest / "results").is_dir() else []:
+        try:
+            results[path.stem] = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            pass
+    return info, results
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts (and lists of dicts) as dotted keys; other lists stay whole values."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            out.update(flatten(sub, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        out = {}
+        for i, sub in enumerate(value):
+            out.update(flatten(sub, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+def _notebook_facts(data: dict[str, Any]) -> dict[str, Any]:
+    facts = {f"environment.{k}": v for k, v in (data.get("environment") or {}).items() if k != "transformers"}
+    for claim in data.get("claims", []):
+        facts[f"claims.{claim.get('id')}.verdict"] = claim.get("verdict")
+        facts.update(flatten(claim.get("evidence") or {}, f"claims.{claim.get('id')}.evidence"))
+    facts.update(flatten(data.get("measurements") or {}, "measurements"))
+    return facts
+
+
+_ABSENT = object()
+
+
+def differences(per_release: dict[str, dict[str, dict[str, Any]]]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """notebook -> [(key, {release: value})] for every key whose value is not the same in every
+    release that ran that notebook (a key missing in one release counts as a difference)."""
+    notebooks = sorted({nb for res in per_release.values() for nb in res})
+    diffs: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for nb in notebooks:
+        facts = {rel: _notebook_facts(res[nb]) for rel, res in per_release.items() if nb in res}
+        if len(facts) < 2:
+            continue
+        keys = list(dict.fromkeys(k for f in facts.values() for k in f))
+        rows = []
+        for key in keys:
+            values = {rel: f.get(key, _ABSENT) for rel, f in facts.items()}
+            if len({json.dumps(v, sort_keys=True, default=str) if v is not _ABSENT else "\0absent" for v in values.values()}) > 1:
+                rows.append((key, values))
+        if rows:
+            diffs[nb] = rows
+    return diffs
+
+
+def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 80) -> str:
+    pinned = pinned_release()
+    loaded = {rel: _load_release(out_base, rel) for rel in releases}
+    ran = {rel: res for rel, (info, res) in loaded.items() if res}
+    heads = [f"{rel} (pinned)" if rel == pinned else rel for rel in releases]
+
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for rel, (_, res) in loaded.items():
+        for nb, data in res.items():
+            for claim in data.get("claims", []):
+                rows.setdefault((nb, claim.get("id")), {})[rel] = claim.get("verdict", "error")
+    lines = ["# transformers release matrix", "",
+             "Every notebook's claims on each transformers release (same torch, same machine). "
+             "Rows marked **Δ** have a verdict that differs between releases.", ""]
+
+    lines += ["## Releases", "", "| release | status | transformers / tokenizers / huggingface-hub | environment | run |",
+              "|---|---|---|---|---|"]
+    for rel, head in zip(releases, heads):
+        info, res = loaded[rel]
+        v = info.get("versions") or {}
+        if not info.get("ok"):
+            status = f"❌ not installed: {info.get('reason', '?')}"
+        elif info.get("rc") == 0:
+            status = "✅ ran"
+        else:
+            status = f"⚠️ ran, run-all exit {info.get('rc')}"
+        vers = " / ".join(str(v.get(k, "—")) for k in ("transformers", "tokenizers", "huggingface-hub")) if v else "—"
+        where = "—"
+        if info.get("python"):
+            where = ("reused " if info.get("reused") else "built ") + f"`{cell(Path(info['python']).parent.parent.name)}`"
+            extra = [i for i in info.get("installed", []) if not i.startswith("transformers==")]
+            if extra:
+                where += " + " + ", ".join(f"`{cell(i)}`" for i in extra)
+        run = f"{fmt_value(info.get('run_seconds'))} s" if info.get("run_seconds") is not None else "—"
+        lines.append(f"| {head} | {cell(status)} | {cell(vers)} | {where} | {run} |")
+    lines.append("")
+
+    lines += ["## Verdicts", "", "| Δ | notebook | claim | " + " | ".join(heads) + " |",
+              "|---|---|---|" + "---|" * len(heads)]
+    changed = []
+    for (nb, cid), verdicts in rows.items():
+        cells = []
+        for rel in releases:
+            info, res = loaded[rel]
+            if rel in verdicts:
+                cells.append(f"{VERDICT_MARK.get(verdicts[rel], '')} {verdicts[rel]}")
+            elif not info.get("ok"):
+                cells.append("not installed")
+            else:
+                cells.append("no result" if nb not in res else "claim absent")
+        differs = len({c for c in cells if c != "not installed"}) > 1
+        if differs:
+            changed.append((nb, cid, cells))
+        lines.append(f"| {'**Δ**' if differs else ''} | {cell(nb)} | `{cell(cid)}` | " + " | ".join(cells) + " |")
+    if not rows:
+        lines.append("| | — | no results | " + " | ".join("—" for _ in releases) + " |")
+    lines.append("")
+
+    if changed:
+        lines += ["### Verdicts that change", ""]
+        for nb, cid, cells in changed:
+            lines.append(f"- `{cid}` ({nb}): " + " → ".join(f"{h}: {c}" for h, c in zip(heads, cells)))
+        lines.append("")
+
+    lines += ["## Differences", "",
+              "Evidence, measurements and environment values (besides the transformers version) that are "
+              "not the same in every release that ran the notebook.", ""]
+    diffs = differences(ran)
+    if len(ran) < 2:
+        lines += ["Fewer than two releases produced results: nothing to compare.", ""]
+    elif not diffs:
+        lines += ["None: every recorded value is identical across releases.", ""]
+    for nb, items in diffs.items():
+        lines += [f"### {nb}", "", f"{len(items)} differing value(s).", ""]
+        for key, values in items[:max_diff_lines]:
+            vals = " · ".join(f"{rel}: `{'(absent)' if v is _ABSENT else fmt_value(v, 70).replace('`', chr(39))}`"
+                              for rel, v in values.items())
+            lines.append(f"- `{key}` — {vals}")
+        if len(items) > max_diff_lines:
+            lines.append(f"- … and {len(items) - max_diff_lines} more (see outputs/matrix/<release>/results/{nb}.json)")
+        lines.append("")
+    return truncate("\n".join(lines).rstrip() + "\n", what="matrix.md")
+
+
+def write_matrix(out_base: Path | None = None, releases: Sequence[str] = DEFAULT_RELEASES) -> Path:
+    out_base = Path(out_base) if out_base else output_dir()
+    path = out_base / "matrix.md"
+    path.write_text(build_matrix(out_base, releases))
+    return path
