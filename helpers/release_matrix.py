@@ -172,6 +172,17 @@ def ensure_env(release: str, log=print) -> ReleaseEnv:
     return env
 
 
+def _link_jupyter_data(path: Path) -> None:
+    """share/jupyter (nbconvert templates, kernelspecs) of the shared environment, linked in:
+    jupyter looks for it under sys.prefix, which is the release environment's own."""
+    shared = Path(sys.prefix) / "share" / "jupyter"
+    link = path / "share" / "jupyter"
+    if shared.is_dir() and not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)  # a dangling link
+        link.symlink_to(shared, target_is_directory=True)
+
+
 def _build_env(release: str, env: ReleaseEnv, log) -> None:
     path = venvs_dir() / release
     python = path / "bin" / "python"
@@ -181,6 +192,7 @@ def _build_env(release: str, env: ReleaseEnv, log) -> None:
         try:
             recorded = json.loads(stamp.read_text())
             if recorded.get("shared") == shared and not _check_probe(release, _probe(str(python))):
+                _link_jupyter_data(path)
                 env.python, env.reused, env.installed = str(python), True, recorded.get("installed", [])
                 return
         except Exception:  # noqa: BLE001 - a broken environment is rebuilt
@@ -193,6 +205,7 @@ def _build_env(release: str, env: ReleaseEnv, log) -> None:
     site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
     site.joinpath("_kvkit_shared.pth").write_text(
         "".join(f"import site; site.addsitedir({p!r})\n" for p in shared))
+    _link_jupyter_data(path)
     wanted = [f"transformers=={release}"]
     checked = ["transformers"]
     for _ in range(5):
@@ -329,6 +342,50 @@ def differences(per_release: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
     return diffs
 
 
+def group_differences(items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """Rows of a list (`m[0].x`, `m[1].x`, ...) that differ in the same way become one entry
+    `m[0,1,...].x`; order of first appearance is kept."""
+    import re
+
+    groups: dict[tuple[str, str], list[tuple[list[str], dict[str, Any]]]] = {}
+    for key, values in items:
+        pattern = re.sub(r"\[\d+\]", "[*]", key)
+        sig = json.dumps({r: ("\0absent" if v is _ABSENT else v) for r, v in values.items()}, sort_keys=True, default=str)
+        groups.setdefault((pattern, sig), []).append((re.findall(r"\[(\d+)\]", key), values))
+    out = []
+    for (pattern, _), members in groups.items():
+        if len(members) == 1:
+            idx = members[0][0]
+            key = pattern
+            for i in idx:
+                key = key.replace("[*]", f"[{i}]", 1)
+        else:
+            key = pattern
+            for pos in range(pattern.count("[*]")):
+                seen = list(dict.fromkeys(m[0][pos] for m in members))
+                label = ",".join(seen) if len(seen) <= 6 else f"{seen[0]}…{seen[-1]} ({len(seen)})"
+                key = key.replace("[*]", f"[{label}]", 1)
+        out.append((key, members[0][1]))
+    return out
+
+
+def distinct_texts(values: list[Any], limit: int = 70) -> list[str]:
+    """Values written compactly, with more digits where the compact forms would look equal."""
+    def text(v: Any, digits: int) -> str:
+        if v is _ABSENT:
+            return "(absent)"
+        if isinstance(v, float) and not isinstance(v, bool):
+            return "0" if v == 0 else f"{v:.{digits}g}"
+        return fmt_value(v, limit).replace("`", "'")
+
+    raw = {json.dumps(v, default=str) if v is not _ABSENT else "\0" for v in values}
+    for digits in (3, 6, 9, 17):
+        texts = [text(v, digits) for v in values]
+        if len(set(texts)) == len(raw):
+            break
+    return texts
+
+
 def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 80) -> str:
     pinned = pinned_release()
     loaded = {rel: _load_release(out_base, rel) for rel in releases}
@@ -402,13 +459,14 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
     elif not diffs:
         lines += ["None: every recorded value is identical across releases.", ""]
     for nb, items in diffs.items():
+        groups = group_differences(items)
         lines += [f"### {nb}", "", f"{len(items)} differing value(s).", ""]
-        for key, values in items[:max_diff_lines]:
-            vals = " · ".join(f"{rel}: `{'(absent)' if v is _ABSENT else fmt_value(v, 70).replace('`', chr(39))}`"
-                              for rel, v in values.items())
+        for key, values in groups[:max_diff_lines]:
+            texts = distinct_texts(list(values.values()))
+            vals = " · ".join(f"{rel}: `{text}`" for rel, text in zip(values, texts))
             lines.append(f"- `{key}` — {vals}")
-        if len(items) > max_diff_lines:
-            lines.append(f"- … and {len(items) - max_diff_lines} more (see outputs/matrix/<release>/results/{nb}.json)")
+        if len(groups) > max_diff_lines:
+            lines.append(f"- … and {len(groups) - max_diff_lines} more (see outputs/matrix/<release>/results/{nb}.json)")
         lines.append("")
     return truncate("\n".join(lines).rstrip() + "\n", what="matrix.md")
 
