@@ -41,8 +41,9 @@ def cache_from_kwargs(kwargs: dict[str, Any]) -> Any:
 
 
 def output_cache(output: Any) -> Any:
-    """The cache returned by a forward call (`past_key_values`, later `cache`)."""
-    for name in ("past_key_values", "cache"):
+    """The cache returned by a forward call (`past_key_values`, later `cache`, which is asked first so
+    that newer releases do not warn about the deprecated name)."""
+    for name in ("cache", "past_key_values"):
         value = getattr(output, name, None)
         if value is not None:
             return value
@@ -146,9 +147,8 @@ def describe_release() -> dict[str, Any]:
     }
 
 
-def generate_cache_kwarg() -> str:
-    """Name under which `generate()` takes a starting cache."""
-    from transformers.generation.utils import GenerationMixin
 
-    params = _params(GenerationMixin.generate)
-    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
+def generate_cache_kwarg(model: torch.nn.Module) -> str:
+    """Name under which `generate()` takes a starting cache: it follows the forward signature
+    (`generate()` itself takes **kwargs; 5.24 deprecates `past_key_values` there in favour of `cache`)."""
+    return cache_kwarg(model)

@@ -74,7 +74,7 @@ def generate_first_step(model: torch.nn.Module, input_ids: torch.Tensor, cache: 
 
     def call() -> torch.Tensor:
         out = model.generate(input_ids=input_ids, max_new_tokens=1, do_sample=False, return_dict_in_generate=True,
-                             output_logits=True, **{compat.generate_cache_kwarg(): cache}, **kwargs)
+                             output_logits=True, **{compat.generate_cache_kwarg(model): cache}, **kwargs)
         return compat.generate_logits(out)[0].detach().clone()
 
     return _run(model, call)

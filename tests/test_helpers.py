@@ -100,7 +100,7 @@ def test_compat_layer_on_installed_release(bundle, prefix_cache):
     info = compat.describe_release()
     assert info["transformers"] == compat.TRANSFORMERS_VERSION
     assert compat.cache_kwarg(bundle.model) in ("past_key_values", "cache")
-    assert compat.generate_cache_kwarg() in ("past_key_values", "cache")
+    assert compat.generate_cache_kwarg(bundle.model) in ("past_key_values", "cache")
     assert compat.rope_state_owner(bundle.model) is bundle.model.model
     assert compat.text_config(bundle.model.config).num_hidden_layers == 4
     keys, values = compat.layer_kv(compat.cache_layers(prefix_cache)[0])
