@@ -1,0 +1,54 @@
+"""The tiny hybrid default: a seeded, randomly initialised Qwen3.5-style causal LM.
+
+Built from a `Qwen3_5TextConfig` whose `layer_types` interleave Gated-DeltaNet `linear_attention`
+layers with `full_attention` layers 3:1, as in the seed's Qwen3.8-27B (48 linear / 16 full of 64).
+Nothing is downloaded; the same seed gives the same weights.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# Three linear-attention layers, then one full-attention layer, twice.
+HYBRID_PATTERN = ("linear_attention", "linear_attention", "linear_attention", "full_attention")
+N_LAYERS = 8
+VOCAB_SIZE = 2048
+
+
+def tiny_hybrid_layer_types(n_layers: int = N_LAYERS) -> list[str]:
+    """`linear_attention` x3 then `full_attention`, repeated over `n_layers`."""
+    return [HYBRID_PATTERN[i % len(HYBRID_PATTERN)] for i in range(n_layers)]
+
+
+def tiny_hybrid_config(attn_implementation: str = "sdpa", n_layers: int = N_LAYERS) -> Any:
+    """A small Qwen3.5 text config: hidden 64, 8 layers (3 linear : 1 full), vocabulary 2048."""
+    from transformers import Qwen3_5TextConfig
+
+    config = Qwen3_5TextConfig(
+        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
+        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4,
+        layer_types=tiny_hybrid_layer_types(n_layers), tie_word_embeddings=False,
+    )
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def build_tiny_hybrid(seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """The seeded tiny hybrid `Qwen3_5ForCausalLM` (same weights for the same seed), in eval mode."""
+    from transformers import Qwen3_5ForCausalLM
+
+    config = tiny_hybrid_config(attn_implementation)
+    torch.manual_seed(seed)
+    return Qwen3_5ForCausalLM(config).eval()
+
+
+def layer_types(config: Any) -> list[str]:
+    """The decoder's `layer_types` (text config of a multimodal config); `full_attention` everywhere if absent."""
+    from .compat import text_config
+
+    text = text_config(config)
+    types = getattr(text, "layer_types", None)
+    return list(types) if types is not None else ["full_attention"] * int(text.num_hidden_layers)

@@ -1,0 +1,528 @@
+"""DynamicCache offloading on a hybrid (linear-attention + full-attention) model.
+
+Three measurements behind notebook 05:
+
+* `drift_experiment` (CUDA only): the seed's experiment as written — greedy prefill + decode steps
+  with and without `DynamicCache(config=..., offloading=True)`, the per-step logit difference, the
+  dtype's noise floor (the same run twice without offloading), peak GPU memory and decode time.
+* `record_schedule` (everywhere): which cache layers the offloading path actually offloads and
+  prefetches, per forward call. The cache's own `offload`/`prefetch`/`update*` methods are wrapped on
+  the instance (the originals still run), and, where there is no GPU, the CUDA stream calls the
+  offloading path makes are replaced by no-op stand-ins — only inside the context manager.
+* `try_unpatched_offloading` (everywhere): the real offloading=True path, nothing patched, with the
+  failure caught and described.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from . import compat
+from .hybrid import layer_types as config_layer_types
+
+LINEAR_TYPES = ("linear_attention",)
+ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+MOVES = ("offload", "prefetch")
+CACHE_METHODS = ("offload", "prefetch", "update", "update_conv_state", "update_recurrent_state")
+
+
+# --- inputs and the greedy loop of the seed -------------------------------------------------------
+
+def random_ids(model: torch.nn.Module, batch_size: int = 2, seq_len: int = 64, seed: int = 0,
+               device: str | torch.device = "cpu") -> torch.Tensor:
+    """Random token ids from a seeded CPU generator, moved to `device` (the seed drew from [1000, 50000))."""
+    vocab = int(compat.text_config(model.config).vocab_size)
+    low, high = (1000, 50000) if vocab > 50000 else (0, vocab)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high, (batch_size, seq_len), generator=gen).to(device)
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class GreedyRun:
+    """Last-position logits (float32, CPU) and greedy tokens of every forward call, with timings."""
+
+    logits: list[torch.Tensor]
+    tokens: list[torch.Tensor]
+    prefill_s: float
+    decode_s: float
+    cache: Any = field(default=None, repr=False)
+
+
+@torch.no_grad()
+def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cache: Any = None,
+               before_call: Callable[[str], None] | None = None) -> GreedyRun:
+    """The seed's `run()`: a prefill (logits_to_keep=1), then n_steps-1 greedy one-token decode steps.
+
+    `cache=None` lets the model make its own cache (the seed's offloading=False arm).
+    """
+    name = compat.cache_kwarg(model)
+    keep = {"logits_to_keep": 1} if _accepts(model.forward, "logits_to_keep") else {}
+    logits, tokens = [], []
+    _sync(ids.device)
+    start = time.perf_counter()
+    if before_call:
+        before_call("prefill")
+    kwargs = {name: cache} if cache is not None else {}
+    out = model(input_ids=ids, use_cache=True, **kwargs, **keep)
+    _sync(ids.device)
+    prefill_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for step in range(n_steps):
+        last = out.logits[:, -1, :]
+        logits.append(last.detach().float().cpu().clone())
+        next_ids = last.argmax(-1, keepdim=True)
+        tokens.append(next_ids.detach().cpu().clone())
+        cache = compat.output_cache(out)
+        if step == n_steps - 1:
+            break
+        if before_call:
+            before_call(f"decode {step + 1}")
+        out = model(input_ids=next_ids, use_cache=True, **{name: cache})
+    _sync(ids.device)
+    return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache)
+
+
+# --- CUDA stream stand-ins ------------------------------------------------------------------------
+
+STREAM_CALLS = ("torch.Stream", "torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.default_stream",
+                "torch.cuda.current_stream")
+
+
+class NullStream:
+    """A stream that does nothing: usable as a context manager, waits and syncs are no-ops."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.device_type = "none"
+
+    def __enter__(self) -> "NullStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        return False
+
+    def wait_stream(self, other: Any) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def record_event(self, event: Any = None) -> None:
+        return None
+
+
+@contextmanager
+def stream_stand_ins(calls: dict[str, int] | None = None) -> Iterator[dict[str, int]]:
+    """Replace torch.Stream and the torch.cuda stream functions by no-op stand-ins, restored on exit.
+
+    `calls` (returned) counts how often each stand-in was called: the CUDA calls the path makes.
+    """
+    calls = {} if calls is None else calls
+    originals: list[tuple[Any, str, Any]] = []
+
+    def stand_in(qualname: str) -> Callable[..., NullStream]:
+        def make(*args: Any, **kwargs: Any) -> NullStream:
+            calls[qualname] = calls.get(qualname, 0) + 1
+            return NullStream()
+        make.__name__ = f"stand_in_{qualname.rsplit('.', 1)[-1]}"
+        make.kvkit_stand_in = True  # type: ignore[attr-defined]
+        return make
+
+    try:
+        for qualname in STREAM_CALLS:
+            owner, attr = _resolve(qualname)
+            if hasattr(owner, attr):
+                originals.append((owner, attr, getattr(owner, attr)))
+                setattr(owner, attr, stand_in(qualname))
+        yield calls
+    finally:
+        for owner, attr, original in reversed(originals):
+            setattr(owner, attr, original)
+
+
+def _resolve(qualname: str) -> tuple[Any, str]:
+    owner = torch.cuda if qualname.startswith("torch.cuda.") else torch
+    return owner, qualname.rsplit(".", 1)[-1]
+
+
+def stand_ins_active() -> list[str]:
+    """The stream stand-ins currently installed (tests: none may be left after the context manager)."""
+    return [q for q in STREAM_CALLS if getattr(getattr(*_resolve(q), None), "kvkit_stand_in", False)]
+
+
+# --- the recorder ---------------------------------------------------------------------------------
+
+def _held_states(layer: Any) -> tuple[list[str], int]:
+    """Names and total bytes of the state tensors a cache layer holds right now (what offload would move)."""
+    names, nbytes = [], 0
+    keys, values = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
+    for name, tensor in (("keys", keys), ("values", values)):
+        if isinstance(tensor, torch.Tensor) and tensor.numel() > 0:
+            names.append(name)
+            nbytes += tensor.numel() * tensor.element_size()
+    for kind in ("conv_states", "recurrent_states"):
+        states = getattr(layer, kind, None)
+        flags = getattr(layer, f"is_{kind}_initialized", None)
+        items = states.items() if isinstance(states, dict) else enumerate(states or [])
+        for idx, tensor in items:
+            ready = flags[idx] if isinstance(flags, (dict, list)) else isinstance(tensor, torch.Tensor)
+            if ready and isinstance(tensor, torch.Tensor):
+                names.append(kind)
+                nbytes += tensor.numel() * tensor.element_size()
+    return names, nbytes
+
+
+@dataclass
+class ScheduleRecord:
+    """Every offload/prefetch (and cache update) the offloading path made, per forward call."""
+
+    layer_types: list[str]
+    layer_classes: list[str]
+    calls: list[str] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    stream_calls: dict[str, int] = field(default_factory=dict)
+    run: GreedyRun | None = field(default=None, repr=False)
+
+    def begin(self, label: str) -> None:
+        self.calls.append(label)
+
+    def log(self, level: str, method: str, layer_idx: int, layer: Any = None) -> None:
+        held, nbytes = _held_states(layer) if layer is not None else ([], 0)
+        kind = self.layer_types[layer_idx] if 0 <= layer_idx < len(self.layer_types) else "?"
+        self.events.append({"order": len(self.events), "call": self.calls[-1] if self.calls else "(none)",
+                            "call_index": len(self.calls) - 1, "level": level, "method": method,
+                            "layer": layer_idx, "layer_type": kind, "held_states": "+".join(held) or "-",
+                            "held_bytes": nbytes})
+
+    def table(self) -> Any:
+        """All events as a DataFrame (one row per wrapped method call)."""
+        import pandas as pd
+
+        cols = ["order", "call", "call_index", "level", "method", "layer", "layer_type", "held_states", "held_bytes"]
+        return pd.DataFrame(self.events, columns=cols)
+
+    def counts(self, method: str, level: str = "layer") -> Any:
+        """Layer x forward-call matrix: how often `method` ran on each layer in each call."""
+        import pandas as pd
+
+        index = [f"{i} {t}" for i, t in enumerate(self.layer_types)]
+        matrix = pd.DataFrame(0, index=index, columns=self.calls)
+        for e in self.events:
+            if e["method"] == method and e["level"] == level and 0 <= e["layer"] < len(index):
+                matrix.iloc[e["layer"], e["call_index"]] += 1
+        return matrix
+
+    def per_layer(self) -> Any:
+        """One row per layer: its type, cache class and how often each wrapped method ran on it."""
+        import pandas as pd
+
+        rows = []
+        for i, (kind, cls) in enumerate(zip(self.layer_types, self.layer_classes)):
+            ev = [e for e in self.events if e["layer"] == i]
+            row = {"layer": i, "layer_type": kind, "cache_layer_class": cls}
+            for m in MOVES:
+                row[f"layer.{m}"] = sum(e["method"] == m and e["level"] == "layer" for e in ev)
+                row[f"bytes_{m}"] = sum(e["held_bytes"] for e in ev if e["method"] == m and e["level"] == "layer")
+            for m in CACHE_METHODS:  # cache-level calls name the layer index they were asked for
+                label = "cache.prefetch(requested)" if m == "prefetch" else f"cache.{m}"
+                row[label] = sum(e["method"] == m and e["level"] == "cache" for e in ev)
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    def verdict_inputs(self) -> dict[str, Any]:
+        """The numbers offload.linear_layers_never_moved is decided from."""
+        table = self.per_layer()
+        linear = table[table.layer_type.isin(LINEAR_TYPES)]
+        attention = table[table.layer_type.isin(ATTENTION_TYPES)]
+        offloads = self.counts("offload")
+        attn_rows = [f"{i} {t}" for i, t in enumerate(self.layer_types) if t in ATTENTION_TYPES]
+        return {
+            "n_calls": len(self.calls),
+            "linear_layers": linear.layer.tolist(),
+            "attention_layers": attention.layer.tolist(),
+            "linear_offloads": int(linear["layer.offload"].sum()),
+            "linear_prefetches": int(linear["layer.prefetch"].sum()),
+            "attention_offloads": int(attention["layer.offload"].sum()),
+            "attention_prefetches": int(attention["layer.prefetch"].sum()),
+            "attention_bytes_offloaded": int(attention["bytes_offload"].sum()),
+            "every_attention_layer_offloaded_every_call": bool(len(attn_rows) > 0 and (offloads.loc[attn_rows] > 0).all().all()),
+            "linear_state_updates": int(linear["cache.update_conv_state"].sum() + linear["cache.update_recurrent_state"].sum()),
+            "linear_kv_updates": int(linear["cache.update"].sum()),
+            "stream_stand_in_calls": dict(self.stream_calls),
+        }
+
+
+def _wrap(obj: Any, method: str, hook: Callable[[], None], patched: list[tuple[Any, str]]) -> None:
+    original = getattr(obj, method, None)
+    if original is None or not callable(original):
+        return
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        hook(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(obj, method, wrapper)  # an instance attribute shadows the class method
+    patched.append((obj, method))
+
+
+@contextmanager
+def instrument(cache: Any, layer_types: list[str]) -> Iterator[ScheduleRecord]:
+    """Record, on this cache instance, every layer's offload/prefetch and every cache-level update.
+
+    The originals still run (each wrapper calls them); the instance attributes are removed on exit.
+    """
+    layers = compat.cache_layers(cache)
+    record = ScheduleRecord(list(layer_types), [type(layer).__name__ for layer in layers])
+    patched: list[tuple[Any, str]] = []
+
+    def cache_hook(method: str, idx_pos: int) -> Callable[..., None]:
+        def hook(*args: Any, **kwargs: Any) -> None:
+            idx = kwargs.get("layer_idx", args[idx_pos] if len(args) > idx_pos else -1)
+            record.log("cache", method, int(idx))
+        return hook
+
+    def layer_hook(method: str, idx: int, layer: Any) -> Callable[..., None]:
+        def hook(*args: Any, **kwargs: Any) -> None:
+            record.log("layer", method, idx, layer)
+        return hook
+
+    try:
+        for method, pos in (("offload", 0), ("prefetch", 0), ("update", 2), ("update_conv_state", 1),
+                            ("update_recurrent_state", 1)):
+            _wrap(cache, method, cache_hook(method, pos), patched)
+        for idx, layer in enumerate(layers):
+            for method in MOVES:
+                _wrap(layer, method, layer_hook(method, idx, layer), patched)
+        yield record
+    finally:
+        for obj, method in reversed(patched):
+            if method in vars(obj):
+                delattr(obj, method)
+
+
+def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4,
+                    stand_ins: bool | None = None) -> ScheduleRecord:
+    """Greedy run with `DynamicCache(config=model.config, offloading=True)`, instrumented.
+
+    stand_ins=None: stand in for the CUDA stream calls only where CUDA is not available.
+    """
+    use_stand_ins = (not torch.cuda.is_available()) if stand_ins is None else stand_ins
+    types = config_layer_types(model.config)
+    calls: dict[str, int] = {}
+    with (stream_stand_ins(calls) if use_stand_ins else _nothing()):
+        cache = compat.dynamic_cache(model.config, offloading=True)
+        with instrument(cache, types) as record:
+            record.run = greedy_run(model, ids, n_steps, cache=cache, before_call=record.begin)
+    record.stream_calls = calls
+    return record
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
+
+
+# --- comparisons ----------------------------------------------------------------------------------
+
+def step_table(reference: GreedyRun, other: GreedyRun, noise: GreedyRun | None = None) -> Any:
+    """Per forward call: max |logit diff| vs reference, argmax agreement, and the noise floor."""
+    import pandas as pd
+
+    rows = []
+    for step, (ref, oth) in enumerate(zip(reference.logits, other.logits)):
+        row = {"step": step, "call": "prefill" if step == 0 else f"decode {step}",
+               "max_abs_diff": float((ref - oth).abs().max()),
+               "argmax_match": bool(torch.equal(ref.argmax(-1), oth.argmax(-1))),
+               "bitwise_equal": bool(torch.equal(ref, oth)),
+               "reference_top1_logit": float(ref.max(-1).values.max())}
+        if noise is not None:
+            row["noise_floor"] = float((ref - noise.logits[step]).abs().max())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _peak_and_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, offloading: bool) -> tuple[GreedyRun, float]:
+    device = ids.device
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    cache = compat.dynamic_cache(model.config, offloading=True) if offloading else None
+    run = greedy_run(model, ids, n_steps, cache=cache)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20
+    run.cache = None
+    return run, peak
+
+
+def drift_experiment(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4) -> tuple[Any, Any]:
+    """CUDA: (per-step table, memory/time table) of offloading=True vs offloading=False, with the noise floor."""
+    import pandas as pd
+
+    base, base_peak = _peak_and_run(model, ids, n_steps, offloading=False)
+    again, again_peak = _peak_and_run(model, ids, n_steps, offloading=False)
+    off, off_peak = _peak_and_run(model, ids, n_steps, offloading=True)
+    steps = step_table(base, off, noise=again)
+    cost = pd.DataFrame([
+        {"variant": "offloading=False", "peak_gpu_mib": base_peak, "prefill_s": base.prefill_s, "decode_s": base.decode_s},
+        {"variant": "offloading=False (again)", "peak_gpu_mib": again_peak, "prefill_s": again.prefill_s, "decode_s": again.decode_s},
+        {"variant": "offloading=True", "peak_gpu_mib": off_peak, "prefill_s": off.prefill_s, "decode_s": off.decode_s},
+    ])
+    return steps, cost
+
+
+# --- the real path, unpatched ---------------------------------------------------------------------
+
+def try_unpatched_offloading(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 2) -> dict[str, Any]:
+    """Run the real offloading=True path with nothing patched; what happened, as data."""
+    stage = "construct DynamicCache(config=..., offloading=True)"
+    try:
+        cache = compat.dynamic_cache(model.config, offloading=True)
+        stage = "greedy run (prefill + decode) with the offloading cache"
+        run = greedy_run(model, ids, n_steps, cache=cache)
+    except Exception as exc:  # noqa: BLE001 - the failure is the measurement
+        frames = traceback.extract_tb(exc.__traceback__)
+        tf = [f for f in frames if f"{os.sep}transformers{os.sep}" in f.filename]
+        where = tf[-1] if tf else frames[-1]
+        rel = where.filename.split(f"{os.sep}transformers{os.sep}")[-1]
+        return {"raised": True, "stage": stage, "exception_type": type(exc).__name__,
+                "message": str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "",
+                "raised_in": f"{frames[-1].name} ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})",
+                "transformers_frame": f"transformers/{rel}:{where.lineno} in {where.name}",
+                "transformers_line": (where.line or "").strip()}
+    baseline = greedy_run(model, ids, n_steps)
+    table = step_table(baseline, run)
+    return {"raised": False, "stage": "completed", "forward_calls": len(run.logits),
+            "max_abs_diff_vs_offloading_false": float(table.max_abs_diff.max()),
+            "argmax_match_every_step": bool(table.argmax_match.all())}
+
+
+def mentions_cuda(outcome: dict[str, Any]) -> bool:
+    """Whether a caught failure names CUDA (in its message or in the transformers line that raised)."""
+    text = f"{outcome.get('message', '')} {outcome.get('transformers_line', '')}".lower()
+    return "cuda" in text
+
+
+# --- the source the chart explains ----------------------------------------------------------------
+
+def _source_targets() -> list[tuple[str, Any]]:
+    from transformers import cache_utils as cu
+
+    names = [("Cache", "update"), ("Cache", "offload"), ("Cache", "prefetch"), ("Cache", "is_linear"),
+             ("Cache", "update_conv_state"), ("Cache", "update_recurrent_state"),
+             ("CacheLayerMixin", "offload"), ("CacheLayerMixin", "prefetch"),
+             ("LinearAttentionCacheLayerMixin", "offload"), ("LinearAttentionCacheLayerMixin", "prefetch")]
+    out = []
+    for cls_name, attr in names:
+        cls = getattr(cu, cls_name, None)
+        obj = None if cls is None else vars(cls).get(attr)
+        if isinstance(obj, property):
+            obj = obj.fget
+        out.append((f"{cls_name}.{attr}", obj))
+    return out
+
+
+def offloading_source() -> list[dict[str, Any]]:
+    """inspect.getsource of the installed cache_utils methods the schedule chart explains."""
+    rows = []
+    for name, obj in _source_targets():
+        if obj is None:
+            rows.append({"name": name, "line": None, "source": f"# {name}: not defined on transformers {compat.TRANSFORMERS_VERSION}"})
+            continue
+        lines, start = inspect.getsourcelines(obj)
+        rows.append({"name": name, "line": start, "source": "".join(lines)})
+    return rows
+
+
+def source_facts(sources: list[dict[str, Any]] | None = None) -> dict[str, bool]:
+    """What the installed source says, as booleans (stored with the verdict)."""
+    src = {row["name"]: row["source"] for row in (sources or offloading_source())}
+    update, prefetch = src.get("Cache.update", ""), src.get("Cache.prefetch", "")
+    return {
+        "Cache.update offloads and prefetches": "self.offload(" in update and "self.prefetch(" in update,
+        "Cache.update_conv_state offloads or prefetches": any(k in src.get("Cache.update_conv_state", "") for k in ("offload(", "prefetch(")),
+        "Cache.update_recurrent_state offloads or prefetches": any(k in src.get("Cache.update_recurrent_state", "") for k in ("offload(", "prefetch(")),
+        "Cache.prefetch skips linear layers": "is_linear" in prefetch,
+        "Cache.update waits on torch.cuda.default_stream": "torch.cuda.default_stream" in update,
+        "prefetch stream waits for the default stream before prefetching": "self.prefetch_stream.wait_stream" in update,
+    }
+
+
+def print_source(sources: list[dict[str, Any]]) -> None:
+    for row in sources:
+        print(f"# ---- transformers/cache_utils.py:{row['line']}  {row['name']}")
+        print(row["source"])
+
+
+# --- figures --------------------------------------------------------------------------------------
+
+def schedule_heatmap(record: ScheduleRecord, stem: str, name: str = "schedule") -> Any:
+    """Layer x forward-call heatmaps of offload and prefetch calls; saved via helpers.plots and shown."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .plots import save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(4.0 + 1.1 * len(record.calls) * 2, 1.2 + 0.45 * len(record.layer_types)),
+                             squeeze=False)
+    for ax, method in zip(axes[0], MOVES):
+        matrix = record.counts(method)
+        top = max(1, int(matrix.values.max()))
+        im = ax.imshow(matrix.values, cmap="Blues", vmin=0, vmax=top, aspect="auto")
+        ax.set_xticks(range(matrix.shape[1]), matrix.columns, rotation=30, ha="right")
+        ax.set_yticks(range(matrix.shape[0]), matrix.index)
+        for (r, c), v in np.ndenumerate(matrix.values):
+            ax.text(c, r, str(v), ha="center", va="center", color="white" if v else "#999999", fontsize=8)
+        ax.set_title(f"layer.{method}() calls")
+        fig.colorbar(im, ax=ax, fraction=0.04, ticks=list(range(top + 1)))
+    fig.suptitle(f"DynamicCache(offloading=True): which layers move (transformers {compat.TRANSFORMERS_VERSION})")
+    fig.tight_layout()
+    path = save_figure(fig, stem, name)
+    plt.show()
+    plt.close(fig)
+    return path
+
+
+def drift_plot(steps: Any, stem: str, name: str = "drift") -> Any:
+    """Per-step max |logit diff| (offloading vs not) against the noise floor, symlog y; saved and shown."""
+    import matplotlib.pyplot as plt
+
+    from .plots import save_figure
+
+    fig, ax = plt.subplots(figsize=(5.4, 3.6))
+    ax.plot(steps.step, steps.max_abs_diff, marker="o", label="offloading=True vs False")
+    if "noise_floor" in steps:
+        ax.plot(steps.step, steps.noise_floor, marker="s", linestyle="--", label="noise floor (False vs False)")
+    ax.set_yscale("symlog", linthresh=1e-6)
+    ax.set_ylim(bottom=0, top=max(1.0, float(steps.max_abs_diff.max()) * 2))
+    ax.set_xticks(list(steps.step), list(steps.call), rotation=30, ha="right")
+    ax.set_ylabel("max |logit diff| (symlog)")
+    ax.set_title("Logit drift per forward call")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = save_figure(fig, stem, name)
+    plt.show()
+    plt.close(fig)
+    return path
