@@ -1,0 +1,126 @@
+"""Finding 4: the token boundary. cache(prompt[:-1]) + prompt[-1] is a valid split;
+cache(prompt) + prompt[-1] processes prompt[-1] twice.
+
+Everything is compared with the last-position logits of one forward pass over the whole prompt.
+For the double-processing runs the cache already holds L = len(prompt) tokens, so
+
+* "full mask" means L + 1 ones: the L cached tokens plus the re-fed one (what the cache contract asks);
+* "explicit positions" means the position prompt[-1] had in that full forward pass (L - 1, with
+  the M-RoPE offset on Qwen3-VL): the most favourable choice, since the position generate() infers
+  from the mask is L, one past it. Even so the re-fed token also attends to its own cached copy.
+
+The seed's forum snippet calls `generate(input_ids=last_token, past_key_values=cache)` with no mask;
+as notebook 02 shows, that drops the suffix before the first model call, so the seed's diverging
+numbers must come from a call that ran: here both generate() with the full mask (± positions) and a
+direct forward() (± mask and positions) are shown.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+
+from . import caches, compat
+from .compare import logit_metrics
+from .continuation import Outcome, current_position_ids, forward_step, generate_first_step, prefill
+from .inputs import Prompt
+
+# Valid split vs one full forward pass: the largest max |logit diff| still called "matches" (top-1 must also be equal).
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 2.5e-1}
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Max |logit diff| allowed between mathematically equal paths in this dtype."""
+    return TOLERANCE.get(dtype, 1e-4)
+
+
+@dataclass
+class Run:
+    """One continuation: which boundary, which cache, which call and arguments, and what it gave."""
+
+    boundary: str
+    cache: str
+    call: str
+    args: str
+    outcome: Outcome
+
+
+def _double_calls(model: torch.nn.Module, prompt: Prompt, cache: Any, positions: torch.Tensor) -> dict[tuple[str, str], Outcome]:
+    mask = torch.ones(prompt.attention_mask.shape[0], prompt.length + 1, dtype=prompt.attention_mask.dtype,
+                      device=prompt.attention_mask.device)  # L cached + 1 re-fed
+    token = prompt.last_token
+    return {
+        ("generate", "no mask"): generate_first_step(model, token, copy.deepcopy(cache)),
+        ("generate", "full mask (L+1)"): generate_first_step(model, token, copy.deepcopy(cache), attention_mask=mask),
+        ("generate", "full mask (L+1) + positions (L-1)"): generate_first_step(model, token, copy.deepcopy(cache),
+                                                                               attention_mask=mask, position_ids=positions),
+        ("forward", "no mask"): forward_step(model, token, copy.deepcopy(cache)),
+        ("forward", "full mask (L+1) + positions (L-1)"): forward_step(model, token, copy.deepcopy(cache),
+                                                                       attention_mask=mask, position_ids=positions),
+    }
+
+
+def run_all(model: torch.nn.Module, prompt: Prompt) -> tuple[torch.Tensor, list[Run], dict[str, Any]]:
+    """Reference logits, every boundary run, and facts about the caches and the position state."""
+    reference, full_cache = prefill(model, prompt, end=None)
+    state_full = compat.get_rope_state(model)
+    _, prefix_cache = prefill(model, prompt)
+    state_prefix = compat.get_rope_state(model)
+    positions = current_position_ids(model, prompt)  # position of prompt[-1] in the full forward pass
+    runs = [Run("valid split", "original", "generate", "full mask (L)",
+                generate_first_step(model, prompt.last_token, copy.deepcopy(prefix_cache), attention_mask=prompt.attention_mask))]
+    rebuilt = caches.rebuild_by_update(full_cache, compat.text_config(model.config))
+    for name, cache in (("original", full_cache), ("rebuilt_update", rebuilt)):
+        for (call, args), out in _double_calls(model, prompt, cache, positions).items():
+            runs.append(Run("double processing", name, call, args, out))
+    info = {"prompt_length": prompt.length, "prefix_cache_length": int(prefix_cache.get_seq_length()),
+            "full_cache_length": int(full_cache.get_seq_length()),
+            "rebuilt_kv_bitwise_equal": caches.kv_bitwise_equal(rebuilt, full_cache),
+            "explicit_positions": positions.flatten().tolist(),
+            "rope_state_after_full_prefill": None if state_full is None else state_full.flatten().tolist(),
+            "rope_state_after_prefix_prefill": None if state_prefix is None else state_prefix.flatten().tolist()}
+    return reference, runs, info
+
+
+def table(reference: torch.Tensor, runs: list[Run]) -> pd.DataFrame:
+    """One row per run: boundary, cache, call, args, worked/failed and the metrics against the full forward."""
+    rows = []
+    for r in runs:
+        row: dict[str, Any] = {"boundary": r.boundary, "cache": r.cache, "call": r.call, "args": r.args,
+                               "result": "worked" if r.outcome.ok else "failed", "error_type": r.outcome.error_type or "",
+                               "input_ids_shape": r.outcome.first_call.get("input_ids_shape")}
+        if r.outcome.ok:
+            m = logit_metrics(reference, r.outcome.logits)
+            row.update({k: m[k] for k in ("max_abs_diff", "cosine", "top1_reference", "top1", "top1_equal", "top5_overlap")})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+SHORT_ARGS = {"no mask": "", "full mask (L+1)": " +mask", "full mask (L+1) + positions (L-1)": " +mask+pos"}
+
+
+def label(row: Any) -> str:
+    """A short plot label for one table row, e.g. 'rebuilt: generate +mask+pos'."""
+    if row.boundary == "valid split":
+        return "valid split"
+    cache = "orig" if row.cache == "original" else "rebuilt"
+    return f"{cache}: {row.call}{SHORT_ARGS.get(row.args, ' ' + row.args)}"
+
+
+def rebuilt_vs_original(runs: list[Run]) -> pd.DataFrame:
+    """Per double-processing call: did the rebuilt cache do exactly what the original did (status and bits)?"""
+    by_key = {(r.cache, r.call, r.args): r.outcome for r in runs if r.boundary == "double processing"}
+    rows = []
+    for (cache, call, args), orig in by_key.items():
+        if cache != "original":
+            continue
+        other = by_key[("rebuilt_update", call, args)]
+        same_status = orig.ok == other.ok and orig.error_type == other.error_type
+        bitwise = bool(orig.ok and other.ok and torch.equal(orig.logits, other.logits))
+        rows.append({"call": call, "args": args, "original": "worked" if orig.ok else "failed",
+                     "rebuilt_update": "worked" if other.ok else "failed", "same_status": same_status,
+                     "logits_bitwise_equal": bitwise if orig.ok and other.ok else None})
+    return pd.DataFrame(rows)

@@ -1,0 +1,209 @@
+"""A documented resume-state object: everything a one-step continuation needs, saved and restored.
+
+The seed's "documented resume-state object" made concrete. A `ResumeState` holds
+
+* the K/V tensors of every cache layer (the *processed* tokens only);
+* `processed_length`: how many tokens have logically passed through the model. For the identity
+  `DynamicLayer` caches used here it equals every layer's K/V length, and that is validated;
+* `suffix_ids`: the not-yet-processed tokens the continuation feeds (for the seed: `prompt[-1]`);
+* `attention_mask`: the **full** mask the continuation passes, covering
+  ``processed_length + suffix_length`` columns (cached prefix + unprocessed suffix), as the
+  Transformers cache contract and the seed's working path require;
+* `model_metadata`: model-side state outside the K/V tensors: for Qwen3-VL the multimodal position
+  state (`rope_deltas`, read and written only through `helpers.compat`). A text-only model has none.
+
+`save()` writes ``<dir>/tensors.safetensors`` (all tensors) and ``<dir>/state.json`` (the rest);
+`load()` reads them back. `restore()` validates the state against a model instance (layer count, K/V
+shapes, dtype, device, batch size, lengths, metadata) and raises `ResumeStateError` naming the first
+mismatch, then builds a config-aware `DynamicCache` and writes the model-side state into the model.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import caches, compat
+
+FORMAT_VERSION = 1
+ROPE_KEY = "rope_deltas"
+TENSOR_FILE, JSON_FILE = "tensors.safetensors", "state.json"
+
+
+class ResumeStateError(ValueError):
+    """A resume state that does not fit (itself or a model instance); the message names what differs."""
+
+
+@dataclass
+class ResumeState:
+    """Cache K/V, processed length, unprocessed suffix, full mask and model-side metadata."""
+
+    kv: list[tuple[torch.Tensor, torch.Tensor]]
+    processed_length: int
+    suffix_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    model_metadata: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.kv)
+
+    @property
+    def suffix_length(self) -> int:
+        return int(self.suffix_ids.shape[1])
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.attention_mask.shape[0])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.kv[0][0].dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.kv[0][0].device
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """`input_ids` (the suffix) and the full `attention_mask` for `generate()` from the restored cache."""
+        return {"input_ids": self.suffix_ids, "attention_mask": self.attention_mask}
+
+    def check(self) -> None:
+        """Internal consistency: batch sizes, per-layer lengths and mask length = processed + suffix."""
+        if not self.kv:
+            raise ResumeStateError("layer count: the state holds no cache layers")
+        if self.attention_mask.dim() != 2 or self.suffix_ids.dim() != 2:
+            raise ResumeStateError(f"attention_mask and suffix_ids must be 2-D [batch, length]; got "
+                                   f"{list(self.attention_mask.shape)} and {list(self.suffix_ids.shape)}")
+        for i, (k, v) in enumerate(self.kv):
+            if k.shape != v.shape:
+                raise ResumeStateError(f"K/V shapes: layer {i} keys {list(k.shape)} != values {list(v.shape)}")
+            if k.dtype != self.dtype or v.dtype != self.dtype:
+                raise ResumeStateError(f"dtype: layer {i} is {k.dtype}/{v.dtype}, layer 0 is {self.dtype}")
+            if k.device != self.device or v.device != self.device:
+                raise ResumeStateError(f"device: layer {i} is on {k.device}, layer 0 on {self.device}")
+            if int(k.shape[0]) != self.batch_size:
+                raise ResumeStateError(f"batch size: layer {i} K/V batch {k.shape[0]} != attention_mask batch {self.batch_size}")
+            if int(k.shape[-2]) != self.processed_length:
+                raise ResumeStateError(f"processed length: layer {i} holds {k.shape[-2]} K/V slots but processed_length "
+                                       f"is {self.processed_length} (identity DynamicLayer caches keep one slot per token)")
+        if int(self.suffix_ids.shape[0]) != self.batch_size:
+            raise ResumeStateError(f"batch size: suffix_ids batch {self.suffix_ids.shape[0]} != attention_mask batch {self.batch_size}")
+        want = self.processed_length + self.suffix_length
+        if int(self.attention_mask.shape[1]) != want:
+            raise ResumeStateError(f"mask length: attention_mask covers {self.attention_mask.shape[1]} tokens, but must cover "
+                                   f"processed_length + suffix_length = {self.processed_length} + {self.suffix_length} = {want}")
+
+
+def capture(model: torch.nn.Module, cache: Any, suffix_ids: torch.Tensor, attention_mask: torch.Tensor) -> ResumeState:
+    """Snapshot a prefix cache, the suffix still to feed, the full mask and the model-side state."""
+    metadata: dict[str, torch.Tensor | None] = {}
+    if compat.rope_state_owner(model) is not None:
+        value = compat.get_rope_state(model)
+        metadata[ROPE_KEY] = None if value is None else value.detach().clone()
+    layers = compat.cache_layers(cache)
+    state = ResumeState(kv=caches.kv_pairs(cache), processed_length=int(cache.get_seq_length()),
+                        suffix_ids=suffix_ids.detach().clone(), attention_mask=attention_mask.detach().clone(),
+                        model_metadata=metadata,
+                        info={"format_version": FORMAT_VERSION, "transformers": compat.TRANSFORMERS_VERSION,
+                              "model_class": type(model).__name__,
+                              "layer_classes": sorted({type(layer).__name__ for layer in layers})})
+    state.check()
+    return state
+
+
+def model_expectations(model: torch.nn.Module) -> dict[str, Any]:
+    """What a state must match to resume in `model`: layers, KV heads, head dim, dtype, device."""
+    cfg = compat.text_config(model.config)
+    heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    param = next(model.parameters())
+    return {"n_layers": int(cfg.num_hidden_layers), "kv_heads": heads, "head_dim": head_dim,
+            "dtype": param.dtype, "device": param.device, "has_rope_state": compat.rope_state_owner(model) is not None}
+
+
+def validate(model: torch.nn.Module, state: ResumeState) -> None:
+    """Raise ResumeStateError naming the first thing in `state` that does not fit `model`."""
+    state.check()
+    want = model_expectations(model)
+    if state.n_layers != want["n_layers"]:
+        raise ResumeStateError(f"layer count: state has {state.n_layers} layers, model has {want['n_layers']}")
+    for i, (k, _) in enumerate(state.kv):
+        if int(k.shape[1]) != want["kv_heads"] or int(k.shape[-1]) != want["head_dim"]:
+            raise ResumeStateError(f"K/V shapes: layer {i} is {list(k.shape)}, model expects "
+                                   f"[batch, {want['kv_heads']}, length, {want['head_dim']}]")
+    if state.dtype != want["dtype"]:
+        raise ResumeStateError(f"dtype: state K/V are {state.dtype}, model runs in {want['dtype']}")
+    if state.device != want["device"]:
+        raise ResumeStateError(f"device: state K/V are on {state.device}, model is on {want['device']} "
+                               f"(load the state with device={str(want['device'])!r})")
+    if want["has_rope_state"] and ROPE_KEY not in state.model_metadata:
+        raise ResumeStateError(f"model metadata: {type(model).__name__} keeps multimodal position state "
+                               f"({ROPE_KEY}) but the state carries none")
+    if not want["has_rope_state"] and ROPE_KEY in state.model_metadata:
+        raise ResumeStateError(f"model metadata: the state carries {ROPE_KEY} but {type(model).__name__} keeps no such state")
+    rope = state.model_metadata.get(ROPE_KEY)
+    if rope is not None and int(rope.shape[0]) != state.batch_size:
+        raise ResumeStateError(f"batch size: {ROPE_KEY} batch {rope.shape[0]} != attention_mask batch {state.batch_size}")
+
+
+def restore(model: torch.nn.Module, state: ResumeState) -> Any:
+    """Validate, write the model-side state into `model`, and return a new config-aware DynamicCache."""
+    validate(model, state)
+    if ROPE_KEY in state.model_metadata:
+        value = state.model_metadata[ROPE_KEY]
+        compat.set_rope_state(model, None if value is None else value.clone())
+    cache = compat.dynamic_cache(compat.text_config(model.config))
+    for layer_idx, (keys, values) in enumerate(state.kv):
+        cache.update(keys.clone(), values.clone(), layer_idx)
+    return cache
+
+
+def save(state: ResumeState, directory: str | Path) -> Path:
+    """Write tensors.safetensors (K/V, mask, suffix, tensor metadata) and state.json (the rest)."""
+    from safetensors.torch import save_file
+
+    state.check()
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {"attention_mask": state.attention_mask, "suffix_ids": state.suffix_ids}
+    for i, (k, v) in enumerate(state.kv):
+        tensors[f"layers.{i}.keys"], tensors[f"layers.{i}.values"] = k, v
+    metadata_json: dict[str, Any] = {}
+    for name, value in state.model_metadata.items():
+        if value is None:
+            metadata_json[name] = None
+        else:
+            tensors[f"metadata.{name}"] = value
+            metadata_json[name] = "tensor"
+    save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(directory / TENSOR_FILE))
+    doc = {"format_version": FORMAT_VERSION, "n_layers": state.n_layers, "processed_length": state.processed_length,
+           "suffix_length": state.suffix_length, "batch_size": state.batch_size, "dtype": str(state.dtype).replace("torch.", ""),
+           "saved_from_device": str(state.device), "model_metadata": metadata_json, "info": state.info}
+    (directory / JSON_FILE).write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return directory
+
+
+def load(directory: str | Path, device: str | torch.device = "cpu") -> ResumeState:
+    """Read a state written by `save()`, tensors placed on `device`."""
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    doc = json.loads((directory / JSON_FILE).read_text())
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise ResumeStateError(f"format version: file has {doc.get('format_version')}, this kit reads {FORMAT_VERSION}")
+    tensors = load_file(str(directory / TENSOR_FILE), device=str(device))
+    kv = [(tensors[f"layers.{i}.keys"], tensors[f"layers.{i}.values"]) for i in range(doc["n_layers"])]
+    metadata = {name: (tensors[f"metadata.{name}"] if kind == "tensor" else None) for name, kind in doc["model_metadata"].items()}
+    state = ResumeState(kv, int(doc["processed_length"]), tensors["suffix_ids"], tensors["attention_mask"], metadata, doc["info"])
+    state.check()
+    return state
+
+
+def round_trip(state: ResumeState, directory: str | Path, device: str | torch.device = "cpu") -> ResumeState:
+    """save() then load(): what another process would get."""
+    return load(save(state, directory), device)

@@ -1,0 +1,98 @@
+"""The resume-state object: file round trip, restore into a fresh instance, and every validation error."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from helpers import caches, compare, compat, continuation, resume
+
+
+@pytest.fixture()
+def state(bundle, prompt, prefix_cache) -> resume.ResumeState:
+    return resume.capture(bundle.model, prefix_cache, prompt.last_token, prompt.attention_mask)
+
+
+def test_capture_records_what_a_continuation_needs(state, prompt):
+    assert state.processed_length == prompt.length - 1 == 82
+    assert state.suffix_length == 1 and state.batch_size == 1 and state.n_layers == 4
+    assert state.attention_mask.shape[1] == state.processed_length + state.suffix_length
+    assert state.model_metadata[resume.ROPE_KEY].flatten().tolist() == [-42]
+    assert torch.equal(state.generate_kwargs()["input_ids"], prompt.last_token)
+
+
+def test_round_trip_through_safetensors_and_json(state, tmp_path):
+    back = resume.round_trip(state, tmp_path / "s")
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted([resume.TENSOR_FILE, resume.JSON_FILE])
+    doc = json.loads((tmp_path / "s" / resume.JSON_FILE).read_text())
+    assert doc["processed_length"] == 82 and doc["model_metadata"] == {resume.ROPE_KEY: "tensor"}
+    assert back.processed_length == state.processed_length and back.info == state.info
+    for (k1, v1), (k2, v2) in zip(state.kv, back.kv):
+        assert compare.tensors_bitwise_equal(k1, k2) and compare.tensors_bitwise_equal(v1, v2)
+    assert torch.equal(back.attention_mask, state.attention_mask) and torch.equal(back.suffix_ids, state.suffix_ids)
+    assert torch.equal(back.model_metadata[resume.ROPE_KEY], state.model_metadata[resume.ROPE_KEY])
+
+
+def test_round_trip_keeps_a_none_state(state, tmp_path):
+    state.model_metadata[resume.ROPE_KEY] = None
+    back = resume.round_trip(state, tmp_path)
+    assert resume.ROPE_KEY in back.model_metadata and back.model_metadata[resume.ROPE_KEY] is None
+
+
+def test_restore_into_a_fresh_instance_matches_the_same_instance(bundle, prompt, prefix_cache, state, tmp_path):
+    reference = continuation.generate_first_step(bundle.model, prompt.last_token, caches.rebuild_by_update(prefix_cache),
+                                                 attention_mask=prompt.attention_mask)
+    fresh = bundle.fresh_instance()
+    assert compat.get_rope_state(fresh) is None
+    cache = resume.restore(fresh, resume.round_trip(state, tmp_path))
+    assert caches.kv_bitwise_equal(cache, prefix_cache)
+    assert compat.get_rope_state(fresh).flatten().tolist() == [-42]
+    kwargs = state.generate_kwargs()
+    out = continuation.generate_first_step(fresh, kwargs.pop("input_ids"), cache, **kwargs)
+    assert out.ok and torch.equal(out.logits, reference.logits)
+
+
+def _replace_kv(state, fn):
+    return dataclasses.replace(state, kv=[(fn(k), fn(v)) for k, v in state.kv])
+
+
+@pytest.mark.parametrize("broken, message", [
+    (lambda s: dataclasses.replace(s, kv=s.kv[:-1]), "layer count: state has 3 layers, model has 4"),
+    (lambda s: _replace_kv(s, lambda t: t[:, :1]), "K/V shapes"),
+    (lambda s: _replace_kv(s, lambda t: t[..., :16]), "K/V shapes"),
+    (lambda s: _replace_kv(s, lambda t: t.half()), "dtype: state K/V are torch.float16"),
+    (lambda s: _replace_kv(s, lambda t: t.to("meta")), "device: state K/V are on meta"),
+    (lambda s: dataclasses.replace(s, attention_mask=s.attention_mask.repeat(2, 1)), "batch size"),
+    (lambda s: dataclasses.replace(s, suffix_ids=s.suffix_ids.repeat(2, 1)), "batch size"),
+    (lambda s: dataclasses.replace(s, attention_mask=s.attention_mask[:, :-1]), "mask length: attention_mask covers 82 tokens"),
+    (lambda s: dataclasses.replace(s, processed_length=83), "processed length: layer 0 holds 82"),
+    (lambda s: dataclasses.replace(s, model_metadata={}), "model metadata"),
+    (lambda s: dataclasses.replace(s, model_metadata={resume.ROPE_KEY: torch.tensor([[-42], [-42]])}), "batch size: rope_deltas"),
+])
+def test_restore_names_what_does_not_match(bundle, state, broken, message):
+    before = compat.get_rope_state(bundle.model)
+    with pytest.raises(resume.ResumeStateError, match=message.replace("[", r"\[")):
+        resume.restore(bundle.fresh_instance(), broken(state))
+    assert compat.get_rope_state(bundle.model) is before
+
+
+def test_text_only_model_rejects_multimodal_metadata(state):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    lm = Qwen3ForCausalLM(Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32)).eval()
+    with pytest.raises(resume.ResumeStateError, match="keeps no such state"):
+        resume.validate(lm, state)
+    resume.validate(lm, dataclasses.replace(state, model_metadata={}))  # same K/V geometry: fits
+
+
+def test_load_rejects_another_format_version(state, tmp_path):
+    resume.save(state, tmp_path)
+    doc = json.loads((tmp_path / resume.JSON_FILE).read_text())
+    doc["format_version"] = 99
+    (tmp_path / resume.JSON_FILE).write_text(json.dumps(doc))
+    with pytest.raises(resume.ResumeStateError, match="format version"):
+        resume.load(tmp_path)

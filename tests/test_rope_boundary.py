@@ -1,0 +1,88 @@
+"""The helpers behind notebooks 03 (model-side position state) and 04 (token boundary)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import boundary, compat, continuation, inputs, models, rope
+
+
+@pytest.fixture()
+def saved(bundle, prefix_cache) -> torch.Tensor:
+    return compat.get_rope_state(bundle.model).clone()
+
+
+def test_state_is_outside_the_cache(prefix_cache, saved):
+    assert saved.flatten().tolist() == [-42]
+    assert rope.cache_mentions_state(prefix_cache, saved)["matches"] == []
+
+
+def test_continuation_puts_the_state_back(bundle, prompt, prefix_cache, saved):
+    out = rope.continue_with_state(bundle.model, prompt, prefix_cache, None)  # generate() writes zeros here
+    assert out.ok and torch.equal(compat.get_rope_state(bundle.model), saved)
+
+
+def test_perturbations_as_the_seed_describes(bundle, prompt, prefix_cache, saved):
+    table, reference = rope.perturbation_table(bundle.model, prompt, prefix_cache, saved)
+    assert table.loc["saved", "bitwise_equal"]
+    assert table.loc["None", "max_abs_diff"] == table.loc["0", "max_abs_diff"]
+    assert table.loc["None", "max_abs_diff"] > table.loc["saved + 1", "max_abs_diff"] > 0
+    assert rope.none_vs_zero(bundle.model, prompt, prefix_cache, saved)["bitwise_equal"]
+    sweep = rope.offset_sweep(bundle.model, prompt, prefix_cache, saved, reference, [-1, 0, 1])
+    assert sweep.offset.tolist() == [-1, 0, 1] and sweep.set_index("offset").loc[0, "bitwise_equal"]
+
+
+def test_fresh_instance_diverges_and_restored_matches(bundle, prompt, prefix_cache, saved, tmp_path):
+    from helpers import resume
+
+    _, reference = rope.perturbation_table(bundle.model, prompt, prefix_cache, saved)
+    state = resume.capture(bundle.model, prefix_cache, prompt.last_token, prompt.attention_mask)
+    table, info = rope.instance_branch(bundle.fresh_instance(), state, prompt, prefix_cache, reference, tmp_path)
+    bare, restored = table.iloc[0], table.iloc[1]
+    assert bare.max_abs_diff > 1e-2 and restored.bitwise_equal
+    assert info["fresh_state_before"] is None and info["restored_state"] == [-42] and info["mask_length"] == 83
+
+
+def test_offset_widget_builds_without_a_frontend(bundle, prompt, prefix_cache, saved):
+    pytest.importorskip("ipywidgets")
+    _, reference = rope.perturbation_table(bundle.model, prompt, prefix_cache, saved)
+    assert rope.offset_widget(bundle.model, prompt, prefix_cache, saved, reference, -2, 2) is not None
+
+
+def _check_boundary(model, prompt):
+    reference, runs, info = boundary.run_all(model, prompt)
+    table = boundary.table(reference, runs)
+    valid = table[table.boundary == "valid split"].iloc[0]
+    assert valid.max_abs_diff <= boundary.tolerance(torch.float32) and valid.top1_equal
+    double = table[table.boundary == "double processing"]
+    failed = double[double.result == "failed"]
+    assert set(failed.args) == {"no mask"} and set(failed.call) == {"generate"}
+    assert failed.input_ids_shape.map(tuple).tolist() == [(1, 0), (1, 0)]  # the suffix was sliced away (notebook 02)
+    assert (double[double.result == "worked"].max_abs_diff > 1e-3).all()
+    same = boundary.rebuilt_vs_original(runs)
+    assert same.same_status.all() and same.logits_bitwise_equal.dropna().astype(bool).all()
+    assert info["full_cache_length"] == prompt.length == info["prefix_cache_length"] + 1
+    return info
+
+
+def test_boundary_on_qwen3_vl(bundle, prompt):
+    info = _check_boundary(bundle.model, prompt)
+    assert info["rope_state_after_full_prefill"] == info["rope_state_after_prefix_prefill"] == [-42]
+    assert info["explicit_positions"] == [prompt.length - 1 - 42] * 3
+
+
+def test_boundary_on_a_text_only_model():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    lm = Qwen3ForCausalLM(Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)).eval()
+    bundle = models.ModelBundle(lm, "text-lm", None, torch.float32, "sdpa", "cpu", 0, False)
+    prompt = inputs.build_prompt(bundle)
+    assert not rope.has_state(lm)
+    info = _check_boundary(lm, prompt)
+    assert info["rope_state_after_full_prefill"] is None and info["explicit_positions"] == [prompt.length - 1]
+
+
+def test_tolerance_is_stated_per_dtype():
+    assert boundary.tolerance(torch.float32) == 1e-4 and boundary.tolerance(torch.float16) > boundary.tolerance(torch.float32)
