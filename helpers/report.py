@@ -63,15 +63,21 @@ def _summarise(key: str, value: Any) -> tuple[int, str] | None:
     return None
 
 
+# Evidence fields that state a setting (a tolerance, the dtype) rather than a measurement: shown last.
+SETTING_PREFIXES = ("tolerance", "dtype", "seed")
+
+
 def key_numbers(evidence: dict[str, Any] | None, n: int = 2) -> str:
     """The one or two fields that decide a claim, picked generically from its evidence.
 
     Numeric and boolean scalars come first, then aggregates of them (a dict of booleans becomes
-    `k=3/4 true`, a uniform list `k=4 (×4)`), then anything else; evidence order is kept.
+    `k=3/4 true`, a uniform list `k=4 (×4)`), then anything else, then settings such as tolerances;
+    evidence order is kept.
     """
     if not isinstance(evidence, dict):
         return ""
-    found = [(s[0], i, s[1]) for i, (k, v) in enumerate(evidence.items()) if (s := _summarise(k, v))]
+    found = [(s[0] + (3 if k.startswith(SETTING_PREFIXES) else 0), i, s[1])
+             for i, (k, v) in enumerate(evidence.items()) if (s := _summarise(k, v))]
     best = sorted(found)[:n]
     return "; ".join(text for _, _, text in sorted(best, key=lambda t: t[1]))
 
