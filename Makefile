@@ -49,4 +49,4 @@ test: env
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 clean:
-	rm -rf outputs/notebooks outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/SUMMARY.md outputs/timings.json
+	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/SUMMARY.md outputs/timings.json
