@@ -31,12 +31,17 @@ def kv_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return pairs
 
 
+def cache_from_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], config: Any | None = None) -> DynamicCache:
+    """`update()` each (keys, values) pair into a new DynamicCache (config-aware when config is given)."""
+    cache = compat.dynamic_cache(config)
+    for layer_idx, (keys, values) in enumerate(pairs):
+        cache.update(keys, values, layer_idx)
+    return cache
+
+
 def rebuild_by_update(cache: Any, config: Any | None = None) -> DynamicCache:
-    """`update()` each layer's K/V into a new DynamicCache (config-aware when config is given)."""
-    rebuilt = compat.dynamic_cache(config)
-    for layer_idx, (keys, values) in enumerate(kv_pairs(cache)):
-        rebuilt.update(keys, values, layer_idx)
-    return rebuilt
+    """`update()` each layer's K/V (cloned) into a new DynamicCache (config-aware when config is given)."""
+    return cache_from_pairs(kv_pairs(cache), config)
 
 
 def build_variants(prefill_cache: Any, model_config: Any) -> dict[str, Variant]:

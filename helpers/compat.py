@@ -22,6 +22,11 @@ def _params(fn: Any) -> dict[str, inspect.Parameter]:
         return {}
 
 
+def accepts(fn: Any, name: str) -> bool:
+    """Whether callable `fn` takes a parameter called `name` on this release."""
+    return name in _params(fn)
+
+
 def cache_kwarg(model: torch.nn.Module) -> str:
     """Name of the forward keyword that carries the cache (`past_key_values`, later `cache`)."""
     params = _params(model.forward)
@@ -123,7 +128,7 @@ def set_rope_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
 
 def accepts_mm_token_type_ids(model: torch.nn.Module) -> bool:
     """Whether the multimodal forward takes `mm_token_type_ids` (needed for M-RoPE on newer releases)."""
-    return "mm_token_type_ids" in _params(model.forward)
+    return accepts(model.forward, "mm_token_type_ids")
 
 
 def image_processor_class() -> type:

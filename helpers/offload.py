@@ -44,13 +44,6 @@ def random_ids(model: torch.nn.Module, batch_size: int = 2, seq_len: int = 64, s
     return torch.randint(low, high, (batch_size, seq_len), generator=gen).to(device)
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -75,7 +68,7 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
     `cache=None` lets the model make its own cache (the seed's offloading=False arm).
     """
     name = compat.cache_kwarg(model)
-    keep = {"logits_to_keep": 1} if _accepts(model.forward, "logits_to_keep") else {}
+    keep = {"logits_to_keep": 1} if compat.accepts(model.forward, "logits_to_keep") else {}
     logits, tokens = [], []
     _sync(ids.device)
     start = time.perf_counter()

@@ -157,10 +157,7 @@ def restore(model: torch.nn.Module, state: ResumeState) -> Any:
     if ROPE_KEY in state.model_metadata:
         value = state.model_metadata[ROPE_KEY]
         compat.set_rope_state(model, None if value is None else value.clone())
-    cache = compat.dynamic_cache(compat.text_config(model.config))
-    for layer_idx, (keys, values) in enumerate(state.kv):
-        cache.update(keys.clone(), values.clone(), layer_idx)
-    return cache
+    return caches.cache_from_pairs([(k.clone(), v.clone()) for k, v in state.kv], compat.text_config(model.config))
 
 
 def save(state: ResumeState, directory: str | Path) -> Path:
