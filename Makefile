@@ -29,21 +29,21 @@ endif
 
 # run-all: every notebook (NB="01 02" restricts it), in parallel, then outputs/SUMMARY.md and outputs/html/.
 run-all: env
-	$(PY) -m helpers.runner run-all $(if $(JOBS),--jobs $(JOBS)) $(if $(NB),--notebooks $(NB)) $(ARGS)
+	$(PY) -m helpers.pipeline.runner run-all $(if $(JOBS),--jobs $(JOBS)) $(if $(NB),--notebooks $(NB)) $(ARGS)
 
 run: env
 	@test -n "$(NB)" || (echo "usage: make run NB=02 [ARGS='-p model_id ...']" && exit 2)
-	$(PY) -m helpers.runner run $(NB) $(ARGS)
+	$(PY) -m helpers.pipeline.runner run $(NB) $(ARGS)
 
 # report: rebuild outputs/SUMMARY.md and outputs/html/ from what is on disk.
 report: env
-	$(PY) -m helpers.runner html
-	$(PY) -m helpers.runner report
+	$(PY) -m helpers.pipeline.runner html
+	$(PY) -m helpers.pipeline.runner report
 
 # matrix: every notebook (NB="01" restricts it) on each release in RELEASES, each in .venv-tf/<release>
 # sharing this environment's torch; results in outputs/matrix/<release>/, table in outputs/matrix.md.
 matrix: env
-	$(PY) -m helpers.runner matrix --releases $(RELEASES) $(if $(NB),--notebooks $(NB)) $(if $(JOBS),--jobs $(JOBS))
+	$(PY) -m helpers.pipeline.runner matrix --releases $(RELEASES) $(if $(NB),--notebooks $(NB)) $(if $(JOBS),--jobs $(JOBS))
 
 test: env
 	$(PY) -m pytest -q -n 2 --dist loadfile tests

@@ -1,6 +1,8 @@
 """Logit comparisons used by every notebook: max |diff|, cosine, top-1, top-5 overlap."""
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -38,3 +40,73 @@ def tensors_bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> boo
     if a is None or b is None:
         return a is None and b is None
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+
+
+# --- noise floors: what "matches" and "differs" mean in this run, model and dtype -------------------
+
+RESOLUTION_ULPS = 4.0  # how many units of the dtype's resolution at the logits' magnitude count as noise
+DEFAULT_MARGIN = 4.0   # a difference must exceed margin x floor to count as "differs"
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """The noise floor one decision is made against, with everything needed to check it by hand.
+
+    floor = max(measured, resolution): `measured` is the max |diff| between computations that must agree
+    (measured in the same run, model and dtype), `resolution` is RESOLUTION_ULPS x eps(dtype) x max |logit|.
+    "matches" means value <= margin x floor; "differs" means value > margin x floor.
+    """
+
+    measured: float
+    resolution: float
+    margin: float
+    dtype: str
+    scale: float
+    what: str = ""
+
+    @property
+    def floor(self) -> float:
+        return max(self.measured, self.resolution)
+
+    @property
+    def threshold(self) -> float:
+        return self.margin * self.floor
+
+    def matches(self, value: float) -> bool:
+        """`value` (a max |diff|) is within the noise: value <= margin x floor."""
+        return math.isfinite(value) and value <= self.threshold
+
+    def differs(self, value: float) -> bool:
+        """`value` (a max |diff|) is beyond the noise: value > margin x floor (never true for a floor of 0)."""
+        return math.isfinite(value) and value > self.threshold and self.threshold > 0
+
+    def evidence(self, value: float | None = None) -> dict[str, Any]:
+        """The floor, margin and (when given) the measured value, for a claim's evidence."""
+        out: dict[str, Any] = {"noise_floor": self.floor, "noise_measured": self.measured,
+                               "noise_resolution": self.resolution, "noise_margin": self.margin,
+                               "noise_threshold": self.threshold, "noise_dtype": self.dtype,
+                               "noise_from": self.what}
+        if value is not None:
+            out["value"] = value
+        return out
+
+
+def dtype_eps(dtype: torch.dtype | str) -> float:
+    """Machine epsilon of a floating dtype (float32 for anything unknown)."""
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype.replace("torch.", ""), torch.float32)
+    return float(torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps)
+
+
+def noise_floor(reference: torch.Tensor, agreeing: list[torch.Tensor] | torch.Tensor, dtype: torch.dtype,
+                margin: float = DEFAULT_MARGIN, what: str = "") -> NoiseFloor:
+    """The floor from `agreeing` tensors (computations that must equal `reference`) and the dtype's resolution.
+
+    All differences are taken in float32; the scale is max |reference|.
+    """
+    ref = reference.detach().float()
+    others = [agreeing] if isinstance(agreeing, torch.Tensor) else list(agreeing)
+    measured = max((float((ref - o.detach().float().reshape(ref.shape)).abs().max()) for o in others), default=0.0)
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    resolution = RESOLUTION_ULPS * dtype_eps(dtype) * scale
+    return NoiseFloor(measured, resolution, margin, str(dtype).replace("torch.", ""), scale, what)

@@ -6,7 +6,7 @@ from typing import Any, Callable, Sequence
 
 import matplotlib.pyplot as plt
 
-from .paths import output_dir
+from .pipeline.paths import output_dir
 
 
 def save_figure(fig: Any, stem: str, name: str) -> Path:

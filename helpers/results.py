@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .paths import output_dir
+from .pipeline.paths import output_dir
 
 VERDICTS = ("reproduced", "not_reproduced", "skipped", "error")
 
@@ -30,6 +30,13 @@ class Claim:
     verdict: str = "error"
     reason: str = "not reached: the notebook stopped before deciding this claim"
     evidence: dict[str, Any] = field(default_factory=dict)
+    # "finding" (a claim of a source report) or "environment_check" (a fact about the machine: never
+    # counted with the findings, never "reproduced" in a summary's tally).
+    kind: str = "finding"
+    # The one or two values the verdict was computed from ({name: value}), and the source report's
+    # value for the same quantity where it gives one ({name: value}); shown side by side in SUMMARY.md.
+    deciding: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -79,10 +86,11 @@ class Results:
     """Claims of one notebook run, persisted after every change."""
 
     def __init__(self, notebook: str, claims: dict[str, str], env: dict[str, Any] | None = None,
-                 path: Path | None = None) -> None:
+                 path: Path | None = None, environment_checks: tuple[str, ...] = ()) -> None:
         self.notebook = notebook
         self.env = env or environment()
-        self.claims = {cid: Claim(cid, text) for cid, text in claims.items()}
+        self.claims = {cid: Claim(cid, text, kind="environment_check" if cid in environment_checks else "finding")
+                       for cid, text in claims.items()}
         self.extra: dict[str, Any] = {}
         self.path = path or output_dir("results") / f"{notebook}.json"
         self.write()
@@ -92,12 +100,19 @@ class Results:
             raise KeyError(f"unknown claim {claim_id!r}; declared: {sorted(self.claims)}")
         return self.claims[claim_id]
 
-    def decide(self, claim_id: str, holds: bool, evidence: dict[str, Any], why: str = "") -> str:
-        """Record a measured claim: reproduced if `holds`, else not_reproduced, with its evidence."""
+    def decide(self, claim_id: str, holds: bool, evidence: dict[str, Any], why: str = "",
+               deciding: dict[str, Any] | None = None, source: dict[str, Any] | None = None) -> str:
+        """Record a measured claim: reproduced if `holds`, else not_reproduced, with its evidence.
+
+        `deciding`: the one or two values the verdict was computed from; `source`: the source report's
+        value for the same quantity, where it gives one.
+        """
         claim = self._claim(claim_id)
         claim.verdict = "reproduced" if bool(holds) else "not_reproduced"
         claim.reason = why or ("the measurement matches the statement" if holds else "the measurement contradicts the statement")
         claim.evidence = to_jsonable(evidence)
+        claim.deciding = to_jsonable(deciding or {})
+        claim.source = to_jsonable(source or {})
         self.write()
         return claim.verdict
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from helpers import runner
-from helpers.paths import repo_root
+from helpers.pipeline import runner
+from helpers.pipeline.paths import repo_root
 
 ROOT = repo_root()
 CUDA_ONLY = {"offload.prefill_identical", "offload.decode_drifts"}
@@ -55,7 +55,7 @@ def test_every_notebook_is_run_by_run_all_and_by_this_test():
     assert SOURCES, "no notebooks"
     assert [p.name for p in runner.notebooks()] == [p.name for p in SOURCES]
     make = subprocess.run(["make", "-n", "run-all"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert "helpers.runner run-all" in make
+    assert "helpers.pipeline.runner run-all" in make
     assert {p.stem for p in SOURCES} <= set(EXPECTED_CLAIMS), "a new notebook needs its expected claims here"
 
 

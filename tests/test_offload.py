@@ -7,8 +7,9 @@ import os
 import pytest
 import torch
 
-from helpers import hybrid, models, offload, runner
-from helpers.paths import repo_root
+from helpers import hybrid, models, offload
+from helpers.pipeline import runner
+from helpers.pipeline.paths import repo_root
 
 NO_CUDA = not torch.cuda.is_available()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import release_matrix as rm
+from helpers.pipeline import release_matrix as rm
 
 OTHER_RELEASE = "5.24.0"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import report, runner
+from helpers.pipeline import report, runner
 
 
 def _write_results(out: Path, notebook: str, claims: list[dict], env: dict | None = None) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 def repo_root() -> Path:
     """The kit checkout (the folder holding pyproject.toml), else the working directory."""
-    here = Path(__file__).resolve().parent.parent
+    here = Path(__file__).resolve().parents[2]
     if (here / "pyproject.toml").exists() and (here / "notebooks").is_dir():
         return here
     return Path.cwd()

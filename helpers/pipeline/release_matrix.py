@@ -7,7 +7,7 @@ huggingface-hub, ...) the shared ones do not satisfy. A `.pth` file in it adds t
 site-packages (and through them this kit's editable install) after its own. The pinned release
 reuses the running environment itself. Environments are kept and reused on the next run.
 
-The notebooks then run under that environment's python (`python -m helpers.runner run-all`, so
+The notebooks then run under that environment's python (`python -m helpers.pipeline.runner run-all`, so
 papermill's kernel is that python too) with KVKIT_OUTPUT_DIR=outputs/matrix/<release>.
 """
 from __future__ import annotations
@@ -254,7 +254,7 @@ def run_release(release: str, out_base: Path, notebooks: Sequence[str] | None = 
     else:
         log(f"[matrix] transformers {release}: {'reusing' if env.reused else 'built'} {env.python} "
             f"({env.seconds:.0f}s); running notebooks", flush=True)
-        cmd = [env.python, "-m", "helpers.runner", "run-all"]
+        cmd = [env.python, "-m", "helpers.pipeline.runner", "run-all"]
         if notebooks:
             cmd += ["--notebooks", *notebooks]
         if jobs:

@@ -2,7 +2,7 @@
 self-contained HTML file per executed notebook).
 
 Both are rebuilt from what is on disk (results/*.json, figures/*.png, notebooks/*.ipynb,
-timings.json), so `python -m helpers.runner report` / `html` can be rerun at any time.
+timings.json), so `python -m helpers.pipeline.runner report` / `html` can be rerun at any time.
 """
 from __future__ import annotations
 
