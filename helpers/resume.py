@@ -20,6 +20,7 @@ mismatch, then builds a config-aware `DynamicCache` and writes the model-side st
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,20 +186,107 @@ def save(state: ResumeState, directory: str | Path) -> Path:
     return directory
 
 
-def load(directory: str | Path, device: str | torch.device = "cpu") -> ResumeState:
-    """Read a state written by `save()`, tensors placed on `device`."""
+def _read_doc(directory: Path) -> dict[str, Any]:
+    """state.json as a dict, or ResumeStateError naming the file."""
+    path = directory / JSON_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ResumeStateError(f"{JSON_FILE}: missing from {directory.name}/ (not a folder written by resume.save())") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ResumeStateError(f"{JSON_FILE}: unreadable ({type(exc).__name__}: {exc})") from None
+    if not isinstance(doc, dict):
+        raise ResumeStateError(f"{JSON_FILE}: top level is a {type(doc).__name__}, not an object")
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise ResumeStateError(f"{JSON_FILE}: field format_version: file has {doc.get('format_version')!r}, "
+                               f"this kit reads {FORMAT_VERSION}")
+    return doc
+
+
+def _field(doc: dict[str, Any], name: str, kind: type | tuple[type, ...], minimum: int | None = None) -> Any:
+    """One field of state.json, type-checked (bool is not an int here); ResumeStateError naming it."""
+    if name not in doc:
+        raise ResumeStateError(f"{JSON_FILE}: field {name} is missing")
+    value = doc[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        want = " or ".join(k.__name__ for k in kinds)
+        raise ResumeStateError(f"{JSON_FILE}: field {name} is {value!r} ({type(value).__name__}), expected {want}")
+    if minimum is not None and value < minimum:
+        raise ResumeStateError(f"{JSON_FILE}: field {name} is {value}, must be at least {minimum}")
+    return value
+
+
+def _read_tensors(directory: Path, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """tensors.safetensors as a dict, or ResumeStateError naming the file (truncated, not safetensors, absent)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    path = directory / TENSOR_FILE
+    if not path.is_file():
+        raise ResumeStateError(f"{TENSOR_FILE}: missing from {directory.name}/")
+    try:
+        return load_file(str(path), device=str(device))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ResumeStateError(f"{TENSOR_FILE}: unreadable, truncated or not a safetensors file "
+                               f"({type(exc).__name__}: {first})") from None
+
+
+def _tensor(tensors: dict[str, torch.Tensor], name: str, why: str) -> torch.Tensor:
+    if name not in tensors:
+        raise ResumeStateError(f"{TENSOR_FILE}: field {name} is missing ({why})")
+    return tensors[name]
+
+
+def _layer_count(tensors: dict[str, torch.Tensor]) -> int:
+    """How many layers.<i>.keys the tensor file holds."""
+    found = [int(m.group(1)) for k in tensors if (m := re.fullmatch(r"layers\.(\d+)\.(?:keys|values)", k))]
+    return max(found) + 1 if found else 0
+
+
+def load(directory: str | Path, device: str | torch.device = "cpu") -> ResumeState:
+    """Read a state written by `save()`, tensors placed on `device`.
+
+    A truncated or edited folder raises ResumeStateError naming the file and the field, never a raw
+    SafetensorError/KeyError/TypeError, and state.json must agree with the tensors it describes.
+    """
     directory = Path(directory)
-    doc = json.loads((directory / JSON_FILE).read_text())
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise ResumeStateError(f"format version: file has {doc.get('format_version')}, this kit reads {FORMAT_VERSION}")
-    tensors = load_file(str(directory / TENSOR_FILE), device=str(device))
-    kv = [(tensors[f"layers.{i}.keys"], tensors[f"layers.{i}.values"]) for i in range(doc["n_layers"])]
-    metadata = {name: (tensors[f"metadata.{name}"] if kind == "tensor" else None) for name, kind in doc["model_metadata"].items()}
-    state = ResumeState(kv, int(doc["processed_length"]), tensors["suffix_ids"], tensors["attention_mask"], metadata, doc["info"])
-    state.check()
+    doc = _read_doc(directory)
+    n_layers = _field(doc, "n_layers", int, minimum=1)
+    processed = _field(doc, "processed_length", int, minimum=0)
+    meta_doc = _field(doc, "model_metadata", dict)
+    info = _field(doc, "info", dict) if "info" in doc else {}
+    tensors = _read_tensors(directory, device)
+    held = _layer_count(tensors)
+    if held != n_layers:
+        raise ResumeStateError(f"{JSON_FILE}: field n_layers is {n_layers}, but {TENSOR_FILE} holds {held} layers "
+                               f"(layers.0 .. layers.{held - 1})")
+    kv = [(_tensor(tensors, f"layers.{i}.keys", f"{JSON_FILE} n_layers is {n_layers}"),
+           _tensor(tensors, f"layers.{i}.values", f"{JSON_FILE} n_layers is {n_layers}")) for i in range(n_layers)]
+    metadata: dict[str, torch.Tensor | None] = {}
+    for name, kind in meta_doc.items():
+        if kind not in ("tensor", None):
+            raise ResumeStateError(f"{JSON_FILE}: field model_metadata.{name} is {kind!r}, expected \"tensor\" or null")
+        metadata[name] = _tensor(tensors, f"metadata.{name}", f"{JSON_FILE} model_metadata.{name} says tensor") \
+            if kind == "tensor" else None
+    state = ResumeState(kv, processed, _tensor(tensors, "suffix_ids", "the unprocessed suffix"),
+                        _tensor(tensors, "attention_mask", "the full mask"), metadata, info)
+    try:
+        state.check()
+    except ResumeStateError as exc:
+        raise ResumeStateError(f"{TENSOR_FILE} / {JSON_FILE}: {exc}") from None
+    _agree(doc, state)
     return state
+
+
+def _agree(doc: dict[str, Any], state: ResumeState) -> None:
+    """The descriptive fields of state.json (when present) match the tensors they describe."""
+    measured = {"suffix_length": state.suffix_length, "batch_size": state.batch_size,
+                "dtype": str(state.dtype).replace("torch.", "")}
+    for name, value in measured.items():
+        if name in doc and doc[name] != value:
+            raise ResumeStateError(f"{JSON_FILE}: field {name} is {doc[name]!r}, but {TENSOR_FILE} holds {value!r}")
 
 
 def round_trip(state: ResumeState, directory: str | Path, device: str | torch.device = "cpu") -> ResumeState:

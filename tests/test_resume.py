@@ -94,5 +94,69 @@ def test_load_rejects_another_format_version(state, tmp_path):
     doc = json.loads((tmp_path / resume.JSON_FILE).read_text())
     doc["format_version"] = 99
     (tmp_path / resume.JSON_FILE).write_text(json.dumps(doc))
-    with pytest.raises(resume.ResumeStateError, match="format version"):
+    with pytest.raises(resume.ResumeStateError, match="state.json: field format_version"):
         resume.load(tmp_path)
+
+
+# --------------------------------------------------------------------------- a truncated or edited folder
+
+def _edit_json(directory, **changes):
+    doc = json.loads((directory / resume.JSON_FILE).read_text())
+    for key, value in changes.items():
+        if value is _DROP:
+            doc.pop(key)
+        else:
+            doc[key] = value
+    (directory / resume.JSON_FILE).write_text(json.dumps(doc))
+
+
+_DROP = object()
+
+
+def _truncate(directory, keep: float = 0.5):
+    path = directory / resume.TENSOR_FILE
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def _drop_tensor(directory, name):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(directory / resume.TENSOR_FILE))
+    tensors.pop(name)
+    save_file(tensors, str(directory / resume.TENSOR_FILE))
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda d: _truncate(d), "tensors.safetensors: unreadable, truncated"),
+    (lambda d: _truncate(d, 0.001), "tensors.safetensors: unreadable, truncated"),
+    (lambda d: (d / resume.TENSOR_FILE).write_bytes(b"not a safetensors file"), "tensors.safetensors: unreadable"),
+    (lambda d: (d / resume.TENSOR_FILE).unlink(), "tensors.safetensors: missing"),
+    (lambda d: (d / resume.JSON_FILE).unlink(), "state.json: missing"),
+    (lambda d: (d / resume.JSON_FILE).write_text('{"n_layers": 4,'), "state.json: unreadable"),
+    (lambda d: (d / resume.JSON_FILE).write_text("[1, 2]"), "state.json: top level is a list"),
+    (lambda d: _edit_json(d, n_layers=5), "state.json: field n_layers is 5, but tensors.safetensors holds 4 layers"),
+    (lambda d: _edit_json(d, n_layers=3), "state.json: field n_layers is 3, but tensors.safetensors holds 4 layers"),
+    (lambda d: _edit_json(d, n_layers="4"), "state.json: field n_layers is '4' \\(str\\), expected int"),
+    (lambda d: _edit_json(d, n_layers=0), "state.json: field n_layers is 0, must be at least 1"),
+    (lambda d: _edit_json(d, n_layers=_DROP), "state.json: field n_layers is missing"),
+    (lambda d: _edit_json(d, processed_length=None), "state.json: field processed_length is None"),
+    (lambda d: _edit_json(d, processed_length=83), "processed_length is 83"),
+    (lambda d: _edit_json(d, model_metadata=None), "state.json: field model_metadata is None"),
+    (lambda d: _edit_json(d, model_metadata={resume.ROPE_KEY: "tensr"}), "field model_metadata.rope_deltas is 'tensr'"),
+    (lambda d: _edit_json(d, model_metadata={"other": "tensor"}), "tensors.safetensors: field metadata.other is missing"),
+    (lambda d: _edit_json(d, dtype="float16"), "state.json: field dtype is 'float16', but tensors.safetensors holds 'float32'"),
+    (lambda d: _edit_json(d, suffix_length=2), "state.json: field suffix_length is 2"),
+    (lambda d: _drop_tensor(d, "layers.3.values"), "tensors.safetensors: field layers.3.values is missing"),
+    (lambda d: _drop_tensor(d, "attention_mask"), "tensors.safetensors: field attention_mask is missing"),
+])
+def test_load_names_the_file_and_field_of_a_broken_folder(state, tmp_path, corrupt, message):
+    resume.save(state, tmp_path)
+    corrupt(tmp_path)
+    with pytest.raises(resume.ResumeStateError, match=message):
+        resume.load(tmp_path)
+
+
+def test_load_of_an_untouched_folder_still_works(state, tmp_path):
+    back = resume.load(resume.save(state, tmp_path))
+    assert back.n_layers == state.n_layers and back.processed_length == state.processed_length
