@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ TINY_VL_TOKENS = {"image": 2000, "video": 2001, "vision_start": 2002, "vision_en
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+# Files that make a local folder's identity: its config and its weights.
+IDENTITY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json")
 
 
 class ModelUnavailableError(RuntimeError):
@@ -39,9 +42,10 @@ class ModelBundle:
     device: str
     seed: int
     is_multimodal: bool
-    processor: Any = None  # image processor (tiny) or AutoProcessor (real multimodal)
+    processor: Any = None  # image processor (tiny), AutoProcessor or its fallback (real multimodal)
     tokenizer: Any = None  # None for the tiny models: their token ids are synthetic
     build: Callable[[], torch.nn.Module] | None = field(default=None, repr=False)
+    processor_path: str | None = None  # which path built `processor` (shown in the environment)
 
     @property
     def is_tiny(self) -> bool:
@@ -60,10 +64,28 @@ class ModelBundle:
             "device_name": device_name or "cpu",
             "dtype": str(self.dtype).replace("torch.", ""),
             "attn_implementation": self.attn_implementation,
-            "model_id": self.model_id,
+            "model_id": public_model_id(self.model_id),
             "model_revision": self.revision or ("built from config (random weights)" if self.is_tiny else "main"),
+            "processor": self.processor_path,
             "seed": self.seed,
         }
+
+
+def public_model_id(model_id: str) -> str:
+    """A hub id as it is; a local folder by its name only (no machine path in shared outputs)."""
+    return os.path.basename(os.path.normpath(model_id)) if os.path.isdir(model_id) else model_id
+
+
+def local_folder_revision(folder: str) -> str:
+    """'local folder <name>, sha256:<12 hex>' over the folder's config.json and weight files (names and bytes)."""
+    digest = hashlib.sha256()
+    names = sorted(n for n in os.listdir(folder) if n == "config.json" or n.endswith(IDENTITY_SUFFIXES))
+    for name in names:
+        digest.update(name.encode() + b"\0")
+        with open(os.path.join(folder, name), "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+    return f"local folder {public_model_id(folder)}, sha256:{digest.hexdigest()[:12]}"
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -85,13 +107,17 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def tiny_qwen3_vl_config(attn_implementation: str = "sdpa") -> Any:
+def tiny_qwen3_vl_config(attn_implementation: str = "sdpa", tokens: dict[str, int] | None = None) -> Any:
     """A small Qwen3-VL: 4 text layers, hidden 128, a real 2-block vision tower with patch 16.
 
-    Sized so a 224x224 image gives 49 image tokens and rope_deltas -42, as in the seed, and so
-    the findings change the top-1 token, while a notebook runs in seconds on 2 CPU cores.
+    Sized so that, with the tiny default's image processor (no minimum pixel count), a 224x224 image
+    gives 49 image tokens and rope_deltas -42 as in the seed, and so the findings change the top-1
+    token, while a notebook runs in seconds on 2 CPU cores. `tokens` overrides the special token ids
+    (keys of TINY_VL_TOKENS), e.g. with a real tokenizer's.
     """
     from transformers import Qwen3VLConfig
+
+    ids = {**TINY_VL_TOKENS, **(tokens or {})}
 
     config = Qwen3VLConfig(
         text_config=dict(
@@ -105,8 +131,8 @@ def tiny_qwen3_vl_config(attn_implementation: str = "sdpa") -> Any:
             patch_size=16, spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0, 1],
             num_position_embeddings=2304,
         ),
-        image_token_id=TINY_VL_TOKENS["image"], video_token_id=TINY_VL_TOKENS["video"],
-        vision_start_token_id=TINY_VL_TOKENS["vision_start"], vision_end_token_id=TINY_VL_TOKENS["vision_end"],
+        image_token_id=ids["image"], video_token_id=ids["video"],
+        vision_start_token_id=ids["vision_start"], vision_end_token_id=ids["vision_end"],
         tie_word_embeddings=False,
     )
     config._attn_implementation = attn_implementation
@@ -169,30 +195,42 @@ def _unavailable(model_id: str, why: str) -> ModelUnavailableError:
     )
 
 
-def load_pretrained(model_id: str, revision: str | None, dtype: torch.dtype, attn_implementation: str,
-                    device: str, trust_remote_code: bool = False) -> tuple[torch.nn.Module, Any, Any, bool]:
-    """(model, processor, tokenizer, is_multimodal) of a real checkpoint, or ModelUnavailableError."""
-    from transformers import AutoConfig
+def pretrained_model(model_id: str, revision: str | None, dtype: torch.dtype, attn_implementation: str,
+                     device: str, trust_remote_code: bool = False) -> tuple[torch.nn.Module, bool]:
+    """(model, is_multimodal) of a real checkpoint, or ModelUnavailableError."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    local = os.path.isdir(model_id)
-    if not local and not _is_cached(model_id, revision) and not hub_reachable():
+    if not os.path.isdir(model_id) and not _is_cached(model_id, revision) and not hub_reachable():
         raise _unavailable(model_id, "the model hub is not reachable from this machine and it is not in the local cache")
     try:
         config = AutoConfig.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
     except Exception as exc:  # noqa: BLE001 - one clear message instead of the hub client's traceback
         raise _unavailable(model_id, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
     is_multimodal = hasattr(config, "vision_config")
-    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
-
     cls = AutoModelForImageTextToText if is_multimodal else AutoModelForCausalLM
-    common = dict(revision=revision, trust_remote_code=trust_remote_code)
-    model = cls.from_pretrained(model_id, dtype=dtype, attn_implementation=attn_implementation, **common).to(device).eval()
-    loader = AutoProcessor if is_multimodal else AutoTokenizer
+    model = cls.from_pretrained(model_id, dtype=dtype, attn_implementation=attn_implementation, revision=revision,
+                                trust_remote_code=trust_remote_code)
+    return model.to(device).eval(), is_multimodal
+
+
+def load_pretrained(model_id: str, revision: str | None, dtype: torch.dtype, attn_implementation: str,
+                    device: str, trust_remote_code: bool = False) -> tuple[torch.nn.Module, Any, Any, bool, str]:
+    """(model, processor, tokenizer, is_multimodal, processor_path) of a real checkpoint, or ModelUnavailableError."""
+    from transformers import AutoTokenizer
+
+    from .processor import load_processor
+
+    model, is_multimodal = pretrained_model(model_id, revision, dtype, attn_implementation, device, trust_remote_code)
     # A local directory saved without tokenizer files (as in the tests) gets synthetic token ids.
-    has_tokenizer = not local or any(os.path.exists(os.path.join(model_id, f)) for f in TOKENIZER_FILES)
-    processor = loader.from_pretrained(model_id, **common) if has_tokenizer else None
-    tokenizer = getattr(processor, "tokenizer", processor)
-    return model, (processor if is_multimodal else None), tokenizer, is_multimodal
+    local = os.path.isdir(model_id)
+    if local and not any(os.path.exists(os.path.join(model_id, f)) for f in TOKENIZER_FILES):
+        path = "none: no tokenizer files (synthetic token ids" + (", tiny default's image processor)" if is_multimodal else ")")
+        return model, None, None, is_multimodal, path
+    if is_multimodal:
+        processor, path = load_processor(model_id, revision, trust_remote_code)
+        return model, processor, getattr(processor, "tokenizer", processor), True, path
+    tokenizer = AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
+    return model, None, tokenizer, False, "AutoTokenizer"
 
 
 def load(model_id: str = TINY_VL, revision: str | None = None, dtype: str | torch.dtype = "float32",
@@ -206,18 +244,23 @@ def load(model_id: str = TINY_VL, revision: str | None = None, dtype: str | torc
         def build() -> torch.nn.Module:
             return builder(seed, attn_implementation).to(device=device, dtype=torch_dtype).eval()
 
+        processor = tiny_image_processor() if is_multimodal else None
         return ModelBundle(build(), model_id, None, torch_dtype, attn_implementation, device, seed, is_multimodal,
-                           processor=tiny_image_processor() if is_multimodal else None, build=build)
+                           processor=processor, build=build,
+                           processor_path=f"{type(processor).__name__} (synthetic token ids)" if processor else None)
     if model_id.startswith("tiny-"):
         raise _unavailable(model_id, "no tiny model of that name")
     torch.manual_seed(seed)
 
     def build_real() -> torch.nn.Module:
-        return load_pretrained(model_id, revision, torch_dtype, attn_implementation, device, trust_remote_code)[0]
+        return pretrained_model(model_id, revision, torch_dtype, attn_implementation, device, trust_remote_code)[0]
 
-    model, processor, tokenizer, is_multimodal = load_pretrained(
+    model, processor, tokenizer, is_multimodal, path = load_pretrained(
         model_id, revision, torch_dtype, attn_implementation, device, trust_remote_code)
-    if is_multimodal and processor is None:  # a local directory saved without processor files
+    if is_multimodal and processor is None:  # a local directory saved without tokenizer files
         processor = tiny_image_processor()
-    return ModelBundle(model, model_id, revision, torch_dtype, attn_implementation, device, seed, is_multimodal,
-                       processor=processor, tokenizer=tokenizer, build=build_real)
+    # A local folder is named by its content hash; a hub checkpoint by the commit it resolved to.
+    identity = local_folder_revision(model_id) if os.path.isdir(model_id) else (
+        revision or getattr(model.config, "_commit_hash", None))
+    return ModelBundle(model, model_id, identity, torch_dtype, attn_implementation, device, seed, is_multimodal,
+                       processor=processor, tokenizer=tokenizer, build=build_real, processor_path=path)

@@ -1,0 +1,158 @@
+"""A Qwen3-VL checkpoint's processor, with a torchvision-free fallback.
+
+On transformers 5.x `AutoProcessor.from_pretrained` of a Qwen3-VL checkpoint builds a video processor
+that needs torchvision, and fails where torchvision is missing, although the notebooks only feed one
+image. The fallback builds what they need from the same folder or hub repository: the checkpoint's
+tokenizer and chat template, and its image processor settings in the torchvision-free image processor
+class (`compat.image_processor_class()`). It renders the chat template and expands each image token as
+`Qwen3VLProcessor` does, so input_ids, attention_mask, pixel_values, image_grid_thw and
+mm_token_type_ids come out the same (tests/test_real_folders.py compares both).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .compat import image_processor_class
+
+# Keys of preprocessor/processor configs that describe the file, not the image processing.
+_NOT_SETTINGS = {"image_processor_type", "processor_class", "video_processor_type", "auto_map", "_processor_class"}
+
+
+@dataclass
+class TokenizerImageProcessor:
+    """The image + text part of a Qwen3-VL processor: tokenizer, chat template, image processor."""
+
+    tokenizer: Any
+    image_processor: Any
+    chat_template: str
+    image_token: str = "<|image_pad|>"
+    video_token: str = "<|video_pad|>"
+
+    @property
+    def image_token_id(self) -> int:
+        return int(self.tokenizer.convert_tokens_to_ids(self.image_token))
+
+    @property
+    def video_token_id(self) -> int:
+        return int(self.tokenizer.convert_tokens_to_ids(self.video_token))
+
+    def render(self, conversation: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The chat template applied to one conversation, as text."""
+        return self.tokenizer.apply_chat_template(conversation, chat_template=self.chat_template, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
+
+    def expand_image_tokens(self, text: str, image_grid_thw: torch.Tensor) -> str:
+        """Each image token in turn becomes grid.prod() // merge_size**2 of them (as Qwen3VLProcessor does)."""
+        pieces = text.split(self.image_token)
+        if len(pieces) - 1 != len(image_grid_thw):
+            raise ValueError(f"{len(pieces) - 1} image tokens in the prompt but {len(image_grid_thw)} images")
+        merge_length = int(self.image_processor.merge_size) ** 2
+        out = pieces[0]
+        for grid, piece in zip(image_grid_thw, pieces[1:]):
+            out += self.image_token * (int(grid.prod()) // merge_length) + piece
+        return out
+
+    def __call__(self, text: str, images: list[Any] | None = None, return_tensors: str = "pt",
+                 add_special_tokens: bool = True) -> dict[str, torch.Tensor]:
+        """Tokens of `text` with its image tokens expanded, plus pixel_values / image_grid_thw of `images`."""
+        data: dict[str, Any] = {}
+        if images:
+            pixels = self.image_processor(images=images, return_tensors=return_tensors)
+            data.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
+            text = self.expand_image_tokens(text, pixels["image_grid_thw"])
+        enc = self.tokenizer([text], padding=False, return_token_type_ids=False,
+                             add_special_tokens=add_special_tokens, return_tensors=return_tensors)
+        ids = enc["input_ids"]
+        types = torch.zeros_like(ids)
+        types[ids == self.image_token_id] = 1
+        types[ids == self.video_token_id] = 2
+        return {"input_ids": ids, "attention_mask": enc["attention_mask"], "mm_token_type_ids": types, **data}
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], tokenize: bool = True,
+                            add_generation_prompt: bool = True, return_dict: bool = True,
+                            return_tensors: str = "pt", **_: Any) -> Any:
+        """Same call as `ProcessorMixin.apply_chat_template` for one conversation with images (no videos)."""
+        text = self.render(conversation, add_generation_prompt)
+        if not tokenize:
+            return text
+        images = [block[key] for message in conversation if isinstance(message.get("content"), list)
+                  for block in message["content"] if block.get("type") == "image"
+                  for key in ("image", "url", "path") if key in block]
+        bos = self.tokenizer.bos_token
+        out = self(text, [_load_image(i) for i in images], return_tensors,
+                   add_special_tokens=not (bos is not None and text.startswith(bos)))
+        return out if return_dict else out["input_ids"]
+
+
+def _load_image(image: Any) -> Any:
+    from transformers.image_utils import load_image
+
+    return image if not isinstance(image, str) else load_image(image)
+
+
+def _read(model_id: str, filename: str, revision: str | None) -> str | None:
+    """Text of one file of a local folder or hub repository, None where it has no such file."""
+    from transformers.utils import cached_file
+
+    try:
+        path = cached_file(model_id, filename, revision=revision, _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_connection_errors=False)
+    except OSError:
+        return None
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
+def image_processor_settings(model_id: str, revision: str | None = None) -> dict[str, Any]:
+    """The checkpoint's image processor settings (preprocessor_config.json, else processor_config.json's section)."""
+    text = _read(model_id, "preprocessor_config.json", revision)
+    settings = json.loads(text) if text else None
+    if settings is None:
+        text = _read(model_id, "processor_config.json", revision)
+        settings = (json.loads(text) if text else {}).get("image_processor")
+    if not settings:
+        raise FileNotFoundError(f"{model_id} has neither preprocessor_config.json nor an image_processor "
+                                "section in processor_config.json")
+    return {k: v for k, v in settings.items() if k not in _NOT_SETTINGS}
+
+
+def chat_template(model_id: str, tokenizer: Any, revision: str | None = None) -> str:
+    """The checkpoint's chat template, looked up where transformers looks: .jinja, chat_template.json, tokenizer."""
+    jinja = _read(model_id, "chat_template.jinja", revision)
+    if jinja:
+        return jinja
+    for filename in ("chat_template.json", "processor_config.json"):
+        text = _read(model_id, filename, revision)
+        template = json.loads(text).get("chat_template") if text else None
+        if template:
+            return template
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.chat_template
+    raise FileNotFoundError(f"{model_id} has no chat template (chat_template.jinja, chat_template.json, tokenizer_config.json)")
+
+
+def fallback_processor(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> TokenizerImageProcessor:
+    """Tokenizer + chat template + torchvision-free image processor, from the checkpoint's own files."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
+    image_processor = image_processor_class()(**image_processor_settings(model_id, revision))
+    return TokenizerImageProcessor(tokenizer, image_processor, chat_template(model_id, tokenizer, revision))
+
+
+def load_processor(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Any, str]:
+    """(processor, which path built it): AutoProcessor where it loads, else the fallback with the reason."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code), "AutoProcessor"
+    except Exception as exc:  # noqa: BLE001 - any failure of the full processor sends us to the fallback
+        why = f"{type(exc).__name__}: {str(exc).strip().split(chr(10))[0].split('. ')[0][:160]}"
+    processor = fallback_processor(model_id, revision, trust_remote_code)
+    return processor, f"fallback: tokenizer + {type(processor.image_processor).__name__} (AutoProcessor failed: {why})"
