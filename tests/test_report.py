@@ -1,27 +1,58 @@
-"""outputs/SUMMARY.md and the self-contained HTML renderings: unit checks on synthetic results,
-and one end-to-end check on a real papermill run of notebook 01."""
+"""outputs/SUMMARY.md and the self-contained HTML renderings: unit checks on hand-made run records and
+results (the run.json contract of the brief), and one end-to-end check on a real papermill run of notebook 01."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
-from helpers.pipeline import report, runner
+from helpers.pipeline import report
+from helpers.pipeline.paths import repo_root
+
+RUN_A = {"run_id": "20261202T203000Z-a1b2", "command": "run-all", "started": "2026-12-02T20:30:00Z",
+         "finished": "2026-12-02T20:30:42Z", "status": "complete", "kit_commit": "f3a57f9c0ffee", "kit_dirty": True,
+         "parameters": {"seq_len": 16},
+         "notebooks": {"01_a": {"status": "ok", "seconds": 7.5, "error": "", "parameters": {"seq_len": 16}},
+                       "02_b": {"status": "ok", "seconds": 6.25, "error": "", "parameters": {"seq_len": 16}}},
+         "environment": {"python": "3.11.7", "torch": "2.13.0", "transformers": "5.17.0", "platform": "Linux",
+                         "cuda_available": False}}
 
 
-def _write_results(out: Path, notebook: str, claims: list[dict], env: dict | None = None) -> None:
+def _run(out: Path, **changes) -> dict:
+    run = {**RUN_A, **changes}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps(run))
+    return run
+
+
+def _write_results(out: Path, notebook: str, claims: list[dict], env: dict | None = None,
+                   run_id: str | None = RUN_A["run_id"], started: str | None = RUN_A["started"]) -> None:
     env = {"python": "3.11", "torch": "2.13.0", "transformers": "5.17.0", "device": "cpu", "dtype": "float32",
            "model_id": "tiny", "model_revision": "r1", **(env or {})}
     (out / "results").mkdir(parents=True, exist_ok=True)
     (out / "results" / f"{notebook}.json").write_text(json.dumps(
-        {"notebook": notebook, "environment": env, "claims": claims, "measurements": {}}))
+        {"notebook": notebook, "environment": env, "claims": claims, "measurements": {},
+         "run": {"run_id": run_id, "started": started, "kit_commit": "f3a57f9", "kit_dirty": False}}))
 
 
-def _claim(cid: str, verdict: str = "reproduced", **evidence) -> dict:
-    return {"id": cid, "statement": f"statement of {cid}", "verdict": verdict, "reason": "why", "evidence": evidence}
+def _claim(cid: str, verdict: str = "reproduced", deciding=None, source=None, kind="finding", **evidence) -> dict:
+    return {"id": cid, "statement": f"statement of {cid}", "verdict": verdict, "reason": "why", "evidence": evidence,
+            "kind": kind, "deciding": deciding or {}, "source": source or {}}
 
+
+def _section(text: str, heading: str) -> str:
+    """The text under `heading` up to the next heading of the same or a higher level."""
+    level = heading.split(" ")[0]
+    start = text.index(heading + "\n")
+    nxt = re.search(rf"^#{{1,{len(level)}}} ", text[start + len(heading):], re.M)
+    return text[start: start + len(heading) + nxt.start()] if nxt else text[start:]
+
+
+# --------------------------------------------------------------------------- formatting
 
 def test_key_numbers_prefers_numeric_and_bool_scalars():
     ev = {"variants": ["a", "b"], "comparisons": 6, "max_abs_diff": 0.0, "bitwise": True}
@@ -33,27 +64,11 @@ def test_key_numbers_prefers_numeric_and_bool_scalars():
     assert report.key_numbers({}) == "" and report.key_numbers(None) == ""
 
 
-def test_summary_table_environment_once_and_per_notebook_model(tmp_path):
-    _write_results(tmp_path, "01_a", [_claim("a.one", comparisons=3), _claim("a.two", "not_reproduced", diff=0.5)])
-    _write_results(tmp_path, "02_b", [_claim("b.one", "skipped")], env={"model_id": "other", "model_revision": "r2"})
-    (tmp_path / "figures").mkdir()
-    (tmp_path / "figures" / "01_a-plot.png").write_bytes(b"\x89PNG")
-    text = report.build_summary(tmp_path)
-    for cid in ("a.one", "a.two", "b.one"):
-        assert f"`{cid}`" in text
-    assert "| 01_a | `a.two` | ❌ not_reproduced | diff=0.5 |" in text
-    assert text.count("| torch | `2.13.0` |") == 1
-    assert "Differs between notebooks" in text and "| 02_b | `other` | `r2` |" in text
-    assert "| model_id | `" not in text  # not in the shared block
-    assert "![01_a-plot](figures/01_a-plot.png)" in text
-
-
 def test_summary_is_truncated_under_the_limit(tmp_path):
-    claims = [_claim(f"c.{i}", note="x" * 300, n=i) for i in range(400)]
-    _write_results(tmp_path, "01_big", claims)
+    _run(tmp_path)
+    _write_results(tmp_path, "01_big", [_claim(f"c.{i}", note="x" * 300, n=i) for i in range(400)])
     text = report.build_summary(tmp_path)
-    assert len(text) < report.MAX_CHARS
-    assert "**Truncated:**" in text
+    assert len(text) < report.MAX_CHARS and "**Truncated:**" in text
 
 
 def test_external_images_are_detected():
@@ -61,20 +76,184 @@ def test_external_images_are_detected():
     assert report.external_images(html) == ["figures/a.png", "b.png"]
 
 
-def test_notebook_selection():
-    assert [p.stem for p in runner.select(None)] == [p.stem for p in runner.notebooks()]
-    assert [p.stem for p in runner.select(["01"])] == ["01_identity_reconstruction"]
+# --------------------------------------------------------------------------- the run record
 
+def test_summary_names_the_run_at_the_top(tmp_path):
+    _run(tmp_path)
+    _write_results(tmp_path, "01_a", [_claim("a.one")])
+    text = report.build_summary(tmp_path)
+    top = text[: text.index("## Claims")]
+    for expected in ("20261202T203000Z-a1b2", "`run-all`", "✅ complete", "2026-12-02T20:30:00Z",
+                     "2026-12-02T20:30:42Z", "`f3a57f9c0ffe` + uncommitted changes (dirty)", "`seq_len=16`"):
+        assert expected in top, expected
+    assert "INTERRUPTED" not in text
+
+
+def test_interrupted_run_is_said_loudly_and_unfinished_notebooks_are_errors(tmp_path):
+    _run(tmp_path, status="interrupted", finished="2026-12-02T20:30:05Z",
+         notebooks={"01_a": {"status": "ok", "seconds": 4.0, "error": ""},
+                    "02_b": {"status": "interrupted", "seconds": 1.0, "error": "interrupted"},
+                    "03_c": {"status": "not_started", "seconds": None, "error": ""}})
+    _write_results(tmp_path, "01_a", [_claim("a.one")])
+    _write_results(tmp_path, "02_b", [{**_claim("b.one", "error"), "reason": "interrupted"}])
+    text = report.build_summary(tmp_path)
+    head = text[: text.index("## Claims")]
+    assert "**INTERRUPTED**" in head and "This run was interrupted before it finished**: 1 of 3 notebooks" in head
+    claims = _section(text, "## Claims")
+    assert "| 02_b | `b.one` | ⚠️ error | interrupted |" in claims
+    assert "| 03_c | — | ⚠️ error | no results file from this run: not started | — |" in claims
+    assert "✅ 1 reproduced, ⚠️ 1 error" in head
+
+
+def test_no_run_record_presents_nothing_as_this_run(tmp_path):
+    _write_results(tmp_path, "01_a", [_claim("a.one")], run_id=None, started=None)
+    text = report.build_summary(tmp_path)
+    assert "**No run record**" in text
+    assert "`a.one`" not in _section(text, "## Claims")
+    assert "## From an earlier run (no run id" in text and "`a.one`" in text
+
+
+def test_claims_table_shows_only_the_current_run(tmp_path):
+    _run(tmp_path)
+    _write_results(tmp_path, "01_a", [_claim("a.one"), _claim("a.two", "not_reproduced", diff=0.5)])
+    _write_results(tmp_path, "02_b", [_claim("b.stale")], run_id="20261201T100000Z-old0", started="2026-12-01T10:00:00Z")
+    _write_results(tmp_path, "03_c", [_claim("c.byhand")], run_id=None, started=None)
+    text = report.build_summary(tmp_path)
+    claims = _section(text, "## Claims")
+    assert "`a.one`" in claims and "`a.two`" in claims
+    assert "b.stale" not in claims and "c.byhand" not in claims
+    assert "| 02_b | — | ⚠️ error | no results file from this run: the notebook ran but wrote no results file | — |" in claims
+    assert "2 finding(s): ✅ 1 reproduced, ❌ 1 not_reproduced" in text
+    assert "2 results file(s) from other runs" in text
+    stale = _section(text, "## From an earlier run (run `20261201T100000Z-old0`, started 2026-12-01T10:00:00Z)")
+    assert "`b.stale`" in stale and "| that run |" in stale
+    assert "`c.byhand`" in _section(text, "## From an earlier run (no run id: run by hand or by an older kit, time unknown)")
+    assert text.index("## From an earlier run") > text.index("## Claim details")
+
+
+def test_environment_checks_are_listed_apart_and_never_counted(tmp_path):
+    _run(tmp_path)
+    _write_results(tmp_path, "01_a", [_claim("a.one"), _claim("env.cuda", "skipped", kind="environment_check"),
+                                      _claim("env.flag", "reproduced", kind="environment_check")])
+    text = report.build_summary(tmp_path)
+    assert "1 finding(s): ✅ 1 reproduced; 2 environment check(s), listed separately" in text
+    table = text[text.index("## Claims"): text.index("### Environment checks")]
+    checks = _section(text, "### Environment checks")
+    assert "env.cuda" not in table and "env.flag" not in table
+    assert "`env.cuda`" in checks and "`env.flag`" in checks
+
+
+def test_deciding_values_beside_the_source_report(tmp_path):
+    _run(tmp_path)
+    _write_results(tmp_path, "03_r", [
+        _claim("rope.none_equals_zero", deciding={"max_abs_diff_zero_vs_none": 0.0, "cosine": 1.0},
+               source={"max_abs_diff_none_vs_0": 17.13, "cosine": 0.306},
+               none_vs_reference_max_abs_diff=0.451, zero_vs_reference_max_abs_diff=0.451),
+        _claim("generic.fallback", comparisons=6, bitwise=True)])
+    text = report.build_summary(tmp_path)
+    assert "| notebook | claim | verdict | this run | source report |" in text
+    assert ("| 03_r | `rope.none_equals_zero` | ✅ reproduced | max_abs_diff_zero_vs_none=0; cosine=1 "
+            "| max_abs_diff_none_vs_0=17.1; cosine=0.306 |") in text
+    assert "0.451" not in _section(text, "## Claims")  # evidence is not mined when the claim names its values
+    assert "| 03_r | `generic.fallback` | ✅ reproduced | comparisons=6; bitwise=true | — |" in text
+
+
+def test_timings_only_from_the_same_run(tmp_path):
+    _run(tmp_path, notebooks={"01_a": {"status": "ok", "seconds": None, "error": ""}})
+    _write_results(tmp_path, "01_a", [_claim("a.one")])
+    timings = {"run_id": "someone-else", "total_seconds": 99.0, "jobs": 2,
+               "notebooks": [{"notebook": "01_a", "seconds": 55.5}]}
+    (tmp_path / "timings.json").write_text(json.dumps(timings))
+    text = report.build_summary(tmp_path)
+    assert "99" not in text and "55.5" not in text
+    (tmp_path / "timings.json").write_text(json.dumps({**timings, "run_id": RUN_A["run_id"]}))
+    text = report.build_summary(tmp_path)
+    assert "| wall-clock | 99 s, 2 notebook(s) at a time |" in text and "| 01_a | ✅ ok | 55.5 |" in text
+
+
+def test_environment_once_and_per_notebook_model(tmp_path):
+    _run(tmp_path)
+    _write_results(tmp_path, "01_a", [_claim("a.one")])
+    _write_results(tmp_path, "02_b", [_claim("b.one", "skipped")], env={"model_id": "other", "model_revision": "r2"})
+    text = report.build_summary(tmp_path)
+    assert text.count("| torch | `2.13.0` |") == 1
+    assert "Differs between notebooks" in text and "| 02_b | `other` | `r2` |" in text
+    assert "| model_id | `" not in text
+
+
+# --------------------------------------------------------------------------- pastes cleanly
+
+def test_no_relative_links_figures_named_as_files_to_attach(tmp_path):
+    _run(tmp_path)
+    _write_results(tmp_path, "01_a", [_claim("a.one")])
+    (tmp_path / "figures").mkdir()
+    for name in ("01_a-plot.png", "09_stale-plot.png"):
+        (tmp_path / "figures" / name).write_bytes(b"\x89PNG")
+    (tmp_path / "html").mkdir()
+    (tmp_path / "html" / "01_a.html").write_text("<html></html>")
+    text = report.build_summary(tmp_path)
+    assert not re.search(r"\]\((?!https?://)", text), "a Markdown link or image with a relative target"
+    assert not re.search(r"(src|href)=[\"'](?!https?://|#)", text)
+    files = _section(text, "## Files to attach")
+    assert "- `figures/01_a-plot.png`" in files and "- `html/01_a.html`" in files
+    assert "09_stale" not in text  # a figure of a notebook not in this run
+
+
+def test_scrub_replaces_machine_paths_but_not_lookalikes():
+    root, home = str(repo_root()), str(Path.home())
+    text = (f"{root}/outputs/figures/a.png and {home}/.cache/hf and /tmp/xyz/f.txt; "
+            f"{sys.prefix}/lib; {root}x stays; https://example.org/tmp/x stays")
+    clean = report.scrub(text)
+    assert "{kit}/outputs/figures/a.png" in clean and "~/.cache/hf" in clean and "{tmp}/xyz/f.txt" in clean
+    assert f"{root}x stays" in clean and "https://example.org/tmp/x stays" in clean
+    assert root + "/" not in clean and home + "/" not in clean and " /tmp/" not in clean
+    assert report.scrub("/tmp/kit/out/results/a.json", Path("/tmp/kit/out")) == "{outputs}/results/a.json"
+
+
+def test_write_summary_scrubs_summary_results_timings_and_run_record(tmp_path):
+    root = str(repo_root())
+    _run(tmp_path, parameters={"model_id": f"{root}/checkpoints/qwen"})
+    _write_results(tmp_path, "01_a", [_claim("a.one", "error", where=f"{Path.home()}/x.py line 3")],
+                   env={"model_id": f"{root}/checkpoints/qwen"})
+    (tmp_path / "timings.json").write_text(json.dumps({"run_id": RUN_A["run_id"], "notebooks": [
+        {"notebook": "01_a", "output": str(tmp_path / "notebooks" / "01_a.ipynb")}]}))
+    report.write_summary(tmp_path)
+    for path in [tmp_path / "SUMMARY.md", tmp_path / "run.json", tmp_path / "timings.json", *tmp_path.glob("results/*.json")]:
+        text = path.read_text()
+        assert _machine_paths(text, tmp_path) == [], (path.name, _machine_paths(text, tmp_path))
+    assert "{kit}/checkpoints/qwen" in (tmp_path / "SUMMARY.md").read_text()
+    assert "{outputs}/notebooks/01_a.ipynb" in (tmp_path / "timings.json").read_text()
+
+
+def _machine_paths(text: str, out: Path) -> list[str]:
+    """Absolute paths of this machine (repo, outputs, home, temp, python) left in `text`."""
+    roots = {str(repo_root()), str(out), str(out.resolve()), str(Path.home()), "/tmp", sys.prefix, sys.base_prefix}
+    return sorted({m.group(0) for r in roots if len(r) > 1
+                   for m in re.finditer(r"(?<![\w./-])" + re.escape(r) + r"(?=[/\"'\s]|$)", text)})
+
+
+# --------------------------------------------------------------------------- end to end: one real notebook
 
 @pytest.fixture(scope="module")
 def real_run(tmp_path_factory) -> Path:
+    """Notebook 01 executed by papermill (as the runner does) under a hand-made run record."""
+    import papermill as pm
+
     out = tmp_path_factory.mktemp("report-run")
+    run_id = "20261202T000000Z-e2e0"
     mp = pytest.MonkeyPatch()
-    mp.setenv("KVKIT_OUTPUT_DIR", str(out))
+    for key, value in {"KVKIT_OUTPUT_DIR": str(out), "KVKIT_RUN_ID": run_id, "KVKIT_RUN_STARTED": RUN_A["started"],
+                       "KVKIT_KIT_COMMIT": "f3a57f9", "KVKIT_KIT_DIRTY": "0"}.items():
+        mp.setenv(key, value)
     try:
-        res = runner.run_one(runner.find_notebook("01"))
-        assert res.ok, res.error
-        assert runner.write_outputs()
+        nb = next(repo_root().joinpath("notebooks").glob("01_*.ipynb"))
+        (out / "notebooks").mkdir(parents=True, exist_ok=True)
+        pm.execute_notebook(str(nb), str(out / "notebooks" / nb.name), cwd=str(repo_root()), kernel_name="python3",
+                            progress_bar=False)
+        _run(out, run_id=run_id, command="run", notebooks={nb.stem: {"status": "ok", "seconds": 9.0, "error": ""}})
+        written, errors = report.write_html(out)
+        assert written and not errors, errors
+        report.write_summary(out)
     finally:
         mp.undo()
     return out
@@ -84,19 +263,37 @@ def real_run(tmp_path_factory) -> Path:
 def test_report_on_a_real_run(real_run):
     text = (real_run / "SUMMARY.md").read_text()
     data = json.loads((real_run / "results" / "01_identity_reconstruction.json").read_text())
-    assert data["claims"]
+    assert data["claims"] and len(text) < report.MAX_CHARS
+    in_run = report.run_id_of(data) == "20261202T000000Z-e2e0"  # results.py stores the run id it was given
+    where = _section(text, "## Claims") if in_run else text[text.index("## From an earlier run"):]
     for claim in data["claims"]:
-        assert f"`{claim['id']}`" in text and claim["verdict"] in text
-    assert len(text) < report.MAX_CHARS
-    assert data["environment"]["transformers"] in text and data["environment"]["model_id"] in text
-    for fig in (real_run / "figures").glob("*.png"):
-        assert f"(figures/{fig.name})" in text
-    assert "(html/01_identity_reconstruction.html)" in text
+        assert f"`{claim['id']}`" in where and claim["verdict"] in where
+    if in_run:
+        assert data["environment"]["transformers"] in text and data["environment"]["model_id"] in text
+        for fig in (real_run / "figures").glob("*.png"):
+            assert f"`figures/{fig.name}`" in text
+        assert "`html/01_identity_reconstruction.html`" in text
+    assert "](" not in text
 
 
 @pytest.mark.e2e
-def test_html_is_self_contained(real_run):
+def test_html_is_self_contained_with_the_environment_at_the_top(real_run):
     html = (real_run / "html" / "01_identity_reconstruction.html").read_text()
+    data = json.loads((real_run / "results" / "01_identity_reconstruction.json").read_text())
     assert "data:image/png;base64," in html
     assert report.external_images(html) == []
     assert not re.search(r"<img[^>]+src=[\"']?(?!data:)[^\"'\s>]", html)
+    env_at = html.index("Environment this notebook ran with")
+    body = html.index("<body")
+    assert body < env_at < html.index("jp-CodeCell", body)  # before the first code cell
+    assert data["environment"]["transformers"] in html[env_at: env_at + 4000]
+    assert 'id="cell-id=kvkit-environment"' in html or "cell-id" not in html
+
+
+@pytest.mark.e2e
+def test_no_absolute_machine_path_in_shared_outputs(real_run):
+    shared = [real_run / "SUMMARY.md", real_run / "run.json", *real_run.glob("results/*.json"),
+              *real_run.glob("html/*.html"), *[p for p in [real_run / "timings.json"] if p.exists()]]
+    assert len(shared) >= 4
+    for path in shared:
+        assert _machine_paths(path.read_text(), real_run) == [], (path.name, _machine_paths(path.read_text(), real_run))

@@ -1,18 +1,25 @@
-"""outputs/SUMMARY.md (every claim of every notebook in one table) and outputs/html/ (one
-self-contained HTML file per executed notebook).
+"""outputs/SUMMARY.md (the claims of one run in one table) and outputs/html/ (one self-contained
+HTML file per executed notebook, its environment at the top).
 
-Both are rebuilt from what is on disk (results/*.json, figures/*.png, notebooks/*.ipynb,
+Both are rebuilt from what is on disk (run.json, results/*.json, figures/*.png, notebooks/*.ipynb,
 timings.json), so `python -m helpers.pipeline.runner report` / `html` can be rerun at any time.
+The summary describes the run named in run.json: results files of any other run (or of none) are
+shown in separate "From an earlier run" sections, never in its claims table or tally. Every text
+written here is scrubbed of this machine's absolute paths ({kit}, {outputs}, ~, {tmp}), and figures
+are named as files to attach rather than linked, so the summary pastes cleanly into an issue.
 """
 from __future__ import annotations
 
 import json
 import re
+import sys
+import sysconfig
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable
 
-from .paths import output_dir
+from .paths import output_dir, repo_root
 
 MAX_CHARS = 60_000
 VERDICT_MARK = {"reproduced": "✅", "not_reproduced": "❌", "skipped": "⏭️", "error": "⚠️"}
@@ -100,6 +107,62 @@ def truncate(text: str, limit: int = MAX_CHARS, what: str = "this report") -> st
     return cut + note
 
 
+# --------------------------------------------------------------------------- machine paths
+
+def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
+    """(absolute path, placeholder) pairs for this machine, most specific first."""
+    out = Path(out) if out else output_dir()
+    root = repo_root()
+    pairs = [(root, "{kit}"), (Path.home(), "~"), (Path(tempfile.gettempdir()), "{tmp}"), (Path("/tmp"), "{tmp}"),
+             (Path(sysconfig.get_paths()["stdlib"]), "{python-lib}"), (Path(sys.prefix), "{python-env}")]
+    if not _inside(out, root):
+        pairs.insert(0, (out, "{outputs}"))
+    found: dict[str, str] = {}
+    for path, label in pairs:
+        for variant in {str(path), str(path.resolve())}:
+            if variant.count("/") >= 1 and len(variant) > 1 and variant not in found:
+                found[variant] = label
+    if _inside(Path(sys.prefix), root):  # the kit's own .venv reads better as {kit}/.venv
+        found.pop(str(Path(sys.prefix)), None)
+        found.pop(str(Path(sys.prefix).resolve()), None)
+    return sorted(found.items(), key=lambda kv: -len(kv[0]))
+
+
+def _inside(path: Path, parent: Path) -> bool:
+    try:
+        path.resolve().relative_to(parent.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def scrub(text: str, out: Path | None = None) -> str:
+    """`text` with this machine's absolute paths replaced by placeholders ({kit}/outputs/..., ~/..., {tmp}/...)."""
+    for path, label in machine_paths(out):
+        text = re.sub(r"(?<![\w./-])" + re.escape(path) + r"(?![\w.-])", lambda _m, lb=label: lb, text)
+    return text
+
+
+def scrub_file(path: Path, out: Path | None = None) -> bool:
+    """Rewrite one text file with machine paths scrubbed; True if it changed."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    clean = scrub(text, out)
+    if clean != text:
+        path.write_text(clean, encoding="utf-8")
+    return clean != text
+
+
+def scrub_outputs(out: Path | None = None) -> list[Path]:
+    """Scrub run.json, timings.json, results/*.json, html/*.html and SUMMARY.md under `out`."""
+    out = Path(out) if out else output_dir()
+    paths = [out / "run.json", out / "timings.json", out / "SUMMARY.md", *sorted((out / "results").glob("*.json")),
+             *sorted((out / "html").glob("*.html"))]
+    return [p for p in paths if p.is_file() and scrub_file(p, out)]
+
+
 # --------------------------------------------------------------------------- loading
 
 def load_results(out: Path | None = None) -> list[dict[str, Any]]:
@@ -117,18 +180,186 @@ def load_results(out: Path | None = None) -> list[dict[str, Any]]:
     return rows
 
 
-def load_timings(out: Path | None = None) -> dict[str, Any]:
-    path = (Path(out) if out else output_dir()) / "timings.json"
+def _load_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_timings(out: Path | None = None) -> dict[str, Any]:
+    return _load_json((Path(out) if out else output_dir()) / "timings.json")
+
+
+def load_run(out: Path | None = None) -> dict[str, Any]:
+    """outputs/run.json (the runner's record of the last run), {} when there is none."""
+    return _load_json((Path(out) if out else output_dir()) / "run.json")
+
+
+def run_id_of(data: dict[str, Any]) -> str | None:
+    """The run id a results or timings file belongs to (top-level "run": {"run_id"} or "run_id")."""
+    run = data.get("run")
+    rid = run.get("run_id") if isinstance(run, dict) else None
+    return rid or data.get("run_id") or None
+
+
+def split_by_run(results: list[dict[str, Any]], run_id: str | None) -> tuple[list[dict[str, Any]], dict[str | None, list[dict[str, Any]]]]:
+    """(results of run `run_id`, {other run id or None: their results}); no run id -> nothing is current."""
+    current = [r for r in results if run_id and run_id_of(r) == run_id]
+    others: dict[str | None, list[dict[str, Any]]] = {}
+    for r in results:
+        if not (run_id and run_id_of(r) == run_id):
+            others.setdefault(run_id_of(r), []).append(r)
+    return current, others
 
 
 # --------------------------------------------------------------------------- SUMMARY.md
 
-def _environment_section(results: list[dict[str, Any]]) -> list[str]:
-    envs = {r["notebook"]: r.get("environment") or {} for r in results}
+RUN_STATUS = {"complete": "✅ complete", "running": "⏳ still running (or stopped without saying so)",
+              "interrupted": "⚠️ **INTERRUPTED**", "failed": "❌ **FAILED**"}
+NB_STATUS = {"ok": "✅ ok", "failed": "❌ failed", "interrupted": "⚠️ interrupted", "not_started": "⏭️ not started"}
+
+
+def _params(params: Any) -> str:
+    if not params:
+        return "none (notebook defaults)"
+    if isinstance(params, dict):
+        return ", ".join(f"{k}={fmt_value(v, 60)}" for k, v in params.items())
+    return fmt_value(params, 200)
+
+
+def _commit(run: dict[str, Any]) -> str:
+    commit = run.get("kit_commit")
+    if not commit:
+        return "unknown (not a git checkout)"
+    dirty = run.get("kit_dirty")
+    state = " + uncommitted changes (dirty)" if dirty else " (clean)" if dirty is False else ""
+    return f"`{str(commit)[:12]}`{state}"
+
+
+def _run_section(run: dict[str, Any], notebooks: int, timings: dict[str, Any]) -> list[str]:
+    """Who ran what and when: the run record at the top of SUMMARY.md."""
+    if not run:
+        return ["> ⚠️ **No run record** (run.json is missing): the results below were not written by one recorded run "
+                "of the runner, so none of them is presented as this run's. Run `make run-all` for a summary of one run.", ""]
+    status = run.get("status") or "unknown"
+    lines = [f"**Run `{cell(run.get('run_id'))}`** · `{cell(run.get('command', '?'))}` · "
+             f"{RUN_STATUS.get(status, cell(status))}", ""]
+    if status != "complete":
+        nbs = run.get("notebooks") or {}
+        done = sum(1 for n in nbs.values() if (n or {}).get("status") == "ok")
+        what = {"interrupted": "was interrupted before it finished", "failed": "failed",
+                "running": "has no finish time: it is still running or was killed"}.get(status, f"ended with status {status!r}")
+        lines += [f"> ⚠️ **This run {what}**: {done} of {len(nbs) or notebooks} notebooks finished. Claims of unfinished "
+                  "notebooks are `error`; nothing below is a complete result.", ""]
+    rows = [("run id", f"`{cell(run.get('run_id'))}`"), ("command", f"`{cell(run.get('command'))}`"),
+            ("status", RUN_STATUS.get(status, cell(status))), ("started", cell(run.get("started") or "—")),
+            ("finished", cell(run.get("finished") or "— (not finished)")), ("kit commit", _commit(run)),
+            ("parameters", f"`{cell(_params(run.get('parameters')))}`")]
+    if timings and run_id_of(timings) == run.get("run_id") and timings.get("total_seconds") is not None:
+        rows.append(("wall-clock", f"{fmt_value(timings['total_seconds'])} s, {timings.get('jobs', '?')} notebook(s) at a time"))
+    return lines + ["| run | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
+
+
+def _pairs(values: Any) -> str:
+    if not isinstance(values, dict) or not values:
+        return ""
+    return "; ".join(f"{k}={fmt_value(v)}" for k, v in values.items())
+
+
+def _claim_row(nb: str, c: dict[str, Any]) -> str:
+    verdict = c.get("verdict", "error")
+    measured = _pairs(c.get("deciding")) or key_numbers(c.get("evidence"))
+    if verdict in ("error", "skipped") and not c.get("deciding"):
+        measured = " ".join(str(c.get("reason", "")).split())[:120] or measured
+    return (f"| {cell(nb)} | `{cell(c.get('id', '?'))}` | {VERDICT_MARK.get(verdict, '')} {verdict} "
+            f"| {cell(measured)} | {cell(_pairs(c.get('source')) or '—')} |")
+
+
+def _claims_tables(results: list[dict[str, Any]], run: dict[str, Any], label: str) -> tuple[list[str], dict[str, int], int]:
+    """Findings table, then environment checks; returns (lines, finding counts by verdict, checks)."""
+    findings = [(r["notebook"], c) for r in results for c in r.get("claims", []) if c.get("kind", "finding") != "environment_check"]
+    checks = [(r["notebook"], c) for r in results for c in r.get("claims", []) if c.get("kind") == "environment_check"]
+    counts: dict[str, int] = {}
+    for _, c in findings:
+        counts[c.get("verdict", "error")] = counts.get(c.get("verdict", "error"), 0) + 1
+    head = [f"| notebook | claim | verdict | {label} | source report |", "|---|---|---|---|---|"]
+    lines = head + [_claim_row(nb, c) for nb, c in findings]
+    have = {r["notebook"] for r in results}
+    for nb, info in sorted((run.get("notebooks") or {}).items()):
+        info = info or {}
+        if nb not in have:
+            why = info.get("error") or {"not_started": "not started", "interrupted": "interrupted", "ok": "the notebook "
+                                        "ran but wrote no results file"}.get(info.get("status"), "notebook failed")
+            lines.append(f"| {cell(nb)} | — | ⚠️ error | no results file from this run: {cell(why)} | — |")
+    if len(lines) == 2:
+        lines.append("| — | no claims | | | |")
+    lines.append("")
+    if checks:
+        lines += ["### Environment checks", "",
+                  "Facts about the machine that ran the kit, not findings of a source report: never counted above.", "",
+                  *head, *[_claim_row(nb, c) for nb, c in checks], ""]
+    return lines, counts, len(checks)
+
+
+def _notebook_runs(run: dict[str, Any], timings: dict[str, Any]) -> list[str]:
+    nbs = run.get("notebooks") or {}
+    if not nbs:
+        return []
+    same = timings and run_id_of(timings) == run.get("run_id")
+    seconds = {t.get("notebook"): t.get("seconds") for t in (timings.get("notebooks") or []) if isinstance(t, dict)} if same else {}
+    lines = ["## Notebooks in this run", "", "| notebook | status | seconds | parameters |", "|---|---|---|---|"]
+    for nb, info in sorted(nbs.items()):
+        info = info or {}
+        status = NB_STATUS.get(info.get("status"), cell(info.get("status")))
+        if info.get("error"):
+            status += f": {info['error']}"
+        secs = info.get("seconds") if info.get("seconds") is not None else seconds.get(nb)
+        lines.append(f"| {cell(nb)} | {cell(status)} | {fmt_value(secs) if secs is not None else '—'} "
+                     f"| `{cell(_params(info.get('parameters') or run.get('parameters')))}` |")
+    return lines + [""]
+
+
+def _files(out: Path, folder: str, pattern: str, stems: set[str]) -> list[str]:
+    where = out / folder
+    found = sorted(where.glob(pattern)) if where.is_dir() else []
+    return [f"{folder}/{p.name}" for p in found if any(p.stem == s or p.stem.startswith(s + "-") for s in stems)]
+
+
+def _details(results: list[dict[str, Any]]) -> list[str]:
+    lines: list[str] = []
+    for r in results:
+        lines += [f"<details><summary><b>{r['notebook']}</b></summary>", ""]
+        if r.get("load_error"):
+            lines += [f"- results file unreadable: {r['load_error']}"]
+        for c in r.get("claims", []):
+            kind = " _(environment check)_" if c.get("kind") == "environment_check" else ""
+            lines += [f"- `{c.get('id')}`{kind} — {VERDICT_MARK.get(c.get('verdict'), '')} **{c.get('verdict')}**: "
+                      f"{' '.join(str(c.get('statement', '')).split())}  ",
+                      f"  _{' '.join(str(c.get('reason', '')).split())[:400]}_  ",
+                      f"  evidence: `{fmt_value(c.get('evidence'), 600).replace('`', chr(39))}`"]
+        lines += ["", "</details>", ""]
+    return lines
+
+
+def _earlier_sections(others: dict[str | None, list[dict[str, Any]]]) -> list[str]:
+    lines: list[str] = []
+    for rid, results in sorted(others.items(), key=lambda kv: str(kv[0])):
+        started = next((r.get("run", {}).get("started") for r in results if isinstance(r.get("run"), dict)), None)
+        if rid:
+            lines += [f"## From an earlier run (run `{cell(rid)}`, started {cell(started or 'unknown')})", ""]
+        else:
+            lines += ["## From an earlier run (no run id: run by hand or by an older kit, time unknown)", ""]
+        lines += ["These results files were not written by the run above: shown for reference only, never counted in "
+                  "its tally. Run the notebooks again to bring them into one run.", ""]
+        lines += _claims_tables(results, {}, "that run")[0] + _details(results)
+    return lines
+
+
+def _environment_section(results: list[dict[str, Any]], run_env: dict[str, Any] | None = None) -> list[str]:
+    """The environment shared by every notebook once, then what differs per notebook."""
+    envs = {r["notebook"]: r.get("environment") or {} for r in results} or {"run": run_env or {}}
     keys = [k for k in ENV_KEYS if any(k in e for e in envs.values())]
     keys += sorted({k for e in envs.values() for k in e} - set(keys))
     shared, varying = [], []
@@ -148,71 +379,41 @@ def _environment_section(results: list[dict[str, Any]]) -> list[str]:
 
 
 def build_summary(out: Path | None = None, title: str = "KV resume kit: results") -> str:
-    """The SUMMARY.md text for the results under `out` (default outputs/)."""
+    """The SUMMARY.md text for the run named in run.json under `out` (default outputs/)."""
     out = Path(out) if out else output_dir()
-    results = load_results(out)
+    run = load_run(out)
     timings = load_timings(out)
-    runs = {t["notebook"]: t for t in timings.get("notebooks", [])}
-    claims = [(r["notebook"], c) for r in results for c in r.get("claims", [])]
-    counts: dict[str, int] = {}
-    for _, c in claims:
-        counts[c.get("verdict", "error")] = counts.get(c.get("verdict", "error"), 0) + 1
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    tally = ", ".join(f"{VERDICT_MARK.get(v, '')} {n} {v}" for v, n in sorted(counts.items())) or "no claims"
-    lines = [f"# {title}", "", f"{len(results)} notebooks, {len(claims)} claims: {tally}. Generated {stamp}.", ""]
-
-    lines += ["## Claims", "", "| notebook | claim | verdict | deciding numbers |", "|---|---|---|---|"]
-    for nb, c in claims:
-        verdict = c.get("verdict", "error")
-        lines.append(f"| {cell(nb)} | `{cell(c.get('id', '?'))}` | {VERDICT_MARK.get(verdict, '')} {verdict} "
-                     f"| {cell(key_numbers(c.get('evidence')))} |")
-    have = {r["notebook"] for r in results}
-    for nb, run in sorted(runs.items()):
-        if nb not in have:
-            lines.append(f"| {cell(nb)} | — | ⚠️ error | no results file: {cell(run.get('error') or 'notebook failed')} |")
-    lines.append("")
-
-    failed = [t for t in runs.values() if not t.get("ok")]
-    if runs:
-        total = timings.get("total_seconds")
-        lines += ["## Runs", "", f"{len(runs)} notebooks, {timings.get('jobs', '?')} at a time, "
-                  f"{fmt_value(total)} s wall-clock.", "", "| notebook | status | seconds |", "|---|---|---|"]
-        for nb, run in sorted(runs.items()):
-            status = "ok" if run.get("ok") else f"failed: {run.get('error', '')}"
-            lines.append(f"| {cell(nb)} | {cell(status)} | {fmt_value(run.get('seconds'))} |")
-        lines.append("")
-    if failed:
-        lines += [f"**{len(failed)} notebook(s) failed**; their partially executed copies are in notebooks/.", ""]
-
-    lines += _environment_section(results) if results else []
-
-    figures = sorted((out / "figures").glob("*.png")) if (out / "figures").is_dir() else []
-    if figures:
-        lines += ["## Figures", ""]
-        for fig in figures:
-            lines += [f"**{fig.stem}**", "", f"![{fig.stem}](figures/{fig.name})", ""]
-
-    htmls = sorted((out / "html").glob("*.html")) if (out / "html").is_dir() else []
-    if htmls:
-        lines += ["## Rendered notebooks", "", "Self-contained HTML (figures embedded): "
-                  + ", ".join(f"[{h.stem}](html/{h.name})" for h in htmls), ""]
-
-    lines += ["## Claim details", ""]
-    for r in results:
-        lines += [f"<details><summary><b>{r['notebook']}</b></summary>", ""]
-        if r.get("load_error"):
-            lines += [f"- results file unreadable: {r['load_error']}"]
-        for c in r.get("claims", []):
-            lines += [f"- `{c.get('id')}` — {VERDICT_MARK.get(c.get('verdict'), '')} **{c.get('verdict')}**: "
-                      f"{' '.join(str(c.get('statement', '')).split())}  ",
-                      f"  _{' '.join(str(c.get('reason', '')).split())[:400]}_  ",
-                      f"  evidence: `{fmt_value(c.get('evidence'), 600).replace('`', chr(39))}`"]
-        lines += ["", "</details>", ""]
-    return truncate("\n".join(lines).rstrip() + "\n", what="SUMMARY.md")
+    current, others = split_by_run(load_results(out), run.get("run_id"))
+    table, counts, n_checks = _claims_tables(current, run, "this run")
+    findings = sum(counts.values())
+    order = list(VERDICT_MARK)
+    tally = ", ".join(f"{VERDICT_MARK.get(v, '')} {n} {v}" for v, n in sorted(
+        counts.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order))) or "no findings"
+    checks = f"; {n_checks} environment check(s), listed separately" if n_checks else ""
+    lines = [f"# {title}", "", *_run_section(run, len(current), timings)]
+    lines += [f"**{len(current)} notebook(s) of this run, {findings} finding(s): {tally}{checks}.**"
+              + (f" {sum(len(v) for v in others.values())} results file(s) from other runs are listed at the end, apart."
+                 if others else ""), ""]
+    lines += ["## Claims", "", "_this run_: the value(s) the verdict was computed from; _source report_: the source's "
+              "value for the same quantity, where it gives one.", "", *table]
+    lines += _notebook_runs(run, timings)
+    if current or run.get("environment"):
+        lines += _environment_section(current, run.get("environment"))
+    stems = {r["notebook"] for r in current}
+    figures, htmls = _files(out, "figures", "*.png", stems), _files(out, "html", "*.html", stems)
+    if figures or htmls:
+        lines += ["## Files to attach", "", "Not linked, so this text pastes cleanly into an issue: drag these files from "
+                  "the outputs folder into the thread. The HTML files are self-contained (figures embedded).", ""]
+        lines += [f"- `{name}`" for name in figures + htmls] + [""]
+    lines += ["## Claim details", "", *_details(current)]
+    lines += _earlier_sections(others)
+    return scrub(truncate("\n".join(lines).rstrip() + "\n", what="SUMMARY.md"), out)
 
 
 def write_summary(out: Path | None = None) -> Path:
+    """Scrub machine paths from the files read, then write SUMMARY.md."""
     out = Path(out) if out else output_dir()
+    scrub_outputs(out)
     path = out / "SUMMARY.md"
     path.write_text(build_summary(out))
     return path
@@ -228,12 +429,33 @@ def external_images(html: str) -> list[str]:
     return _IMG_SRC.findall(html)
 
 
-def render_html(notebook: Path, dest_dir: Path) -> Path:
-    """One executed notebook -> a self-contained HTML file (inline PNGs, Markdown images embedded)."""
+def environment_markdown(results: dict[str, Any], source: str) -> str:
+    """The environment a notebook ran with (from its results file), as a Markdown block for the HTML's top."""
+    env = results.get("environment") or {}
+    run = results.get("run") if isinstance(results.get("run"), dict) else {}
+    keys = [k for k in ENV_KEYS if k in env] + sorted(set(env) - set(ENV_KEYS))
+    lines = [f"**Environment this notebook ran with** (from `{source}`, written by the notebook itself)", ""]
+    if run.get("run_id"):
+        lines += [f"Run `{run['run_id']}`, started {run.get('started') or '?'}, kit commit {_commit(run)}", ""]
+    else:
+        lines += ["Not run by the kit's runner (no run id).", ""]
+    lines += ["| | |", "|---|---|", *[f"| {k} | `{cell(fmt_value(env.get(k), 120))}` |" for k in keys]]
+    return "\n".join(lines)
+
+
+def render_html(notebook: Path, dest_dir: Path, results: dict[str, Any] | None = None) -> Path:
+    """One executed notebook -> a self-contained HTML file (inline PNGs, Markdown images embedded), with
+    the environment from its results file at the top (after the title cell) and machine paths scrubbed."""
     import nbformat
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(notebook), as_version=4)
+    if results is not None:
+        at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
+        env_cell = nbformat.v4.new_markdown_cell(environment_markdown(results, f"results/{notebook.stem}.json"))
+        if "id" in env_cell:
+            env_cell["id"] = "kvkit-environment"  # a fixed id: the same run renders to the same HTML
+        nb.cells.insert(at, env_cell)
     exporter = HTMLExporter(embed_images=True)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(notebook.parent),
                                                                       "name": notebook.stem}})
@@ -243,7 +465,7 @@ def render_html(notebook: Path, dest_dir: Path) -> Path:
             body = body.replace(f'src="{src}"', f'src="" alt="not embedded: {src}"')
     dest_dir.mkdir(parents=True, exist_ok=True)
     path = dest_dir / f"{notebook.stem}.html"
-    path.write_text(body, encoding="utf-8")
+    path.write_text(scrub(body, dest_dir.parent), encoding="utf-8")
     return path
 
 
@@ -256,7 +478,8 @@ def write_html(out: Path | None = None, stems: Iterable[str] | None = None) -> t
         if wanted is not None and nb.stem not in wanted:
             continue
         try:
-            written.append(render_html(nb, out / "html"))
+            results = _load_json(out / "results" / f"{nb.stem}.json")
+            written.append(render_html(nb, out / "html", results))
         except Exception as exc:  # noqa: BLE001 - one unreadable notebook must not stop the others
-            errors.append(f"{nb.stem}: {type(exc).__name__}: {exc}"[:300])
+            errors.append(scrub(f"{nb.stem}: {type(exc).__name__}: {exc}"[:300], out))
     return written, errors
