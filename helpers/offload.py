@@ -1,20 +1,19 @@
-"""DynamicCache offloading on a hybrid (linear-attention + full-attention) model.
+"""DynamicCache offloading on a hybrid (linear-attention + full-attention) model: the report's greedy loop,
+the schedule recorder and the real path unpatched.
 
-Three measurements behind notebook 05:
-
-* `drift_experiment` (CUDA only): the seed's experiment as written — greedy prefill + decode steps
-  with and without `DynamicCache(config=..., offloading=True)`, the per-step logit difference, the
-  dtype's noise floor (the same run twice without offloading), peak GPU memory and decode time.
-* `record_schedule` (everywhere): which cache layers the offloading path actually offloads and
-  prefetches, per forward call. The cache's own `offload`/`prefetch`/`update*` methods are wrapped on
-  the instance (the originals still run), and, where there is no GPU, the CUDA stream calls the
-  offloading path makes are replaced by no-op stand-ins — only inside the context manager.
+* `greedy_run`: the report's loop — a prefill (logits_to_keep=1), then greedy one-token decode steps.
+* `record_schedule` (everywhere): which cache layers the offloading path actually offloads and prefetches,
+  per forward call. The cache's own `offload`/`prefetch`/`update*` methods are wrapped on the instance (the
+  originals still run) under helpers.streams' recording stand-ins for the CUDA stream API, and
+  helpers.offload_replay.track enters every copy into the stream log (the ordering check).
 * `try_unpatched_offloading` (everywhere): the real offloading=True path, nothing patched, with the
   failure caught and described.
+
+The stream model and the race replay: helpers.streams, helpers.offload_replay; the GPU experiment:
+helpers.offload_gpu; the installed source: helpers.offload_source; figures: helpers.offload_plots.
 """
 from __future__ import annotations
 
-import inspect
 import os
 import time
 import traceback
@@ -62,10 +61,12 @@ class GreedyRun:
 
 @torch.no_grad()
 def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cache: Any = None,
-               before_call: Callable[[str], None] | None = None) -> GreedyRun:
+               before_call: Callable[[str], None] | None = None,
+               after_call: Callable[[str, Any], None] | None = None) -> GreedyRun:
     """The seed's `run()`: a prefill (logits_to_keep=1), then n_steps-1 greedy one-token decode steps.
 
-    `cache=None` lets the model make its own cache (the seed's offloading=False arm).
+    `cache=None` lets the model make its own cache (the seed's offloading=False arm);
+    `before_call(label)` / `after_call(label, cache)` run around every forward call.
     """
     name = compat.cache_kwarg(model)
     keep = {"logits_to_keep": 1} if compat.accepts(model.forward, "logits_to_keep") else {}
@@ -76,6 +77,8 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
         before_call("prefill")
     kwargs = {name: cache} if cache is not None else {}
     out = model(input_ids=ids, use_cache=True, **kwargs, **keep)
+    if after_call:
+        after_call("prefill", compat.output_cache(out))
     _sync(ids.device)
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
@@ -90,81 +93,10 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
         if before_call:
             before_call(f"decode {step + 1}")
         out = model(input_ids=next_ids, use_cache=True, **{name: cache})
+        if after_call:
+            after_call(f"decode {step + 1}", compat.output_cache(out))
     _sync(ids.device)
     return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache)
-
-
-# --- CUDA stream stand-ins ------------------------------------------------------------------------
-
-STREAM_CALLS = ("torch.Stream", "torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.default_stream",
-                "torch.cuda.current_stream")
-
-
-class NullStream:
-    """A stream that does nothing: usable as a context manager, waits and syncs are no-ops."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.device_type = "none"
-
-    def __enter__(self) -> "NullStream":
-        return self
-
-    def __exit__(self, *exc: Any) -> bool:
-        return False
-
-    def wait_stream(self, other: Any) -> None:
-        return None
-
-    def wait_event(self, event: Any) -> None:
-        return None
-
-    def synchronize(self) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-    def record_event(self, event: Any = None) -> None:
-        return None
-
-
-@contextmanager
-def stream_stand_ins(calls: dict[str, int] | None = None) -> Iterator[dict[str, int]]:
-    """Replace torch.Stream and the torch.cuda stream functions by no-op stand-ins, restored on exit.
-
-    `calls` (returned) counts how often each stand-in was called: the CUDA calls the path makes.
-    """
-    calls = {} if calls is None else calls
-    originals: list[tuple[Any, str, Any]] = []
-
-    def stand_in(qualname: str) -> Callable[..., NullStream]:
-        def make(*args: Any, **kwargs: Any) -> NullStream:
-            calls[qualname] = calls.get(qualname, 0) + 1
-            return NullStream()
-        make.__name__ = f"stand_in_{qualname.rsplit('.', 1)[-1]}"
-        make.kvkit_stand_in = True  # type: ignore[attr-defined]
-        return make
-
-    try:
-        for qualname in STREAM_CALLS:
-            owner, attr = _resolve(qualname)
-            if hasattr(owner, attr):
-                originals.append((owner, attr, getattr(owner, attr)))
-                setattr(owner, attr, stand_in(qualname))
-        yield calls
-    finally:
-        for owner, attr, original in reversed(originals):
-            setattr(owner, attr, original)
-
-
-def _resolve(qualname: str) -> tuple[Any, str]:
-    owner = torch.cuda if qualname.startswith("torch.cuda.") else torch
-    return owner, qualname.rsplit(".", 1)[-1]
-
-
-def stand_ins_active() -> list[str]:
-    """The stream stand-ins currently installed (tests: none may be left after the context manager)."""
-    return [q for q in STREAM_CALLS if getattr(getattr(*_resolve(q), None), "kvkit_stand_in", False)]
 
 
 # --- the recorder ---------------------------------------------------------------------------------
@@ -199,6 +131,7 @@ class ScheduleRecord:
     events: list[dict[str, Any]] = field(default_factory=list)
     stream_calls: dict[str, int] = field(default_factory=dict)
     run: GreedyRun | None = field(default=None, repr=False)
+    streams: Any = field(default=None, repr=False)  # the helpers.streams.StreamLog of the run
 
     def begin(self, label: str) -> None:
         self.calls.append(label)
@@ -318,26 +251,22 @@ def instrument(cache: Any, layer_types: list[str]) -> Iterator[ScheduleRecord]:
                 delattr(obj, method)
 
 
-def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4,
-                    stand_ins: bool | None = None) -> ScheduleRecord:
-    """Greedy run with `DynamicCache(config=model.config, offloading=True)`, instrumented.
+def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, host_synced: bool = True) -> ScheduleRecord:
+    """Greedy run with `DynamicCache(config=model.config, offloading=True)`, instrumented, under the
+    recording stream stand-ins (helpers.streams): `record.streams` holds every copy, wait and read."""
+    from .offload_replay import track
+    from .streams import recording_streams
 
-    stand_ins=None: stand in for the CUDA stream calls only where CUDA is not available.
-    """
-    use_stand_ins = (not torch.cuda.is_available()) if stand_ins is None else stand_ins
     types = config_layer_types(model.config)
-    calls: dict[str, int] = {}
-    with (stream_stand_ins(calls) if use_stand_ins else _nothing()):
+    with recording_streams() as log:
         cache = compat.dynamic_cache(model.config, offloading=True)
-        with instrument(cache, types) as record:
-            record.run = greedy_run(model, ids, n_steps, cache=cache, before_call=record.begin)
-    record.stream_calls = calls
+        with instrument(cache, types) as record, track(cache, log):
+            def begin(label: str) -> None:
+                record.begin(label)
+                log.begin(label, host_synced)
+            record.run = greedy_run(model, ids, n_steps, cache=cache, before_call=begin)
+    record.stream_calls, record.streams = dict(log.calls), log
     return record
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield None
 
 
 # --- comparisons ----------------------------------------------------------------------------------
@@ -357,33 +286,6 @@ def step_table(reference: GreedyRun, other: GreedyRun, noise: GreedyRun | None =
             row["noise_floor"] = float((ref - noise.logits[step]).abs().max())
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _peak_and_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, offloading: bool) -> tuple[GreedyRun, float]:
-    device = ids.device
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats(device)
-    cache = compat.dynamic_cache(model.config, offloading=True) if offloading else None
-    run = greedy_run(model, ids, n_steps, cache=cache)
-    peak = torch.cuda.max_memory_allocated(device) / 2**20
-    run.cache = None
-    return run, peak
-
-
-def drift_experiment(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4) -> tuple[Any, Any]:
-    """CUDA: (per-step table, memory/time table) of offloading=True vs offloading=False, with the noise floor."""
-    import pandas as pd
-
-    base, base_peak = _peak_and_run(model, ids, n_steps, offloading=False)
-    again, again_peak = _peak_and_run(model, ids, n_steps, offloading=False)
-    off, off_peak = _peak_and_run(model, ids, n_steps, offloading=True)
-    steps = step_table(base, off, noise=again)
-    cost = pd.DataFrame([
-        {"variant": "offloading=False", "peak_gpu_mib": base_peak, "prefill_s": base.prefill_s, "decode_s": base.decode_s},
-        {"variant": "offloading=False (again)", "peak_gpu_mib": again_peak, "prefill_s": again.prefill_s, "decode_s": again.decode_s},
-        {"variant": "offloading=True", "peak_gpu_mib": off_peak, "prefill_s": off.prefill_s, "decode_s": off.decode_s},
-    ])
-    return steps, cost
 
 
 # --- the real path, unpatched ---------------------------------------------------------------------
@@ -418,104 +320,17 @@ def mentions_cuda(outcome: dict[str, Any]) -> bool:
     return "cuda" in text
 
 
-# --- the source the chart explains ----------------------------------------------------------------
+@dataclass
+class Decision:
+    """A computed verdict with its evidence, the deciding values and the report's value for them."""
 
-def _source_targets() -> list[tuple[str, Any]]:
-    from transformers import cache_utils as cu
+    holds: bool
+    evidence: dict[str, Any]
+    why: str
+    deciding: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
 
-    names = [("Cache", "update"), ("Cache", "offload"), ("Cache", "prefetch"), ("Cache", "is_linear"),
-             ("Cache", "update_conv_state"), ("Cache", "update_recurrent_state"),
-             ("CacheLayerMixin", "offload"), ("CacheLayerMixin", "prefetch"),
-             ("LinearAttentionCacheLayerMixin", "offload"), ("LinearAttentionCacheLayerMixin", "prefetch")]
-    out = []
-    for cls_name, attr in names:
-        cls = getattr(cu, cls_name, None)
-        obj = None if cls is None else vars(cls).get(attr)
-        if isinstance(obj, property):
-            obj = obj.fget
-        out.append((f"{cls_name}.{attr}", obj))
-    return out
-
-
-def offloading_source() -> list[dict[str, Any]]:
-    """inspect.getsource of the installed cache_utils methods the schedule chart explains."""
-    rows = []
-    for name, obj in _source_targets():
-        if obj is None:
-            rows.append({"name": name, "line": None, "source": f"# {name}: not defined on transformers {compat.TRANSFORMERS_VERSION}"})
-            continue
-        lines, start = inspect.getsourcelines(obj)
-        rows.append({"name": name, "line": start, "source": "".join(lines)})
-    return rows
-
-
-def source_facts(sources: list[dict[str, Any]] | None = None) -> dict[str, bool]:
-    """What the installed source says, as booleans (stored with the verdict)."""
-    src = {row["name"]: row["source"] for row in (sources or offloading_source())}
-    update, prefetch = src.get("Cache.update", ""), src.get("Cache.prefetch", "")
-    return {
-        "Cache.update offloads and prefetches": "self.offload(" in update and "self.prefetch(" in update,
-        "Cache.update_conv_state offloads or prefetches": any(k in src.get("Cache.update_conv_state", "") for k in ("offload(", "prefetch(")),
-        "Cache.update_recurrent_state offloads or prefetches": any(k in src.get("Cache.update_recurrent_state", "") for k in ("offload(", "prefetch(")),
-        "Cache.prefetch skips linear layers": "is_linear" in prefetch,
-        "Cache.update waits on torch.cuda.default_stream": "torch.cuda.default_stream" in update,
-        "prefetch stream waits for the default stream before prefetching": "self.prefetch_stream.wait_stream" in update,
-    }
-
-
-def print_source(sources: list[dict[str, Any]]) -> None:
-    for row in sources:
-        print(f"# ---- transformers/cache_utils.py:{row['line']}  {row['name']}")
-        print(row["source"])
-
-
-# --- figures --------------------------------------------------------------------------------------
-
-def schedule_heatmap(record: ScheduleRecord, stem: str, name: str = "schedule") -> Any:
-    """Layer x forward-call heatmaps of offload and prefetch calls; saved via helpers.plots and shown."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from .plots import save_figure
-
-    fig, axes = plt.subplots(1, 2, figsize=(4.0 + 1.1 * len(record.calls) * 2, 1.2 + 0.45 * len(record.layer_types)),
-                             squeeze=False)
-    for ax, method in zip(axes[0], MOVES):
-        matrix = record.counts(method)
-        top = max(1, int(matrix.values.max()))
-        im = ax.imshow(matrix.values, cmap="Blues", vmin=0, vmax=top, aspect="auto")
-        ax.set_xticks(range(matrix.shape[1]), matrix.columns, rotation=30, ha="right")
-        ax.set_yticks(range(matrix.shape[0]), matrix.index)
-        for (r, c), v in np.ndenumerate(matrix.values):
-            ax.text(c, r, str(v), ha="center", va="center", color="white" if v else "#999999", fontsize=8)
-        ax.set_title(f"layer.{method}() calls")
-        fig.colorbar(im, ax=ax, fraction=0.04, ticks=list(range(top + 1)))
-    fig.suptitle(f"DynamicCache(offloading=True): which layers move (transformers {compat.TRANSFORMERS_VERSION})")
-    fig.tight_layout()
-    path = save_figure(fig, stem, name)
-    plt.show()
-    plt.close(fig)
-    return path
-
-
-def drift_plot(steps: Any, stem: str, name: str = "drift") -> Any:
-    """Per-step max |logit diff| (offloading vs not) against the noise floor, symlog y; saved and shown."""
-    import matplotlib.pyplot as plt
-
-    from .plots import save_figure
-
-    fig, ax = plt.subplots(figsize=(5.4, 3.6))
-    ax.plot(steps.step, steps.max_abs_diff, marker="o", label="offloading=True vs False")
-    if "noise_floor" in steps:
-        ax.plot(steps.step, steps.noise_floor, marker="s", linestyle="--", label="noise floor (False vs False)")
-    ax.set_yscale("symlog", linthresh=1e-6)
-    ax.set_ylim(bottom=0, top=max(1.0, float(steps.max_abs_diff.max()) * 2))
-    ax.set_xticks(list(steps.step), list(steps.call), rotation=30, ha="right")
-    ax.set_ylabel("max |logit diff| (symlog)")
-    ax.set_title("Logit drift per forward call")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = save_figure(fig, stem, name)
-    plt.show()
-    plt.close(fig)
-    return path
+    def record(self, res: Any, claim_id: str, **extra: Any) -> str:
+        """`res.decide(...)` with everything this decision holds (`extra` joins the evidence)."""
+        return res.decide(claim_id, self.holds, {**self.evidence, **extra}, why=self.why,
+                          deciding=self.deciding, source=self.source)

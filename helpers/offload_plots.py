@@ -1,0 +1,90 @@
+"""Notebook 05's figures, saved through helpers.plots.save_figure into outputs/figures/ and shown."""
+from __future__ import annotations
+
+from typing import Any
+
+from . import compat
+
+
+def _finish(fig: Any, stem: str, name: str) -> Any:
+    import matplotlib.pyplot as plt
+
+    from .plots import save_figure
+
+    fig.tight_layout()
+    path = save_figure(fig, stem, name)
+    plt.show()
+    plt.close(fig)
+    return path
+
+
+def _marks(rows: list[dict[str, Any]], record: Any) -> set[tuple[int, int]]:
+    return {(r["layer"], r["call_index"]) for r in rows if r["call_index"] < len(record.calls)}
+
+
+def schedule_heatmap(record: Any, stem: str, name: str = "schedule", marked: list[dict[str, Any]] | None = None,
+                     mark_label: str = "unordered read") -> Any:
+    """Layer x forward-call heatmaps of offload and prefetch calls; `marked` reads get a red frame on the prefetch panel."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.patches import Rectangle
+
+    marks = _marks(marked or [], record)
+    fig, axes = plt.subplots(1, 2, figsize=(4.0 + 1.1 * len(record.calls) * 2, 1.6 + 0.45 * len(record.layer_types)),
+                             squeeze=False)
+    for ax, method in zip(axes[0], ("offload", "prefetch")):
+        matrix = record.counts(method)
+        top = max(1, int(matrix.values.max()))
+        im = ax.imshow(matrix.values, cmap="Blues", vmin=0, vmax=top, aspect="auto")
+        ax.set_xticks(range(matrix.shape[1]), matrix.columns, rotation=30, ha="right")
+        ax.set_yticks(range(matrix.shape[0]), matrix.index)
+        for (r, c), v in np.ndenumerate(matrix.values):
+            ax.text(c, r, str(v), ha="center", va="center", color="white" if v else "#999999", fontsize=8)
+        if method == "prefetch":
+            for layer, call in sorted(marks):
+                ax.add_patch(Rectangle((call - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="#d62728", linewidth=2.5))
+            if marks:
+                ax.plot([], [], color="#d62728", linewidth=2.5, label=f"{mark_label} ({len(marks)})")
+                ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.25))
+        ax.set_title(f"layer.{method}() calls")
+        fig.colorbar(im, ax=ax, fraction=0.04, ticks=list(range(top + 1)))
+    fig.suptitle(f"DynamicCache(offloading=True): which layers move (transformers {compat.TRANSFORMERS_VERSION})")
+    return _finish(fig, stem, name)
+
+
+def replay_drift_plot(table: Any, stem: str, name: str = "replay-drift") -> Any:
+    """(a) max |logit diff| vs offloading=False per forward call, one line per lag (symlog), and the noise threshold."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    top = 0.0
+    for variant, rows in table.groupby("variant", sort=False):
+        ax.plot(rows.step, rows.max_abs_diff, marker="o", label=f"{variant} ({int(rows.stale_reads.iloc[0])} stale reads)")
+        top = max(top, float(rows.max_abs_diff.max()))
+    first = table[table.variant == table.variant.iloc[0]]
+    ax.plot(first.step, first.noise_threshold, color="#777777", linestyle="--", label="noise threshold")
+    ax.set_yscale("symlog", linthresh=1e-6)
+    ax.set_ylim(bottom=0, top=max(1.0, top * 2))
+    ax.set_xticks(list(first.step), list(first.call), rotation=30, ha="right")
+    ax.set_ylabel("max |logit diff| (symlog; 0 = bitwise equal)")
+    ax.set_title("Race replay (simulation): drift per call, by lag in cache-update calls")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    return _finish(fig, stem, name)
+
+
+def gpu_drift_plot(steps: Any, stem: str, name: str = "drift") -> Any:
+    """Per-step max |logit diff| vs offloading=False, with and without the 5.20.0 edge, against the noise threshold."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.8, 3.6))
+    for variant, rows in steps.groupby("variant", sort=False):
+        ax.plot(rows.step, rows.max_abs_diff, marker="o", label=variant)
+    first = steps[steps.variant == steps.variant.iloc[0]]
+    ax.plot(first.step, first.noise_threshold, color="#777777", linestyle="--", label="noise threshold")
+    ax.set_yscale("symlog", linthresh=1e-6)
+    ax.set_ylim(bottom=0, top=max(1.0, float(steps.max_abs_diff.max()) * 2))
+    ax.set_xticks(list(first.step), list(first.call), rotation=30, ha="right")
+    ax.set_ylabel("max |logit diff| (symlog; 0 = bitwise equal)")
+    ax.set_title("Logit drift per forward call (CUDA)")
+    ax.legend(fontsize=7)
+    return _finish(fig, stem, name)

@@ -1,0 +1,273 @@
+"""A recording model of the CUDA stream API: which copy is ordered before which read.
+
+The offloading path of `Cache.update` enqueues non-blocking copies on two CUDA streams. Where there
+is no GPU (or in the tests), `recording_streams()` replaces torch.Stream, torch.cuda.Stream,
+torch.cuda.stream, default_stream, current_stream, synchronize, Event and _sleep by stand-ins that
+record, in host order, every stream created, every `wait_stream` / `record_event` / `wait_event` /
+synchronize, and which stream is current (`with stream:`). helpers.offload_replay.track adds, per
+cache layer, the copies and the compute those calls order: an offload reads the layer's device K/V and
+writes a new host buffer, a prefetch reads that host buffer and writes the device K/V, the layer's
+own update reads and writes the device K/V. Happens-before between them comes from vector clocks
+(one per stream, joined by waits and host synchronizations), so `log.reads()` lists every read with
+whether its producing copy is ordered before it.
+
+Race replay (helpers.offload_replay.track(..., lag=L)): the device is modelled as running L *cache-update calls* behind
+the host — a cache-update call is one call of `Cache.update`, `Cache.update_conv_state` or
+`Cache.update_recurrent_state` on this cache (one layer's cache write, in host order). A copy
+enqueued during cache-update call u has landed by cache-update call u + L. A read that is not ordered
+after its producing copy executes as soon as it is enqueued, so when it is enqueued fewer than L
+calls after the copy it sees what the host buffer held before the copy landed: zeros, as a freshly
+allocated pinned buffer. This is a simulation of the hypothesis, not a measurement of a GPU.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+Clock = dict[str, int]
+STREAM_API = ("torch.Stream", "torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.default_stream",
+              "torch.cuda.current_stream", "torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda._sleep")
+STALE_VALUE = "zeros (what a freshly allocated pinned host buffer holds in this replay)"
+
+
+def join(a: Clock, b: Clock) -> Clock:
+    """Element-wise max of two vector clocks."""
+    return {k: max(a.get(k, 0), b.get(k, 0)) for k in set(a) | set(b)}
+
+
+@dataclass
+class StreamLog:
+    """Every stream operation and modelled buffer access, in host order, with vector clocks."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    clocks: dict[str, Clock] = field(default_factory=dict)
+    host: Clock = field(default_factory=dict)
+    writers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+    stack: list["RecStream"] = field(default_factory=list)
+    default: "RecStream | None" = None
+    call: str = "(none)"
+    call_index: int = -1
+    update_index: int = -1
+    n_streams: int = 0
+
+    # --- streams and their clocks ---
+    def new_stream(self, how: str, name: str | None = None) -> "RecStream":
+        """A new recorded stream (the default stream is named 'default')."""
+        self.n_streams += 1
+        stream = RecStream(self, name or f"stream {self.n_streams}")
+        self.clocks[stream.name] = dict(self.host)
+        self._note("create", stream.name, detail=how)
+        return stream
+
+    def default_stream(self) -> "RecStream":
+        if self.default is None:
+            self.default = self.new_stream("default stream", "default")
+        return self.default
+
+    def current(self) -> "RecStream":
+        return self.stack[-1] if self.stack else self.default_stream()
+
+    def _note(self, op: str, stream: str, **fields: Any) -> dict[str, Any]:
+        event = {"seq": len(self.events), "call": self.call, "call_index": self.call_index,
+                 "update_index": self.update_index, "op": op, "stream": stream, **fields}
+        self.events.append(event)
+        return event
+
+    def enqueue(self, stream: "RecStream", op: str, **fields: Any) -> dict[str, Any]:
+        """Work enqueued on `stream`: ticks its clock; the event keeps the clock it ran under."""
+        clock = join(self.clocks[stream.name], self.host)
+        clock[stream.name] = clock.get(stream.name, 0) + 1
+        self.clocks[stream.name] = clock
+        return self._note(op, stream.name, clock=dict(clock), **fields)
+
+    def wait_stream(self, waiter: "RecStream", waited: "RecStream") -> None:
+        """Later work on `waiter` waits for everything enqueued on `waited` so far."""
+        self.clocks[waiter.name] = join(self.clocks[waiter.name], self.clocks[waited.name])
+        self._note("wait_stream", waiter.name, detail=f"waits for {waited.name}")
+
+    def record_event(self, stream: "RecStream", event: "RecEvent") -> None:
+        event.clock = join(self.clocks[stream.name], self.host)
+        self._note("record_event", stream.name, detail=f"event {event.ident}")
+
+    def wait_event(self, stream: "RecStream", event: "RecEvent") -> None:
+        self.clocks[stream.name] = join(self.clocks[stream.name], event.clock)
+        self._note("wait_event", stream.name, detail=f"event {event.ident}")
+
+    def host_wait(self, clock: Clock, what: str, why: str = "") -> None:
+        """The host blocks until work up to `clock` is done: everything enqueued later is after it."""
+        self.host = join(self.host, clock)
+        self._note("host_wait", what, detail=why)
+
+    def synchronize(self, stream: "RecStream | None" = None, why: str = "synchronize") -> None:
+        if stream is None:
+            everything: Clock = {}
+            for clock in self.clocks.values():
+                everything = join(everything, clock)
+            self.host_wait(everything, "all streams", why)
+        else:
+            self.host_wait(self.clocks[stream.name], stream.name, why)
+
+    @staticmethod
+    def ordered(first: dict[str, Any], then: dict[str, Any]) -> bool:
+        """Happens-before: `first` is ordered before `then` iff then's clock has seen first's tick."""
+        return first["clock"][first["stream"]] <= then["clock"].get(first["stream"], 0)
+
+    # --- buffers, copies and reads ---
+    def begin(self, label: str, host_synced: bool = False) -> None:
+        """A new forward call; `host_synced`: the host waited for the default stream before it."""
+        if host_synced and self.call_index >= 0:
+            self.synchronize(self.default_stream(), "the greedy loop copied the previous call's logits to the host (.cpu())")
+        self.call, self.call_index = label, self.call_index + 1
+
+    def access(self, op: str, layer: int, reads: str | None, writes: str | None, stream: "RecStream | None" = None,
+               **fields: Any) -> dict[str, Any]:
+        """Enqueue an op that reads buffer `reads` and writes buffer `writes`; judges the read."""
+        stream = stream or self.current()
+        event = self.enqueue(stream, op, layer=layer, reads=reads, writes=writes, **fields)
+        producer = self.writers.get(reads) if reads else None
+        event["producer_seq"] = producer["seq"] if producer else None
+        event["read_ordered"] = None if producer is None else self.ordered(producer, event)
+        event["calls_since_producer"] = None if producer is None else event["update_index"] - producer["update_index"]
+        if writes:
+            self.writers[writes] = event
+        return event
+
+    def reads(self) -> list[dict[str, Any]]:
+        """Every modelled read that has a producer: call, layer, streams, and whether it is ordered."""
+        rows = []
+        for e in self.events:
+            if e.get("producer_seq") is None:
+                continue
+            prod = self.events[e["producer_seq"]]
+            rows.append({"call": e["call"], "call_index": e["call_index"], "update_index": e["update_index"],
+                         "layer": e["layer"], "reader": e["op"], "reads": e["reads"], "reading_stream": e["stream"],
+                         "producer": prod["op"], "producing_stream": prod["stream"],
+                         "producer_call": prod["call"], "calls_since_producer": e["calls_since_producer"],
+                         "ordered": e["read_ordered"], "served_stale": bool(e.get("served_stale", False))})
+        return rows
+
+    def unordered_reads(self) -> list[dict[str, Any]]:
+        return [r for r in self.reads() if not r["ordered"]]
+
+
+class RecStream:
+    """Stand-in for a CUDA stream: a context manager and the wait/record/synchronize calls, recorded."""
+
+    device_type = "cuda"
+
+    def __init__(self, log: StreamLog, name: str) -> None:
+        self.log, self.name = log, name
+
+    def __repr__(self) -> str:
+        return f"<recorded stream {self.name}>"
+
+    def __enter__(self) -> "RecStream":
+        self.log.stack.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        self.log.stack.pop()
+        return False
+
+    def wait_stream(self, other: "RecStream") -> None:
+        self.log.wait_stream(self, other)
+
+    def wait_event(self, event: "RecEvent") -> None:
+        self.log.wait_event(self, event)
+
+    def record_event(self, event: "RecEvent | None" = None) -> "RecEvent":
+        event = event or RecEvent(self.log)
+        self.log.record_event(self, event)
+        return event
+
+    def synchronize(self) -> None:
+        self.log.synchronize(self, f"{self.name}.synchronize()")
+
+    def query(self) -> bool:
+        return True
+
+
+class RecEvent:
+    """Stand-in for torch.cuda.Event: record / wait / synchronize, recorded."""
+
+    def __init__(self, log: StreamLog, *args: Any, **kwargs: Any) -> None:
+        self.log, self.clock = log, {}
+        self.ident = sum(e["op"] == "record_event" for e in log.events) + 1
+
+    def record(self, stream: RecStream | None = None) -> None:
+        self.log.record_event(stream or self.log.current(), self)
+
+    def wait(self, stream: RecStream | None = None) -> None:
+        self.log.wait_event(stream or self.log.current(), self)
+
+    def synchronize(self) -> None:
+        self.log.host_wait(self.clock, f"event {self.ident}", "event.synchronize()")
+
+    def query(self) -> bool:
+        return True
+
+
+class _StreamContext:
+    def __init__(self, stream: RecStream | None) -> None:
+        self.stream = stream
+
+    def __enter__(self) -> RecStream | None:
+        return self.stream.__enter__() if self.stream is not None else None
+
+    def __exit__(self, *exc: Any) -> bool:
+        return self.stream.__exit__(*exc) if self.stream is not None else False
+
+
+def _stand_ins(log: StreamLog) -> dict[str, Callable[..., Any]]:
+    def sleep(cycles: int) -> None:
+        log.enqueue(log.current(), "sleep", detail=f"{int(cycles)} cycles")
+
+    return {
+        "torch.Stream": lambda *a, **k: log.new_stream("torch.Stream()"),
+        "torch.cuda.Stream": lambda *a, **k: log.new_stream("torch.cuda.Stream()"),
+        "torch.cuda.stream": lambda stream=None: _StreamContext(stream),
+        "torch.cuda.default_stream": lambda device=None: log.default_stream(),
+        "torch.cuda.current_stream": lambda device=None: log.current(),
+        "torch.cuda.synchronize": lambda device=None: log.synchronize(None, "torch.cuda.synchronize()"),
+        "torch.cuda.Event": lambda *a, **k: RecEvent(log, *a, **k),
+        "torch.cuda._sleep": sleep,
+    }
+
+
+def _resolve(qualname: str) -> tuple[Any, str]:
+    owner = torch.cuda if qualname.startswith("torch.cuda.") else torch
+    return owner, qualname.rsplit(".", 1)[-1]
+
+
+@contextmanager
+def recording_streams(log: StreamLog | None = None) -> Iterator[StreamLog]:
+    """Replace the CUDA stream API by recording stand-ins, restored on exit (also after an error)."""
+    log = log or StreamLog()
+    originals: list[tuple[Any, str, Any]] = []
+    try:
+        for qualname, fn in _stand_ins(log).items():
+            owner, attr = _resolve(qualname)
+
+            def counted(*args: Any, _fn: Callable[..., Any] = fn, _q: str = qualname, **kwargs: Any) -> Any:
+                log.calls[_q] = log.calls.get(_q, 0) + 1
+                return _fn(*args, **kwargs)
+
+            counted.kvkit_stand_in = True  # type: ignore[attr-defined]
+            originals.append((owner, attr, getattr(owner, attr, None)))
+            setattr(owner, attr, counted)
+        yield log
+    finally:
+        for owner, attr, original in reversed(originals):
+            if original is None:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+
+
+def stand_ins_active() -> list[str]:
+    """The stand-ins currently installed (none may be left after the context manager)."""
+    return [q for q in STREAM_API if getattr(getattr(*_resolve(q), None), "kvkit_stand_in", False)]
