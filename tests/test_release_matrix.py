@@ -3,6 +3,7 @@ non-pinned release (notebook 01 only; .venv-tf/<release> is built once and then 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -40,9 +41,105 @@ def test_matrix_marks_changes_lists_differences_and_explains_missing_releases(tm
     assert "measurements.same" not in text and "environment.transformers" not in text
 
 
+def _results(base: Path, release: str, notebook: str, claims: dict, measurements: dict) -> None:
+    dest = base / "matrix" / release
+    (dest / "results").mkdir(parents=True, exist_ok=True)
+    (dest / "release.json").write_text(json.dumps({"release": release, "ok": True, "rc": 0,
+                                                   "versions": {"transformers": release}}))
+    (dest / "results" / f"{notebook}.json").write_text(json.dumps({
+        "notebook": notebook, "environment": {"transformers": release, "torch": "2.13"},
+        "claims": [{"id": cid, "verdict": v, "evidence": ev} for cid, (v, ev) in claims.items()],
+        "measurements": measurements}))
+
+
+def _two_releases(base: Path) -> None:
+    """5.17.0 and 5.24.0 as the kit saw them: ~130 float-noise values around the behaviour changes."""
+    for release, new in (("5.17.0", False), ("5.24.0", True)):
+        noise = 1 + (1e-7 if new else 0)
+        _results(base, release, "02_mask", {
+            "matrix.first_call_drops_suffix": ("reproduced", {"first_call_attention_mask_shapes": ["None" if new else "[1, 1]"]}),
+            "matrix.mask_only_works": ("not_reproduced" if new else "reproduced", {"max_abs_diff": 0.25 * noise})},
+            {"matrix": [{"variant": f"v{i}", "attention_mask_shape": None if new else [1, 1 if i < 8 else 83],
+                         "max_abs_diff": 0.125 * i * noise, "cosine": 1 - 1e-3 * i * noise} for i in range(16)],
+             "logits": [0.5 * i * noise for i in range(1, 60)],
+             "per_token": {f"t{i}": 0.25 * i * noise for i in range(1, 100)},
+             "error": "ValueError: bad mask" if new else "IndexError: out of range"})
+        _results(base, "5.17.0" if not new else "5.24.0", "05_offload", {
+            "offload.linear_layers_never_moved": ("reproduced", {"source_facts": {
+                "prefetch stream waits for the default stream before prefetching": new}})},
+            {"per_step_drift": [0.0, 2.12 * noise, 7.63 * noise, 17.44 * noise],
+             "drift_total": 27.19 * noise, "stream_calls": {"default_stream": 16 if new else 8},
+             "frame": f"transformers/cache_utils.py:{1614 if new else 1394} in update",
+             "model_layout": {"release": {"transformers": release}}, "released_value": 3.0 * noise + (0.5 if new else 0)})
+
+
+def test_change_section_leads_with_verdicts_then_behaviour_then_collapsed_floats(tmp_path):
+    _two_releases(tmp_path)
+    text = rm.build_matrix(tmp_path, ["5.17.0", "5.24.0"])
+    section = text[text.index("## What changed between releases"): text.index("## Releases")]
+    assert text.index("## What changed between releases") < text.index("## Releases") < text.index("## Differences")
+    verdicts = section[section.index("### Verdicts"): section.index("### Behaviour")]
+    assert "`matrix.mask_only_works` (02_mask): 5.17.0: ✅ reproduced → 5.24.0: ❌ not_reproduced" in verdicts
+    assert "first_call_drops_suffix" not in verdicts
+
+    behaviour = section[section.index("### Behaviour"): section.index("### Float differences")].splitlines()
+    lines = [ln for ln in behaviour if ln.startswith("- ")]
+    mask = next(ln for ln in lines if "`attention_mask_shape`" in ln)
+    assert "shape" in mask and "5.17.0: `[1,1]`, `[1,83]` · 5.24.0: `null`" in mask
+    assert "`measurements.matrix[0…7 (8)].attention_mask_shape`" in mask
+    assert any("`first_call_attention_mask_shapes`" in ln and "`[\"None\"]`" in ln for ln in lines)
+    prefetch = next(ln for ln in lines if "prefetch stream waits" in ln)
+    assert "source fact" in prefetch and "5.17.0: `false` · 5.24.0: `true`" in prefetch
+    error = next(ln for ln in lines if "`error`" in ln)
+    assert "error type" in error and "IndexError" in error and "ValueError" in error
+    assert any("count" in ln and "`default_stream`" in ln for ln in lines)
+    kinds = [next(k for k in rm.KINDS if f" · {k} · " in ln) for ln in lines]
+    assert kinds == sorted(kinds, key=rm.KINDS.index)  # shapes, None vs a value, booleans, error types, source facts...
+    assert not any("max_abs_diff" in ln or "logits" in ln or "cosine" in ln for ln in behaviour)
+    assert not any("`transformers`" in ln for ln in behaviour)  # the release's own version number
+
+    floats = section[section.index("### Float differences"):].split("###")[1].splitlines()
+    float_lines = [ln for ln in floats if ln.startswith("- ")]
+    assert len(float_lines) == 2  # one per notebook, however many values
+    mask_nb = next(ln for ln in float_lines if ln.startswith("- 02_mask"))
+    n = int(re.search(r"(\d+) float value", mask_nb).group(1))
+    assert n >= 120 and "largest relative difference 1e-07" in mask_nb
+    offload_nb = next(ln for ln in float_lines if ln.startswith("- 05_offload"))
+    assert "largest relative difference 0.143 (`measurements.released_value`); 1 of them above 0.001" in offload_nb
+    assert "above" not in mask_nb
+    assert "`verdict`" not in section
+    assert "05_offload: 1 source line number(s) in transformers moved (`frame`)" in section
+    assert len(section.splitlines()) < 40  # the ~130 float values no longer bury the behaviour changes
+
+
+def test_classify_and_relative_size():
+    A = rm._ABSENT
+    assert rm.classify("m.attention_mask_shape", {"a": [1, 1], "b": None}) == "shape"
+    assert rm.classify("m.value", {"a": 1.5, "b": None}) == "None vs a value"
+    assert rm.classify("m.value", {"a": 1.5, "b": A}) == "None vs a value"
+    assert rm.classify("m.ok", {"a": True, "b": False}) == "boolean"
+    assert rm.classify("m.stage", {"a": "prefill", "b": "decode"}) == "error type"
+    assert rm.classify("m.exc", {"a": "TypeError: x", "b": "ValueError: y"}) == "error type"
+    assert rm.classify("m.source_facts.x", {"a": True, "b": False}) == "source fact"
+    assert rm.classify("m.where[0].line", {"a": 10, "b": 12}) == "source location"
+    assert rm.classify("m.n", {"a": 8, "b": 16}) == "count"
+    assert rm.classify("m.d", {"a": 0.5, "b": 0.50001}) == "float"
+    assert rm.classify("m.d", {"a": [0.5, 1.0], "b": [0.5, 1.5]}) == "float"
+    assert rm.classify("m.d", {"a": [0.5], "b": [0.5, 1.5]}) == "shape"
+    assert rm.classify("m.names", {"a": "DynamicCache", "b": "StaticCache"}) == "text"
+    assert rm.classify("environment.processor", {"a": "x", "b": "y"}) == "environment"
+    assert rm.relative_size([1.0, 1.5]) == pytest.approx(1 / 3)
+    assert rm.relative_size([[0.0, 2.0], [0.0, 1.0]]) == pytest.approx(0.5)
+    assert rm.relative_size([0.0, 0.0]) == 0.0 and rm.relative_size(["a", 1.0]) is None
+
+
 def test_flatten_and_distinct_texts():
     assert rm.flatten({"a": {"b": 1}, "l": [{"x": 2}], "v": [1, 2]}) == {"a.b": 1, "l[0].x": 2, "v": [1, 2]}
     assert rm.distinct_texts([1.0, 0.99999994]) != ["1", "1"]
+
+
+def test_default_releases():
+    assert rm.DEFAULT_RELEASES == ("5.14.1", "5.17.0", "5.19.0", "5.20.0", "5.24.0")
 
 
 def test_unusable_release_gets_a_reason_without_touching_pip():
@@ -67,3 +164,34 @@ def test_matrix_end_to_end_on_a_non_pinned_release(tmp_path):
     for claim in data["claims"]:
         assert f"`{claim['id']}`" in text
     assert len(text) < 60_000
+
+
+def test_a_notebook_that_stopped_early_is_one_line_not_a_flood(tmp_path):
+    facts = {f"fact_{i}": i for i in range(30)}
+    _results(tmp_path, "5.14.1", "05_offload", {"offload.a": ("error", {})}, {})
+    for release, waits in (("5.17.0", False), ("5.24.0", True)):
+        _results(tmp_path, release, "05_offload", {"offload.a": ("reproduced", {})},
+                 {**facts, "source_facts": {"prefetch waits": waits}})
+    section = rm.build_matrix(tmp_path, ["5.14.1", "5.17.0", "5.24.0"]).split("## Releases")[0]
+    assert "05_offload: 30 value(s) not recorded where the notebook stopped early" in section
+    line = next(ln for ln in section.splitlines() if "`prefetch waits`" in ln)
+    assert " · source fact · " in line and "5.17.0: `false` · 5.24.0: `true`" in line
+    assert "fact_3" not in section.split("### Also different")[0]
+
+
+def test_kit_versions_that_differ_are_flagged(tmp_path):
+    for release, commit in (("5.17.0", "aaaa"), ("5.24.0", "bbbb")):
+        _results(tmp_path, release, "01_x", {"c": ("reproduced", {})}, {"v": 1.0})
+        path = tmp_path / "matrix" / release / "results" / "01_x.json"
+        data = json.loads(path.read_text())
+        path.write_text(json.dumps({**data, "run": {"run_id": "r", "kit_commit": commit, "kit_dirty": False}}))
+    text = rm.build_matrix(tmp_path, ["5.17.0", "5.24.0"])
+    assert "**The releases ran different versions of the kit**: 5.17.0: aaaa; 5.24.0: bbbb" in text
+
+
+def test_release_record_carries_no_machine_path(tmp_path, monkeypatch):
+    monkeypatch.setattr(rm, "ensure_env", lambda release, log=print: rm.ReleaseEnv(
+        release, ok=False, python=str(rm.repo_root() / ".venv-tf" / release / "bin" / "python"), reason="test"))
+    rm.run_release("9.9.9", tmp_path, log=lambda *a, **k: None)
+    text = (tmp_path / "matrix" / "9.9.9" / "release.json").read_text()
+    assert str(rm.repo_root()) not in text and "{kit}/.venv-tf/9.9.9/bin/python" in text
