@@ -1,0 +1,200 @@
+"""Cache rebuilds to triage: the four built-ins and a reporter's own function, loaded by name.
+
+A rebuild is a function ``(cache, model, prompt) -> cache`` (the prefix cache it gets is a deep copy).
+It may instead return a resume-state object that carries the logical (processed) length beside the
+cache: a `Rebuilt`, a `helpers.resume.ResumeState`, or a dict with ``past_key_values``/``cache`` and
+``processed_length``. Built-ins use transformers' own `DynamicCache.update()` only (an `update()` of
+two slices appends them); nothing of transformers is copied here.
+
+`load(spec)` takes a built-in name, ``path/to/file.py:function`` or ``package.module:function`` and
+raises `RebuildError` with one line that says what went wrong, before any experiment runs.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import importlib.util
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from . import caches, compat
+
+RebuildFn = Callable[[Any, torch.nn.Module, Any], Any]
+BUILTINS = ("identity", "streaming", "int8", "per_layer")
+
+
+class RebuildError(RuntimeError):
+    """A rebuild that cannot be loaded or that raised; str() is the one line the notebook prints."""
+
+
+@dataclass
+class Rebuilt:
+    """What a rebuild gave back: the cache and, when it says so, the logical length and kept positions."""
+
+    cache: Any
+    processed_length: int | None = None
+    kept: list[list[int]] | None = None  # per layer: the original positions of the tokens kept
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _new_cache(model: torch.nn.Module) -> Any:
+    return compat.dynamic_cache(compat.text_config(model.config))
+
+
+def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return caches.kv_pairs(cache)
+
+
+def identity(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
+    """Notebook 01's rebuild: `update()` every layer's cloned K/V into a new config-aware DynamicCache."""
+    return caches.rebuild_by_update(cache, compat.text_config(model.config))
+
+
+def _sink_and_window(cache: Any, model: torch.nn.Module, windows: list[int], sink: int) -> Rebuilt:
+    """Per layer: `update()` the first `sink` tokens, then `update()` the last `windows[i]` (appended)."""
+    new, kept = _new_cache(model), []
+    for i, (keys, values) in enumerate(_kv(cache)):
+        length = int(keys.shape[-2])
+        s = min(sink, length)
+        w = max(0, min(windows[i], length - s))
+        new.update(keys[..., :s, :].clone(), values[..., :s, :].clone(), i)
+        if w:
+            new.update(keys[..., length - w:, :].clone(), values[..., length - w:, :].clone(), i)
+        kept.append(list(range(s)) + list(range(length - w, length)))
+    return Rebuilt(new, int(cache.get_seq_length()), kept, {"sink": sink, "windows": windows})
+
+
+def streaming(cache: Any, model: torch.nn.Module, prompt: Any, sink: int = 4, window: int = 16) -> Rebuilt:
+    """StreamingLLM-style eviction: every layer keeps the first `sink` and the last `window` cached tokens."""
+    return _sink_and_window(cache, model, [window] * len(compat.cache_layers(cache)), sink)
+
+
+def layer_windows(n_layers: int, window: int) -> list[int]:
+    """PyramidKV-style budgets: layer 0 keeps `window`, the last layer a quarter of it, linear in between."""
+    low = max(1, window // 4)
+    if n_layers == 1:
+        return [window]
+    return [round(window - (window - low) * i / (n_layers - 1)) for i in range(n_layers)]
+
+
+def per_layer(cache: Any, model: torch.nn.Module, prompt: Any, sink: int = 4, window: int = 16) -> Rebuilt:
+    """Different keep budgets per layer (sink + a window shrinking with depth), so layers hold different lengths."""
+    return _sink_and_window(cache, model, layer_windows(len(compat.cache_layers(cache)), window), sink)
+
+
+def _int8_roundtrip(x: torch.Tensor) -> torch.Tensor:
+    """Per-token symmetric int8: scale = max |x| over head_dim / 127, quantize, dequantize, back to x.dtype."""
+    xf = x.float()
+    scale = xf.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny) / 127.0
+    q = torch.clamp(torch.round(xf / scale), -127, 127).to(torch.int8)
+    return (q.float() * scale).to(x.dtype)
+
+
+def int8(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
+    """Per-token symmetric int8 quantize-then-dequantize of K and V, `update()`d into a new DynamicCache."""
+    return caches.cache_from_pairs([(_int8_roundtrip(k), _int8_roundtrip(v)) for k, v in _kv(cache)],
+                                   compat.text_config(model.config))
+
+
+def builtin(name: str, sink: int = 4, window: int = 16) -> RebuildFn:
+    """A built-in rebuild by name (streaming and per_layer get the notebook's S and W)."""
+    table: dict[str, RebuildFn] = {
+        "identity": identity, "int8": int8,
+        "streaming": functools.partial(streaming, sink=sink, window=window),
+        "per_layer": functools.partial(per_layer, sink=sink, window=window),
+    }
+    if name not in table:
+        raise RebuildError(f"rebuild {name!r}: no built-in of that name (built-ins: {', '.join(BUILTINS)})")
+    return table[name]
+
+
+def _import_target(spec: str) -> Any:
+    where, _, attr = spec.rpartition(":")
+    if not where or not attr:
+        raise RebuildError(f"rebuild {spec!r}: expected a built-in ({', '.join(BUILTINS)}), "
+                           "'path/to/file.py:function' or 'package.module:function'")
+    try:
+        if where.endswith(".py"):
+            path = Path(where).expanduser()
+            if not path.is_absolute() and not path.exists():
+                from .pipeline.paths import repo_root
+
+                path = repo_root() / path
+            if not path.is_file():
+                raise RebuildError(f"rebuild {spec!r}: file {where!r} does not exist")
+            mod_spec = importlib.util.spec_from_file_location(f"kvkit_rebuild_{path.stem}", path)
+            module = importlib.util.module_from_spec(mod_spec)
+            mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
+        else:
+            module = importlib.import_module(where)
+    except RebuildError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one line instead of a traceback
+        raise RebuildError(f"rebuild {spec!r}: cannot import {where!r}: {_one_line(exc)}") from None
+    if not hasattr(module, attr):
+        raise RebuildError(f"rebuild {spec!r}: {where!r} has no attribute {attr!r}")
+    return getattr(module, attr)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def load(spec: str, sink: int = 4, window: int = 16) -> RebuildFn:
+    """A built-in name, 'path/to/file.py:function' or 'package.module:function' -> a rebuild function."""
+    fn = builtin(spec, sink, window) if ":" not in spec else _import_target(spec)
+    if not callable(fn):
+        raise RebuildError(f"rebuild {spec!r}: {type(fn).__name__} object is not callable")
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except TypeError as exc:
+        raise RebuildError(f"rebuild {spec!r}: must take (cache, model, prompt): {exc}") from None
+    except ValueError:
+        pass  # builtins without a signature: tried when called
+    return fn
+
+
+def selection(rebuild: str) -> list[str]:
+    """'all' -> the four built-ins; otherwise the one spec (the identity control always runs beside it)."""
+    return list(BUILTINS) if rebuild == "all" else [rebuild]
+
+
+def label(spec: str) -> str:
+    """A short name for tables and the results file: built-in name, else the function's name."""
+    return spec if ":" not in spec else spec.rpartition(":")[2]
+
+
+def as_rebuilt(result: Any, model: torch.nn.Module) -> Rebuilt:
+    """Whatever a rebuild returned -> Rebuilt (a cache, a Rebuilt, a ResumeState, or a dict holding a cache)."""
+    if isinstance(result, Rebuilt):
+        return result
+    if hasattr(result, "kv") and hasattr(result, "processed_length"):  # helpers.resume.ResumeState
+        cache = caches.cache_from_pairs([(k.clone(), v.clone()) for k, v in result.kv], compat.text_config(model.config))
+        return Rebuilt(cache, int(result.processed_length))
+    if isinstance(result, dict):
+        cache = result.get("past_key_values", result.get("cache"))
+        length = result.get("processed_length", result.get("logical_length"))
+        if cache is not None:
+            return Rebuilt(cache, None if length is None else int(length))
+    if hasattr(result, "get_seq_length") and hasattr(result, "layers"):
+        return Rebuilt(result)
+    raise RebuildError(f"the rebuild returned {type(result).__name__}; expected a cache (with .layers) "
+                       "or a resume state carrying one")
+
+
+def apply(fn: RebuildFn, spec: str, cache: Any, model: torch.nn.Module, prompt: Any) -> Rebuilt:
+    """Run a rebuild on a deep copy of `cache`; a raise or an unusable result becomes one RebuildError line."""
+    try:
+        result = fn(copy.deepcopy(cache), model, prompt)
+    except Exception as exc:  # noqa: BLE001 - the reporter's function failed: say so in one line
+        raise RebuildError(f"rebuild {spec!r} raised {_one_line(exc)}") from None
+    try:
+        return as_rebuilt(result, model)
+    except RebuildError as exc:
+        raise RebuildError(f"rebuild {spec!r}: {exc}") from None

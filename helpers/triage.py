@@ -1,0 +1,212 @@
+"""The resume-contract control's decision tree as code: control outcomes in, a branch and its path out.
+
+Everything here is pure: `Controls` holds the plain numbers the controls measured (see
+`helpers.triage_run`), `choose_branch` walks the tree and records every decision with its numbers,
+`render` prints the tree with the taken path marked (for pasting into a bug thread), and the
+`decide_*` functions compute the notebook's claims. "Matches"/"differs" always means against the
+`NoiseFloor` measured in the same run and dtype (`helpers.compare.noise_floor`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .compare import NoiseFloor
+
+LEAVES = ("resume_contract", "model_side_state", "compression_positions", "reconstruction_copy",
+          "cache_metadata", "unexplained")
+
+# (node id, depth, question, leaf reached when the answer is yes)
+NODES = (
+    ("identical", 0, "original and rebuilt behave identically under identical arguments", None),
+    ("fresh_state", 1, "same instance works, a fresh instance differs until the model-side state is restored",
+     "model_side_state"),
+    ("fails_for_both", 1, "what fails, fails for both; the full mask works for both", "resume_contract"),
+    ("only_rebuilt", 0, "only the rebuilt cache differs", None),
+    ("lengths_changed", 1, "the identity rebuild matches and this rebuild changes cache lengths", "compression_positions"),
+    ("kv_differ", 1, "its K/V tensors differ from the original's", "reconstruction_copy"),
+    ("metadata_differ", 1, "K/V identical, layer classes or lengths differ", "cache_metadata"),
+    ("state_restores", 1, "K/V and metadata match; restoring the model-side state makes it match", "model_side_state"),
+    ("nothing_visible", 1, "K/V and visible cache metadata match", "unexplained"),
+)
+MEANING = {
+    "resume_contract": "the mask/input contract of resuming generate() (notebook 02), not the rebuild",
+    "model_side_state": "state outside the K/V tensors (Qwen3-VL's multimodal positions: notebook 03)",
+    "compression_positions": "logical positions, retained-token mapping or per-layer lengths after compression",
+    "reconstruction_copy": "the reconstruction/copy path changed the K/V values",
+    "cache_metadata": "config/cache-layer metadata (layer classes, lengths)",
+    "unexplained": "a hidden state or a generation branch that tells the objects apart",
+}
+
+
+@dataclass
+class ArgSet:
+    """One argument set (the seed's neither/position_only/mask_only/both): both caches' outcomes."""
+
+    name: str
+    original_ok: bool
+    rebuilt_ok: bool
+    original_error: str = ""
+    rebuilt_error: str = ""
+    max_abs_diff: float | None = None  # rebuilt vs original first-step logits, when both ran
+
+
+@dataclass
+class Controls:
+    """The plain numbers of every control for one rebuild (what `choose_branch` needs)."""
+
+    rebuild: str
+    floor: NoiseFloor
+    arg_sets: list[ArgSet]
+    processed_length: int
+    original_lengths: list[int]
+    rebuilt_lengths: list[int]
+    classes_equal: bool
+    kv_bitwise_equal: bool
+    kv_max_abs_diff: float | None = None
+    identity_identical: bool | None = None  # the identity control's first decision (None: not run)
+    identity_worst: float | None = None
+    state_changed: bool = False  # the rebuild changed the model-side state of the instance
+    restored_diff: float | None = None  # same instance, state restored after the rebuild, vs original
+    fresh_bare_diff: float | None = None  # fresh instance without the state vs same instance
+    fresh_restored_diff: float | None = None  # fresh instance with the state restored vs same instance
+    resume_on: str = "same_instance"
+    extra: dict[str, Any] = field(default_factory=dict)  # positions, explicit-step numbers: shown, not branched on
+
+
+def consistent(a: ArgSet, floor: NoiseFloor) -> bool:
+    """Same status for both caches, same error type when both fail, logits within the floor when both ran."""
+    if a.original_ok != a.rebuilt_ok:
+        return False
+    if not a.original_ok:
+        return a.original_error == a.rebuilt_error
+    return a.max_abs_diff is not None and floor.matches(a.max_abs_diff)
+
+
+def identical(c: Controls) -> tuple[bool, dict[str, Any]]:
+    """Decision 1 and its numbers: every argument set consistent between original and rebuilt."""
+    per = {a.name: ("both failed (" + a.original_error + ")" if not (a.original_ok or a.rebuilt_ok) else
+                    a.max_abs_diff if a.original_ok and a.rebuilt_ok else
+                    f"original {'worked' if a.original_ok else 'failed'}, rebuilt {'worked' if a.rebuilt_ok else 'failed'}")
+           for a in c.arg_sets}
+    worst = max((a.max_abs_diff for a in c.arg_sets if a.max_abs_diff is not None), default=None)
+    same = bool(c.arg_sets) and all(consistent(a, c.floor) for a in c.arg_sets)
+    return same, {"per_argument_set": per, "worst_max_abs_diff": worst, "noise_threshold": c.floor.threshold}
+
+
+def lengths_changed(c: Controls) -> bool:
+    """Some layer holds a number of slots other than the processed length (eviction, per-layer budgets)."""
+    return any(n != c.processed_length for n in c.rebuilt_lengths)
+
+
+def _step(path: list[dict[str, Any]], node: str, answer: bool, **numbers: Any) -> bool:
+    path.append({"node": node, "question": dict((n[0], n[2]) for n in NODES)[node], "answer": bool(answer),
+                 "numbers": numbers})
+    return bool(answer)
+
+
+def choose_branch(c: Controls) -> dict[str, Any]:
+    """Walk the tree; {'branch': leaf, 'path': [decisions with their numbers]}."""
+    path: list[dict[str, Any]] = []
+    same, numbers = identical(c)
+    if _step(path, "identical", same, **numbers):
+        if c.resume_on == "fresh_instance" and c.fresh_bare_diff is not None:
+            fresh = c.floor.differs(c.fresh_bare_diff) and c.fresh_restored_diff is not None and c.floor.matches(c.fresh_restored_diff)
+            if _step(path, "fresh_state", fresh, fresh_without_state=c.fresh_bare_diff,
+                     fresh_state_restored=c.fresh_restored_diff, noise_threshold=c.floor.threshold):
+                return {"branch": "model_side_state", "path": path}
+        failing = [a.name for a in c.arg_sets if not a.original_ok]
+        _step(path, "fails_for_both", True, fail_for_both=failing, work_for_both=[a.name for a in c.arg_sets if a.original_ok])
+        return {"branch": "resume_contract", "path": path}
+    _step(path, "only_rebuilt", True, differing=[a.name for a in c.arg_sets if not consistent(a, c.floor)])
+    if _step(path, "lengths_changed", lengths_changed(c) and bool(c.identity_identical),
+             processed_length=c.processed_length, rebuilt_lengths=c.rebuilt_lengths,
+             identity_matches=c.identity_identical, identity_worst_max_abs_diff=c.identity_worst, **c.extra):
+        return {"branch": "compression_positions", "path": path}
+    if _step(path, "kv_differ", not c.kv_bitwise_equal, kv_max_abs_diff=c.kv_max_abs_diff):
+        return {"branch": "reconstruction_copy", "path": path}
+    if _step(path, "metadata_differ", not c.classes_equal or c.rebuilt_lengths != c.original_lengths,
+             classes_equal=c.classes_equal, original_lengths=c.original_lengths, rebuilt_lengths=c.rebuilt_lengths):
+        return {"branch": "cache_metadata", "path": path}
+    restores = c.state_changed and c.restored_diff is not None and c.floor.matches(c.restored_diff)
+    if _step(path, "state_restores", restores, state_changed_by_rebuild=c.state_changed, state_restored_max_abs_diff=c.restored_diff):
+        return {"branch": "model_side_state", "path": path}
+    _step(path, "nothing_visible", True, kv_bitwise_equal=c.kv_bitwise_equal, classes_equal=c.classes_equal)
+    return {"branch": "unexplained", "path": path}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_fmt(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list) and len(value) > 8:
+        return "[" + ", ".join(_fmt(v) for v in value[:8]) + ", ...]"
+    return str(value)
+
+
+def render(rebuild: str, verdict: dict[str, Any]) -> str:
+    """The tree as text, the taken path marked [x] (checked and no: [ ]), each decision with its numbers."""
+    taken = {d["node"]: d for d in verdict["path"]}
+    lines = [f"rebuild {rebuild!r}  ->  {verdict['branch']}: {MEANING[verdict['branch']]}",
+             "1. compare original and rebuilt caches under identical arguments"]
+    for node, depth, question, leaf in NODES:
+        d = taken.get(node)
+        mark = "[x]" if d and d["answer"] else "[ ]" if d else "   "
+        indent = "    " * depth
+        lines.append(f"{indent}+-- {mark} {question}" + (f"  -> {leaf}" if leaf else ""))
+        if d and d["numbers"]:
+            lines.append(f"{indent}|       " + "; ".join(f"{k}={_fmt(v)}" for k, v in d["numbers"].items()))
+    return "\n".join(lines)
+
+
+# --- the notebook's claims on the built-ins ------------------------------------------------------
+
+def decide_branch(verdict: dict[str, Any], expected: str) -> tuple[bool, dict[str, Any], dict[str, Any]]:
+    """holds, evidence, deciding for 'this rebuild lands in `expected`'."""
+    first = verdict["path"][0]["numbers"] if verdict["path"] else {}
+    deciding = {"branch": verdict["branch"], "worst_max_abs_diff_vs_original": first.get("worst_max_abs_diff"),
+                "noise_threshold": first.get("noise_threshold")}
+    return verdict["branch"] == expected, {"expected_branch": expected, **verdict}, deciding
+
+
+def decide_retained_length(c: Controls, generate_position: int | None, logical_position: int | None,
+                           explicit_vs_generate: float | None) -> tuple[bool, dict[str, Any], dict[str, Any]]:
+    """generate() gave the next token the retained length as its position, and the explicit-logical step differs."""
+    retained = c.rebuilt_lengths[0] if c.rebuilt_lengths else None
+    shift = None if generate_position is None or logical_position is None else generate_position - logical_position
+    expected_shift = None if retained is None else retained - c.processed_length
+    holds = (shift is not None and retained != c.processed_length and shift == expected_shift
+             and explicit_vs_generate is not None and c.floor.differs(explicit_vs_generate))
+    deciding = {"generate_position": generate_position, "logical_position": logical_position,
+                "retained_length": retained, "processed_length": c.processed_length,
+                "explicit_vs_generate_max_abs_diff": explicit_vs_generate, "noise_threshold": c.floor.threshold}
+    evidence = {**deciding, "position_shift": shift, "expected_shift_if_retained_length": expected_shift,
+                **c.floor.evidence(explicit_vs_generate)}
+    return holds, evidence, deciding
+
+
+def per_layer_outcome(c: Controls, full: ArgSet, stage: str = "", error_layer: int | None = None) -> str:
+    """'error', 'silent_difference' or 'no_difference' of generate() (full mask) from the per-layer cache."""
+    if not full.rebuilt_ok:
+        return "error"
+    if full.max_abs_diff is not None and c.floor.differs(full.max_abs_diff):
+        return "silent_difference"
+    return "no_difference"
+
+
+def decide_per_layer(c: Controls, full: ArgSet, mechanism: dict[str, Any]) -> tuple[bool, str, dict[str, Any], dict[str, Any]]:
+    """holds, why, evidence, deciding: per-layer lengths reach generate() and it errors or silently differs."""
+    distinct = len(set(c.rebuilt_lengths)) > 1
+    outcome = per_layer_outcome(c, full)
+    holds = distinct and outcome in ("error", "silent_difference")
+    stage = mechanism.get("stage") or "no error: every layer ran"
+    why = (f"generate() from per-layer lengths {c.rebuilt_lengths}: {outcome.replace('_', ' ')}"
+           + (f" at {stage} (layer {mechanism.get('error_layer')}): {full.rebuilt_error}" if outcome == "error" else
+              f"; max |diff| vs original {_fmt(full.max_abs_diff)} against noise threshold {_fmt(c.floor.threshold)}; "
+              f"mask {mechanism.get('attention_mask_shape')} sized from layer 0, attention masks per layer "
+              f"{mechanism.get('attention_masks')}"))
+    deciding = {"outcome": outcome, "rebuilt_lengths": c.rebuilt_lengths, "max_abs_diff_vs_original": full.max_abs_diff,
+                "noise_threshold": c.floor.threshold}
+    evidence = {**deciding, "stage": stage, **mechanism, **c.floor.evidence(full.max_abs_diff)}
+    return holds, why, evidence, deciding

@@ -1,0 +1,230 @@
+"""The decision tree's controls, run on one model instance: what reaches the model, and what comes out.
+
+Every continuation gets a deep copy of its cache. Failures are data: a failing step records the
+error, the stage that raised (the innermost transformers function) and the decoder layer it was in.
+The capture reads the first real model call (input, mask, position ids), the positions that reach the
+text rotary embedding, and the attention mask each decoder layer's attention receives.
+"""
+from __future__ import annotations
+
+import copy
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import pandas as pd
+import torch
+
+from . import compat
+from .capture import describe_call
+from .compare import logit_metrics
+from .continuation import current_position_ids
+from .inputs import Prompt
+
+ARG_SETS = ("neither", "position_only", "mask_only", "both")  # the seed's generation variants
+FULL = "mask_only"  # the argument set of the working path: the full mask = physical length + suffix
+
+
+@dataclass
+class Step:
+    """One continuation: first-step logits or the error, with what reached the model."""
+
+    ok: bool
+    logits: torch.Tensor | None = None
+    call: dict[str, Any] = field(default_factory=dict)
+    error_type: str = ""
+    error: str = ""
+    stage: str = ""
+
+
+def _text_modules(model: torch.nn.Module, suffix: str) -> list[tuple[str, torch.nn.Module]]:
+    """Modules of the language model whose name ends with `suffix` (the vision tower is left out)."""
+    return [(n, m) for n, m in model.named_modules()
+            if n.endswith(suffix) and not any(v in n for v in ("visual", "vision"))]
+
+
+def _last_position(pos: Any) -> int | None:
+    if not isinstance(pos, torch.Tensor) or pos.numel() == 0:
+        return None
+    return int(pos.reshape(-1, pos.shape[-1])[-1, -1])
+
+
+def _values(value: Any) -> list | None:
+    return value.detach().flatten().tolist() if isinstance(value, torch.Tensor) and value.numel() <= 16 else None
+
+
+@contextmanager
+def watch(model: torch.nn.Module) -> Iterator[dict[str, Any]]:
+    """Record the first model call, the first rotary positions, and per-layer attention masks of that call."""
+    rec: dict[str, Any] = {"attention_masks": [], "layers_entered": []}
+    handles = []
+
+    def top(_m: torch.nn.Module, _a: tuple, kwargs: dict[str, Any]) -> None:
+        if "input_ids_shape" not in rec:
+            rec.update(describe_call(kwargs))
+            rec["position_ids"] = _values(kwargs.get("position_ids"))
+            rec["cache_position"] = _values(kwargs.get("cache_position"))
+            cache = compat.cache_from_kwargs(kwargs)
+            rec["layer_lengths"] = [int(l.get_seq_length()) for l in compat.cache_layers(cache)] if cache is not None else None
+
+    def rotary(_m: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if "rotary_position" not in rec:
+            rec["rotary_position"] = _last_position(kwargs.get("position_ids", args[1] if len(args) > 1 else None))
+
+    def attention(index: int) -> Callable[..., None]:
+        def hook(_m: torch.nn.Module, _a: tuple, kwargs: dict[str, Any]) -> None:
+            rec["layers_entered"].append(index)
+            if len(rec["attention_masks"]) <= index:
+                mask = kwargs.get("attention_mask")
+                rec["attention_masks"].append(list(mask.shape) if isinstance(mask, torch.Tensor) else None)
+        return hook
+
+    handles.append(model.register_forward_pre_hook(top, with_kwargs=True))
+    for _, mod in _text_modules(model, "rotary_emb")[:1]:
+        handles.append(mod.register_forward_pre_hook(rotary, with_kwargs=True))
+    for i, (_, mod) in enumerate(_text_modules(model, ".self_attn")):
+        handles.append(mod.register_forward_pre_hook(attention(i), with_kwargs=True))
+    try:
+        yield rec
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _stage(exc: BaseException) -> str:
+    """'path/inside/transformers.py:function' of the innermost transformers frame (else the innermost frame)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    inner = [f for f in frames if "/transformers/" in f.filename.replace("\\", "/")] or frames[-1:]
+    if not inner:
+        return ""
+    f = inner[-1]
+    return f"{f.filename.replace(chr(92), '/').rpartition('/transformers/')[2] or f.filename.rpartition('/')[2]}:{f.name}"
+
+
+def run_step(model: torch.nn.Module, call: Callable[[], torch.Tensor]) -> Step:
+    """Run one continuation under `watch`; the logits, or the error with its stage and layer."""
+    with watch(model) as rec:
+        try:
+            logits = call()
+        except Exception as exc:  # noqa: BLE001 - a failing continuation is a measurement
+            rec["error_layer"] = rec["layers_entered"][-1] if rec["layers_entered"] else None
+            text = str(exc).strip().splitlines()
+            return Step(False, None, _clean(rec), type(exc).__name__, (text[0] if text else "")[:300], _stage(exc))
+    return Step(True, logits, _clean(rec))
+
+
+def _clean(rec: dict[str, Any]) -> dict[str, Any]:
+    out = dict(rec)
+    entered = out.pop("layers_entered")
+    out["layers_run"] = len(entered)
+    return out
+
+
+def full_mask(prompt: Prompt, physical_length: int) -> torch.Tensor:
+    """The full mask of a resume: one column per cached slot plus the unprocessed suffix."""
+    mask = prompt.attention_mask
+    return torch.ones(mask.shape[0], physical_length + prompt.last_token.shape[1], dtype=mask.dtype, device=mask.device)
+
+
+def logical_positions(model: torch.nn.Module, prompt: Prompt, processed_length: int) -> torch.Tensor:
+    """Explicit positions of the suffix token at logical position `processed_length` (M-RoPE offset included)."""
+    base = current_position_ids(model, prompt)  # position of prompt[-1] in the full forward pass
+    return base + (processed_length - (prompt.length - 1))
+
+
+def arg_kwargs(name: str, prompt: Prompt, physical_length: int, positions: torch.Tensor) -> dict[str, Any]:
+    """The seed's argument sets for a cache holding `physical_length` slots (identical rule for every cache)."""
+    mask = full_mask(prompt, physical_length)
+    return {"neither": {}, "position_only": {"position_ids": positions}, "mask_only": {"attention_mask": mask},
+            "both": {"attention_mask": mask, "position_ids": positions}}[name]
+
+
+@torch.no_grad()
+def generate_step(model: torch.nn.Module, prompt: Prompt, cache: Any, **kwargs: Any) -> Step:
+    """generate(max_new_tokens=1, greedy) from a copy of `cache` with the suffix token; first-step logits."""
+
+    def call() -> torch.Tensor:
+        out = model.generate(input_ids=prompt.last_token, max_new_tokens=1, do_sample=False, return_dict_in_generate=True,
+                             output_logits=True, **{compat.generate_cache_kwarg(model): copy.deepcopy(cache)}, **kwargs)
+        return compat.generate_logits(out)[0].detach().clone()
+
+    return run_step(model, call)
+
+
+@torch.no_grad()
+def explicit_step(model: torch.nn.Module, prompt: Prompt, cache: Any, positions: torch.Tensor) -> Step:
+    """A direct forward from a copy of `cache` with explicit logical positions and the full mask (an engine's resume)."""
+    physical = int(cache.get_seq_length())
+
+    def call() -> torch.Tensor:
+        out = model(input_ids=prompt.last_token, attention_mask=full_mask(prompt, physical), position_ids=positions,
+                    use_cache=True, **{compat.cache_kwarg(model): copy.deepcopy(cache)})
+        return out.logits[:, -1, :].detach().clone()
+
+    return run_step(model, call)
+
+
+def arg_set_steps(model: torch.nn.Module, prompt: Prompt, cache: Any, positions: torch.Tensor) -> dict[str, Step]:
+    """generate() from `cache` under each of the seed's argument sets."""
+    physical = int(cache.get_seq_length())
+    return {name: generate_step(model, prompt, cache, **arg_kwargs(name, prompt, physical, positions)) for name in ARG_SETS}
+
+
+def diff(a: Step | None, b: Step | None) -> float | None:
+    """max |logit diff| between two steps that both ran (None otherwise)."""
+    if a is None or b is None or not (a.ok and b.ok):
+        return None
+    return float(logit_metrics(a.logits, b.logits)["max_abs_diff"])
+
+
+def kv_table(original: Any, rebuilt: Any, kept: list[list[int]] | None = None) -> pd.DataFrame:
+    """Control 1, per layer: classes, lengths, shapes, bitwise equality, max |diff| where shapes match."""
+    rows = []
+    lo, lr = compat.cache_layers(original), compat.cache_layers(rebuilt)
+    for i in range(max(len(lo), len(lr))):
+        a, b = (lo[i] if i < len(lo) else None), (lr[i] if i < len(lr) else None)
+        ka, va = compat.layer_kv(a) if a is not None else (None, None)
+        kb, vb = compat.layer_kv(b) if b is not None else (None, None)
+        same_shape = ka is not None and kb is not None and ka.shape == kb.shape and va.shape == vb.shape
+        rows.append({"layer": i, "class_original": type(a).__name__ if a is not None else None,
+                     "class_rebuilt": type(b).__name__ if b is not None else None,
+                     "length_original": int(a.get_seq_length()) if a is not None else None,
+                     "length_rebuilt": int(b.get_seq_length()) if b is not None else None,
+                     "shape_original": list(ka.shape) if ka is not None else None,
+                     "shape_rebuilt": list(kb.shape) if kb is not None else None,
+                     "kv_bitwise_equal": bool(same_shape and ka.dtype == kb.dtype and torch.equal(ka, kb) and torch.equal(va, vb)),
+                     "kv_max_abs_diff": float(max((ka.float() - kb.float()).abs().max(), (va.float() - vb.float()).abs().max()))
+                     if same_shape else None,
+                     "kept": spans(kept[i]) if kept and i < len(kept) else ""})
+    return pd.DataFrame(rows).set_index("layer")
+
+
+def spans(positions: list[int]) -> str:
+    """[0, 1, 2, 5, 6] -> '0-2, 5-6' (the original positions a layer kept)."""
+    out, start, prev = [], None, None
+    for p in positions:
+        if start is None:
+            start = prev = p
+        elif p == prev + 1:
+            prev = p
+        else:
+            out.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = prev = p
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ", ".join(out)
+
+
+def step_row(name: str, step: Step, original: Step | None, reference: torch.Tensor) -> dict[str, Any]:
+    """One table row: result, what reached the model, and max |diff| vs the original and the full forward."""
+    c = step.call
+    row = {"step": name, "result": "worked" if step.ok else f"failed ({step.error_type})",
+           "input_ids_shape": c.get("input_ids_shape"), "attention_mask_shape": c.get("attention_mask_shape"),
+           "position_ids": c.get("position_ids"), "cache_position": c.get("cache_position"),
+           "rotary_position": c.get("rotary_position"), "past_length": c.get("past_length"),
+           "vs_original": diff(step, original) if original is not None else None,
+           "vs_full_forward": float(logit_metrics(reference, step.logits)["max_abs_diff"]) if step.ok else None,
+           "top1_equal_full_forward": bool(logit_metrics(reference, step.logits)["top1_equal"]) if step.ok else None,
+           "stage": step.stage, "error": step.error[:120]}
+    return row

@@ -1,0 +1,245 @@
+"""Run the tree's controls for one rebuild on a loaded model and turn them into `triage.Controls`.
+
+`prepare()` measures what every rebuild is compared with, once: the full-forward reference, the
+prefix cache, the original cache under the seed's four argument sets, the explicit-position step and
+the noise floor. `run()` applies one rebuild (to a deep copy; the model-side state is put back
+first) and runs controls 1-4 on it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+import torch
+
+from . import compat, rebuilds
+from .compare import NoiseFloor, noise_floor
+from .continuation import current_position_ids, prefill
+from .inputs import Prompt
+from .triage import ArgSet, Controls, choose_branch, identical
+from .triage_controls import (ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, generate_step, full_mask,
+                              kv_table, logical_positions, step_row)
+
+
+@dataclass
+class Baseline:
+    """What every rebuild is compared with, measured once on the same instance."""
+
+    model: torch.nn.Module
+    prompt: Prompt
+    reference: torch.Tensor  # last-position logits of one forward over the whole prompt
+    prefix_cache: Any  # prompt[:-1]
+    saved_state: torch.Tensor | None  # model-side position state after the prefix prefill (None: model keeps none)
+    positions: torch.Tensor  # explicit positions of prompt[-1]
+    original: dict[str, Step]
+    original_explicit: Step
+    floor: NoiseFloor
+    fresh: torch.nn.Module | None = None
+
+
+@dataclass
+class Triaged:
+    """One rebuild's controls, their tables, and the verdict."""
+
+    name: str
+    rebuilt: rebuilds.Rebuilt
+    controls: Controls
+    kv: pd.DataFrame
+    steps: dict[str, Step]
+    explicit: Step
+    fresh: dict[str, Step] = field(default_factory=dict)
+    verdict: dict[str, Any] = field(default_factory=dict)
+
+
+def prepare(bundle: Any, prompt: Prompt) -> Baseline:
+    """Reference, prefix cache, original-cache steps and the noise floor (same run, same dtype)."""
+    model = bundle.model
+    reference, _ = prefill(model, prompt, end=None)
+    _, prefix = prefill(model, prompt)
+    saved = compat.get_rope_state(model)
+    saved = None if saved is None else saved.clone()
+    positions = current_position_ids(model, prompt)
+    original = arg_set_steps(model, prompt, prefix, positions)
+    explicit = explicit_step(model, prompt, prefix, positions)
+    agreeing = [s.logits for s in (original[FULL], explicit) if s.ok]
+    floor = noise_floor(reference, agreeing, bundle.dtype,
+                        what="full forward vs original cache: generate(full mask) and explicit-position forward")
+    fresh = bundle.fresh_instance() if saved is not None else None
+    return Baseline(model, prompt, reference, prefix, saved, positions, original, explicit, floor, fresh)
+
+
+def _set_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
+    if compat.rope_state_owner(model) is not None:
+        compat.set_rope_state(model, None if value is None else value.clone())
+
+
+def _fresh_steps(base: Baseline, cache: Any) -> dict[str, Step]:
+    """Control 4: the rebuilt cache on a fresh instance, without and with the saved model-side state."""
+    if base.fresh is None:
+        return {}
+    mask = {"attention_mask": full_mask(base.prompt, int(cache.get_seq_length()))}
+    _set_state(base.fresh, None)
+    bare = generate_step(base.fresh, base.prompt, cache, **mask)
+    _set_state(base.fresh, base.saved_state)
+    restored = generate_step(base.fresh, base.prompt, cache, **mask)
+    _set_state(base.fresh, None)
+    return {"fresh instance, no state": bare, "fresh instance, state restored": restored}
+
+
+def arg_sets(base: Baseline, steps: dict[str, Step]) -> list[ArgSet]:
+    """Original vs rebuilt per argument set, as plain numbers."""
+    return [ArgSet(n, base.original[n].ok, steps[n].ok, base.original[n].error_type, steps[n].error_type,
+                   diff(base.original[n], steps[n])) for n in ARG_SETS]
+
+
+@dataclass
+class Applied:
+    """A rebuild already applied to the prefix cache, and the model-side state it left behind."""
+
+    name: str
+    rebuilt: rebuilds.Rebuilt
+    state_after: torch.Tensor | None
+    state_changed: bool
+
+
+def apply_all(base: Baseline, specs: dict[str, rebuilds.RebuildFn]) -> dict[str, Applied]:
+    """Apply every rebuild before any control runs (a raise is one RebuildError line); the state is put back after each."""
+    out = {}
+    for name, fn in specs.items():
+        _set_state(base.model, base.saved_state)
+        rebuilt = rebuilds.apply(fn, name, base.prefix_cache, base.model, base.prompt)
+        after = compat.get_rope_state(base.model) if base.saved_state is not None else None
+        changed = base.saved_state is not None and (after is None or not torch.equal(after, base.saved_state))
+        out[name] = Applied(name, rebuilt, None if after is None else after.clone(), bool(changed))
+        _set_state(base.model, base.saved_state)
+    return out
+
+
+def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resume_on: str = "same_instance") -> Triaged:
+    """Controls 1-4 on one applied rebuild; the verdict is `triage.choose_branch` of the result."""
+    model, prompt, name, rebuilt = base.model, base.prompt, applied.name, applied.rebuilt
+    kv = kv_table(base.prefix_cache, rebuilt.cache, rebuilt.kept)
+    _set_state(model, applied.state_after)  # the instance as the rebuild left it
+    steps = arg_set_steps(model, prompt, rebuilt.cache, base.positions)
+    _set_state(model, base.saved_state)
+    restored = generate_step(model, prompt, rebuilt.cache, **_full(prompt, rebuilt.cache)) if applied.state_changed else None
+    processed = prompt.length - 1
+    logical = rebuilt.processed_length if rebuilt.processed_length is not None else processed
+    explicit = explicit_step(model, prompt, rebuilt.cache, logical_positions(model, prompt, logical))
+    fresh = _fresh_steps(base, rebuilt.cache)
+    _set_state(model, base.saved_state)
+    extra = {"generate_position": steps[FULL].call.get("rotary_position"),
+             "logical_position": explicit.call.get("rotary_position"),
+             "explicit_vs_generate": diff(explicit, steps[FULL]),
+             "explicit_vs_full_forward": diff(explicit, Step(True, base.reference))}
+    controls = Controls(
+        rebuild=name, floor=base.floor, arg_sets=arg_sets(base, steps), processed_length=processed,
+        original_lengths=[int(x) for x in kv.length_original.tolist()], rebuilt_lengths=[int(x) for x in kv.length_rebuilt.tolist()],
+        classes_equal=bool((kv.class_original == kv.class_rebuilt).all()), kv_bitwise_equal=bool(kv.kv_bitwise_equal.all()),
+        kv_max_abs_diff=float(kv.kv_max_abs_diff.max()) if kv.kv_max_abs_diff.notna().any() else None,
+        state_changed=applied.state_changed, restored_diff=diff(restored, base.original[FULL]) if restored else None,
+        fresh_bare_diff=diff(fresh.get("fresh instance, no state"), steps[FULL]) if fresh else None,
+        fresh_restored_diff=diff(fresh.get("fresh instance, state restored"), steps[FULL]) if fresh else None,
+        resume_on=resume_on, extra=extra)
+    # the identity control's first decision (for the identity rebuild itself: its own)
+    controls.identity_identical, numbers = identical(identity.controls if identity is not None else controls)
+    controls.identity_worst = numbers["worst_max_abs_diff"]
+    out = Triaged(name, rebuilt, controls, kv, steps, explicit, fresh)
+    out.verdict = choose_branch(controls)
+    return out
+
+
+def _full(prompt: Prompt, cache: Any) -> dict[str, Any]:
+    return {"attention_mask": full_mask(prompt, int(cache.get_seq_length()))}
+
+
+def triage_all(base: Baseline, applied: dict[str, Applied], resume_on: str = "same_instance") -> dict[str, Triaged]:
+    """The identity control first (control 5), then every other rebuild against it."""
+    ident = run(base, applied["identity"], None, resume_on)
+    out = {"identity": ident}
+    for name, a in applied.items():
+        if name != "identity":
+            out[name] = run(base, a, ident, resume_on)
+    return out
+
+
+STEP_COLUMNS = ["result", "input_ids_shape", "attention_mask_shape", "position_ids", "cache_position", "rotary_position",
+                "past_length", "vs_original", "vs_full_forward", "top1_equal_full_forward", "stage", "error"]
+
+
+def metadata_table(results: dict[str, Triaged]) -> pd.DataFrame:
+    """Control 1 for every rebuild: per layer classes, lengths, shapes, bits, max |diff|, kept positions."""
+    return pd.concat({name: t.kv for name, t in results.items()}, names=["rebuild"])
+
+
+def first_step_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
+    """Control 2: first-step logits per argument set, original and every rebuild, with the captured first call."""
+    rows = [{"cache": "original", "args": n, **step_row(n, base.original[n], None, base.reference)} for n in ARG_SETS]
+    for name, t in results.items():
+        rows += [{"cache": name, "args": n, **step_row(n, t.steps[n], base.original[n], base.reference)} for n in ARG_SETS]
+    return pd.DataFrame(rows).set_index(["cache", "args"])[STEP_COLUMNS]
+
+
+def positions_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
+    """Control 3: generate() vs a direct forward at explicit logical positions, to split position effects from loss."""
+    rows = []
+    for name, t in results.items():
+        e, c = t.controls.extra, t.controls
+        gen_ref = diff(t.steps[FULL], Step(True, base.reference))
+        rows.append({"rebuild": name, "layer_lengths": c.rebuilt_lengths, "processed_length": c.processed_length,
+                     "lengths_differ": any(n != c.processed_length for n in c.rebuilt_lengths),
+                     "logical_length_used": t.rebuilt.processed_length if t.rebuilt.processed_length is not None else c.processed_length,
+                     "generate_position": e["generate_position"], "explicit_position": e["logical_position"],
+                     "explicit_vs_generate": e["explicit_vs_generate"], "generate_vs_full_forward": gen_ref,
+                     "explicit_vs_full_forward": e["explicit_vs_full_forward"],
+                     "position_effect": e["explicit_vs_generate"] is not None and base.floor.differs(e["explicit_vs_generate"]),
+                     "information_loss": e["explicit_vs_full_forward"] is not None and base.floor.differs(e["explicit_vs_full_forward"])})
+    return pd.DataFrame(rows).set_index("rebuild")
+
+
+def instance_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
+    """Control 4: same instance vs fresh instance, without and with the model-side state restored."""
+    rows = []
+    for name, t in results.items():
+        rows.append({"rebuild": name, "instance": "same instance", **step_row("same", t.steps[FULL], None, base.reference)})
+        rows += [{"rebuild": name, "instance": k, **step_row(k, s, t.steps[FULL], base.reference)} for k, s in t.fresh.items()]
+    cols = ["result", "rotary_position", "vs_original", "vs_full_forward", "top1_equal_full_forward"]
+    return pd.DataFrame(rows).set_index(["rebuild", "instance"])[cols].rename(columns={"vs_original": "vs_same_instance"})
+
+
+def per_layer_mechanism(t: Triaged) -> dict[str, Any]:
+    """What generate() did with per-layer lengths: stage and layer of an error, or the mask and positions it used."""
+    call = t.steps[FULL].call
+    return {"stage": t.steps[FULL].stage, "error_layer": call.get("error_layer"), "error": t.steps[FULL].error,
+            "layer_lengths_at_call": call.get("layer_lengths"), "attention_mask_shape": call.get("attention_mask_shape"),
+            "attention_masks": call.get("attention_masks"), "generate_position": call.get("rotary_position"),
+            "past_length_reported": call.get("past_length"), "layers_run": call.get("layers_run")}
+
+
+def load_specs(rebuild: str, sink: int, window: int) -> dict[str, rebuilds.RebuildFn]:
+    """The identity control plus the selected rebuild(s), by label; RebuildError (one line) if one cannot be loaded."""
+    specs = {"identity": rebuilds.load("identity")}
+    for spec in rebuilds.selection(rebuild):
+        specs[rebuilds.label(spec)] = rebuilds.load(spec, sink, window)
+    return specs
+
+
+def stop(res: Any, err: Exception) -> None:
+    """Record a rebuild that cannot be loaded or raised (every claim: error, with that line) and end the run."""
+    res.add("rebuild_error", str(err))
+    for claim_id in res.claims:
+        res.fail(claim_id, err)
+    raise SystemExit(str(err))
+
+
+def full_arg_set(t: Triaged) -> ArgSet:
+    """The full-mask argument set (the working path) of one triaged rebuild."""
+    return next(a for a in t.controls.arg_sets if a.name == FULL)
+
+
+def position_numbers(t: Triaged) -> dict[str, Any]:
+    """generate()'s captured position, the explicit logical one, and the max |diff| between their steps."""
+    e = t.controls.extra
+    return {"generate_position": e["generate_position"], "logical_position": e["logical_position"],
+            "explicit_vs_generate": e["explicit_vs_generate"]}
