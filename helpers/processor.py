@@ -154,5 +154,9 @@ def load_processor(model_id: str, revision: str | None = None, trust_remote_code
         return AutoProcessor.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code), "AutoProcessor"
     except Exception as exc:  # noqa: BLE001 - any failure of the full processor sends us to the fallback
         why = f"{type(exc).__name__}: {str(exc).strip().split(chr(10))[0].split('. ')[0][:160]}"
-    processor = fallback_processor(model_id, revision, trust_remote_code)
+    try:
+        processor = fallback_processor(model_id, revision, trust_remote_code)
+    except Exception as exc:  # noqa: BLE001 - say why both paths failed
+        raise RuntimeError(f"cannot build a processor for {model_id}: AutoProcessor failed ({why}); "
+                           f"the tokenizer + image processor fallback failed ({type(exc).__name__}: {exc})") from exc
     return processor, f"fallback: tokenizer + {type(processor.image_processor).__name__} (AutoProcessor failed: {why})"
