@@ -1,12 +1,21 @@
-"""The one plotting helper: figures are saved to outputs/figures/<stem>-<name>.png and shown."""
+"""The one plotting helper: figures are saved to outputs/figures/<stem>-<name>.png and shown.
+
+Every bar carries its value as a label (a zero bar, invisible otherwise, reads "0"; a value that
+was not measured reads "n/a"), and every axis leaves room above its tallest bar, so no bar is
+clipped or lost, on a linear or a log scale.
+"""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import matplotlib.pyplot as plt
 
 from .pipeline.paths import output_dir
+
+HEADROOM = 0.18  # fraction of the data range kept free above the tallest bar (linear axes), for its label
+LINTHRESH = 1e-6  # symlog: linear below this magnitude (so 0 and tiny differences can be drawn)
 
 
 def save_figure(fig: Any, stem: str, name: str) -> Path:
@@ -16,42 +25,123 @@ def save_figure(fig: Any, stem: str, name: str) -> Path:
     return path
 
 
-def panels(series: dict[str, Sequence[float]], draw: Callable[[Any, str, Sequence[float]], None], title: str,
-           stem: str, name: str) -> Path:
-    """One panel per metric, each drawn by `draw(ax, metric, values)`; saved, shown and closed."""
-    fig, axes = plt.subplots(1, len(series), figsize=(4.8 * len(series), 3.6), squeeze=False)
+def _finite(values: Sequence[Any]) -> list[float | None]:
+    """Values as floats; None, NaN and non-numbers become None (not measured)."""
+    out: list[float | None] = []
+    for v in values:
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            f = math.nan
+        out.append(f if math.isfinite(f) else None)
+    return out
+
+
+def value_label(value: float | None) -> str:
+    """A bar's label: n/a, 0, or three significant digits."""
+    if value is None:
+        return "n/a"
+    return "0" if value == 0 else f"{value:.3g}"
+
+
+def figure(series: dict[str, Sequence[Any]], draw: Callable[[Any, str, Sequence[Any]], None], title: str,
+           n_labels: int = 0) -> Any:
+    """One panel per metric, each drawn by `draw(ax, metric, values)`; wide enough for `n_labels` bars."""
+    width = max(4.8, 0.55 * n_labels + 1.6)
+    fig, axes = plt.subplots(1, len(series), figsize=(width * len(series), 3.8), squeeze=False)
     for ax, (metric, values) in zip(axes[0], series.items()):
         draw(ax, metric, list(values))
         ax.set_title(metric)
     fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def finish(fig: Any, stem: str, name: str) -> Path:
+    """Save, show and close a figure."""
     path = save_figure(fig, stem, name)
     plt.show()
     plt.close(fig)
     return path
 
 
+def panels(series: dict[str, Sequence[float]], draw: Callable[[Any, str, Sequence[float]], None], title: str,
+           stem: str, name: str) -> Path:
+    """One panel per metric, each drawn by `draw(ax, metric, values)`; saved, shown and closed."""
+    return finish(figure(series, draw, title), stem, name)
+
+
+def _fit_linear(ax: Any, values: list[float]) -> None:
+    lo, hi = min(0.0, *values), max(0.0, *values)
+    if hi == lo:  # every value is 0: an axis from 0, and the panel says so
+        ax.set_ylim(0, 1)
+        ax.set_yticks([0])
+        ax.text(0.5, 0.5, "every value is 0", transform=ax.transAxes, ha="center", va="center", color="0.35")
+        return
+    span = hi - lo
+    ax.set_ylim(lo - (HEADROOM * span if lo < 0 else 0), hi + (HEADROOM * span if hi > 0 else 0))
+
+
+def _fit_log(ax: Any, values: list[float]) -> None:
+    """symlog (linear below LINTHRESH, so 0 has a place); a decade of room above the top, and below the bottom
+    only for negatives beyond float rounding (a -1e-7 from 1 - cosine is labelled, not given an axis)."""
+    ax.set_yscale("symlog", linthresh=LINTHRESH)
+    top, bottom = max(0.0, *values), min(0.0, *values)
+    ax.set_ylim(bottom * 10 if bottom < -LINTHRESH else 0, top * 10 if top > 0 else LINTHRESH * 10)
+
+
+def _label_bars(ax: Any, values: list[float | None]) -> None:
+    """Each bar's value at its end; a bar too small or below the axis gets its label on the baseline."""
+    bottom = ax.get_ylim()[0]
+    for x, v in enumerate(values):
+        if v is not None and v < 0 and v >= bottom:
+            ax.annotate(value_label(v), (x, v), xytext=(0, -2), textcoords="offset points", ha="center", va="top", fontsize=8)
+        else:
+            y = v if v is not None and v > 0 else 0.0
+            ax.annotate(value_label(v), (x, y), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=8)
+
+
+def draw_bars(ax: Any, labels: Sequence[str], values: Sequence[Any], log: bool = False) -> None:
+    """Bars with their values written on them; axes that fit every bar and its label."""
+    vals = _finite(values)
+    ax.bar(range(len(labels)), [0.0 if v is None else v for v in vals], color="#4c72b0")
+    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    present = [v for v in vals if v is not None] or [0.0]
+    (_fit_log if log else _fit_linear)(ax, present)
+    _label_bars(ax, vals)
+
+
+def bar_figure(labels: Sequence[str], series: dict[str, Sequence[Any]], title: str, log: bool = False) -> Any:
+    """The figure metric_bars saves: one labelled bar panel per metric."""
+    return figure(series, lambda ax, _metric, values: draw_bars(ax, labels, values, log), title, len(labels))
+
+
 def metric_bars(labels: Sequence[str], series: dict[str, Sequence[float]], title: str, stem: str, name: str,
                 log: bool = False) -> Path:
     """One bar panel per metric (e.g. max |diff| and cosine) over the same labels; saved and shown."""
+    return finish(bar_figure(labels, series, title, log), stem, name)
 
-    def draw(ax: Any, _metric: str, values: Sequence[float]) -> None:
-        ax.bar(range(len(labels)), values, color="#4c72b0")
-        ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
-        if log:
-            ax.set_yscale("symlog", linthresh=1e-6)
 
-    return panels(series, draw, title, stem, name)
+def draw_lines(ax: Any, x: Sequence[float], values: Sequence[Any], xlabel: str, log: bool = False) -> None:
+    """A line with markers; a log axis that still shows 0 (symlog) and room above the top point."""
+    vals = _finite(values)
+    ax.plot(list(x), [math.nan if v is None else v for v in vals], marker="o")
+    ax.set_xlabel(xlabel)
+    present = [v for v in vals if v is not None] or [0.0]
+    if log and min(present) > 0:
+        ax.set_yscale("log")
+    elif log:
+        _fit_log(ax, present)
+    else:
+        _fit_linear(ax, present)
+
+
+def line_figure(x: Sequence[float], series: dict[str, Sequence[Any]], xlabel: str, title: str, log: bool = False) -> Any:
+    """The figure line_plot saves: one line panel per metric against a shared x axis."""
+    return figure(series, lambda ax, _metric, values: draw_lines(ax, x, values, xlabel, log), title)
 
 
 def line_plot(x: Sequence[float], series: dict[str, Sequence[float]], xlabel: str, title: str, stem: str, name: str,
               log: bool = False) -> Path:
     """One line panel per metric against a shared x axis; saved and shown."""
-
-    def draw(ax: Any, _metric: str, values: Sequence[float]) -> None:
-        ax.plot(list(x), values, marker="o")
-        ax.set_xlabel(xlabel)
-        if log:
-            ax.set_yscale("log")
-
-    return panels(series, draw, title, stem, name)
+    return finish(line_figure(x, series, xlabel, title, log), stem, name)

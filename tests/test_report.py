@@ -297,3 +297,72 @@ def test_no_absolute_machine_path_in_shared_outputs(real_run):
     assert len(shared) >= 4
     for path in shared:
         assert _machine_paths(path.read_text(), real_run) == [], (path.name, _machine_paths(path.read_text(), real_run))
+
+
+# --------------------------------------------------------------------------- figures: every bar readable
+
+def _panel_labels(ax) -> list[str]:
+    return [t.get_text() for t in ax.texts]
+
+
+@pytest.mark.parametrize("log", [False, True])
+def test_every_bar_is_labelled_and_fits_its_axis(log):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from helpers import plots
+
+    labels = ["valid split", "orig: generate +mask", "zero", "not run"]
+    fig = plots.bar_figure(labels, {"max |diff|": [3.5e-7, 0.45, 0.0, None], "1 - cosine": [-1.19e-7, 0.015, 0.0, float("nan")]},
+                           "t", log=log)
+    try:
+        diff, cos = fig.axes
+        assert _panel_labels(diff) == ["3.5e-07", "0.45", "0", "n/a"]
+        assert _panel_labels(cos) == ["-1.19e-07", "0.015", "0", "n/a"]
+        for ax, top in ((diff, 0.45), (cos, 0.015)):
+            low, high = ax.get_ylim()
+            assert low <= 0 and high > top  # room above the tallest bar for its label
+            assert [lbl.get_text() for lbl in ax.get_xticklabels()] == labels
+    finally:
+        plt.close(fig)
+
+
+def test_an_all_zero_panel_says_so_instead_of_showing_an_empty_axis():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from helpers import plots
+
+    fig = plots.bar_figure(["a", "b"], {"max |diff|": [0.0, 0.0]}, "t")
+    try:
+        ax = fig.axes[0]
+        assert ax.get_ylim() == (0.0, 1.0) and list(ax.get_yticks()) == [0]
+        assert _panel_labels(ax) == ["every value is 0", "0", "0"]
+    finally:
+        plt.close(fig)
+
+
+def test_signed_bars_fit_below_and_above_zero():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from helpers import plots
+
+    fig = plots.bar_figure(["a", "b"], {"m": [-0.3, 0.5]}, "t")
+    try:
+        low, high = fig.axes[0].get_ylim()
+        assert low < -0.3 and high > 0.5
+    finally:
+        plt.close(fig)
+
+
+def test_metric_bars_and_line_plot_save_into_figures(tmp_path, monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    from helpers import plots
+
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    bars = plots.metric_bars(["a", "b"], {"m": [0.0, 1.0]}, "t", "01_x", "bars", log=True)
+    lines = plots.line_plot([0, 1, 2], {"m": [0.0, 0.1, 0.2]}, "offset", "t", "01_x", "lines", log=True)
+    assert bars == tmp_path / "figures" / "01_x-bars.png" and bars.stat().st_size > 0
+    assert lines.exists()
