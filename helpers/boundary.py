@@ -24,17 +24,11 @@ import pandas as pd
 import torch
 
 from . import caches, compat
-from .compare import logit_metrics
+from .compare import Decision, NoiseFloor, logit_metrics
 from .continuation import Outcome, current_position_ids, forward_step, generate_first_step, prefill
 from .inputs import Prompt
 
-# Valid split vs one full forward pass: the largest max |logit diff| still called "matches" (top-1 must also be equal).
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-2, torch.bfloat16: 2.5e-1}
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """Max |logit diff| allowed between mathematically equal paths in this dtype."""
-    return TOLERANCE.get(dtype, 1e-4)
+SOURCE_DOUBLE = {"max_abs_diff": 7.65625, "cosine": 0.8698}  # Qwen3-VL-2B, fp16, T4: top-1 changed
 
 
 @dataclass
@@ -79,6 +73,7 @@ def run_all(model: torch.nn.Module, prompt: Prompt) -> tuple[torch.Tensor, list[
     info = {"prompt_length": prompt.length, "prefix_cache_length": int(prefix_cache.get_seq_length()),
             "full_cache_length": int(full_cache.get_seq_length()),
             "rebuilt_kv_bitwise_equal": caches.kv_bitwise_equal(rebuilt, full_cache),
+            "rebuilt_shares_storage": caches.shares_storage(rebuilt, full_cache),
             "explicit_positions": positions.flatten().tolist(),
             "rope_state_after_full_prefill": None if state_full is None else state_full.flatten().tolist(),
             "rope_state_after_prefix_prefill": None if state_prefix is None else state_prefix.flatten().tolist()}
@@ -124,3 +119,67 @@ def rebuilt_vs_original(runs: list[Run]) -> pd.DataFrame:
                      "rebuilt_update": "worked" if other.ok else "failed", "same_status": same_status,
                      "logits_bitwise_equal": bitwise if orig.ok and other.ok else None})
     return pd.DataFrame(rows)
+
+
+# --- decisions --------------------------------------------------------------------------------------
+
+def _worked(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("result") == "worked" and r.get("max_abs_diff") is not None]
+
+
+def _smallest(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return min(rows, key=lambda r: r["max_abs_diff"]) if rows else {}
+
+
+def _brief(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    keys = ("cache", "call", "args", "result", "error_type", "max_abs_diff", "cosine", "top1", "top1_equal")
+    return [{k: r.get(k) for k in keys} for r in rows]
+
+
+def decide_valid_split_matches(valid: dict[str, Any], floor: NoiseFloor) -> Decision:
+    """The valid split ran, its logits are within the noise of the full forward, and its top-1 is the same."""
+    value = valid.get("max_abs_diff") if valid.get("result") == "worked" else None
+    holds = value is not None and floor.matches(value) and bool(valid.get("top1_equal"))
+    why = ("the valid split did not run" if value is None else
+           f"max |diff| {value:.3g} {'<=' if floor.matches(value) else '>'} margin x floor {floor.threshold:.3g}, "
+           f"top-1 {'equal' if valid.get('top1_equal') else 'changed'}")
+    return Decision(holds, why, {"valid_split": _brief([valid])[0], **floor.evidence(value)},
+                    {"max_abs_diff": value, "top1_equal": valid.get("top1_equal")}, {})
+
+
+def decide_double_processing_diverges(double: list[dict[str, Any]], floor: NoiseFloor) -> Decision:
+    """Every double-processing call that ran differs beyond the noise, for the original and the rebuilt cache."""
+    ran = _worked(double)
+    caches_ran = {r["cache"] for r in ran}
+    closest = _smallest(ran)
+    holds = bool(ran) and caches_ran == {"original", "rebuilt_update"} and all(floor.differs(r["max_abs_diff"]) for r in ran)
+    why = ("no double-processing call ran" if not ran else
+           f"calls ran for caches {sorted(caches_ran)}" if caches_ran != {"original", "rebuilt_update"} else
+           f"closest run ({closest['cache']}: {closest['call']} {closest['args']}) max |diff| {closest['max_abs_diff']:.4g} "
+           f"{'>' if floor.differs(closest['max_abs_diff']) else '<='} margin x floor {floor.threshold:.3g}")
+    return Decision(holds, why, {"runs": _brief(ran), "failed_runs": _brief([r for r in double if r not in ran]),
+                                 "top1_changed_in": sum(not r.get("top1_equal") for r in ran),
+                                 **floor.evidence(closest.get("max_abs_diff"))},
+                    {"max_abs_diff": closest.get("max_abs_diff"), "cosine": closest.get("cosine")}, SOURCE_DOUBLE)
+
+
+def decide_rebuilt_same_as_original(per_call: list[dict[str, Any]], kv_bitwise_equal: bool, shares_storage: bool) -> Decision:
+    """Per double-processing call the rebuilt cache does what the original does (status, bits), from its own storage."""
+    same = [r for r in per_call if r["same_status"] and r.get("logits_bitwise_equal") in (True, None)]
+    holds = bool(per_call) and len(same) == len(per_call) and kv_bitwise_equal and not shares_storage
+    why = (f"{len(same)}/{len(per_call)} calls identical; K/V bitwise equal: {kv_bitwise_equal}; "
+           f"shares the original's storage: {shares_storage}")
+    return Decision(holds, why, {"per_call": per_call, "kv_bitwise_equal": kv_bitwise_equal, "shares_storage": shares_storage},
+                    {"calls_identical": f"{len(same)}/{len(per_call)}", "shares_storage": shares_storage}, {})
+
+
+def decide_mask_and_positions_do_not_restore(restoring: list[dict[str, Any]], floor: NoiseFloor) -> Decision:
+    """The runs with the full (L+1) mask and explicit positions still differ beyond the noise."""
+    ran = _worked(restoring)
+    closest = _smallest(ran)
+    holds = bool(ran) and all(floor.differs(r["max_abs_diff"]) for r in ran)
+    why = ("no run with mask and positions ran" if not ran else
+           f"closest ({closest['cache']}: {closest['call']}) max |diff| {closest['max_abs_diff']:.4g} "
+           f"{'>' if holds else '<='} margin x floor {floor.threshold:.3g}")
+    return Decision(holds, why, {"runs": _brief(ran), **floor.evidence(closest.get("max_abs_diff"))},
+                    {"max_abs_diff": closest.get("max_abs_diff"), "cosine": closest.get("cosine")}, {})

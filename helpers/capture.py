@@ -1,12 +1,25 @@
-"""Capture what reaches the first real model call, with a forward pre-hook (as the seed did)."""
+"""Capture what reaches the first real model call, with forward hooks (as the seed did).
+
+Besides the first call's input shapes (a pre-hook on the model), a `Trace` records whether that call
+finished (a post-hook), so a failure can be placed at the stage that raised, and the position ids the
+text rotary embedding actually received during the first call (a pre-hook on it): the mechanism checks
+of notebook 02 are decided from these, never from the error text.
+"""
 from __future__ import annotations
 
+import traceback
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import torch
 
 from .compat import cache_from_kwargs
+
+# Where an exception was raised, relative to the first model call.
+BEFORE_MODEL_CALL = "before the first model call"
+IN_FIRST_CALL = "inside the first model call"
+AFTER_FIRST_CALL = "after the first model call returned"
 
 
 def _shape(value: Any) -> list[int] | None:
@@ -22,6 +35,70 @@ def describe_call(kwargs: dict[str, Any]) -> dict[str, Any]:
         "position_ids_shape": _shape(kwargs.get("position_ids")),
         "past_length": int(cache.get_seq_length()) if cache is not None else None,
     }
+
+
+def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The text model's rotary embedding (the first `rotary_emb` that is not a vision tower's), or None."""
+    for name, module in model.named_modules():
+        if name.endswith("rotary_emb") and "visual" not in name and "Vision" not in type(module).__name__:
+            return module
+    return None
+
+
+@dataclass
+class Trace:
+    """The first model call (shapes), whether it finished, and the rotary position shapes seen inside it."""
+
+    first: dict[str, Any] = field(default_factory=dict)
+    started: int = 0
+    finished: int = 0
+    rotary_position_shapes: list[list[int]] = field(default_factory=list)
+
+    def stage(self) -> str:
+        """Where an exception raised now sits relative to the first model call."""
+        if self.started == 0:
+            return BEFORE_MODEL_CALL
+        return IN_FIRST_CALL if self.finished == 0 else AFTER_FIRST_CALL
+
+
+def raised_at(exc: BaseException) -> str:
+    """'module.function' of the innermost frame that raised (for the evidence, not for decisions)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    last = frames[-1]
+    module = last.filename.replace("\\", "/").rsplit("/", 1)[-1].removesuffix(".py")
+    return f"{module}.{last.name}"
+
+
+@contextmanager
+def trace(model: torch.nn.Module) -> Iterator[Trace]:
+    """Yields a Trace filled in by hooks on the model (first call) and on its text rotary embedding."""
+    record = Trace()
+
+    def pre(_module: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
+        if record.started == 0:
+            record.first = describe_call(kwargs)
+        record.started += 1
+
+    def post(_module: torch.nn.Module, _args: tuple, _kwargs: dict[str, Any], _out: Any) -> None:
+        record.finished += 1
+
+    def rotary(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if record.started == 1 and record.finished == 0:
+            positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+            record.rotary_position_shapes.append(_shape(positions))
+
+    handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
+               model.register_forward_hook(post, with_kwargs=True)]
+    rope = rotary_embedding(model)
+    if rope is not None:
+        handles.append(rope.register_forward_pre_hook(rotary, with_kwargs=True))
+    try:
+        yield record
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @contextmanager

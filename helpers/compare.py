@@ -43,8 +43,17 @@ def tensors_bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> boo
 
 
 # --- noise floors: what "matches" and "differs" mean in this run, model and dtype -------------------
-
-RESOLUTION_ULPS = 4.0  # how many units of the dtype's resolution at the logits' magnitude count as noise
+#
+# Tuned on the tiny default (max |logit| ~0.93) in float32/float16/bfloat16 x sdpa/eager on CPU:
+# * two computations that must agree disagree by 0-1 ulp of the largest logit in float16/bfloat16
+#   (valid split vs full forward: 1 ulp fp16, 0 bf16; sdpa vs eager full forward: 1.5 ulp fp16,
+#   1.5 ulp bf16) and by ~8-9 ulps in float32 (accumulation order dominates there), so the measured
+#   disagreement is the floor and one ulp at the logits' magnitude is only its lower bound (a lucky
+#   bitwise agreement must not make the floor 0);
+# * a margin of 4 leaves room for the floor's pair and the claim's pair differing in noise
+#   (fp16: 1 vs 1.5 ulp) while the smallest effect any notebook claims (double processing with the
+#   most favourable positions, bfloat16: 0.026 = 6.6 ulps) stays 1.66x above margin x floor.
+RESOLUTION_ULPS = 1.0  # units in the last place at max |logit| that count as noise even when none is measured
 DEFAULT_MARGIN = 4.0   # a difference must exceed margin x floor to count as "differs"
 
 
@@ -53,8 +62,8 @@ class NoiseFloor:
     """The noise floor one decision is made against, with everything needed to check it by hand.
 
     floor = max(measured, resolution): `measured` is the max |diff| between computations that must agree
-    (measured in the same run, model and dtype), `resolution` is RESOLUTION_ULPS x eps(dtype) x max |logit|.
-    "matches" means value <= margin x floor; "differs" means value > margin x floor.
+    (measured in the same run, model and dtype), `resolution` is RESOLUTION_ULPS ulps of the dtype at
+    max |logit| (`scale`). "matches" means value <= margin x floor; "differs" means value > margin x floor.
     """
 
     measured: float
@@ -74,20 +83,21 @@ class NoiseFloor:
 
     def matches(self, value: float) -> bool:
         """`value` (a max |diff|) is within the noise: value <= margin x floor."""
-        return math.isfinite(value) and value <= self.threshold
+        return value is not None and math.isfinite(value) and value <= self.threshold
 
     def differs(self, value: float) -> bool:
         """`value` (a max |diff|) is beyond the noise: value > margin x floor (never true for a floor of 0)."""
-        return math.isfinite(value) and value > self.threshold and self.threshold > 0
+        return value is not None and math.isfinite(value) and value > self.threshold and self.threshold > 0
 
     def evidence(self, value: float | None = None) -> dict[str, Any]:
         """The floor, margin and (when given) the measured value, for a claim's evidence."""
         out: dict[str, Any] = {"noise_floor": self.floor, "noise_measured": self.measured,
                                "noise_resolution": self.resolution, "noise_margin": self.margin,
                                "noise_threshold": self.threshold, "noise_dtype": self.dtype,
-                               "noise_from": self.what}
+                               "noise_scale": self.scale, "noise_from": self.what}
         if value is not None:
             out["value"] = value
+            out["value_over_threshold"] = value / self.threshold if self.threshold > 0 else None
         return out
 
 
@@ -96,6 +106,13 @@ def dtype_eps(dtype: torch.dtype | str) -> float:
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype.replace("torch.", ""), torch.float32)
     return float(torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps)
+
+
+def ulp(scale: float, dtype: torch.dtype | str) -> float:
+    """One unit in the last place of `dtype` at magnitude `scale` (eps x the power of two at or below it)."""
+    if not scale or not math.isfinite(scale):
+        return 0.0
+    return dtype_eps(dtype) * 2.0 ** math.floor(math.log2(abs(scale)))
 
 
 def noise_floor(reference: torch.Tensor, agreeing: list[torch.Tensor] | torch.Tensor, dtype: torch.dtype,
@@ -108,5 +125,24 @@ def noise_floor(reference: torch.Tensor, agreeing: list[torch.Tensor] | torch.Te
     others = [agreeing] if isinstance(agreeing, torch.Tensor) else list(agreeing)
     measured = max((float((ref - o.detach().float().reshape(ref.shape)).abs().max()) for o in others), default=0.0)
     scale = float(ref.abs().max()) if ref.numel() else 0.0
-    resolution = RESOLUTION_ULPS * dtype_eps(dtype) * scale
+    resolution = RESOLUTION_ULPS * ulp(scale, dtype)
     return NoiseFloor(measured, resolution, margin, str(dtype).replace("torch.", ""), scale, what)
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| taken in float32."""
+    return float((a.detach().float() - b.detach().float().reshape(a.shape)).abs().max())
+
+
+# --- decisions: a verdict is a function of measurements ---------------------------------------------
+
+@dataclass
+class Decision:
+    """A computed verdict: whether the claim holds, why, the evidence, the deciding values, the source's values."""
+
+    holds: bool
+    why: str
+    evidence: dict[str, Any]
+    deciding: dict[str, Any]
+    source: dict[str, Any]
+

@@ -9,9 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import GenerationConfig
 
 from . import compat
-from .capture import first_call
+from .capture import raised_at, trace
 from .inputs import Prompt
 
 GENERATION_VARIANTS = ("neither", "position_only", "mask_only", "both")
@@ -19,17 +20,29 @@ GENERATION_VARIANTS = ("neither", "position_only", "mask_only", "both")
 
 @dataclass
 class Outcome:
-    """What one continuation did: its first-step logits, or the error it raised, and its first call."""
+    """What one continuation did: its first-step logits, or the error it raised, where, and its first call.
+
+    `stage`: where the error was raised relative to the first model call (see helpers.capture);
+    `rotary_position_shapes`: the position ids the text rotary embedding received during that call.
+    """
 
     ok: bool
     logits: torch.Tensor | None = None
     first_call: dict[str, Any] = field(default_factory=dict)
     error_type: str | None = None
     error: str | None = None
+    stage: str | None = None
+    raised_at: str | None = None
+    rotary_position_shapes: list[list[int]] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         return {"result": "worked" if self.ok else "failed", "error_type": self.error_type or "",
-                "error": (self.error or "")[:120], **self.first_call}
+                "error": (self.error or "")[:120], "stage": self.stage or "", **self.first_call,
+                "rotary_position_shapes": self.rotary_position_shapes}
+
+    def error_summary(self) -> str:
+        """'Type: message (stage, raised in module.function)' for a claim's evidence."""
+        return f"{self.error_type}: {self.error} ({self.stage}; raised in {self.raised_at})" if not self.ok else ""
 
 
 @torch.no_grad()
@@ -60,21 +73,41 @@ def generation_kwargs(variant: str, prompt: Prompt, position_ids: torch.Tensor) 
 
 
 def _run(model: torch.nn.Module, call: Any) -> Outcome:
-    with first_call(model) as captured:
+    with trace(model) as record:
         try:
             logits = call()
         except Exception as exc:  # noqa: BLE001 - a failing continuation is a measurement
-            return Outcome(False, None, captured[0] if captured else {}, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-    return Outcome(True, logits, captured[0] if captured else {})
+            message = str(exc).splitlines()[0] if str(exc) else ""
+            return Outcome(False, None, record.first, type(exc).__name__, message, record.stage(), raised_at(exc),
+                           record.rotary_position_shapes)
+    return Outcome(True, logits, record.first, rotary_position_shapes=record.rotary_position_shapes)
+
+
+# Neutral values for every sampling flag: generate() fills flags left at None from the checkpoint's own
+# generation_config.json (often do_sample/top_k/top_p/temperature set), which would make a greedy call
+# warn about, or depend on, sampling settings it does not use.
+NEUTRAL_SAMPLING = {"temperature": 1.0, "top_k": 50, "top_p": 1.0, "typical_p": 1.0, "min_p": None,
+                    "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+
+
+def greedy_config(model: torch.nn.Module) -> GenerationConfig:
+    """An explicit greedy one-step GenerationConfig (no sampling, one beam, first-step logits returned)."""
+    base = getattr(model, "generation_config", None)
+    special = {k: getattr(base, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    if special["pad_token_id"] is None and special["eos_token_id"] is not None:
+        eos = special["eos_token_id"]
+        special["pad_token_id"] = eos[0] if isinstance(eos, (list, tuple)) else eos  # greedy: padding is never used
+    return GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=1, return_dict_in_generate=True,
+                            output_logits=True, **NEUTRAL_SAMPLING, **special)
 
 
 @torch.no_grad()
 def generate_first_step(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **kwargs: Any) -> Outcome:
-    """`generate(max_new_tokens=1, greedy, output_logits=True)` from a cache; first-step logits or the error."""
+    """`generate()` one greedy step (explicit GenerationConfig, logits returned) from a cache; logits or the error."""
 
     def call() -> torch.Tensor:
-        out = model.generate(input_ids=input_ids, max_new_tokens=1, do_sample=False, return_dict_in_generate=True,
-                             output_logits=True, **{compat.generate_cache_kwarg(model): cache}, **kwargs)
+        out = model.generate(input_ids=input_ids, generation_config=greedy_config(model),
+                             **{compat.generate_cache_kwarg(model): cache}, **kwargs)
         return compat.generate_logits(out)[0].detach().clone()
 
     return _run(model, call)
@@ -89,3 +122,20 @@ def forward_step(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **
         return out.logits[:, -1, :].detach().clone()
 
     return _run(model, call)
+
+
+OTHER_ATTENTION = {"sdpa": "eager", "eager": "sdpa"}
+
+
+@torch.no_grad()
+def other_attention_logits(model: torch.nn.Module, prompt: Prompt) -> tuple[torch.Tensor, str]:
+    """The full forward's last logits with the other attention kernel (sdpa <-> eager): the same math by a
+    different kernel, i.e. this dtype's rounding noise on this model. The model's kernel is put back."""
+    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    other = OTHER_ATTENTION.get(current, "eager")
+    model.set_attn_implementation(other)
+    try:
+        logits, _ = prefill(model, prompt, end=None)
+    finally:
+        model.set_attn_implementation(current)
+    return logits, other
