@@ -58,8 +58,11 @@ def replay_drift_plot(table: Any, stem: str, name: str = "replay-drift") -> Any:
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     top = 0.0
-    for variant, rows in table.groupby("variant", sort=False):
-        ax.plot(rows.step, rows.max_abs_diff, marker="o", label=f"{variant} ({int(rows.stale_reads.iloc[0])} stale reads)")
+    groups = list(table.groupby("variant", sort=False))
+    for k, (variant, rows) in enumerate(groups):  # a small x offset per lag keeps equal lines visible
+        shift = (k - (len(groups) - 1) / 2) * 0.05
+        ax.plot(rows.step + shift, rows.max_abs_diff, marker="os^vDPX*"[k % 8], markersize=5,
+                label=f"{variant} ({int(rows.stale_reads.iloc[0])} stale reads)")
         top = max(top, float(rows.max_abs_diff.max()))
     first = table[table.variant == table.variant.iloc[0]]
     ax.plot(first.step, first.noise_threshold, color="#777777", linestyle="--", label="noise threshold")

@@ -1,4 +1,5 @@
-"""Notebook 05's instrumentation: the tiny hybrid, the offload/prefetch recorder, the CUDA stream stand-ins."""
+"""Notebook 05: the tiny hybrid, the offload/prefetch recorder, the GPU experiment executed on CPU under the
+recording stand-ins (with and without the replayed race), its decisions, and gpu-check."""
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import os
 import pytest
 import torch
 
-from helpers import hybrid, models, offload
-from helpers.pipeline import runner
+from helpers import hybrid, models, offload, offload_gpu, offload_source, streams
+from helpers.pipeline import gpu_check, runner
 from helpers.pipeline.paths import repo_root
 
 NO_CUDA = not torch.cuda.is_available()
@@ -79,19 +80,11 @@ def test_verdict_inputs_notice_a_moved_linear_layer():
     assert counts["linear_offloads"] == 1 and counts["attention_offloads"] == 1
 
 
-@pytest.mark.skipif(not NO_CUDA, reason="stand-ins are only used without CUDA")
 def test_stand_ins_are_used_and_removed(record):
     assert record.stream_calls.get("torch.cuda.default_stream", 0) > 0  # the path does call CUDA streams
-    assert offload.stand_ins_active() == []
-    originals = (torch.Stream, torch.cuda.default_stream, torch.cuda.stream)
-    with pytest.raises(RuntimeError, match="boom"):
-        with offload.stream_stand_ins() as calls:
-            assert set(offload.stand_ins_active()) >= {"torch.Stream", "torch.cuda.default_stream"}
-            torch.cuda.default_stream(torch.device("cpu")).wait_stream(torch.Stream())
-            assert calls == {"torch.cuda.default_stream": 1, "torch.Stream": 1}
-            raise RuntimeError("boom")
-    assert (torch.Stream, torch.cuda.default_stream, torch.cuda.stream) == originals
-    assert offload.stand_ins_active() == []
+    assert record.stream_calls.get("torch.Stream", 0) + record.stream_calls.get("torch.cuda.Stream", 0) == 1
+    assert streams.stand_ins_active() == []
+    assert len(record.streams.unordered_reads()) > 0
 
 
 def test_instrument_wraps_the_originals_and_removes_itself():
@@ -137,17 +130,107 @@ def test_unpatched_offloading_fails_naming_cuda_without_a_gpu(tiny, ids):
     assert outcome["raised"], outcome
     assert offload.mentions_cuda(outcome)
     assert outcome["transformers_frame"].startswith("transformers/cache_utils.py")
-    assert offload.stand_ins_active() == []
+    assert streams.stand_ins_active() == []
 
 
 def test_source_facts_match_the_recorded_schedule():
-    facts = offload.source_facts()
+    facts = offload_source.source_facts()
     assert facts["Cache.update offloads and prefetches"]
     assert not facts["Cache.update_conv_state offloads or prefetches"]
     assert not facts["Cache.update_recurrent_state offloads or prefetches"]
     assert facts["Cache.prefetch skips linear layers"]
-    names = [s["name"] for s in offload.offloading_source()]
+    names = [s["name"] for s in offload_source.offloading_source()]
     assert "Cache.update" in names and "LinearAttentionCacheLayerMixin.offload" in names
+
+
+# --- the CUDA path, executed on CPU under the recording stand-ins ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def simulated(tiny, ids) -> offload_gpu.GpuExperiment:
+    return offload_gpu.gpu_experiment(tiny.model, ids, n_steps=3, cycles=1000, simulate=True)
+
+
+@pytest.fixture(scope="module")
+def simulated_race(tiny, ids) -> offload_gpu.GpuExperiment:
+    return offload_gpu.gpu_experiment(tiny.model, ids, n_steps=3, cycles=1000, simulate=True, race_lag=16)
+
+
+def test_gpu_experiment_runs_on_cpu_without_a_race(simulated):
+    assert set(simulated.arms) == {"offloading=False", "offloading=False (again)", "offloading=True",
+                                   "offloading=True + 5.20.0 edge"}
+    assert all(len(a.states) == 3 for a in simulated.arms.values())
+    assert simulated.steps.bitwise_equal.all() and not simulated.states.differs.any()
+    assert (simulated.steps.noise_threshold > 0).all()  # never a floor of 0
+    kinds = set(simulated.states.kind)
+    assert kinds == {offload_gpu.ATTENTION_KV, offload_gpu.LINEAR_STATE}
+    verdicts = {cid: d.holds for cid, d in offload_gpu.decisions(simulated).items()}
+    assert verdicts == {"offload.prefill_identical": True, "offload.decode_drifts": False,
+                        "offload.first_differing_tensor_is_attention_kv": False,
+                        "offload.ordering_edge_removes_drift": False}
+    assert streams.stand_ins_active() == []
+
+
+def test_gpu_experiment_on_cpu_with_the_replayed_race_names_layer_3_kv(simulated_race):
+    ex = simulated_race
+    assert ex.cost.set_index("variant").stale_reads_served.to_dict() == {
+        "offloading=False": 0, "offloading=False (again)": 0, "offloading=True": 3, "offloading=True + 5.20.0 edge": 0}
+    first = offload_gpu.first_difference(ex.states[ex.states.variant == "offloading=True"])
+    assert (first["tensor"], first["call"], first["kind"]) == ("layer 3 keys", "prefill", offload_gpu.ATTENTION_KV)
+    decisions = offload_gpu.decisions(ex)
+    assert all(d.holds for d in decisions.values()), {k: d.why for k, d in decisions.items()}
+
+
+def test_gpu_decisions_reject_contradicting_measurements(simulated_race):
+    steps, states = simulated_race.steps.copy(), simulated_race.states.copy()
+    prefill = steps.index[(steps.variant == "offloading=True") & (steps.step == 0)]
+    steps.loc[prefill, ["max_abs_diff", "matches", "differs"]] = [1.0, False, True]
+    assert not offload_gpu.decide_prefill_identical(steps).holds
+    linear_first = states.copy()
+    linear_first.loc[linear_first.kind == offload_gpu.ATTENTION_KV, "differs"] = False
+    linear_first.loc[(linear_first.kind == offload_gpu.LINEAR_STATE) & (linear_first.step == 1), "differs"] = True
+    assert not offload_gpu.decide_first_tensor(linear_first).holds
+    fixed = simulated_race.steps.copy()
+    edge = fixed.variant == "offloading=True + 5.20.0 edge"
+    fixed.loc[edge & (fixed.step == 2), ["max_abs_diff", "matches", "differs"]] = [0.5, False, True]
+    assert not offload_gpu.decide_edge_removes_drift(fixed, simulated_race.states).holds
+
+
+def test_device_lag_sleeps_on_the_default_stream_once_per_forward(tiny, ids):
+    with streams.recording_streams() as log, offload_gpu.device_lag(tiny.model, 123):
+        offload.greedy_run(tiny.model, ids, n_steps=2)
+    sleeps = [e for e in log.events if e["op"] == "sleep"]
+    assert len(sleeps) == 2 and {e["stream"] for e in sleeps} == {"default"}
+    assert not tiny.model._forward_pre_hooks
+
+
+def test_gpu_check_refuses_without_cuda(capsys):
+    assert gpu_check.main([], cuda_available=False) == gpu_check.NO_CUDA
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "CUDA" in out[0]
+
+
+def test_gpu_check_runs_notebook_05_on_the_pinned_release_and_520(monkeypatch, tmp_path, capsys):
+    from helpers.pipeline import release_matrix
+
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    monkeypatch.setattr(release_matrix, "ensure_env",
+                        lambda release, log=print: release_matrix.ReleaseEnv(release, True, python=f"/envs/{release}/python"))
+    calls = []
+
+    def fake_run(python, out, timeout):
+        calls.append((python, out))
+        (out / "results").mkdir(parents=True, exist_ok=True)
+        claims = [{"id": cid, "verdict": "reproduced"} for cid in gpu_check.CLAIMS]
+        (out / "results" / f"{gpu_check.NOTEBOOK}.json").write_text(json.dumps({"claims": claims}))
+        return 0
+
+    assert gpu_check.main(["--releases", "5.24.0", "5.20.0"], cuda_available=True, run=fake_run) == 0
+    pinned = release_matrix.pinned_release()
+    assert [c[0] for c in calls] == [f"/envs/{r}/python" for r in (pinned, "5.20.0", "5.24.0")]
+    assert [c[1] for c in calls] == [tmp_path / "gpu" / r for r in (pinned, "5.20.0", "5.24.0")]
+    summary = json.loads((tmp_path / "gpu" / "gpu-check.json").read_text())
+    assert summary[1]["verdicts"]["offload.ordering_edge_removes_drift"] == "reproduced"
+    assert "offload.decode_drifts: reproduced" in capsys.readouterr().out
 
 
 @pytest.mark.e2e
@@ -161,10 +244,13 @@ def test_notebook_skips_cuda_claims_on_cpu(tmp_path):
     assert result.ok, result.error
     data = json.loads((tmp_path / "results" / "05_hybrid_offloading_drift.json").read_text())
     claims = {c["id"]: c for c in data["claims"]}
-    for cid in ("offload.prefill_identical", "offload.decode_drifts"):
-        assert claims[cid]["verdict"] == "skipped" and "CUDA" in claims[cid]["reason"]
-    assert claims["offload.linear_layers_never_moved"]["verdict"] == "reproduced"
+    for cid in offload_gpu.CUDA_CLAIMS:
+        assert claims[cid]["verdict"] == "skipped" and "CUDA" in claims[cid]["reason"], cid
+    for cid in ("offload.linear_layers_never_moved", "offload.prefetch_reads_unordered_copy",
+                "offload.race_replay_drifts_like_report"):
+        assert claims[cid]["verdict"] == "reproduced" and claims[cid]["kind"] == "finding", cid
     assert claims["offload.linear_layers_never_moved"]["evidence"]["linear_offloads"] == 0
-    assert claims["offload.cpu_reports_cuda_requirement"]["verdict"] == "reproduced"
-    assert claims["offload.cpu_reports_cuda_requirement"]["evidence"]["exception_type"]
-    assert (tmp_path / "figures" / "05_hybrid_offloading_drift-schedule.png").exists()
+    env = claims["offload.cpu_reports_cuda_requirement"]
+    assert env["kind"] == "environment_check" and env["evidence"]["exception_type"]
+    for name in ("schedule", "replay-drift", "replay-stale"):
+        assert (tmp_path / "figures" / f"05_hybrid_offloading_drift-{name}.png").exists()
