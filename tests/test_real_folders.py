@@ -49,15 +49,19 @@ def _messages() -> list[dict]:
                                          {"type": "text", "text": inputs.PROMPT_TEXT}]}]
 
 
-def _qwen3vl_processor(fallback: processor.TokenizerImageProcessor):
-    """The real Qwen3VLProcessor around the fallback's tokenizer and image processor, with a video processor
-    stand-in (the video path is never used; on 5.x its class needs torchvision)."""
-    class NoVideo(transformers.BaseVideoProcessor):  # the exported name (a placeholder class without torchvision)
-        def __init__(self) -> None:
-            pass
+def _qwen3vl_processor(fallback: processor.TokenizerImageProcessor, monkeypatch: pytest.MonkeyPatch):
+    """The real Qwen3VLProcessor around the fallback's tokenizer and image processor. Its video processor needs
+    torchvision, and the video path is never used, so a placeholder passes the class check for that slot only."""
+    from transformers.processing_utils import ProcessorMixin
 
+    check = ProcessorMixin.check_argument_for_proper_class
+
+    def no_video_check(self, name: str, argument):
+        return None if name == "video_processor" else check(self, name, argument)
+
+    monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class", no_video_check)
     return transformers.Qwen3VLProcessor(image_processor=fallback.image_processor, tokenizer=fallback.tokenizer,
-                                         video_processor=NoVideo(), chat_template=fallback.chat_template)
+                                         video_processor=object(), chat_template=fallback.chat_template)
 
 
 @pytest.mark.parametrize("layout", fakeckpt.LAYOUTS)
@@ -83,10 +87,10 @@ def test_fallback_reads_the_folders_settings_and_template(folders, layout):
 
 
 @pytest.mark.parametrize("layout", fakeckpt.LAYOUTS)
-def test_fallback_gives_what_qwen3vl_processor_gives(folders, layout):
+def test_fallback_gives_what_qwen3vl_processor_gives(folders, layout, monkeypatch):
     fb = processor.fallback_processor(str(folders[layout]))
     kwargs = dict(tokenize=True, add_generation_prompt=True, return_dict=True, return_tensors="pt")
-    want = _qwen3vl_processor(fb).apply_chat_template(_messages(), **kwargs)
+    want = _qwen3vl_processor(fb, monkeypatch).apply_chat_template(_messages(), **kwargs)
     got = fb.apply_chat_template(_messages(), **kwargs)
     assert set(got) == set(want) == {"input_ids", "attention_mask", "pixel_values", "image_grid_thw", "mm_token_type_ids"}
     for name in want:
