@@ -313,7 +313,7 @@ def _notebook_runs(run: dict[str, Any], timings: dict[str, Any]) -> list[str]:
     for nb, info in sorted(nbs.items()):
         info = info or {}
         status = NB_STATUS.get(info.get("status"), cell(info.get("status")))
-        if info.get("error"):
+        if info.get("error") and info["error"] != info.get("status"):
             status += f": {info['error']}"
         secs = info.get("seconds") if info.get("seconds") is not None else seconds.get(nb)
         lines.append(f"| {cell(nb)} | {cell(status)} | {fmt_value(secs) if secs is not None else '—'} "
