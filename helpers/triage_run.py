@@ -18,8 +18,8 @@ from .compare import NoiseFloor, noise_floor
 from .continuation import current_position_ids, prefill
 from .inputs import Prompt
 from .triage import ArgSet, Controls, choose_branch, identical
-from .triage_controls import (ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, generate_step, full_mask,
-                              kv_table, logical_positions, step_row)
+from .triage_controls import (ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step,
+                              kv_table, logical_positions)
 
 
 @dataclass
@@ -164,59 +164,6 @@ def triage_all(base: Baseline, applied: dict[str, Applied], resume_on: str = "sa
     return out
 
 
-STEP_COLUMNS = ["result", "input_ids_shape", "attention_mask_shape", "position_ids", "cache_position", "rotary_position",
-                "past_length", "vs_original", "vs_full_forward", "top1_equal_full_forward", "stage", "error"]
-
-
-def metadata_table(results: dict[str, Triaged]) -> pd.DataFrame:
-    """Control 1 for every rebuild: per layer classes, lengths, shapes, bits, max |diff|, kept positions."""
-    return pd.concat({name: t.kv for name, t in results.items()}, names=["rebuild"])
-
-
-def first_step_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
-    """Control 2: first-step logits per argument set, original and every rebuild, with the captured first call."""
-    rows = [{"cache": "original", "args": n, **step_row(n, base.original[n], None, base.reference)} for n in ARG_SETS]
-    for name, t in results.items():
-        rows += [{"cache": name, "args": n, **step_row(n, t.steps[n], base.original[n], base.reference)} for n in ARG_SETS]
-    return pd.DataFrame(rows).set_index(["cache", "args"])[STEP_COLUMNS]
-
-
-def positions_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
-    """Control 3: generate() vs a direct forward at explicit logical positions, to split position effects from loss."""
-    rows = []
-    for name, t in results.items():
-        e, c = t.controls.extra, t.controls
-        gen_ref = diff(t.steps[FULL], Step(True, base.reference))
-        rows.append({"rebuild": name, "layer_lengths": c.rebuilt_lengths, "processed_length": c.processed_length,
-                     "lengths_differ": any(n != c.processed_length for n in c.rebuilt_lengths),
-                     "logical_length_used": t.rebuilt.processed_length if t.rebuilt.processed_length is not None else c.processed_length,
-                     "generate_position": e["generate_position"], "explicit_position": e["logical_position"],
-                     "explicit_vs_generate": e["explicit_vs_generate"], "generate_vs_full_forward": gen_ref,
-                     "explicit_vs_full_forward": e["explicit_vs_full_forward"],
-                     "position_effect": e["explicit_vs_generate"] is not None and base.floor.differs(e["explicit_vs_generate"]),
-                     "information_loss": e["explicit_vs_full_forward"] is not None and base.floor.differs(e["explicit_vs_full_forward"])})
-    return pd.DataFrame(rows).set_index("rebuild")
-
-
-def instance_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
-    """Control 4: same instance vs fresh instance, without and with the model-side state restored."""
-    rows = []
-    for name, t in results.items():
-        rows.append({"rebuild": name, "instance": "same instance", **step_row("same", t.steps[FULL], None, base.reference)})
-        rows += [{"rebuild": name, "instance": k, **step_row(k, s, t.steps[FULL], base.reference)} for k, s in t.fresh.items()]
-    cols = ["result", "rotary_position", "vs_original", "vs_full_forward", "top1_equal_full_forward"]
-    return pd.DataFrame(rows).set_index(["rebuild", "instance"])[cols].rename(columns={"vs_original": "vs_same_instance"})
-
-
-def per_layer_mechanism(t: Triaged) -> dict[str, Any]:
-    """What generate() did with per-layer lengths: stage and layer of an error, or the mask and positions it used."""
-    call = t.steps[FULL].call
-    return {"stage": t.steps[FULL].stage, "error_layer": call.get("error_layer"), "error": t.steps[FULL].error,
-            "layer_lengths_at_call": call.get("layer_lengths"), "attention_mask_shape": call.get("attention_mask_shape"),
-            "attention_masks": call.get("attention_masks"), "generate_position": call.get("rotary_position"),
-            "past_length_reported": call.get("past_length"), "layers_run": call.get("layers_run")}
-
-
 def load_specs(rebuild: str, sink: int, window: int) -> dict[str, rebuilds.RebuildFn]:
     """The identity control plus the selected rebuild(s), by label; RebuildError (one line) if one cannot be loaded."""
     specs = {"identity": rebuilds.load("identity")}
@@ -232,14 +179,3 @@ def stop(res: Any, err: Exception) -> None:
         res.fail(claim_id, err)
     raise SystemExit(str(err))
 
-
-def full_arg_set(t: Triaged) -> ArgSet:
-    """The full-mask argument set (the working path) of one triaged rebuild."""
-    return next(a for a in t.controls.arg_sets if a.name == FULL)
-
-
-def position_numbers(t: Triaged) -> dict[str, Any]:
-    """generate()'s captured position, the explicit logical one, and the max |diff| between their steps."""
-    e = t.controls.extra
-    return {"generate_position": e["generate_position"], "logical_position": e["logical_position"],
-            "explicit_vs_generate": e["explicit_vs_generate"]}

@@ -1,0 +1,98 @@
+"""The controls' tables and the summary figure of notebook 06 (one table per control, every rebuild in it)."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from . import plots
+from .triage import ArgSet
+from .triage_controls import ARG_SETS, FULL, Step, diff, step_row
+from .triage_run import Baseline, Triaged
+
+STEP_COLUMNS = ["result", "input_ids_shape", "attention_mask_shape", "position_ids", "cache_position", "rotary_position",
+                "past_length", "vs_original", "vs_full_forward", "top1_equal_full_forward", "stage", "error"]
+
+
+def metadata_table(results: dict[str, Triaged]) -> pd.DataFrame:
+    """Control 1 for every rebuild: per layer classes, lengths, shapes, bits, max |diff|, kept positions."""
+    return pd.concat({name: t.kv for name, t in results.items()}, names=["rebuild"])
+
+
+def first_step_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
+    """Control 2: first-step logits per argument set, original and every rebuild, with the captured first call."""
+    rows = [{"cache": "original", "args": n, **step_row(n, base.original[n], None, base.reference)} for n in ARG_SETS]
+    for name, t in results.items():
+        rows += [{"cache": name, "args": n, **step_row(n, t.steps[n], base.original[n], base.reference)} for n in ARG_SETS]
+    return pd.DataFrame(rows).set_index(["cache", "args"])[STEP_COLUMNS]
+
+
+def positions_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
+    """Control 3: generate() vs a direct forward at explicit logical positions, to split position effects from loss."""
+    rows = []
+    for name, t in results.items():
+        e, c = t.controls.extra, t.controls
+        gen_ref = diff(t.steps[FULL], Step(True, base.reference))
+        rows.append({"rebuild": name, "layer_lengths": c.rebuilt_lengths, "processed_length": c.processed_length,
+                     "lengths_differ": any(n != c.processed_length for n in c.rebuilt_lengths),
+                     "logical_length_used": t.rebuilt.processed_length if t.rebuilt.processed_length is not None else c.processed_length,
+                     "generate_position": e["generate_position"], "explicit_position": e["logical_position"],
+                     "explicit_vs_generate": e["explicit_vs_generate"], "generate_vs_full_forward": gen_ref,
+                     "explicit_vs_full_forward": e["explicit_vs_full_forward"],
+                     "position_effect": e["explicit_vs_generate"] is not None and base.floor.differs(e["explicit_vs_generate"]),
+                     "information_loss": e["explicit_vs_full_forward"] is not None and base.floor.differs(e["explicit_vs_full_forward"])})
+    return pd.DataFrame(rows).set_index("rebuild")
+
+
+def instance_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
+    """Control 4: same instance vs fresh instance, without and with the model-side state restored."""
+    rows = []
+    for name, t in results.items():
+        rows.append({"rebuild": name, "instance": "same instance", **step_row("same", t.steps[FULL], None, base.reference)})
+        rows += [{"rebuild": name, "instance": k, **step_row(k, s, t.steps[FULL], base.reference)} for k, s in t.fresh.items()]
+    cols = ["result", "rotary_position", "vs_original", "vs_full_forward", "top1_equal_full_forward"]
+    return pd.DataFrame(rows).set_index(["rebuild", "instance"])[cols].rename(columns={"vs_original": "vs_same_instance"})
+
+
+def per_layer_mechanism(t: Triaged) -> dict[str, Any]:
+    """What generate() did with per-layer lengths: stage and layer of an error, or the mask and positions it used."""
+    call = t.steps[FULL].call
+    return {"stage": t.steps[FULL].stage, "error_layer": call.get("error_layer"), "error": t.steps[FULL].error,
+            "layer_lengths_at_call": call.get("layer_lengths"), "attention_mask_shape": call.get("attention_mask_shape"),
+            "attention_masks": call.get("attention_masks"), "generate_position": call.get("rotary_position"),
+            "past_length_reported": call.get("past_length"), "layers_run": call.get("layers_run")}
+
+
+def full_arg_set(t: Triaged) -> ArgSet:
+    """The full-mask argument set (the working path) of one triaged rebuild."""
+    return next(a for a in t.controls.arg_sets if a.name == FULL)
+
+
+def position_numbers(t: Triaged) -> dict[str, Any]:
+    """generate()'s captured position, the explicit logical one, and the max |diff| between their steps."""
+    e = t.controls.extra
+    return {"generate_position": e["generate_position"], "logical_position": e["logical_position"],
+            "explicit_vs_generate": e["explicit_vs_generate"]}
+
+
+def plot_branches(base: Baseline, results: dict[str, Triaged], positions: pd.DataFrame, stem: str) -> Any:
+    """Bars per rebuild: generate(full mask) vs original, explicit logical positions vs full forward; values labelled."""
+    names = list(results)
+    series = {"generate(full mask) vs original": [full_arg_set(results[n]).max_abs_diff for n in names],
+              "explicit logical positions vs full forward": [positions.loc[n, "explicit_vs_full_forward"] for n in names]}
+    threshold = base.floor.threshold
+
+    def draw(ax: Any, _metric: str, values: list) -> None:
+        shown = [0.0 if v is None else float(v) for v in values]
+        ax.bar(range(len(names)), shown, color="#4c72b0")
+        ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
+        ax.set_yscale("symlog", linthresh=max(threshold, 1e-9))
+        ax.axhline(threshold, color="#c44e52", linestyle="--", linewidth=1, label=f"noise threshold {threshold:.2g}")
+        ax.set_ylim(0, max(shown + [threshold]) * 1000)  # headroom for the labels and the legend
+        for i, (v, raw) in enumerate(zip(shown, values)):
+            ax.annotate("not run" if raw is None else f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=8,
+                        xytext=(0, 2), textcoords="offset points")
+        ax.set_ylabel("max |logit diff| (symlog)")
+        ax.legend(loc="upper left", fontsize=8)
+
+    return plots.panels(series, draw, "First-step logits per rebuild", stem, "branches")

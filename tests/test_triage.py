@@ -1,0 +1,251 @@
+"""Notebook 06: the decision tree's branch logic, the claim decisions, the rebuild loader, and the notebook end to end."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import compat, rebuilds, triage
+from helpers.compare import NoiseFloor
+from helpers.pipeline import runner
+from helpers.pipeline.paths import repo_root
+from helpers.results import Results
+
+ROOT = repo_root()
+EXAMPLE = "examples/my_rebuild.py"
+FLOOR = NoiseFloor(measured=5e-7, resolution=4e-7, margin=4.0, dtype="float32", scale=1.0, what="hand-made")
+FAILS = ("neither", "position_only")
+
+
+def arg_sets(diff: float | None = 0.0, rebuilt_fails: bool = False, error: str = "RuntimeError") -> list[triage.ArgSet]:
+    """The seed's four argument sets: neither/position_only fail for both, the two with the full mask run."""
+    out = [triage.ArgSet(n, False, False, error, error) for n in FAILS]
+    for n in ("mask_only", "both"):
+        if rebuilt_fails:
+            out.append(triage.ArgSet(n, True, False, "", "RuntimeError"))
+        else:
+            out.append(triage.ArgSet(n, True, True, max_abs_diff=diff))
+    return out
+
+
+def controls(**kw) -> triage.Controls:
+    """An identity-like outcome; keyword arguments change one control."""
+    base = dict(rebuild="x", floor=FLOOR, arg_sets=arg_sets(), processed_length=82, original_lengths=[82] * 4,
+                rebuilt_lengths=[82] * 4, classes_equal=True, kv_bitwise_equal=True, kv_max_abs_diff=0.0,
+                identity_identical=True, identity_worst=0.0)
+    base.update(kw)
+    return triage.Controls(**base)
+
+
+LEAF_CASES = {
+    "resume_contract": controls(),
+    "model_side_state (fresh instance)": controls(resume_on="fresh_instance", fresh_bare_diff=0.45, fresh_restored_diff=0.0),
+    "model_side_state (state changed by the rebuild)": controls(arg_sets=arg_sets(0.45), state_changed=True, restored_diff=0.0),
+    "compression_positions": controls(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None),
+    "reconstruction_copy": controls(arg_sets=arg_sets(1.6e-3), kv_bitwise_equal=False, kv_max_abs_diff=0.013),
+    "cache_metadata": controls(arg_sets=arg_sets(0.3), classes_equal=False),
+    "unexplained": controls(arg_sets=arg_sets(0.3)),
+}
+
+
+@pytest.mark.parametrize("case", list(LEAF_CASES))
+def test_every_leaf_is_reached(case):
+    verdict = triage.choose_branch(LEAF_CASES[case])
+    assert verdict["branch"] == case.split(" ")[0]
+    assert verdict["path"][0]["node"] == "identical"
+    assert all({"node", "question", "answer", "numbers"} <= set(d) for d in verdict["path"])
+    assert set(triage.LEAVES) >= {verdict["branch"]}
+
+
+def test_leaf_cases_cover_every_leaf():
+    assert {case.split(" ")[0] for case in LEAF_CASES} == set(triage.LEAVES)
+
+
+def test_the_floor_decides_not_a_fixed_number():
+    tiny = controls(arg_sets=arg_sets(3e-6))  # threshold 4 x 5e-7 = 2e-6: 3e-6 differs
+    assert triage.choose_branch(tiny)["branch"] == "unexplained"
+    loose = replace(tiny, floor=replace(FLOOR, measured=1e-6))  # threshold 4e-6: the same 3e-6 is noise
+    assert triage.choose_branch(loose)["branch"] == "resume_contract"
+
+
+def test_a_failure_only_for_the_rebuilt_cache_is_not_the_contract():
+    assert triage.choose_branch(controls(arg_sets=arg_sets(rebuilt_fails=True)))["branch"] == "unexplained"
+    different_error = [triage.ArgSet("neither", False, False, "RuntimeError", "ValueError")] + arg_sets()[1:]
+    assert triage.choose_branch(controls(arg_sets=different_error))["branch"] != "resume_contract"
+
+
+def test_lengths_changed_without_a_matching_identity_control_is_not_compression_positions():
+    c = controls(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, identity_identical=False)
+    assert triage.choose_branch(c)["branch"] == "reconstruction_copy"
+
+
+def test_render_marks_the_taken_path():
+    text = triage.render("streaming", triage.choose_branch(LEAF_CASES["compression_positions"]))
+    assert text.splitlines()[0].startswith("rebuild 'streaming'  ->  compression_positions")
+    assert "[x] the identity rebuild matches and this rebuild changes cache lengths  -> compression_positions" in text
+    assert "[ ] original and rebuilt behave identically" in text
+    assert "rebuilt_lengths=[20, 20, 20, 20]" in text
+
+
+# --- claim decisions: the measurement and a contradicting one ------------------------------------
+
+def _verdict_of(holds: bool, tmp_path: Path) -> str:
+    res = Results("t", {"c": "claim"}, {}, path=tmp_path / "r.json")
+    return res.decide("c", holds, {})
+
+
+def test_branch_claims_and_their_contradiction(tmp_path):
+    for case, expected in (("resume_contract", "resume_contract"), ("reconstruction_copy", "reconstruction_copy")):
+        verdict = triage.choose_branch(LEAF_CASES[case])
+        holds, evidence, deciding = triage.decide_branch(verdict, expected)
+        assert _verdict_of(holds, tmp_path) == "reproduced" and deciding["branch"] == expected
+        other = triage.choose_branch(LEAF_CASES["unexplained"])
+        assert _verdict_of(triage.decide_branch(other, expected)[0], tmp_path) == "not_reproduced"
+
+
+def test_retained_length_claim_and_its_contradictions(tmp_path):
+    c = LEAF_CASES["compression_positions"]  # 82 processed, 20 retained
+    holds, evidence, deciding = triage.decide_retained_length(c, generate_position=-22, logical_position=40, explicit_vs_generate=0.36)
+    assert _verdict_of(holds, tmp_path) == "reproduced" and evidence["position_shift"] == -62
+    at_logical = triage.decide_retained_length(c, generate_position=40, logical_position=40, explicit_vs_generate=0.36)[0]
+    same_step = triage.decide_retained_length(c, generate_position=-22, logical_position=40, explicit_vs_generate=1e-7)[0]
+    not_evicted = triage.decide_retained_length(controls(), generate_position=40, logical_position=40, explicit_vs_generate=0.0)[0]
+    assert [_verdict_of(h, tmp_path) for h in (at_logical, same_step, not_evicted)] == ["not_reproduced"] * 3
+
+
+def test_per_layer_claim_outcomes_and_contradictions(tmp_path):
+    c = controls(arg_sets=arg_sets(0.91), rebuilt_lengths=[20, 16, 12, 8], kv_bitwise_equal=False)
+    full = c.arg_sets[2]
+    holds, why, evidence, deciding = triage.decide_per_layer(c, full, {"attention_masks": [None] * 4})
+    assert holds and deciding["outcome"] == "silent_difference" and "silent difference" in why
+    err = controls(arg_sets=arg_sets(rebuilt_fails=True), rebuilt_lengths=[20, 16, 12, 8])
+    holds, why, evidence, _ = triage.decide_per_layer(err, err.arg_sets[2], {"stage": "integrations/sdpa_attention.py:sdpa_attention_forward", "error_layer": 1})
+    assert holds and evidence["stage"].startswith("integrations/") and "layer 1" in why
+    no_effect = controls(arg_sets=arg_sets(1e-7), rebuilt_lengths=[20, 16, 12, 8])
+    uniform = controls(arg_sets=arg_sets(0.91), rebuilt_lengths=[20] * 4)
+    for contradicting in (no_effect, uniform):
+        assert _verdict_of(triage.decide_per_layer(contradicting, contradicting.arg_sets[2], {})[0], tmp_path) == "not_reproduced"
+
+
+# --- loading rebuilds ----------------------------------------------------------------------------
+
+def test_builtins_and_specs_load():
+    for name in rebuilds.BUILTINS:
+        assert callable(rebuilds.load(name))
+    assert rebuilds.load("helpers.rebuilds:int8") is rebuilds.int8
+    fn = rebuilds.load(f"{EXAMPLE}:rebuild")
+    assert fn.__name__ == "rebuild" and rebuilds.label(f"{EXAMPLE}:rebuild") == "rebuild"
+    assert rebuilds.selection("all") == list(rebuilds.BUILTINS) and rebuilds.selection("int8") == ["int8"]
+
+
+def test_a_rebuild_from_a_file_path(tmp_path, bundle, prompt, prefix_cache):
+    path = tmp_path / "mine.py"
+    path.write_text("def rebuild(cache, model, prompt):\n    return cache\n")
+    fn = rebuilds.load(f"{path}:rebuild")
+    out = rebuilds.apply(fn, "mine", prefix_cache, bundle.model, prompt)
+    assert out.cache is not prefix_cache and out.cache.get_seq_length() == prefix_cache.get_seq_length()
+
+
+@pytest.mark.parametrize("spec, says", [
+    ("nosuch", "no built-in of that name"),
+    ("no/such/file.py:fn", "does not exist"),
+    ("nosuch_package.module:fn", "cannot import 'nosuch_package.module': ModuleNotFoundError"),
+    (f"{EXAMPLE}:missing", "has no attribute 'missing'"),
+    ("helpers.rebuilds:BUILTINS", "not callable"),
+])
+def test_a_rebuild_that_cannot_be_loaded_is_one_line(spec, says):
+    with pytest.raises(rebuilds.RebuildError) as info:
+        rebuilds.load(spec)
+    assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_rebuild_with_the_wrong_signature_or_a_syntax_error(tmp_path):
+    (tmp_path / "two.py").write_text("def fn(cache, model):\n    return cache\n")
+    (tmp_path / "broken.py").write_text("def fn(cache, model, prompt)\n    return cache\n")
+    with pytest.raises(rebuilds.RebuildError, match="must take"):
+        rebuilds.load(f"{tmp_path / 'two.py'}:fn")
+    with pytest.raises(rebuilds.RebuildError, match="SyntaxError"):
+        rebuilds.load(f"{tmp_path / 'broken.py'}:fn")
+
+
+def test_a_rebuild_that_raises_is_one_line(tmp_path, bundle, prompt, prefix_cache):
+    path = tmp_path / "bad.py"
+    path.write_text("def boom(cache, model, prompt):\n    raise ValueError('needs attention scores\\nsecond line')\n")
+    with pytest.raises(rebuilds.RebuildError) as info:
+        rebuilds.apply(rebuilds.load(f"{path}:boom"), "boom", prefix_cache, bundle.model, prompt)
+    assert str(info.value) == "rebuild 'boom' raised ValueError: needs attention scores"
+    with pytest.raises(rebuilds.RebuildError, match="returned int"):
+        rebuilds.apply(lambda c, m, p: 3, "three", prefix_cache, bundle.model, prompt)
+
+
+# --- the built-ins on the tiny model -------------------------------------------------------------
+
+def test_builtin_rebuilds_use_update_and_keep_what_they_say(bundle, prompt, prefix_cache):
+    n = int(prefix_cache.get_seq_length())
+    ident = rebuilds.apply(rebuilds.load("identity"), "identity", prefix_cache, bundle.model, prompt)
+    assert all(torch.equal(a.keys, b.keys) for a, b in zip(ident.cache.layers, prefix_cache.layers))
+    stream = rebuilds.apply(rebuilds.load("streaming", 4, 16), "streaming", prefix_cache, bundle.model, prompt)
+    assert [l.get_seq_length() for l in stream.cache.layers] == [20] * 4 and stream.processed_length == n
+    assert stream.kept[0] == list(range(4)) + list(range(n - 16, n))
+    assert torch.equal(stream.cache.layers[2].keys[..., 4:, :], prefix_cache.layers[2].keys[..., -16:, :])
+    per = rebuilds.apply(rebuilds.load("per_layer", 4, 16), "per_layer", prefix_cache, bundle.model, prompt)
+    assert [l.get_seq_length() for l in per.cache.layers] == [4 + w for w in rebuilds.layer_windows(4, 16)] == [20, 16, 12, 8]
+    q = rebuilds.apply(rebuilds.load("int8"), "int8", prefix_cache, bundle.model, prompt)
+    k, kq = prefix_cache.layers[0].keys, q.cache.layers[0].keys
+    bound = k.abs().amax(-1, keepdim=True) / 254 + 1e-7  # half a quantization step per token
+    assert not torch.equal(k, kq) and bool(((k - kq).abs() <= bound).all())
+
+
+def test_a_resume_state_dict_carries_the_logical_length(bundle, prompt, prefix_cache):
+    out = rebuilds.apply(rebuilds.load(f"{EXAMPLE}:keep_recent"), "keep_recent", prefix_cache, bundle.model, prompt)
+    assert out.processed_length == prefix_cache.get_seq_length() and out.cache.get_seq_length() == 32
+
+
+def test_controls_on_the_tiny_model_name_the_branches(bundle, prompt):
+    from helpers import triage_run, triage_tables
+
+    base = triage_run.prepare(bundle, prompt)
+    specs = triage_run.load_specs("int8", 4, 16) | {"probe": rebuilds.load(f"{EXAMPLE}:probe_then_copy")}
+    results = triage_run.triage_all(base, triage_run.apply_all(base, specs))
+    assert {n: t.verdict["branch"] for n, t in results.items()} == {
+        "identity": "resume_contract", "int8": "reconstruction_copy", "probe": "model_side_state"}
+    assert torch.equal(compat.get_rope_state(bundle.model), base.saved_state)  # the probe's state change was undone
+    steps = triage_tables.first_step_table(base, results)
+    assert steps.loc[("original", "neither"), "input_ids_shape"] == [1, 0]  # the suffix was dropped (notebook 02)
+    assert steps.loc[("original", "mask_only"), "attention_mask_shape"] == [1, prompt.length]
+
+
+# --- end to end ----------------------------------------------------------------------------------
+
+def _run(tmp_path: Path, monkeypatch, **params) -> tuple[runner.RunResult, dict]:
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    result = runner.run_one(ROOT / "notebooks" / "06_rebuild_triage.ipynb", params)
+    return result, json.loads((tmp_path / "results" / "06_rebuild_triage.json").read_text())
+
+
+@pytest.mark.e2e
+def test_notebook_06_decides_the_four_claims(tmp_path, monkeypatch):
+    result, data = _run(tmp_path, monkeypatch)
+    assert result.ok, result.error
+    assert {c["id"]: c["verdict"] for c in data["claims"]} == {
+        "triage.identity_lands_in_resume_contract": "reproduced", "triage.streaming_generate_uses_retained_length": "reproduced",
+        "triage.int8_lands_in_reconstruction_branch": "reproduced", "triage.per_layer_lengths_outcome": "reproduced"}
+    assert {n: v["branch"] for n, v in data["measurements"]["triage"].items()} == {
+        "identity": "resume_contract", "streaming": "compression_positions", "int8": "reconstruction_copy",
+        "per_layer": "compression_positions"}
+    assert "[x]" in data["measurements"]["triage_tree"]["streaming"]
+    assert (tmp_path / "figures" / "06_rebuild_triage-branches.png").exists()
+    assert str(ROOT) not in (tmp_path / "results" / "06_rebuild_triage.json").read_text()
+
+
+@pytest.mark.e2e
+def test_notebook_06_names_the_branch_of_a_users_rebuild(tmp_path, monkeypatch):
+    result, data = _run(tmp_path, monkeypatch, rebuild=f"{EXAMPLE}:probe_then_copy")
+    assert result.ok, result.error
+    assert data["measurements"]["triage"]["probe_then_copy"]["branch"] == "model_side_state"
+    verdicts = {c["id"]: c["verdict"] for c in data["claims"]}
+    assert verdicts.pop("triage.identity_lands_in_resume_contract") == "reproduced"
+    assert set(verdicts.values()) == {"skipped"}
