@@ -195,3 +195,13 @@ def test_release_record_carries_no_machine_path(tmp_path, monkeypatch):
     rm.run_release("9.9.9", tmp_path, log=lambda *a, **k: None)
     text = (tmp_path / "matrix" / "9.9.9" / "release.json").read_text()
     assert str(rm.repo_root()) not in text and "{kit}/.venv-tf/9.9.9/bin/python" in text
+
+
+def test_matrix_names_its_run_and_says_loudly_when_it_did_not_finish(tmp_path):
+    _release(tmp_path, "1.0", claims={"c": "reproduced"})
+    (tmp_path / "matrix" / "run.json").write_text(json.dumps({
+        "run_id": "20261202T210000Z-m001", "command": "matrix", "started": "2026-12-02T21:00:00Z", "finished": None,
+        "status": "interrupted", "kit_commit": "abcdef1234567", "kit_dirty": False}))
+    head = rm.build_matrix(tmp_path, ["1.0"]).split("## What changed")[0]
+    assert "**Matrix run `20261202T210000Z-m001`** · ⚠️ **INTERRUPTED**" in head
+    assert "`abcdef123456` (clean)" in head and "This matrix run is interrupted" in head

@@ -288,6 +288,7 @@ def test_html_is_self_contained_with_the_environment_at_the_top(real_run):
     assert body < env_at < html.index("jp-CodeCell", body)  # before the first code cell
     assert data["environment"]["transformers"] in html[env_at: env_at + 4000]
     assert 'id="cell-id=kvkit-environment"' in html or "cell-id" not in html
+    assert "Last run on" not in html  # no typed environment that could contradict the measured one
 
 
 @pytest.mark.e2e

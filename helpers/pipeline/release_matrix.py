@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from .paths import output_dir, repo_root
-from .report import VERDICT_MARK, cell, fmt_value, run_id_of, scrub, truncate
+from .report import RUN_STATUS, VERDICT_MARK, _commit, cell, fmt_value, load_run, scrub, truncate
 
 DEFAULT_RELEASES = ("5.14.1", "5.17.0", "5.19.0", "5.20.0", "5.24.0")
 STAMP = ".kvkit-ready"
@@ -587,6 +587,21 @@ def change_section(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], rel
     return lines + [""]
 
 
+def _matrix_run(out_base: Path) -> list[str]:
+    """The matrix's run record (outputs/matrix/run.json, written by the runner) in one line; loud unless complete."""
+    run = load_run(out_base / "matrix")
+    if not run:
+        return []
+    status = run.get("status") or "unknown"
+    line = (f"**Matrix run `{cell(run.get('run_id'))}`** · {RUN_STATUS.get(status, cell(status))} · started "
+            f"{cell(run.get('started') or '?')}, finished {cell(run.get('finished') or '— (not finished)')} · "
+            f"kit commit {_commit(run)}")
+    out = [line, ""]
+    if status != "complete":
+        out += [f"> ⚠️ **This matrix run is {status}**: releases or notebooks missing below were not run to the end.", ""]
+    return out
+
+
 def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 80) -> str:
     pinned = pinned_release()
     loaded = {rel: _load_release(out_base, rel) for rel in releases}
@@ -601,6 +616,7 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
     lines = ["# transformers release matrix", "",
              "Every notebook's claims on each transformers release (same torch, same machine). The first section "
              "says what changed; the tables after it hold every verdict and every differing value.", ""]
+    lines += _matrix_run(out_base)
     lines += change_section(loaded, releases)
 
     lines += ["## Releases", "", "| release | status | transformers / tokenizers / huggingface-hub | environment | run |",
