@@ -11,9 +11,10 @@ endif
 NB ?=
 ARGS ?=
 JOBS ?=
-RELEASES ?= 5.14.1 5.17.0 5.24.0
+RELEASES ?= 5.14.1 5.17.0 5.19.0 5.20.0 5.24.0
+RELEASES_GPU ?=
 
-.PHONY: env run-all run test report matrix clean
+.PHONY: env run-all run test report matrix gpu-check clean
 
 env: $(ENV_STAMP)
 
@@ -27,10 +28,13 @@ endif
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
 
-# run-all: every notebook (NB="01 02" restricts it), in parallel, then outputs/SUMMARY.md and outputs/html/.
+# run-all: every notebook (NB="01 02" restricts it), in parallel, as one recorded run (outputs/run.json);
+# outputs of earlier runs are removed first. Ctrl-C stops it within seconds and the summary says so.
 run-all: env
 	$(PY) -m helpers.pipeline.runner run-all $(if $(JOBS),--jobs $(JOBS)) $(if $(NB),--notebooks $(NB)) $(ARGS)
 
+# run: one notebook as its own recorded run; its earlier outputs are replaced, SUMMARY.md is refreshed
+# (other notebooks' results appear there as from an earlier run).
 run: env
 	@test -n "$(NB)" || (echo "usage: make run NB=02 [ARGS='-p model_id ...']" && exit 2)
 	$(PY) -m helpers.pipeline.runner run $(NB) $(ARGS)
@@ -45,8 +49,12 @@ report: env
 matrix: env
 	$(PY) -m helpers.pipeline.runner matrix --releases $(RELEASES) $(if $(NB),--notebooks $(NB)) $(if $(JOBS),--jobs $(JOBS))
 
+# gpu-check: the CUDA-only claims on a machine with a GPU (RELEASES_GPU="5.17.0 5.24.0" to choose releases).
+gpu-check: env
+	$(PY) -m helpers.pipeline.gpu_check $(if $(RELEASES_GPU),--releases $(RELEASES_GPU))
+
 test: env
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 clean:
-	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/SUMMARY.md outputs/timings.json
+	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/SUMMARY.md outputs/timings.json outputs/run.json

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from .pipeline.paths import output_dir
+from .pipeline.record import run_stamp
 
 VERDICTS = ("reproduced", "not_reproduced", "skipped", "error")
 
@@ -92,6 +93,7 @@ class Results:
         self.claims = {cid: Claim(cid, text, kind="environment_check" if cid in environment_checks else "finding")
                        for cid, text in claims.items()}
         self.extra: dict[str, Any] = {}
+        self.run = run_stamp()  # the runner's run id (nulls when run by hand): see helpers/pipeline/record.py
         self.path = path or output_dir("results") / f"{notebook}.json"
         self.write()
 
@@ -151,6 +153,7 @@ class Results:
     def as_dict(self) -> dict[str, Any]:
         return {
             "notebook": self.notebook,
+            "run": self.run,
             "environment": self.env,
             "claims": [asdict(c) for c in self.claims.values()],
             "measurements": self.extra,
@@ -158,7 +161,9 @@ class Results:
 
     def write(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(self.as_dict(), indent=2, sort_keys=False) + "\n")
+        tmp = self.path.with_name(self.path.name + ".tmp")  # replaced whole: a stop never leaves half a file
+        tmp.write_text(json.dumps(self.as_dict(), indent=2, sort_keys=False) + "\n")
+        tmp.replace(self.path)
         return self.path
 
     def table(self) -> Any:

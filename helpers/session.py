@@ -1,6 +1,9 @@
 """Notebook start-up: declare the claims, write the results file, load the model, show the environment."""
 from __future__ import annotations
 
+import json
+import os
+import time
 from typing import Any
 
 from .models import ModelBundle, load
@@ -14,9 +17,11 @@ def start(notebook: str, claims: dict[str, str], model_id: str, revision: str | 
 
     `environment_checks`: claim ids that state facts about the machine, not findings of a source.
     """
+    entered = time.time()
     res = Results(notebook, claims, environment(model_id=model_id, model_revision=revision, dtype=dtype,
                                                 attn_implementation=attn_implementation, device=device, seed=seed),
                   environment_checks=environment_checks)
+    built = time.time()
     try:
         bundle = load(model_id, revision, dtype, attn_implementation, device, seed, trust_remote_code)
     except Exception as exc:
@@ -25,7 +30,19 @@ def start(notebook: str, claims: dict[str, str], model_id: str, revision: str | 
         raise
     res.env = environment(bundle)
     res.write()
+    _report_timing(entered=entered, results_s=built - entered, model_build_s=time.time() - built)
     return res, bundle
+
+
+def _report_timing(**values: float) -> None:
+    """Tell the runner (KVKIT_TIMINGS_FILE, set only by it) when start-up began and what the model cost."""
+    path = os.environ.get("KVKIT_TIMINGS_FILE")
+    if path:
+        try:
+            with open(path, "w") as fh:
+                json.dump({k: round(v, 3) for k, v in values.items()}, fh)
+        except OSError:
+            pass  # timings are a benchmark aid, never a reason to fail a notebook
 
 
 def show_environment(res: Results) -> Any:

@@ -1,23 +1,32 @@
-"""Headless notebook runs with papermill: `run-all` (parallel, timed, never stops at a failure),
-`run`, `report` (outputs/SUMMARY.md), `html` (outputs/html/) and `matrix` (every notebook on
-several transformers releases: outputs/matrix/<release>/ and outputs/matrix.md).
+"""Headless notebook runs: `run-all` (parallel, timed, never stops at a failure), `run` (one notebook),
+`report` (outputs/SUMMARY.md), `html` (outputs/html/) and `matrix` (every notebook on several
+transformers releases: outputs/matrix/<release>/ and outputs/matrix.md).
 
-Used by the Makefile and the end-to-end tests. Executed notebooks go to outputs/notebooks/; a
-failing notebook's partially executed copy is still written there. `run-all` ends by writing
-SUMMARY.md and the HTML renderings. `--notebooks 01 02` (or NOTEBOOKS="01 02") restricts it.
+Every run-all / run / matrix is one recorded run (outputs/run.json, see record.py). A run-all first
+removes the outputs of earlier runs; a run removes its notebook's. Parameters (`-p NAME VALUE`) are
+checked against each notebook's `parameters` cell before any kernel starts (params.py). Each notebook
+runs in a child process of its own (`_exec`, its own process group), so Ctrl-C or SIGTERM stops the
+run within seconds: no further notebook starts, kernels are shut down, unfinished notebooks are
+recorded as interrupted, and the summary says so. `--notebooks 01 02` (or NOTEBOOKS="01 02")
+restricts a run-all.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
+import subprocess
 import sys
+import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from . import params as params_mod
+from . import record as rec
 from .paths import output_dir, repo_root
 
 
@@ -28,6 +37,8 @@ class RunResult:
     seconds: float
     output: str
     error: str = ""
+    status: str = ""  # ok | failed | interrupted | not_started
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def notebooks(root: Path | None = None) -> list[Path]:
@@ -63,51 +74,366 @@ def parse_parameters(pairs: list[list[str]] | None) -> dict[str, Any]:
     return params
 
 
-def run_one(path: Path, parameters: dict[str, Any] | None = None, quiet: bool = True) -> RunResult:
-    """Execute one notebook with papermill into outputs/notebooks/; failures are returned, not raised."""
+# --------------------------------------------------------------------------- one notebook
+
+def failure_line(exc: BaseException) -> str:
+    """'Type: first line of the message' of the exception raised in the notebook (papermill's ename/evalue)."""
+    name = getattr(exc, "ename", None) or type(exc).__name__
+    text = str(getattr(exc, "evalue", None) if getattr(exc, "ename", None) else exc)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return f"{name}: {first}"[:300] if first else name
+
+
+def _stamp(value: str | None) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp() if value else None
+    except ValueError:
+        return None
+
+
+def phases(executed: Path, began: float, session: dict[str, float] | None) -> dict[str, float]:
+    """Where one notebook's time went, from papermill's cell timings and session.start's report:
+    kernel_start_s (until the first cell), imports_s (setup cell until session.start), model_build_s,
+    experiments_s (every other cell)."""
+    try:
+        cells = [c for c in json.loads(executed.read_text())["cells"] if c.get("cell_type") == "code"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    times = [((c.get("metadata") or {}).get("papermill") or {}) for c in cells]
+    starts = [_stamp(t.get("start_time")) for t in times]
+    durations = [float(t.get("duration") or 0.0) for t in times]
+    first = next((s for s in starts if s), None)
+    out = {"kernel_start_s": round(first - began, 2)} if first else {}
+    setup = next((i for i, c in enumerate(cells) if "session.start(" in "".join(c.get("source") or "")), None)
+    if setup is None or not session or not starts[setup]:
+        out["cells_s"] = round(sum(durations), 2)
+        return out
+    imports = max(0.0, session["entered"] - starts[setup])
+    model = session.get("model_build_s", 0.0) + session.get("results_s", 0.0)
+    out.update(imports_s=round(imports, 2), model_build_s=round(model, 2),
+               experiments_s=round(sum(durations) - imports - model, 2))
+    return out
+
+
+def _execute(path: Path, parameters: dict[str, Any], out: Path) -> str:
+    """papermill into `out`, quietly; '' or the one-line failure."""
     import papermill as pm
 
-    out = output_dir("notebooks") / path.name
-    if quiet:
-        print(f"  started {path.stem}", flush=True)
-    start = time.perf_counter()
-    error = ""
     try:
         pm.execute_notebook(str(path), str(out), parameters=parameters or {}, cwd=str(repo_root()),
-                            kernel_name="python3", progress_bar=False, log_output=not quiet,
+                            kernel_name="python3", progress_bar=False, log_output=False,
                             request_save_on_cell_execute=True)
     except Exception as exc:  # noqa: BLE001 - a failed notebook is reported and the others still run
-        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:400]
-    return RunResult(path.stem, not error, round(time.perf_counter() - start, 2), str(out), error)
+        return failure_line(exc)
+    return ""
 
 
-def run_all(parameters: dict[str, Any] | None = None, jobs: int | None = None,
-            paths: list[Path] | None = None) -> list[RunResult]:
-    """Run every notebook (or `paths`), `jobs` at a time, printing progress; writes outputs/timings.json."""
-    paths = list(paths or notebooks())
-    jobs = jobs or max(1, min(len(paths), os.cpu_count() or 1))
-    results: list[RunResult] = []
-    started = time.perf_counter()
-    print(f"running {len(paths)} notebooks, {jobs} at a time", flush=True)
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_one, nb, parameters): nb for nb in paths}
-        for done, future in enumerate(as_completed(futures), 1):
+def run_one(path: Path, parameters: dict[str, Any] | None = None, quiet: bool = True) -> RunResult:
+    """Execute one notebook in this process into outputs/notebooks/ (no run record); failures are returned."""
+    out = output_dir("notebooks") / path.name
+    start = time.perf_counter()
+    error = _execute(path, parameters or {}, out)
+    return RunResult(path.stem, not error, round(time.perf_counter() - start, 2), str(out), error,
+                     "failed" if error else "ok")
+
+
+# --------------------------------------------------------------------------- processes
+
+def _children() -> dict[int, list[int]]:
+    """{ppid: [pid, ...]} from /proc (empty where there is no /proc)."""
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*") if Path("/proc").is_dir() else []:
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (kernels run in sessions of their own, so killpg alone misses them)."""
+    tree, out, todo = _children(), [], [pid]
+    while todo:
+        for child in tree.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _kill(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        stat = Path(f"/proc/{pid}/stat")
+        return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    except (ProcessLookupError, PermissionError, OSError):
+        return False
+
+
+def stop_processes(pids: list[int], grace: float = 2.0) -> None:
+    """SIGTERM (to their groups), then SIGKILL what is still alive after `grace` seconds."""
+    _kill(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    _kill([p for p in pids if _alive(p)], signal.SIGKILL)
+
+
+def _connection_files(pid: int) -> list[str]:
+    """The `-f <connection file>` a kernel was started with."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+    return [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-f" and args[i + 1].endswith(".json")]
+
+
+def _exec_main(argv: list[str]) -> int:
+    """Child entry (`runner _exec NB --out-json F --params JSON`): run one notebook, render its HTML,
+    write {status, error, phases} to F. SIGTERM/SIGINT shut its kernel down and exit at once."""
+    parser = argparse.ArgumentParser(prog="kvkit _exec")
+    parser.add_argument("notebook")
+    parser.add_argument("--out-json", required=True)
+    parser.add_argument("--params", default="{}")
+    parser.add_argument("--began", type=float, default=None)
+    parser.add_argument("--no-html", action="store_true")
+    args = parser.parse_args(argv)
+
+    def stop(signum: int, _frame: Any) -> None:
+        kids = descendants(os.getpid())
+        files = [f for pid in kids for f in _connection_files(pid)]
+        stop_processes(kids, grace=1.0)
+        for conn in files:  # a kernel killed hard leaves its connection file behind
+            Path(conn).unlink(missing_ok=True)
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    began = args.began or time.time()
+    path = Path(args.notebook)
+    timing_file = Path(args.out_json).with_suffix(".session.json")
+    os.environ["KVKIT_TIMINGS_FILE"] = str(timing_file)
+    executed = output_dir("notebooks") / path.name
+    error = _execute(path, json.loads(args.params), executed)
+    try:
+        session = json.loads(timing_file.read_text())
+    except (OSError, ValueError):
+        session = None
+    result = {"status": "failed" if error else "ok", "error": error, "phases": phases(executed, began, session)}
+    if not args.no_html and executed.exists():
+        start = time.perf_counter()
+        try:
+            from . import report
+
+            _, errors = report.write_html(stems=[path.stem])
+            result["html_errors"] = errors
+        except Exception as exc:  # noqa: BLE001 - the summary still lists the notebook
+            result["html_errors"] = [failure_line(exc)]
+        result["phases"]["html_s"] = round(time.perf_counter() - start, 2)
+    Path(args.out_json).write_text(json.dumps(result))
+    return 0
+
+
+# --------------------------------------------------------------------------- a recorded run
+
+@dataclass
+class _Job:
+    path: Path
+    proc: subprocess.Popen
+    began: float
+    result_file: Path
+    log_file: Path
+
+
+class _Stop:
+    """SIGINT/SIGTERM handlers that only note the signal (the run loop acts on it)."""
+
+    def __init__(self, forward: bool = False) -> None:
+        self.signum: int | None = None
+        self.forward = forward  # pass the signal on to this process's children (the matrix's run-alls)
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_Stop":
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._note)
+        except ValueError:  # not the main thread: no handlers, no interrupts
+            pass
+        return self
+
+    def _note(self, signum: int, _frame: Any) -> None:
+        if self.signum is None:
+            print(f"\n{signal.Signals(signum).name}: stopping; no further notebook starts", file=sys.stderr, flush=True)
+        self.signum = self.signum or signum
+        if self.forward:
+            for pid in _children().get(os.getpid(), []):
+                try:
+                    os.kill(pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _label() -> str:
+    if os.environ.get("KVKIT_MATRIX_RUN_ID"):
+        return f"transformers {rec._version('transformers')}"
+    return "notebooks"
+
+
+class Run:
+    """One recorded run of `paths` with per-notebook parameters, `jobs` notebooks at a time."""
+
+    def __init__(self, command: str, paths: list[Path], per_notebook: dict[str, dict[str, Any]],
+                 parameters: dict[str, Any], jobs: int | None = None) -> None:
+        self.command, self.paths, self.per_notebook = command, paths, per_notebook
+        self.jobs = jobs or max(1, min(len(paths), os.cpu_count() or 1))
+        self.out = output_dir()
+        if command == "run-all":
+            rec.clean_run_all(self.out)
+        else:
+            for nb in paths:
+                rec.clean_notebook(self.out, nb.stem)
+        self.record = rec.RunRecord(self.out, command, parameters, {nb.stem: per_notebook.get(nb.stem, {}) for nb in paths})
+        self.record.write()
+        self.results: dict[str, RunResult] = {}
+        self.tmp = Path(tempfile.mkdtemp(prefix="kvkit-run-"))
+
+    def _start(self, path: Path) -> _Job:
+        result_file, log_file = self.tmp / f"{path.stem}.json", self.tmp / f"{path.stem}.log"
+        env = {**os.environ, **self.record.env_vars(), "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore"),
+               "KVKIT_OUTPUT_DIR": str(self.out)}
+        began = time.time()
+        cmd = [sys.executable, "-m", "helpers.pipeline.runner", "_exec", str(path), "--out-json", str(result_file),
+               "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began)]
+        with open(log_file, "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=str(repo_root()), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        return _Job(path, proc, time.perf_counter(), result_file, log_file)
+
+    def _finish(self, job: _Job) -> RunResult:
+        seconds = round(time.perf_counter() - job.began, 2)
+        try:
+            data = json.loads(job.result_file.read_text())
+        except (OSError, ValueError):
+            tail = [ln for ln in job.log_file.read_text(errors="replace").splitlines() if ln.strip()][-1:] \
+                if job.log_file.exists() else []
+            data = {"status": "failed", "error": f"the notebook's worker exited with code {job.proc.returncode}"
+                    + (f": {tail[0].strip()[:200]}" if tail else ""), "phases": {}}
+        res = RunResult(job.path.stem, data["status"] == "ok", seconds, str(self.out / "notebooks" / job.path.name),
+                        data.get("error") or "", data["status"], data.get("phases") or {})
+        self.record.notebook(res.notebook, res.status, seconds, res.error)
+        return res
+
+    def _interrupt(self, running: list[_Job]) -> None:
+        """Stop the running notebooks and their kernels; mark them interrupted."""
+        kids = {job.path.stem: [job.proc.pid, *descendants(job.proc.pid)] for job in running}
+        stop_processes([job.proc.pid for job in running], grace=2.5)
+        stop_processes([p for pids in kids.values() for p in pids[1:] if _alive(p)], grace=0.5)
+        for job in running:
+            job.proc.wait()
+            stem = job.path.stem
+            marked = rec.mark_interrupted(self.out / "results" / f"{stem}.json", self.record.run_id)
+            why = "interrupted" if marked else "interrupted before its results file was written"
+            self.results[stem] = RunResult(stem, False, round(time.perf_counter() - job.began, 2),
+                                           str(self.out / "notebooks" / job.path.name), why, "interrupted")
+            self.record.notebook(stem, "interrupted", self.results[stem].seconds, why)
+
+    def execute(self, report: bool = True) -> int | None:
+        """Run the notebooks; returns the signal number that stopped the run, else None."""
+        from tqdm import tqdm
+
+        started = time.perf_counter()
+        pending, running = list(self.paths), []
+        with _Stop() as stop, tqdm(total=len(pending), desc=_label(), unit="nb", disable=None, file=sys.stderr,
+                                   leave=False) as bar:
+            tqdm.write(f"{self.command} {self.record.run_id}: {len(pending)} notebook(s), {self.jobs} at a time",
+                       file=sys.stdout)
+            while (pending or running) and stop.signum is None:
+                while pending and len(running) < self.jobs:
+                    running.append(self._start(pending.pop(0)))
+                for job in [j for j in running if j.proc.poll() is not None]:
+                    running.remove(job)
+                    res = self.results[job.path.stem] = self._finish(job)
+                    status = "ok" if res.ok else f"FAILED ({res.error})"
+                    tqdm.write(f"  {res.notebook}: {status} in {res.seconds:.1f}s", file=sys.stdout)
+                    bar.update(1)
+                time.sleep(0.05)
+            if stop.signum is not None:
+                self._interrupt(running)
+            notebooks_s = time.perf_counter() - started
+            for nb in pending:
+                self.results[nb.stem] = RunResult(nb.stem, False, 0.0, "", "not started: the run was interrupted",
+                                                  "not_started")
+                self.record.notebook(nb.stem, "not_started", None, "not started: the run was interrupted")
+            failed = any(not r.ok for r in self.results.values())
+            status = "interrupted" if stop.signum is not None else "failed" if failed else "complete"
+            self.record.finish(status, self._kernel_environment())
+            report_s = self._write_summary() if report else None
+            self._write_timings(time.perf_counter() - started, notebooks_s, report_s)
+            for path in self.tmp.iterdir():
+                path.unlink(missing_ok=True)
+            self.tmp.rmdir()
+            return stop.signum
+
+    def _kernel_environment(self) -> dict[str, Any] | None:
+        for stem in self.results:
             try:
-                res = future.result()
-            except Exception as exc:  # noqa: BLE001 - a crashed worker fails only its notebook
-                nb = futures[future]
-                res = RunResult(nb.stem, False, round(time.perf_counter() - started, 2),
-                                str(output_dir("notebooks") / nb.name), f"{type(exc).__name__}: {exc}"[:400])
-            results.append(res)
-            status = "ok" if res.ok else f"FAILED ({res.error})"
-            print(f"[{done}/{len(paths)}] {res.notebook}: {status} in {res.seconds:.1f}s "
-                  f"({time.perf_counter() - started:.1f}s elapsed)", flush=True)
-    results.sort(key=lambda r: r.notebook)
-    timings = {"total_seconds": round(time.perf_counter() - started, 2), "jobs": jobs,
-               "cpu_count": os.cpu_count(), "notebooks": [asdict(r) for r in results]}
-    (output_dir() / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
-    print(f"{len(paths)} notebooks in {timings['total_seconds']:.1f}s", flush=True)
-    return results
+                data = json.loads((self.out / "results" / f"{stem}.json").read_text())
+            except (OSError, ValueError):
+                continue
+            if (data.get("run") or {}).get("run_id") == self.record.run_id and data.get("environment"):
+                return data["environment"]
+        return None
+
+    def _write_summary(self) -> float:
+        start = time.perf_counter()
+        try:
+            from . import report
+
+            path = report.write_summary(self.out)
+            print(f"summary: {path.relative_to(self.out.parent) if path.is_relative_to(self.out.parent) else path}",
+                  flush=True)
+        except Exception as exc:  # noqa: BLE001 - the run record is already written
+            print(f"summary failed: {failure_line(exc)}", file=sys.stderr)
+        return round(time.perf_counter() - start, 2)
+
+    def _write_timings(self, total: float, notebooks_s: float, report_s: float | None) -> None:
+        rows = [self.results[nb.stem] for nb in self.paths if nb.stem in self.results]
+        keys = sorted({k for r in rows for k in r.phases})
+        timings = {
+            "run_id": self.record.run_id, "command": self.command, "status": self.record.data["status"],
+            "total_seconds": round(total, 2), "jobs": self.jobs, "cpu_count": os.cpu_count(),
+            "run": {"notebooks_s": round(notebooks_s, 2), "summary_s": report_s},
+            "phases_summed_over_notebooks": {k: round(sum(r.phases.get(k, 0.0) for r in rows), 2) for k in keys},
+            "notebooks": [{"notebook": r.notebook, "status": r.status, "ok": r.ok, "seconds": r.seconds, "error": r.error,
+                           "output": f"notebooks/{r.notebook}.ipynb" if r.output else None, "phases": r.phases}
+                          for r in rows],
+        }
+        (self.out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+        print(f"{len(rows)} notebook(s) in {total:.1f}s ({self.record.data['status']})", flush=True)
+
+
+def run_all(parameters: dict[str, Any] | None = None, jobs: int | None = None, paths: list[Path] | None = None,
+            command: str = "run-all", report: bool = False) -> list[RunResult]:
+    """A recorded run of every notebook (or `paths`): run.json, results, timings.json (and SUMMARY.md when
+    `report`). Raises params.ParameterError before anything starts if a parameter is refused."""
+    paths = list(paths or notebooks())
+    given = parameters or {}
+    run = Run(command, paths, params_mod.check(paths, given), given, jobs)
+    run.execute(report=report)
+    return [run.results[nb.stem] for nb in paths if nb.stem in run.results]
 
 
 def write_outputs(stems: list[str] | None = None) -> bool:
@@ -120,35 +446,106 @@ def write_outputs(stems: list[str] | None = None) -> bool:
         for err in errors:
             print(f"html: {err}", file=sys.stderr)
         ok = not errors
-        print(f"html: {len(written)} file(s) in {output_dir('html')}", flush=True)
+        print(f"html: {len(written)} file(s)", flush=True)
     except Exception as exc:  # noqa: BLE001 - the summary is still written
-        print(f"html failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"html failed: {failure_line(exc)}", file=sys.stderr)
         ok = False
     try:
         path = report.write_summary()
-        print(f"summary: {path} ({len(path.read_text()):,} chars)", flush=True)
+        print(f"summary: {path.name} ({len(path.read_text()):,} chars)", flush=True)
     except Exception as exc:  # noqa: BLE001
-        print(f"summary failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"summary failed: {failure_line(exc)}", file=sys.stderr)
         ok = False
     return ok
 
 
+# --------------------------------------------------------------------------- command line
+
+def _recorded(command: str, paths: list[Path], pairs: list[list[str]] | None, jobs: int | None,
+              report: bool) -> int:
+    """run-all / run: check parameters (one line, exit 2), run, summarise; 130/143 when interrupted."""
+    given = parse_parameters(pairs)
+    try:
+        per_notebook = params_mod.check(paths, given)
+    except params_mod.ParameterError as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    run = Run(command, paths, per_notebook, given, jobs)
+    signum = run.execute(report=report)
+    if signum is not None:
+        nbs = run.record.data["notebooks"].values()
+        counts = {s: sum(1 for n in nbs if n["status"] == s) for s in rec.NB_STATUSES}
+        print(f"interrupted: {counts['ok'] + counts['failed']} finished, {counts['interrupted']} interrupted, "
+              f"{counts['not_started']} not started; run.json and SUMMARY.md say so", file=sys.stderr)
+        return 128 + signum
+    failed = [r.notebook for r in run.results.values() if not r.ok]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> int:
+    """Every release in turn, as one recorded run (outputs/matrix/run.json); each release's run-all
+    records itself in outputs/matrix/<release>/run.json with this matrix's id as KVKIT_MATRIX_RUN_ID."""
+    from tqdm import tqdm
+
+    from . import release_matrix as rm
+
+    out_base = output_dir()
+    record = rec.RunRecord(output_dir("matrix"), "matrix", {"releases": releases}, {s: {} for s in stems or
+                                                                                    [nb.stem for nb in notebooks()]})
+    record.write()
+    os.environ["KVKIT_MATRIX_RUN_ID"] = record.run_id
+    record.data["releases"], infos = {}, []
+    with _Stop(forward=True) as stop:
+        for release in tqdm(releases, desc="releases", unit="release", disable=None, file=sys.stderr):
+            if stop.signum is not None:
+                break
+            info = rm.run_release(release, out_base, stems, jobs, log=lambda *a, **k: tqdm.write(" ".join(map(str, a))))
+            infos.append(info)
+            try:
+                sub_data = json.loads((out_base / "matrix" / release / "run.json").read_text())
+            except (OSError, ValueError):
+                sub_data = {}
+            record.data["releases"][release] = {"run_id": sub_data.get("run_id"), "status": sub_data.get("status")
+                                                or ("not_installed" if not info.get("ok") else "failed"), "rc": info.get("rc")}
+            for stem, nb in (sub_data.get("notebooks") or {}).items():
+                mine = record.data["notebooks"].setdefault(stem, {"status": "ok", "seconds": 0.0, "error": None, "parameters": {}})
+                if mine["status"] in ("ok", "not_started") and nb.get("status") != "ok":
+                    mine.update(status=nb.get("status"), error=f"{release}: {nb.get('error')}")
+                elif mine["status"] == "not_started":
+                    mine["status"] = "ok"
+                mine["seconds"] = round((mine.get("seconds") or 0.0) + (nb.get("seconds") or 0.0), 2)
+            record.write()
+        path = rm.write_matrix(out_base, releases)
+        bad = [i["release"] for i in infos if not i.get("ok") or i.get("rc") != 0]
+        record.finish("interrupted" if stop.signum is not None else "failed" if bad else "complete")
+    print(f"matrix: {path.name}")
+    if bad:
+        print(f"releases not installed or with failed notebooks: {', '.join(bad)}", file=sys.stderr)
+    return 128 + stop.signum if stop.signum is not None else 1 if bad else 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_exec"]:
+        return _exec_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kvkit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p_all = sub.add_parser("run-all", help="execute every notebook, then write SUMMARY.md and html/")
     p_all.add_argument("-j", "--jobs", type=int, default=None)
     p_all.add_argument("--notebooks", nargs="*", default=None, help="only these (default: $NOTEBOOKS, else all)")
-    p_all.add_argument("--no-report", action="store_true", help="skip SUMMARY.md and html/")
-    p_one = sub.add_parser("run", help="execute one notebook")
+    p_all.add_argument("--no-report", action="store_true", help="skip SUMMARY.md")
+    p_one = sub.add_parser("run", help="execute one notebook (its outputs replace its earlier ones), then SUMMARY.md")
     p_one.add_argument("notebook")
+    p_one.add_argument("--no-report", action="store_true", help="skip SUMMARY.md")
     for p in (p_all, p_one):
         p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
     sub.add_parser("report", help="write outputs/SUMMARY.md from the results on disk")
     sub.add_parser("html", help="render outputs/notebooks/*.ipynb to self-contained outputs/html/*.html")
     p_mx = sub.add_parser("matrix", help="run the notebooks on several transformers releases")
-    p_mx.add_argument("--releases", nargs="+", default=None, help="default: $RELEASES, else 5.14.1 5.17.0 5.24.0")
+    p_mx.add_argument("--releases", nargs="+", default=None, help="default: $RELEASES, else release_matrix.DEFAULT_RELEASES")
     p_mx.add_argument("--notebooks", nargs="*", default=None, help="only these (default: $NOTEBOOKS, else all)")
     p_mx.add_argument("-j", "--jobs", type=int, default=None)
     p_mx.add_argument("--no-run", action="store_true", help="only rebuild matrix.md from outputs/matrix/")
@@ -158,14 +555,14 @@ def main(argv: list[str] | None = None) -> int:
         from . import report
 
         path = report.write_summary()
-        print(f"{path} ({len(path.read_text()):,} chars)")
+        print(f"{path.name} ({len(path.read_text()):,} chars)")
         return 0
     if args.command == "html":
         from . import report
 
         written, errors = report.write_html()
         for path in written:
-            print(path)
+            print(f"html/{path.name}")
         for err in errors:
             print(err, file=sys.stderr)
         return 1 if errors else 0
@@ -174,29 +571,14 @@ def main(argv: list[str] | None = None) -> int:
 
         releases = args.releases or os.environ.get("RELEASES", "").split() or list(rm.DEFAULT_RELEASES)
         keys = args.notebooks if args.notebooks is not None else os.environ.get("NOTEBOOKS", "").split()
-        stems = [nb.stem for nb in select(keys)]
         if args.no_run:
             print(rm.write_matrix(releases=releases))
             return 0
-        path, infos = rm.run_matrix(releases, stems if keys else None, args.jobs)
-        print(f"matrix: {path}")
-        bad = [i["release"] for i in infos if not i.get("ok") or i.get("rc") != 0]
-        if bad:
-            print(f"releases not installed or with failed notebooks: {', '.join(bad)}", file=sys.stderr)
-        return 1 if bad else 0
-
-    params = parse_parameters(args.parameter)
+        return _matrix(releases, [nb.stem for nb in select(keys)] if keys else None, args.jobs)
     if args.command == "run":
-        res = run_one(find_notebook(args.notebook), params, quiet=False)
-        print(f"{res.notebook}: {'ok' if res.ok else 'FAILED ' + res.error} in {res.seconds:.1f}s -> {res.output}")
-        return 0 if res.ok else 1
+        return _recorded("run", [find_notebook(args.notebook)], args.parameter, 1, not args.no_report)
     keys = args.notebooks if args.notebooks is not None else os.environ.get("NOTEBOOKS", "").split()
-    results = run_all(params, args.jobs, select(keys))
-    failed = [r.notebook for r in results if not r.ok]
-    reported = True if args.no_report else write_outputs()
-    if failed:
-        print(f"failed: {', '.join(failed)}", file=sys.stderr)
-    return 1 if failed or not reported else 0
+    return _recorded("run-all", select(keys), args.parameter, args.jobs, not args.no_report)
 
 
 if __name__ == "__main__":
