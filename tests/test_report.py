@@ -294,7 +294,8 @@ def test_html_is_self_contained_with_the_environment_at_the_top(real_run):
 @pytest.mark.e2e
 def test_no_absolute_machine_path_in_shared_outputs(real_run):
     shared = [real_run / "SUMMARY.md", real_run / "run.json", *real_run.glob("results/*.json"),
-              *real_run.glob("html/*.html"), *[p for p in [real_run / "timings.json"] if p.exists()]]
+              *real_run.glob("html/*.html"), *real_run.glob("notebooks/*.ipynb"),
+              *[p for p in [real_run / "timings.json"] if p.exists()]]
     assert len(shared) >= 4
     for path in shared:
         assert _machine_paths(path.read_text(), real_run) == [], (path.name, _machine_paths(path.read_text(), real_run))

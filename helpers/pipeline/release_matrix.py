@@ -693,5 +693,5 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
 def write_matrix(out_base: Path | None = None, releases: Sequence[str] = DEFAULT_RELEASES) -> Path:
     out_base = Path(out_base) if out_base else output_dir()
     path = out_base / "matrix.md"
-    path.write_text(build_matrix(out_base, releases))
+    path.write_text(scrub(build_matrix(out_base, releases), out_base))
     return path
