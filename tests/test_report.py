@@ -98,7 +98,7 @@ def test_interrupted_run_is_said_loudly_and_unfinished_notebooks_are_errors(tmp_
     _write_results(tmp_path, "02_b", [{**_claim("b.one", "error"), "reason": "interrupted"}])
     text = report.build_summary(tmp_path)
     head = text[: text.index("## Claims")]
-    assert "**INTERRUPTED**" in head and "This run was interrupted before it finished**: 1 of 3 notebooks" in head
+    assert "**INTERRUPTED**" in head and "This run was interrupted before it finished**: 1 of 3 notebooks finished ok" in head
     claims = _section(text, "## Claims")
     assert "| 02_b | `b.one` | ⚠️ error | interrupted |" in claims
     assert "| 03_c | — | ⚠️ error | no results file from this run: not started | — |" in claims
@@ -368,3 +368,13 @@ def test_metric_bars_and_line_plot_save_into_figures(tmp_path, monkeypatch):
     lines = plots.line_plot([0, 1, 2], {"m": [0.0, 0.1, 0.2]}, "offset", "t", "01_x", "lines", log=True)
     assert bars == tmp_path / "figures" / "01_x-bars.png" and bars.stat().st_size > 0
     assert lines.exists()
+
+
+@pytest.mark.parametrize("status, says", [("failed", "This run failed**: 1 of 2 notebooks finished ok; the failed notebooks'"),
+                                          ("running", "This run has no finish time: it is still running or was killed")])
+def test_a_run_that_did_not_complete_says_so_at_the_top(tmp_path, status, says):
+    _run(tmp_path, status=status, finished=None,
+         notebooks={"01_a": {"status": "ok"}, "02_b": {"status": "failed", "error": "ValueError: bad"}})
+    _write_results(tmp_path, "01_a", [_claim("a.one")])
+    head = report.build_summary(tmp_path).split("## Claims")[0]
+    assert says in head and "— (not finished)" in head

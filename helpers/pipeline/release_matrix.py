@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from .paths import output_dir, repo_root
-from .report import RUN_STATUS, VERDICT_MARK, _commit, cell, fmt_value, load_run, scrub, truncate
+from .report import RUN_STATUS, VERDICT_MARK, cell, commit_text, fmt_value, load_run, scrub, truncate
 
 DEFAULT_RELEASES = ("5.14.1", "5.17.0", "5.19.0", "5.20.0", "5.24.0")
 STAMP = ".kvkit-ready"
@@ -595,7 +595,7 @@ def _matrix_run(out_base: Path) -> list[str]:
     status = run.get("status") or "unknown"
     line = (f"**Matrix run `{cell(run.get('run_id'))}`** · {RUN_STATUS.get(status, cell(status))} · started "
             f"{cell(run.get('started') or '?')}, finished {cell(run.get('finished') or '— (not finished)')} · "
-            f"kit commit {_commit(run)}")
+            f"kit commit {commit_text(run)}")
     out = [line, ""]
     if status != "complete":
         out += [f"> ⚠️ **This matrix run is {status}**: releases or notebooks missing below were not run to the end.", ""]

@@ -229,7 +229,8 @@ def _params(params: Any) -> str:
     return fmt_value(params, 200)
 
 
-def _commit(run: dict[str, Any]) -> str:
+def commit_text(run: dict[str, Any]) -> str:
+    """The kit commit of a run record, 12 digits, and whether the tree had uncommitted changes."""
     commit = run.get("kit_commit")
     if not commit:
         return "unknown (not a git checkout)"
@@ -251,11 +252,12 @@ def _run_section(run: dict[str, Any], notebooks: int, timings: dict[str, Any]) -
         done = sum(1 for n in nbs.values() if (n or {}).get("status") == "ok")
         what = {"interrupted": "was interrupted before it finished", "failed": "failed",
                 "running": "has no finish time: it is still running or was killed"}.get(status, f"ended with status {status!r}")
-        lines += [f"> ⚠️ **This run {what}**: {done} of {len(nbs) or notebooks} notebooks finished. Claims of unfinished "
-                  "notebooks are `error`; nothing below is a complete result.", ""]
+        after = ("the failed notebooks' claims are `error`; the other notebooks' verdicts stand" if status == "failed"
+                 else "claims of unfinished notebooks are `error`; nothing below is a complete result")
+        lines += [f"> ⚠️ **This run {what}**: {done} of {len(nbs) or notebooks} notebooks finished ok; {after}.", ""]
     rows = [("run id", f"`{cell(run.get('run_id'))}`"), ("command", f"`{cell(run.get('command'))}`"),
             ("status", RUN_STATUS.get(status, cell(status))), ("started", cell(run.get("started") or "—")),
-            ("finished", cell(run.get("finished") or "— (not finished)")), ("kit commit", _commit(run)),
+            ("finished", cell(run.get("finished") or "— (not finished)")), ("kit commit", commit_text(run)),
             ("parameters", f"`{cell(_params(run.get('parameters')))}`")]
     if timings and run_id_of(timings) == run.get("run_id") and timings.get("total_seconds") is not None:
         rows.append(("wall-clock", f"{fmt_value(timings['total_seconds'])} s, {timings.get('jobs', '?')} notebook(s) at a time"))
@@ -436,7 +438,7 @@ def environment_markdown(results: dict[str, Any], source: str) -> str:
     keys = [k for k in ENV_KEYS if k in env] + sorted(set(env) - set(ENV_KEYS))
     lines = [f"**Environment this notebook ran with** (from `{source}`, written by the notebook itself)", ""]
     if run.get("run_id"):
-        lines += [f"Run `{run['run_id']}`, started {run.get('started') or '?'}, kit commit {_commit(run)}", ""]
+        lines += [f"Run `{run['run_id']}`, started {run.get('started') or '?'}, kit commit {commit_text(run)}", ""]
     else:
         lines += ["Not run by the kit's runner (no run id).", ""]
     lines += ["| | |", "|---|---|", *[f"| {k} | `{cell(fmt_value(env.get(k), 120))}` |" for k in keys]]
