@@ -16,6 +16,7 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -126,7 +127,8 @@ def _import_target(spec: str) -> Any:
 
                 path = repo_root() / path
             if not path.is_file():
-                raise RebuildError(f"rebuild {spec!r}: file {where!r} does not exist")
+                raise RebuildError(f"rebuild {shown(spec)!r}: file {shown(where + ':')[:-1]!r} does not exist "
+                                   "(relative paths are tried from the working directory, then the kit checkout)")
             mod_spec = importlib.util.spec_from_file_location(f"kvkit_rebuild_{path.stem}", path)
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
@@ -135,26 +137,30 @@ def _import_target(spec: str) -> Any:
     except RebuildError:
         raise
     except Exception as exc:  # noqa: BLE001 - one line instead of a traceback
-        raise RebuildError(f"rebuild {spec!r}: cannot import {where!r}: {_one_line(exc)}") from None
+        raise RebuildError(f"rebuild {shown(spec)!r}: cannot import {shown(where + ':')[:-1]!r}: {_one_line(exc)}") from None
     if not hasattr(module, attr):
-        raise RebuildError(f"rebuild {spec!r}: {where!r} has no attribute {attr!r}")
+        raise RebuildError(f"rebuild {shown(spec)!r}: {shown(where + ':')[:-1]!r} has no attribute {attr!r}")
     return getattr(module, attr)
 
 
+_DIRS = re.compile(r"(?:[A-Za-z]:)?[/\\](?:[^\s/\\'\",()]+[/\\])+")
+
+
 def _one_line(exc: BaseException) -> str:
+    """'Type: first line of the message', directories of absolute paths cut (no machine paths in results)."""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+    return _DIRS.sub("", f"{type(exc).__name__}: {text[0] if text else ''}")[:300]
 
 
 def load(spec: str, sink: int = 4, window: int = 16) -> RebuildFn:
     """A built-in name, 'path/to/file.py:function' or 'package.module:function' -> a rebuild function."""
     fn = builtin(spec, sink, window) if ":" not in spec else _import_target(spec)
     if not callable(fn):
-        raise RebuildError(f"rebuild {spec!r}: {type(fn).__name__} object is not callable")
+        raise RebuildError(f"rebuild {shown(spec)!r}: {type(fn).__name__} object is not callable")
     try:
         inspect.signature(fn).bind(None, None, None)
     except TypeError as exc:
-        raise RebuildError(f"rebuild {spec!r}: must take (cache, model, prompt): {exc}") from None
+        raise RebuildError(f"rebuild {shown(spec)!r}: must take (cache, model, prompt): {exc}") from None
     except ValueError:
         pass  # builtins without a signature: tried when called
     return fn
@@ -198,3 +204,9 @@ def apply(fn: RebuildFn, spec: str, cache: Any, model: torch.nn.Module, prompt: 
         return as_rebuilt(result, model)
     except RebuildError as exc:
         raise RebuildError(f"rebuild {spec!r}: {exc}") from None
+
+
+def shown(spec: str) -> str:
+    """The spec as a results file may show it: an absolute file path is cut to the file name (no machine paths)."""
+    where, sep, attr = spec.rpartition(":")
+    return f"{Path(where).name}{sep}{attr}" if sep and where.endswith(".py") and Path(where).is_absolute() else spec

@@ -201,11 +201,13 @@ def decide_per_layer(c: Controls, full: ArgSet, mechanism: dict[str, Any]) -> tu
     outcome = per_layer_outcome(c, full)
     holds = distinct and outcome in ("error", "silent_difference")
     stage = mechanism.get("stage") or "no error: every layer ran"
+    mask = mechanism.get("attention_mask_shape")
+    reached = (f"the first call got past length {mechanism.get('past_length_reported')} (layer 0's), position "
+               f"{mechanism.get('generate_position')}, mask {mask if mask else 'none (generate passed no mask)'}; "
+               f"attention masks per layer {mechanism.get('attention_masks')}")
     why = (f"generate() from per-layer lengths {c.rebuilt_lengths}: {outcome.replace('_', ' ')}"
-           + (f" at {stage} (layer {mechanism.get('error_layer')}): {full.rebuilt_error}" if outcome == "error" else
-              f"; max |diff| vs original {_fmt(full.max_abs_diff)} against noise threshold {_fmt(c.floor.threshold)}; "
-              f"mask {mechanism.get('attention_mask_shape')} sized from layer 0, attention masks per layer "
-              f"{mechanism.get('attention_masks')}"))
+           + (f" at {stage} (layer {mechanism.get('error_layer')}): {full.rebuilt_error}: {mechanism.get('error', '')}; {reached}" if outcome == "error" else
+              f" (max |diff| vs original {_fmt(full.max_abs_diff)}, noise threshold {_fmt(c.floor.threshold)}); {reached}"))
     deciding = {"outcome": outcome, "rebuilt_lengths": c.rebuilt_lengths, "max_abs_diff_vs_original": full.max_abs_diff,
                 "noise_threshold": c.floor.threshold}
     evidence = {**deciding, "stage": stage, **mechanism, **c.floor.evidence(full.max_abs_diff)}
