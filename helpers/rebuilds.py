@@ -48,12 +48,17 @@ def _new_cache(model: torch.nn.Module) -> Any:
 
 
 def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every layer's cloned K/V; a layer without K/V (linear attention, recurrent state) is named, not guessed at."""
+    for i, layer in enumerate(compat.cache_layers(cache)):
+        if compat.layer_kv(layer)[0] is None:
+            raise ValueError(f"the built-in rebuilds copy K/V layers only; cache layer {i} ({type(layer).__name__}) "
+                             "holds no keys/values (a hybrid model): pass your own rebuild")
     return caches.kv_pairs(cache)
 
 
 def identity(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
     """Notebook 01's rebuild: `update()` every layer's cloned K/V into a new config-aware DynamicCache."""
-    return caches.rebuild_by_update(cache, compat.text_config(model.config))
+    return caches.cache_from_pairs(_kv(cache), compat.text_config(model.config))  # = caches.rebuild_by_update
 
 
 def _sink_and_window(cache: Any, model: torch.nn.Module, windows: list[int], sink: int) -> Rebuilt:

@@ -249,3 +249,14 @@ def test_notebook_06_names_the_branch_of_a_users_rebuild(tmp_path, monkeypatch):
     verdicts = {c["id"]: c["verdict"] for c in data["claims"]}
     assert verdicts.pop("triage.identity_lands_in_resume_contract") == "reproduced"
     assert set(verdicts.values()) == {"skipped"}
+
+
+def test_builtins_name_a_layer_without_kv(bundle, prompt):
+    from types import SimpleNamespace
+
+    class LinearAttentionLayer(SimpleNamespace):
+        pass
+
+    cache = SimpleNamespace(layers=[LinearAttentionLayer(keys=None, values=None)], get_seq_length=lambda: 0)
+    with pytest.raises(rebuilds.RebuildError, match=r"cache layer 0 \(LinearAttentionLayer\) holds no keys/values"):
+        rebuilds.apply(rebuilds.load("identity"), "identity", cache, bundle.model, prompt)
