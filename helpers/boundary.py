@@ -9,8 +9,8 @@ For the double-processing runs the cache already holds L = len(prompt) tokens, s
   the M-RoPE offset on Qwen3-VL): the most favourable choice, since the position generate() infers
   from the mask is L, one past it. Even so the re-fed token also attends to its own cached copy.
 
-The seed's forum snippet calls `generate(input_ids=last_token, past_key_values=cache)` with no mask;
-as notebook 02 shows, that drops the suffix before the first model call, so the seed's diverging
+The source's forum snippet calls `generate(input_ids=last_token, past_key_values=cache)` with no mask;
+as notebook 02 shows, that drops the suffix before the first model call, so the source's diverging
 numbers must come from a call that ran: here both generate() with the full mask (± positions) and a
 direct forward() (± mask and positions) are shown.
 """

@@ -1,4 +1,4 @@
-"""The seed's cache variants, built exactly the way their names say, and how to describe them."""
+"""The source's cache variants, built exactly the way their names say, and how to describe them."""
 from __future__ import annotations
 
 import copy
@@ -45,7 +45,7 @@ def rebuild_by_update(cache: Any, config: Any | None = None) -> DynamicCache:
 
 
 def build_variants(prefill_cache: Any, model_config: Any) -> dict[str, Variant]:
-    """The seed's four variants: A original deep copy, B update() into DynamicCache(),
+    """The source's four variants: A original deep copy, B update() into DynamicCache(),
     C update() into DynamicCache(config=text_config), D the tensor-data constructor."""
     text_config = compat.text_config(model_config)
     variants = {

@@ -1,4 +1,4 @@
-"""Capture what reaches the first real model call, with forward hooks (as the seed did).
+"""Capture what reaches the first real model call, with forward hooks (as the source did).
 
 Besides the first call's input shapes (a pre-hook on the model), a `Trace` records whether that call
 finished (a post-hook), so a failure can be placed at the stage that raised, and the position ids the

@@ -62,7 +62,7 @@ def current_position_ids(model: torch.nn.Module, prompt: Prompt) -> torch.Tensor
 
 
 def generation_kwargs(variant: str, prompt: Prompt, position_ids: torch.Tensor) -> dict[str, Any]:
-    """The seed's four generation variants: neither, position_only, mask_only, both."""
+    """The source's four generation variants: neither, position_only, mask_only, both."""
     table = {
         "neither": {},
         "position_only": {"position_ids": position_ids},

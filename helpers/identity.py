@@ -100,7 +100,7 @@ def decide_kv_bitwise_equal(rows: list[dict[str, Any]]) -> Decision:
 def decide_first_step_logits_equal(comparisons: list[dict[str, Any]], floor: NoiseFloor, aliased: list[str]) -> Decision:
     """Under identical arguments every rebuilt cache's first-step logits are bitwise the original's.
 
-    The seed reports exact identity, so the test is bitwise; the noise floor is in the evidence to show
+    The source reports exact identity, so the test is bitwise; the noise floor is in the evidence to show
     how far below it the measured difference sits. `aliased`: rebuilt variants sharing the original's storage.
     """
     ran = [c for c in comparisons if c.get("ran")]

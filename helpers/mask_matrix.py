@@ -29,7 +29,7 @@ def matrix_table(outcomes: dict[tuple[str, str], Outcome]) -> pd.DataFrame:
 
 
 def pivot(table: pd.DataFrame) -> pd.DataFrame:
-    """The seed's 2x2 view: generation variants as rows, cache variants as columns, 'worked' / 'failed (Error)'."""
+    """The source's 2x2 view: generation variants as rows, cache variants as columns, 'worked' / 'failed (Error)'."""
     cell = table.apply(lambda r: "worked" if r.result == "worked" else f"failed ({r.error_type})", axis=1)
     return table.assign(cell=cell).pivot(index="generation", columns="cache_variant", values="cell")
 

@@ -52,7 +52,7 @@ def continue_with_state(model: torch.nn.Module, prompt: Prompt, cache: Any, valu
 
 
 def state_variants(saved: torch.Tensor) -> dict[str, torch.Tensor | None]:
-    """The seed's rows: the correct saved state, None, 0, and saved + 1."""
+    """The source's rows: the correct saved state, None, 0, and saved + 1."""
     return {"saved": saved.clone(), "None": None, "0": torch.zeros_like(saved), "saved + 1": saved + 1}
 
 
