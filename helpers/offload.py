@@ -1,22 +1,18 @@
 """DynamicCache offloading on a hybrid (linear-attention + full-attention) model: the report's greedy loop,
-the schedule recorder and the real path unpatched.
+the schedule recorder.
 
 * `greedy_run`: the report's loop — a prefill (logits_to_keep=1), then greedy one-token decode steps.
 * `record_schedule` (everywhere): which cache layers the offloading path actually offloads and prefetches,
   per forward call. The cache's own `offload`/`prefetch`/`update*` methods are wrapped on the instance (the
   originals still run) under helpers.streams' recording stand-ins for the CUDA stream API, and
   helpers.offload_replay.track enters every copy into the stream log (the ordering check).
-* `try_unpatched_offloading` (everywhere): the real offloading=True path, nothing patched, with the
-  failure caught and described.
 
 The stream model and the race replay: helpers.streams, helpers.offload_replay; the GPU experiment:
-helpers.offload_gpu; the installed source: helpers.offload_source; figures: helpers.offload_plots.
+helpers.offload_gpu; the installed source and the real path unpatched: helpers.offload_source; figures: helpers.offload_plots.
 """
 from __future__ import annotations
 
-import os
 import time
-import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -286,38 +282,6 @@ def step_table(reference: GreedyRun, other: GreedyRun, noise: GreedyRun | None =
             row["noise_floor"] = float((ref - noise.logits[step]).abs().max())
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-# --- the real path, unpatched ---------------------------------------------------------------------
-
-def try_unpatched_offloading(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 2) -> dict[str, Any]:
-    """Run the real offloading=True path with nothing patched; what happened, as data."""
-    stage = "construct DynamicCache(config=..., offloading=True)"
-    try:
-        cache = compat.dynamic_cache(model.config, offloading=True)
-        stage = "greedy run (prefill + decode) with the offloading cache"
-        run = greedy_run(model, ids, n_steps, cache=cache)
-    except Exception as exc:  # noqa: BLE001 - the failure is the measurement
-        frames = traceback.extract_tb(exc.__traceback__)
-        tf = [f for f in frames if f"{os.sep}transformers{os.sep}" in f.filename]
-        where = tf[-1] if tf else frames[-1]
-        rel = where.filename.split(f"{os.sep}transformers{os.sep}")[-1]
-        return {"raised": True, "stage": stage, "exception_type": type(exc).__name__,
-                "message": str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "",
-                "raised_in": f"{frames[-1].name} ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})",
-                "transformers_frame": f"transformers/{rel}:{where.lineno} in {where.name}",
-                "transformers_line": (where.line or "").strip()}
-    baseline = greedy_run(model, ids, n_steps)
-    table = step_table(baseline, run)
-    return {"raised": False, "stage": "completed", "forward_calls": len(run.logits),
-            "max_abs_diff_vs_offloading_false": float(table.max_abs_diff.max()),
-            "argmax_match_every_step": bool(table.argmax_match.all())}
-
-
-def mentions_cuda(outcome: dict[str, Any]) -> bool:
-    """Whether a caught failure names CUDA (in its message or in the transformers line that raised)."""
-    text = f"{outcome.get('message', '')} {outcome.get('transformers_line', '')}".lower()
-    return "cuda" in text
 
 
 @dataclass

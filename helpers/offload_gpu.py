@@ -222,6 +222,10 @@ CUDA_CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.fi
 
 
 def decisions(ex: GpuExperiment) -> dict[str, Decision]:
-    """The four CUDA claims, decided from one experiment's tables."""
-    return dict(zip(CUDA_CLAIMS, (decide_prefill_identical(ex.steps), decide_decode_drifts(ex.steps),
-                                  decide_first_tensor(ex.states), decide_edge_removes_drift(ex.steps, ex.states))))
+    """The four CUDA claims, decided from one experiment's tables (a simulated run says so in every reason)."""
+    out = dict(zip(CUDA_CLAIMS, (decide_prefill_identical(ex.steps), decide_decode_drifts(ex.steps),
+                                 decide_first_tensor(ex.states), decide_edge_removes_drift(ex.steps, ex.states))))
+    if ex.settings.get("simulated_on_cpu"):
+        for d in out.values():
+            d.why = f"[simulated on CPU under recording stream stand-ins, not a GPU measurement] {d.why}"
+    return out

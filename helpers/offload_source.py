@@ -1,10 +1,16 @@
-"""The installed transformers source the schedule chart explains (shown, and stored as facts; never used to decide)."""
+"""What the installed release does on its own: the source the schedule chart explains (shown, and stored as facts;
+never used to decide), and `try_unpatched_offloading`, the real offloading=True path with nothing patched."""
 from __future__ import annotations
 
 import inspect
+import os
+import traceback
 from typing import Any
 
+import torch
+
 from . import compat
+from .offload import greedy_run, step_table
 
 
 def _source_targets() -> list[tuple[str, Any]]:
@@ -55,3 +61,35 @@ def print_source(sources: list[dict[str, Any]]) -> None:
     for row in sources:
         print(f"# ---- transformers/cache_utils.py:{row['line']}  {row['name']}")
         print(row["source"])
+
+
+# --- the real path, unpatched ---------------------------------------------------------------------
+
+def try_unpatched_offloading(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 2) -> dict[str, Any]:
+    """Run the real offloading=True path with nothing patched; what happened, as data."""
+    stage = "construct DynamicCache(config=..., offloading=True)"
+    try:
+        cache = compat.dynamic_cache(model.config, offloading=True)
+        stage = "greedy run (prefill + decode) with the offloading cache"
+        run = greedy_run(model, ids, n_steps, cache=cache)
+    except Exception as exc:  # noqa: BLE001 - the failure is the measurement
+        frames = traceback.extract_tb(exc.__traceback__)
+        tf = [f for f in frames if f"{os.sep}transformers{os.sep}" in f.filename]
+        where = tf[-1] if tf else frames[-1]
+        rel = where.filename.split(f"{os.sep}transformers{os.sep}")[-1]
+        return {"raised": True, "stage": stage, "exception_type": type(exc).__name__,
+                "message": str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "",
+                "raised_in": f"{frames[-1].name} ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})",
+                "transformers_frame": f"transformers/{rel}:{where.lineno} in {where.name}",
+                "transformers_line": (where.line or "").strip()}
+    baseline = greedy_run(model, ids, n_steps)
+    table = step_table(baseline, run)
+    return {"raised": False, "stage": "completed", "forward_calls": len(run.logits),
+            "max_abs_diff_vs_offloading_false": float(table.max_abs_diff.max()),
+            "argmax_match_every_step": bool(table.argmax_match.all())}
+
+
+def mentions_cuda(outcome: dict[str, Any]) -> bool:
+    """Whether a caught failure names CUDA (in its message or in the transformers line that raised)."""
+    text = f"{outcome.get('message', '')} {outcome.get('transformers_line', '')}".lower()
+    return "cuda" in text

@@ -126,9 +126,9 @@ def test_instrumented_run_on_cpu_equals_offloading_false(tiny, ids, record):
 
 @pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
 def test_unpatched_offloading_fails_naming_cuda_without_a_gpu(tiny, ids):
-    outcome = offload.try_unpatched_offloading(tiny.model, ids, n_steps=2)
+    outcome = offload_source.try_unpatched_offloading(tiny.model, ids, n_steps=2)
     assert outcome["raised"], outcome
-    assert offload.mentions_cuda(outcome)
+    assert offload_source.mentions_cuda(outcome)
     assert outcome["transformers_frame"].startswith("transformers/cache_utils.py")
     assert streams.stand_ins_active() == []
 
@@ -254,3 +254,26 @@ def test_notebook_skips_cuda_claims_on_cpu(tmp_path):
     assert env["kind"] == "environment_check" and env["evidence"]["exception_type"]
     for name in ("schedule", "replay-drift", "replay-stale"):
         assert (tmp_path / "figures" / f"05_hybrid_offloading_drift-{name}.png").exists()
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not NO_CUDA, reason="simulates the CUDA sections on a machine without CUDA")
+def test_notebook_cuda_sections_execute_on_cpu_under_stand_ins(tmp_path):
+    os.environ["KVKIT_OUTPUT_DIR"] = str(tmp_path)
+    try:
+        result = runner.run_one(repo_root() / "notebooks" / "05_hybrid_offloading_drift.ipynb",
+                                {"simulate_cuda_on_cpu": True, "n_steps": 3, "replay_lags": [0, 12]})
+    finally:
+        del os.environ["KVKIT_OUTPUT_DIR"]
+    assert result.ok, result.error
+    data = json.loads((tmp_path / "results" / "05_hybrid_offloading_drift.json").read_text())
+    claims = {c["id"]: c for c in data["claims"]}
+    # no race without a GPU: the simulated experiment matches everywhere, and says it was simulated
+    expected = {"offload.prefill_identical": "reproduced", "offload.decode_drifts": "not_reproduced",
+                "offload.first_differing_tensor_is_attention_kv": "not_reproduced",
+                "offload.ordering_edge_removes_drift": "not_reproduced"}
+    assert {cid: claims[cid]["verdict"] for cid in expected} == expected
+    assert all(claims[cid]["reason"].startswith("[simulated on CPU") for cid in expected)
+    assert claims["offload.decode_drifts"]["evidence"]["settings"]["simulated_on_cpu"] is True
+    assert data["measurements"]["report_experiment_per_step"] and data["measurements"]["gpu_per_step"]
+    assert (tmp_path / "figures" / "05_hybrid_offloading_drift-drift.png").exists()
