@@ -77,6 +77,8 @@ def _tiny_multimodal(bundle: ModelBundle, image: Image.Image, seed: int) -> Prom
 
 
 def _real_multimodal(bundle: ModelBundle, image: Image.Image, text: str) -> Prompt:
+    """The checkpoint's chat template and image processor (AutoProcessor or its fallback) decide the prompt:
+    its settings may resize the image (a minimum pixel count), so the image token count comes from the run."""
     messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]
     enc = bundle.processor.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                                return_dict=True, return_tensors="pt")

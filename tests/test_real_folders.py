@@ -8,6 +8,8 @@ import math
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -205,3 +207,22 @@ def test_both_layouts_give_the_same_results(runs):
         (_, legacy), (_, v5) = _results(runs["legacy"], stem), _results(runs["v5"], stem)
         assert legacy["claims"] == v5["claims"], stem
         assert legacy["measurements"] == v5["measurements"], stem
+
+
+def test_hub_repository_from_the_local_cache(folders, tmp_path):
+    """A hub id (offline, from the hub cache) takes the same fallback, read through the hub client, and is
+    named by the commit it resolved to."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--kvkit-test--Qwen3-VL-tiny"
+    shutil.copytree(folders["legacy"], repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    code = ("import json; from helpers import inputs, models; b = models.load('kvkit-test/Qwen3-VL-tiny'); "
+            "p = inputs.build_prompt(b); print(json.dumps({**b.environment(), 'grid': p.mm_kwargs['image_grid_thw'].tolist()}))")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HOME": str(tmp_path / "home")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo_root(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["model_id"] == "kvkit-test/Qwen3-VL-tiny" and got["model_revision"] == commit
+    assert got["processor"].startswith("AutoProcessor" if _has_torchvision() else "fallback: ")
+    assert got["grid"] == [[1, 16, 16]]
