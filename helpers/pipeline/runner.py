@@ -119,10 +119,11 @@ def _execute(path: Path, parameters: dict[str, Any], out: Path) -> str:
     """papermill into `out`, quietly; '' or the one-line failure."""
     import papermill as pm
 
+    extra = {"kernel_manager_class": _kernel_manager_class()} if os.environ.get("KVKIT_ZYGOTE") else {}
     try:
         pm.execute_notebook(str(path), str(out), parameters=parameters or {}, cwd=str(repo_root()),
                             kernel_name="python3", progress_bar=False, log_output=False,
-                            request_save_on_cell_execute=True)
+                            request_save_on_cell_execute=True, **extra)
     except Exception as exc:  # noqa: BLE001 - a failed notebook is reported and the others still run
         return failure_line(exc)
     return ""
@@ -243,6 +244,176 @@ def _exec_main(argv: list[str]) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- warm kernels
+# Every notebook's kernel would import torch, transformers and the helpers again (most of a tiny
+# notebook's time). On Linux the runner starts one warm process (`_zygote`) that imports them once;
+# a notebook's kernel command is then a stub (`_kernel -f CONN`) that asks the warm process to fork
+# a kernel, passes it its stdio, cwd and environment, relays signals, and exits with the kernel's
+# code. The forked kernel is the usual ipykernel, in a session of its own. Without the warm process
+# (KVKIT_WARM_KERNELS=0, another platform, or a failure) the stub runs ipykernel itself.
+
+WARM_MODULES = ("IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "matplotlib", "matplotlib.figure",
+                "matplotlib.axes", "pandas", "torch", "transformers", "transformers.modeling_utils",
+                "transformers.processing_utils", "transformers.image_processing_utils", "transformers.generation",
+                "transformers.models.qwen3_vl.modeling_qwen3_vl", "transformers.models.qwen3_5.modeling_qwen3_5",
+                "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl",
+                "transformers.models.qwen2_vl.image_processing_qwen2_vl")
+# Helpers that import pyplot are left to the kernel: the inline backend must meet a live shell.
+WARM_SKIP = ("helpers.plots", "helpers.offload_plots", "helpers.pipeline")
+
+
+def warm_enabled() -> bool:
+    return (sys.platform.startswith("linux") and hasattr(os, "fork") and hasattr(socket_mod(), "send_fds")
+            and os.environ.get("KVKIT_WARM_KERNELS", "1") != "0")
+
+
+def socket_mod() -> Any:
+    import socket
+
+    return socket
+
+
+def _warm_imports() -> None:
+    """Import what the notebooks import (no torch op runs here: a forked child inherits no thread pool)."""
+    import importlib
+    import pkgutil
+    import warnings
+
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    warnings.simplefilter("ignore")
+    names = list(WARM_MODULES)
+    import helpers
+
+    names += [f"helpers.{m.name}" for m in pkgutil.iter_modules(helpers.__path__)]
+    for name in names:
+        if name.startswith(WARM_SKIP):
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - a module the kernel will import (and report) itself
+            pass
+    warnings.resetwarnings()
+
+
+def _serve_kernel(conn: Any, request: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: become an ipykernel with the stub's stdio, cwd and environment."""
+    os.setsid()
+    for target, fd in zip((0, 1, 2), fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        os.close(fd)
+    conn.close()
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = ["ipykernel_launcher", "-f", request["connection_file"]]
+    code = 0
+    try:
+        from ipykernel import kernelapp
+
+        kernelapp.launch_new_instance()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 0
+    except BaseException:  # noqa: BLE001
+        code = 1
+    finally:
+        sys.stdout.flush() if hasattr(sys.stdout, "flush") else None
+    os._exit(code)
+
+
+def _zygote_main(argv: list[str]) -> int:
+    """`_zygote SOCKET`: import once, then fork one kernel per stub request until SIGTERM."""
+    import select
+
+    socket = socket_mod()
+    path = argv[0]
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(16)
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _warm_imports()
+    kernels: dict[int, Any] = {}  # pid -> the stub's connection
+    while True:
+        readable, _, _ = select.select([server, *kernels.values()], [], [], 0.1)
+        for sock in readable:
+            if sock is server:
+                conn, _ = server.accept()
+                msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                pid = os.fork()
+                if pid == 0:
+                    server.close()
+                    for other in kernels.values():
+                        other.close()
+                    _serve_kernel(conn, json.loads(msg.decode()), fds)
+                for fd in fds:
+                    os.close(fd)
+                conn.sendall(f"{pid}\n".encode())
+                kernels[pid] = conn
+            else:  # the stub went away: its kernel goes too
+                if not sock.recv(64):
+                    for pid, conn in list(kernels.items()):
+                        if conn is sock:
+                            _kill([pid], signal.SIGKILL)
+        while kernels:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            conn = kernels.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
+                except OSError:
+                    pass
+                conn.close()
+
+
+def _kernel_main(argv: list[str]) -> int:
+    """`_kernel -f CONN`: a kernel forked by the warm process (else a plain ipykernel), signals relayed."""
+    conn_file = argv[argv.index("-f") + 1]
+    path = os.environ.get("KVKIT_ZYGOTE")
+    socket = socket_mod()
+    sock = None
+    if path and os.path.exists(path):
+        try:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+            request = {"connection_file": os.path.abspath(conn_file), "cwd": os.getcwd(), "env": dict(os.environ)}
+            socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
+            reader = sock.makefile("r")
+            pid = int(reader.readline())
+        except (OSError, ValueError):
+            sock = None
+    if sock is None:
+        os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", conn_file])
+
+    def relay(signum: int, _frame: Any) -> None:
+        _kill([pid], signum)
+        if signum == signal.SIGTERM:
+            os._exit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, relay)
+    line = reader.readline()
+    return int(line.split()[1]) if line.startswith("exit ") else 1
+
+
+def _kernel_manager_class() -> Any:
+    """A jupyter KernelManager whose kernel command is the stub above."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    class WarmKernelManager(AsyncKernelManager):
+        def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+            return [sys.executable, "-m", "helpers.pipeline.runner", "_kernel", "-f", self.connection_file]
+
+    return WarmKernelManager
+
+
 # --------------------------------------------------------------------------- a recorded run
 
 @dataclass
@@ -309,11 +480,31 @@ class Run:
         self.record.write()
         self.results: dict[str, RunResult] = {}
         self.tmp = Path(tempfile.mkdtemp(prefix="kvkit-run-"))
+        self.zygote: subprocess.Popen | None = None
+
+    def _start_zygote(self) -> dict[str, str]:
+        """The warm process the notebooks' kernels are forked from (see WARM_MODULES); {} when off."""
+        if not warm_enabled():
+            return {}
+        path = self.tmp / "warm.sock"
+        self.zygote = subprocess.Popen([sys.executable, "-m", "helpers.pipeline.runner", "_zygote", str(path)],
+                                       cwd=str(repo_root()), env={**os.environ, "KVKIT_OUTPUT_DIR": str(self.out)},
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       start_new_session=True)
+        deadline = time.monotonic() + 5
+        while not path.exists() and self.zygote.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return {"KVKIT_ZYGOTE": str(path)} if path.exists() else {}
+
+    def _stop_zygote(self) -> None:
+        if self.zygote is not None:
+            pids = [self.zygote.pid, *descendants(self.zygote.pid)]
+            stop_processes(pids, grace=1.0)
+            self.zygote.wait()
 
     def _start(self, path: Path) -> _Job:
         result_file, log_file = self.tmp / f"{path.stem}.json", self.tmp / f"{path.stem}.log"
-        env = {**os.environ, **self.record.env_vars(), "PYTHONWARNINGS": os.environ.get("PYTHONWARNINGS", "ignore"),
-               "KVKIT_OUTPUT_DIR": str(self.out)}
+        env = {**os.environ, **self.record.env_vars(), **self.warm, "KVKIT_OUTPUT_DIR": str(self.out)}
         began = time.time()
         cmd = [sys.executable, "-m", "helpers.pipeline.runner", "_exec", str(path), "--out-json", str(result_file),
                "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began)]
@@ -355,6 +546,7 @@ class Run:
         from tqdm import tqdm
 
         started = time.perf_counter()
+        self.warm = self._start_zygote()
         pending, running = list(self.paths), []
         with _Stop() as stop, tqdm(total=len(pending), desc=_label(), unit="nb", disable=None, file=sys.stderr,
                                    leave=False) as bar:
@@ -372,6 +564,7 @@ class Run:
                 time.sleep(0.05)
             if stop.signum is not None:
                 self._interrupt(running)
+            self._stop_zygote()
             notebooks_s = time.perf_counter() - started
             for nb in pending:
                 self.results[nb.stem] = RunResult(nb.stem, False, 0.0, "", "not started: the run was interrupted",
@@ -530,6 +723,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_exec"]:
         return _exec_main(argv[1:])
+    if argv[:1] == ["_zygote"]:
+        return _zygote_main(argv[1:])
+    if argv[:1] == ["_kernel"]:
+        return _kernel_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kvkit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
