@@ -260,3 +260,18 @@ def test_builtins_name_a_layer_without_kv(bundle, prompt):
     cache = SimpleNamespace(layers=[LinearAttentionLayer(keys=None, values=None)], get_seq_length=lambda: 0)
     with pytest.raises(rebuilds.RebuildError, match=r"cache layer 0 \(LinearAttentionLayer\) holds no keys/values"):
         rebuilds.apply(rebuilds.load("identity"), "identity", cache, bundle.model, prompt)
+
+
+def test_per_layer_lengths_under_eager_attention_raise_at_an_identified_stage():
+    """With eager attention the mask sized from layer 0 meets a shorter layer: an error, placed by stage and layer."""
+    from helpers import inputs, models, triage_run, triage_tables
+
+    bundle = models.load(models.TINY_VL, attn_implementation="eager")
+    prompt = inputs.build_prompt(bundle)
+    base = triage_run.prepare(bundle, prompt)
+    results = triage_run.triage_all(base, triage_run.apply_all(base, triage_run.load_specs("per_layer", 4, 16)))
+    t = results["per_layer"]
+    holds, why, evidence, deciding = triage.decide_per_layer(t.controls, triage_tables.full_arg_set(t), triage_tables.per_layer_mechanism(t))
+    assert holds and deciding["outcome"] == "error" and t.verdict["branch"] == "compression_positions"
+    assert evidence["stage"].endswith("eager_attention_forward") and evidence["error_layer"] == 1
+    assert evidence["attention_masks"][1][-1] == 21 and evidence["layer_lengths_at_call"] == [20, 16, 12, 8]
