@@ -23,7 +23,7 @@ def _marks(rows: list[dict[str, Any]], record: Any) -> set[tuple[int, int]]:
 
 
 def schedule_heatmap(record: Any, stem: str, name: str = "schedule", marked: list[dict[str, Any]] | None = None,
-                     mark_label: str = "unordered read") -> Any:
+                     mark_label: str = "unordered read", title: str | None = None) -> Any:
     """Layer x forward-call heatmaps of offload and prefetch calls; `marked` reads get a red frame on the prefetch panel."""
     import matplotlib.pyplot as plt
     import numpy as np
@@ -48,7 +48,7 @@ def schedule_heatmap(record: Any, stem: str, name: str = "schedule", marked: lis
                 ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.25))
         ax.set_title(f"layer.{method}() calls")
         fig.colorbar(im, ax=ax, fraction=0.04, ticks=list(range(top + 1)))
-    fig.suptitle(f"DynamicCache(offloading=True): which layers move (transformers {compat.TRANSFORMERS_VERSION})")
+    fig.suptitle(title or f"DynamicCache(offloading=True): which layers move (transformers {compat.TRANSFORMERS_VERSION})")
     return _finish(fig, stem, name)
 
 
