@@ -190,7 +190,7 @@ def _is_cached(model_id: str, revision: str | None) -> bool:
 def _unavailable(model_id: str, why: str) -> ModelUnavailableError:
     tiny = ", ".join(f"'{name}'" for name in TINY_MODELS)
     return ModelUnavailableError(
-        f"cannot load model_id='{model_id}': {why}. Offline, use a tiny default built from a config "
+        f"cannot load model_id='{public_model_id(model_id)}': {why}. Offline, use a tiny default built from a config "
         f"({tiny}); real checkpoints need the model hub (for example in Colab)."
     )
 
