@@ -98,11 +98,13 @@ def decide_fails(outcomes: dict[str, Outcome]) -> Decision:
 
 
 def decide_mask_only_works(outcomes: dict[str, Outcome], diffs: dict[str, float], floor: NoiseFloor) -> Decision:
-    """Every variant ran, its first call got the one new token with a mask over cache + token, and its logits
-    match the full forward within the noise floor."""
+    """Every variant ran, its first call got the one new token on a non-empty cache (with a mask over cache +
+    token, or none at all: newer releases drop an all-ones mask before the call), and its logits match the
+    full forward within the noise floor."""
     def good(o: Outcome) -> bool:
         ids, mask, past = (o.first_call.get(k) for k in ("input_ids_shape", "attention_mask_shape", "past_length"))
-        return o.ok and ids is not None and ids[-1] == 1 and past is not None and mask is not None and mask[-1] == past + 1
+        return (o.ok and ids is not None and ids[-1] == 1 and past is not None and past > 0
+                and (mask is None or mask[-1] == past + 1))
     worst = max((diffs.get(c, float("inf")) for c in outcomes), default=None)
     well_formed = [c for c, o in outcomes.items() if good(o)]
     holds = len(outcomes) > 0 and len(well_formed) == len(outcomes) and floor.matches(worst)

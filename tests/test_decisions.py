@@ -138,6 +138,10 @@ NOTEBOOK_02: list[Case] = [
         {**{c: worked() for c in VARIANTS}, "rebuilt_ctor": dropped()}, MASK_DIFFS, FLOOR), False),
     ("mask_only: runs but the mask does not cover cache + token", lambda: mask_matrix.decide_mask_only_works(
         {c: worked(mask=[1, 1]) for c in VARIANTS}, MASK_DIFFS, FLOOR), False),
+    ("mask_only: no mask reaches the model (5.24 drops an all-ones mask)", lambda: mask_matrix.decide_mask_only_works(
+        {c: Outcome(True, torch.zeros(1, 4), call([1, 1], None)) for c in VARIANTS}, MASK_DIFFS, FLOOR), True),
+    ("mask_only: the token reached an empty cache", lambda: mask_matrix.decide_mask_only_works(
+        {c: worked(mask=[1, 1], past=0) for c in VARIANTS}, MASK_DIFFS, FLOOR), False),
     ("mask_only: logits just past the floor (edge)", lambda: mask_matrix.decide_mask_only_works(
         {c: worked() for c in VARIANTS}, {**MASK_DIFFS, "original": ABOVE}, FLOOR), False),
     ("both: normal", lambda: mask_matrix.decide_both_matches_mask_only({c: 0.0 for c in VARIANTS}, FLOOR), True),
