@@ -82,6 +82,8 @@ class RunRecord:
                           for stem, p in notebooks.items()},
             "environment": environment(),
         }
+        if os.environ.get("KVKIT_MATRIX_RUN_ID") and command != "matrix":
+            self.data["matrix_run_id"] = os.environ["KVKIT_MATRIX_RUN_ID"]  # one release of that matrix run
 
     @property
     def run_id(self) -> str:

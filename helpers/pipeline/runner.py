@@ -335,6 +335,7 @@ def _zygote_main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _warm_imports()
+    Path(path + ".ready").touch()
     kernels: dict[int, Any] = {}  # pid -> the stub's connection
     while True:
         readable, _, _ = select.select([server, *kernels.values()], [], [], 0.1)
@@ -378,7 +379,16 @@ def _kernel_main(argv: list[str]) -> int:
     conn_file = argv[argv.index("-f") + 1]
     path = os.environ.get("KVKIT_ZYGOTE")
     socket = socket_mod()
-    sock = None
+    kernel: list[int] = []
+
+    def relay(signum: int, _frame: Any) -> None:
+        _kill(kernel, signum)
+        if signum != signal.SIGINT:  # SIGINT interrupts the cell; the others end the kernel
+            os._exit(128 + signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, relay)
+    reader = None
     if path and os.path.exists(path):
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -386,19 +396,11 @@ def _kernel_main(argv: list[str]) -> int:
             request = {"connection_file": os.path.abspath(conn_file), "cwd": os.getcwd(), "env": dict(os.environ)}
             socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
             reader = sock.makefile("r")
-            pid = int(reader.readline())
+            kernel.append(int(reader.readline()))
         except (OSError, ValueError):
-            sock = None
-    if sock is None:
+            reader = None
+    if reader is None:
         os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", conn_file])
-
-    def relay(signum: int, _frame: Any) -> None:
-        _kill([pid], signum)
-        if signum == signal.SIGTERM:
-            os._exit(128 + signum)
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
-        signal.signal(sig, relay)
     line = reader.readline()
     return int(line.split()[1]) if line.startswith("exit ") else 1
 
@@ -481,6 +483,7 @@ class Run:
         self.results: dict[str, RunResult] = {}
         self.tmp = Path(tempfile.mkdtemp(prefix="kvkit-run-"))
         self.zygote: subprocess.Popen | None = None
+        self.warm_s: float | None = None  # until the warm process had imported everything
 
     def _start_zygote(self) -> dict[str, str]:
         """The warm process the notebooks' kernels are forked from (see WARM_MODULES); {} when off."""
@@ -547,6 +550,7 @@ class Run:
 
         started = time.perf_counter()
         self.warm = self._start_zygote()
+        ready = Path(self.warm["KVKIT_ZYGOTE"] + ".ready") if self.warm else None
         pending, running = list(self.paths), []
         with _Stop() as stop, tqdm(total=len(pending), desc=_label(), unit="nb", disable=None, file=sys.stderr,
                                    leave=False) as bar:
@@ -561,6 +565,8 @@ class Run:
                     status = "ok" if res.ok else f"FAILED ({res.error})"
                     tqdm.write(f"  {res.notebook}: {status} in {res.seconds:.1f}s", file=sys.stdout)
                     bar.update(1)
+                if ready is not None and self.warm_s is None and ready.exists():
+                    self.warm_s = round(time.perf_counter() - started, 2)
                 time.sleep(0.05)
             if stop.signum is not None:
                 self._interrupt(running)
@@ -608,7 +614,7 @@ class Run:
         timings = {
             "run_id": self.record.run_id, "command": self.command, "status": self.record.data["status"],
             "total_seconds": round(total, 2), "jobs": self.jobs, "cpu_count": os.cpu_count(),
-            "run": {"notebooks_s": round(notebooks_s, 2), "summary_s": report_s},
+            "run": {"warm_imports_s": self.warm_s, "notebooks_s": round(notebooks_s, 2), "summary_s": report_s},
             "phases_summed_over_notebooks": {k: round(sum(r.phases.get(k, 0.0) for r in rows), 2) for k in keys},
             "notebooks": [{"notebook": r.notebook, "status": r.status, "ok": r.ok, "seconds": r.seconds, "error": r.error,
                            "output": f"notebooks/{r.notebook}.ipynb" if r.output else None, "phases": r.phases}
@@ -687,6 +693,8 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
     out_base = output_dir()
     record = rec.RunRecord(output_dir("matrix"), "matrix", {"releases": releases}, {s: {} for s in stems or
                                                                                     [nb.stem for nb in notebooks()]})
+    record.write()
+    record.data["environment"]["transformers"] = list(releases)
     record.write()
     os.environ["KVKIT_MATRIX_RUN_ID"] = record.run_id
     record.data["releases"], infos = {}, []
@@ -779,4 +787,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before the run's own handlers were in place: nothing had started
+        print("interrupted before the run started", file=sys.stderr)
+        sys.exit(130)
