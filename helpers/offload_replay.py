@@ -254,7 +254,8 @@ def replay_decision(table: Any) -> Decision:
         why = (f"{v} (all {s['stale_reads']} unordered reads stale): prefill bitwise equal = {s['prefill_bitwise_equal']}, "
                f"every decode step beyond the floor = {s['decode_differs_every_step']} (max |diff| per step "
                f"{[round(x, 4) for x in s['max_abs_diff']]}); without stale reads ({', '.join(clean)}) bitwise equal = {clean_ok}")
-    v, s = next(iter(full.items())) if full else ("none", {"max_abs_diff": [None, None]})
-    deciding = {"lag (every unordered read stale)": v, "prefill max |logit diff|": s["max_abs_diff"][0],
+    v, s = next(iter(full.items())) if full else (None, {"max_abs_diff": [None, None]})
+    lag = int(table[table.variant == v].lag.iloc[0]) if v else None
+    deciding = {"smallest lag with every unordered read stale": lag, "prefill max |logit diff|": s["max_abs_diff"][0],
                 "decode 1 max |logit diff|": s["max_abs_diff"][1] if len(s["max_abs_diff"]) > 1 else None}
     return Decision(drift_ok and clean_ok, evidence, why, deciding=deciding, source=REPORT_VALUES)

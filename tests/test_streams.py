@@ -152,13 +152,15 @@ def _table(rows: list[tuple[str, int, int, int, float, bool]]) -> pd.DataFrame:
     cols = ["variant", "stale_reads", "unordered_reads", "step", "max_abs_diff", "differs"]
     df = pd.DataFrame(rows, columns=cols)
     df["bitwise_equal"] = df.max_abs_diff == 0
+    df["lag"] = df.variant.str.extract(r"lag (\d+)")[0].astype(int)
     return df
 
 
 def test_replay_decision_rejects_contradicting_measurements():
     good = [("lag 0", 0, 2, 0, 0.0, False), ("lag 0", 0, 2, 1, 0.0, False),
             ("lag 9", 2, 2, 0, 0.0, False), ("lag 9", 2, 2, 1, 0.5, True)]
-    assert offload_replay.replay_decision(_table(good)).holds
+    decision = offload_replay.replay_decision(_table(good))
+    assert decision.holds and decision.deciding["smallest lag with every unordered read stale"] == 9
     late = good[:2] + [("lag 9", 2, 2, 0, 0.0, False), ("lag 9", 2, 2, 1, 0.0, False), ("lag 9", 2, 2, 2, 0.3, True)]
     assert not offload_replay.replay_decision(_table(late)).holds  # drift starts one step late
     prefill = good[:2] + [("lag 9", 2, 2, 0, 0.1, True), ("lag 9", 2, 2, 1, 0.5, True)]
