@@ -445,7 +445,8 @@ class _Stop:
 
     def _note(self, signum: int, _frame: Any) -> None:
         if self.signum is None:
-            print(f"\n{signal.Signals(signum).name}: stopping; no further notebook starts", file=sys.stderr, flush=True)
+            what = "no further release starts" if self.forward else "no further notebook starts"
+            print(f"\n{signal.Signals(signum).name}: stopping; {what}", file=sys.stderr, flush=True)
         self.signum = self.signum or signum
         if self.forward:
             for pid in _children().get(os.getpid(), []):
@@ -722,7 +723,7 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
         bad = [i["release"] for i in infos if not i.get("ok") or i.get("rc") != 0]
         record.finish("interrupted" if stop.signum is not None else "failed" if bad else "complete")
     print(f"matrix: {path.name}")
-    if bad:
+    if bad and stop.signum is None:
         print(f"releases not installed or with failed notebooks: {', '.join(bad)}", file=sys.stderr)
     return 128 + stop.signum if stop.signum is not None else 1 if bad else 0
 
