@@ -134,22 +134,16 @@ class ReplayRun:
 
 
 def replay_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, lag: int = 0, fix: bool = False,
-               host_synced: bool = True, before_call: Callable[[str], None] | None = None,
-               cache_hook: Callable[[Any], Any] | None = None) -> ReplayRun:
+               host_synced: bool = True) -> ReplayRun:
     """Greedy run with DynamicCache(offloading=True) under recording stand-ins (lag 0: nothing stale).
 
     `fix`: add the 5.20.0 ordering edge; `host_synced`: the greedy loop's `.cpu()` of the logits is a
-    host wait for the default stream between calls; `cache_hook(cache)` may return a context manager.
+    host wait for the default stream between calls.
     """
     with recording_streams() as log:
         cache = compat.dynamic_cache(model.config, offloading=True)
-        extra = cache_hook(cache) if cache_hook else nullcontext()
-        with extra, track(cache, log, lag=lag), (ordering_edge(cache, ids.device) if fix else nullcontext()):
-            def begin(label: str) -> None:
-                log.begin(label, host_synced)
-                if before_call:
-                    before_call(label)
-            run = greedy_run(model, ids, n_steps, cache=cache, before_call=begin)
+        with track(cache, log, lag=lag), (ordering_edge(cache, ids.device) if fix else nullcontext()):
+            run = greedy_run(model, ids, n_steps, cache=cache, before_call=lambda label: log.begin(label, host_synced))
     run.cache = None
     return ReplayRun(lag, fix, run, log)
 
