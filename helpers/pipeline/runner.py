@@ -279,20 +279,19 @@ def _warm_imports() -> None:
     import pkgutil
     import warnings
 
-    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    warnings.simplefilter("ignore")
-    names = list(WARM_MODULES)
     import helpers
 
-    names += [f"helpers.{m.name}" for m in pkgutil.iter_modules(helpers.__path__)]
-    for name in names:
-        if name.startswith(WARM_SKIP):
-            continue
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a module the kernel will import (and report) itself
-            pass
-    warnings.resetwarnings()
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    names = [*WARM_MODULES, *(f"helpers.{m.name}" for m in pkgutil.iter_modules(helpers.__path__))]
+    with warnings.catch_warnings():  # the filters themselves are left as a fresh kernel has them
+        warnings.simplefilter("ignore")
+        for name in names:
+            if name.startswith(WARM_SKIP):
+                continue
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - a module the kernel will import (and report) itself
+                pass
 
 
 def _serve_kernel(conn: Any, request: dict[str, Any], fds: list[int]) -> None:
@@ -337,7 +336,11 @@ def _zygote_main(argv: list[str]) -> int:
     _warm_imports()
     Path(path + ".ready").touch()
     kernels: dict[int, Any] = {}  # pid -> the stub's connection
+    parent = os.getppid()
     while True:
+        if os.getppid() != parent:  # the runner is gone (killed hard): so are its kernels
+            _kill(list(kernels), signal.SIGKILL)
+            os._exit(0)
         readable, _, _ = select.select([server, *kernels.values()], [], [], 0.1)
         for sock in readable:
             if sock is server:
