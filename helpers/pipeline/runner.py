@@ -8,7 +8,10 @@ checked against each notebook's `parameters` cell before any kernel starts (para
 runs in a child process of its own (`_exec`, its own process group), so Ctrl-C or SIGTERM stops the
 run within seconds: no further notebook starts, kernels are shut down, unfinished notebooks are
 recorded as interrupted, and the summary says so. `--notebooks 01 02` (or NOTEBOOKS="01 02")
-restricts a run-all.
+restricts a run-all. Kernels are forked from one warm process that imported torch, transformers and
+the helpers once (see "warm kernels" below; KVKIT_WARM_KERNELS=0 starts plain ipykernels instead).
+timings.json says where the time went: per notebook kernel_start_s (until the first cell ran: the
+warm process's imports for the first notebooks), imports_s, model_build_s, experiments_s, html_s.
 """
 from __future__ import annotations
 
