@@ -23,3 +23,17 @@ def prefix_cache(bundle: models.ModelBundle, prompt: inputs.Prompt):
 
     compat.set_rope_state(bundle.model, None)
     return continuation.prefill(bundle.model, prompt)[1]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> models.ModelBundle:
+    """The tiny hybrid (linear + full attention) of notebook 05."""
+    return models.load(models.TINY_HYBRID)
+
+
+@pytest.fixture(scope="module")
+def ids(tiny: models.ModelBundle):
+    """The report's input shape scaled down: random ids, batch 2, 8 tokens."""
+    from helpers import offload
+
+    return offload.random_ids(tiny.model, batch_size=2, seq_len=8, seed=0)

@@ -16,16 +16,6 @@ NO_CUDA = not torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
-def tiny() -> models.ModelBundle:
-    return models.load(models.TINY_HYBRID)
-
-
-@pytest.fixture(scope="module")
-def ids(tiny) -> torch.Tensor:
-    return offload.random_ids(tiny.model, batch_size=2, seq_len=8, seed=0)
-
-
-@pytest.fixture(scope="module")
 def record(tiny, ids) -> offload.ScheduleRecord:
     return offload.record_schedule(tiny.model, ids, n_steps=3)
 

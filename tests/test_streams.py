@@ -86,16 +86,6 @@ def test_stand_ins_record_and_restore_even_after_an_error():
 # --- the installed offloading path under the model ------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def tiny() -> models.ModelBundle:
-    return models.load(models.TINY_HYBRID)
-
-
-@pytest.fixture(scope="module")
-def ids(tiny) -> torch.Tensor:
-    return offload.random_ids(tiny.model, batch_size=2, seq_len=8, seed=0)
-
-
-@pytest.fixture(scope="module")
 def replay(tiny, ids) -> offload_replay.Replay:
     return offload_replay.race_replay(tiny.model, ids, 3, [0, 6, 12], torch.float32, fix_lag=12)
 
