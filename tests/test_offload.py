@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from helpers import hybrid, models, offload, offload_gpu, offload_source, streams
+from helpers import hybrid, offload, offload_gpu, offload_source, streams
 from helpers.pipeline import gpu_check, runner
 from helpers.pipeline.paths import repo_root
 

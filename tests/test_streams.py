@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import models, offload, offload_replay, streams
+from helpers import offload_replay, streams
 
 
 def _copy_then_read(log: streams.StreamLog, reader: streams.RecStream, before_read=None) -> dict:
