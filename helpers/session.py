@@ -6,7 +6,7 @@ import os
 import time
 from typing import Any
 
-from .models import ModelBundle, load
+from .models import ModelBundle, load, public_model_id
 from .results import Results, environment
 
 
@@ -18,7 +18,7 @@ def start(notebook: str, claims: dict[str, str], model_id: str, revision: str | 
     `environment_checks`: claim ids that state facts about the machine, not findings of a source.
     """
     entered = time.time()
-    res = Results(notebook, claims, environment(model_id=model_id, model_revision=revision, dtype=dtype,
+    res = Results(notebook, claims, environment(model_id=public_model_id(model_id), model_revision=revision, dtype=dtype,
                                                 attn_implementation=attn_implementation, device=device, seed=seed),
                   environment_checks=environment_checks)
     built = time.time()

@@ -24,7 +24,7 @@ from .paths import output_dir, repo_root
 MAX_CHARS = 60_000
 VERDICT_MARK = {"reproduced": "✅", "not_reproduced": "❌", "skipped": "⏭️", "error": "⚠️"}
 ENV_KEYS = ("python", "torch", "transformers", "platform", "cuda_available", "device", "device_name", "dtype",
-            "attn_implementation", "model_id", "model_revision", "seed")
+            "attn_implementation", "model_id", "model_revision", "processor", "seed")
 # Keys that name the model a notebook ran: shown per notebook when they differ between notebooks.
 MODEL_KEYS = ("model_id", "model_revision", "dtype", "attn_implementation", "device")
 
