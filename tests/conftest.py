@@ -34,6 +34,6 @@ def tiny() -> models.ModelBundle:
 @pytest.fixture(scope="module")
 def ids(tiny: models.ModelBundle):
     """The report's input shape scaled down: random ids, batch 2, 8 tokens."""
-    from helpers import offload
+    from helpers.offload import loops
 
-    return offload.random_ids(tiny.model, batch_size=2, seq_len=8, seed=0)
+    return loops.random_ids(tiny.model, batch_size=2, seq_len=8, seed=0)

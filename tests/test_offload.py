@@ -8,7 +8,8 @@ import os
 import pytest
 import torch
 
-from helpers import hybrid, offload, offload_gpu, offload_source, streams
+from helpers import hybrid
+from helpers.offload import gpu, loops, schedule, source, streams
 from helpers.pipeline import gpu_check, runner
 from helpers.pipeline.paths import repo_root
 
@@ -16,8 +17,8 @@ NO_CUDA = not torch.cuda.is_available()
 
 
 @pytest.fixture(scope="module")
-def record(tiny, ids) -> offload.ScheduleRecord:
-    return offload.record_schedule(tiny.model, ids, n_steps=3)
+def record(tiny, ids) -> schedule.ScheduleRecord:
+    return schedule.record_schedule(tiny.model, ids, n_steps=3)
 
 
 def test_tiny_hybrid_interleaves_linear_and_full_attention_3_to_1(tiny):
@@ -36,10 +37,10 @@ def test_tiny_hybrid_is_seeded(tiny):
 
 
 def test_random_ids_are_seeded_and_in_the_vocabulary(tiny):
-    a, b = offload.random_ids(tiny.model, 2, 16, seed=3), offload.random_ids(tiny.model, 2, 16, seed=3)
+    a, b = loops.random_ids(tiny.model, 2, 16, seed=3), loops.random_ids(tiny.model, 2, 16, seed=3)
     assert a.shape == (2, 16) and torch.equal(a, b)
     assert int(a.max()) < tiny.model.config.vocab_size
-    assert not torch.equal(a, offload.random_ids(tiny.model, 2, 16, seed=4))
+    assert not torch.equal(a, loops.random_ids(tiny.model, 2, 16, seed=4))
 
 
 def test_recorder_sees_offload_and_prefetch_on_attention_layers_only(record):
@@ -60,7 +61,7 @@ def test_recorder_sees_offload_and_prefetch_on_attention_layers_only(record):
 
 
 def test_verdict_inputs_notice_a_moved_linear_layer():
-    rec = offload.ScheduleRecord(["linear_attention", "full_attention"], ["LinearAttentionLayer", "DynamicLayer"])
+    rec = schedule.ScheduleRecord(["linear_attention", "full_attention"], ["LinearAttentionLayer", "DynamicLayer"])
     rec.begin("prefill")
     rec.log("layer", "offload", 1)
     rec.log("layer", "prefetch", 1)
@@ -96,7 +97,7 @@ def test_instrument_wraps_the_originals_and_removes_itself():
             self.layers[layer_idx].offload()
 
     cache = Cache()
-    with offload.instrument(cache, ["linear_attention", "full_attention"]) as rec:
+    with schedule.instrument(cache, ["linear_attention", "full_attention"]) as rec:
         rec.begin("prefill")
         cache.offload(1)
         cache.layers[0].prefetch()
@@ -110,39 +111,39 @@ def test_instrument_wraps_the_originals_and_removes_itself():
 def test_instrumented_run_on_cpu_equals_offloading_false(tiny, ids, record):
     if not NO_CUDA:
         pytest.skip("on CUDA the instrumented run really moves tensors")
-    plain = offload.greedy_run(tiny.model, ids, n_steps=3)
-    assert offload.step_table(plain, record.run).bitwise_equal.all()
+    plain = loops.greedy_run(tiny.model, ids, n_steps=3)
+    assert loops.step_table(plain, record.run).bitwise_equal.all()
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="needs a machine without CUDA")
 def test_unpatched_offloading_fails_naming_cuda_without_a_gpu(tiny, ids):
-    outcome = offload_source.try_unpatched_offloading(tiny.model, ids, n_steps=2)
+    outcome = source.try_unpatched_offloading(tiny.model, ids, n_steps=2)
     assert outcome["raised"], outcome
-    assert offload_source.mentions_cuda(outcome)
+    assert source.mentions_cuda(outcome)
     assert outcome["transformers_frame"].startswith("transformers/cache_utils.py")
     assert streams.stand_ins_active() == []
 
 
 def test_source_facts_match_the_recorded_schedule():
-    facts = offload_source.source_facts()
+    facts = source.source_facts()
     assert facts["Cache.update offloads and prefetches"]
     assert not facts["Cache.update_conv_state offloads or prefetches"]
     assert not facts["Cache.update_recurrent_state offloads or prefetches"]
     assert facts["Cache.prefetch skips linear layers"]
-    names = [s["name"] for s in offload_source.offloading_source()]
+    names = [s["name"] for s in source.offloading_source()]
     assert "Cache.update" in names and "LinearAttentionCacheLayerMixin.offload" in names
 
 
 # --- the CUDA path, executed on CPU under the recording stand-ins ------------------------------------------------
 
 @pytest.fixture(scope="module")
-def simulated(tiny, ids) -> offload_gpu.GpuExperiment:
-    return offload_gpu.gpu_experiment(tiny.model, ids, n_steps=3, cycles=1000, simulate=True)
+def simulated(tiny, ids) -> gpu.GpuExperiment:
+    return gpu.gpu_experiment(tiny.model, ids, n_steps=3, cycles=1000, simulate=True)
 
 
 @pytest.fixture(scope="module")
-def simulated_race(tiny, ids) -> offload_gpu.GpuExperiment:
-    return offload_gpu.gpu_experiment(tiny.model, ids, n_steps=3, cycles=1000, simulate=True, race_lag=16)
+def simulated_race(tiny, ids) -> gpu.GpuExperiment:
+    return gpu.gpu_experiment(tiny.model, ids, n_steps=3, cycles=1000, simulate=True, race_lag=16)
 
 
 def test_gpu_experiment_runs_on_cpu_without_a_race(simulated):
@@ -152,8 +153,8 @@ def test_gpu_experiment_runs_on_cpu_without_a_race(simulated):
     assert simulated.steps.bitwise_equal.all() and not simulated.states.differs.any()
     assert (simulated.steps.noise_threshold > 0).all()  # never a floor of 0
     kinds = set(simulated.states.kind)
-    assert kinds == {offload_gpu.ATTENTION_KV, offload_gpu.LINEAR_STATE}
-    verdicts = {cid: d.holds for cid, d in offload_gpu.decisions(simulated).items()}
+    assert kinds == {gpu.ATTENTION_KV, gpu.LINEAR_STATE}
+    verdicts = {cid: d.holds for cid, d in gpu.decisions(simulated).items()}
     assert verdicts == {"offload.prefill_identical": True, "offload.decode_drifts": False,
                         "offload.first_differing_tensor_is_attention_kv": False,
                         "offload.ordering_edge_removes_drift": False}
@@ -164,9 +165,9 @@ def test_gpu_experiment_on_cpu_with_the_replayed_race_names_layer_3_kv(simulated
     ex = simulated_race
     assert ex.cost.set_index("variant").stale_reads_served.to_dict() == {
         "offloading=False": 0, "offloading=False (again)": 0, "offloading=True": 3, "offloading=True + 5.20.0 edge": 0}
-    first = offload_gpu.first_difference(ex.states[ex.states.variant == "offloading=True"])
-    assert (first["tensor"], first["call"], first["kind"]) == ("layer 3 keys", "prefill", offload_gpu.ATTENTION_KV)
-    decisions = offload_gpu.decisions(ex)
+    first = gpu.first_difference(ex.states[ex.states.variant == "offloading=True"])
+    assert (first["tensor"], first["call"], first["kind"]) == ("layer 3 keys", "prefill", gpu.ATTENTION_KV)
+    decisions = gpu.decisions(ex)
     assert all(d.holds for d in decisions.values()), {k: d.why for k, d in decisions.items()}
 
 
@@ -174,20 +175,20 @@ def test_gpu_decisions_reject_contradicting_measurements(simulated_race):
     steps, states = simulated_race.steps.copy(), simulated_race.states.copy()
     prefill = steps.index[(steps.variant == "offloading=True") & (steps.step == 0)]
     steps.loc[prefill, ["max_abs_diff", "matches", "differs"]] = [1.0, False, True]
-    assert not offload_gpu.decide_prefill_identical(steps).holds
+    assert not gpu.decide_prefill_identical(steps).holds
     linear_first = states.copy()
-    linear_first.loc[linear_first.kind == offload_gpu.ATTENTION_KV, "differs"] = False
-    linear_first.loc[(linear_first.kind == offload_gpu.LINEAR_STATE) & (linear_first.step == 1), "differs"] = True
-    assert not offload_gpu.decide_first_tensor(linear_first).holds
+    linear_first.loc[linear_first.kind == gpu.ATTENTION_KV, "differs"] = False
+    linear_first.loc[(linear_first.kind == gpu.LINEAR_STATE) & (linear_first.step == 1), "differs"] = True
+    assert not gpu.decide_first_tensor(linear_first).holds
     fixed = simulated_race.steps.copy()
     edge = fixed.variant == "offloading=True + 5.20.0 edge"
     fixed.loc[edge & (fixed.step == 2), ["max_abs_diff", "matches", "differs"]] = [0.5, False, True]
-    assert not offload_gpu.decide_edge_removes_drift(fixed, simulated_race.states).holds
+    assert not gpu.decide_edge_removes_drift(fixed, simulated_race.states).holds
 
 
 def test_device_lag_sleeps_on_the_default_stream_once_per_forward(tiny, ids):
-    with streams.recording_streams() as log, offload_gpu.device_lag(tiny.model, 123):
-        offload.greedy_run(tiny.model, ids, n_steps=2)
+    with streams.recording_streams() as log, gpu.device_lag(tiny.model, 123):
+        loops.greedy_run(tiny.model, ids, n_steps=2)
     sleeps = [e for e in log.events if e["op"] == "sleep"]
     assert len(sleeps) == 2 and {e["stream"] for e in sleeps} == {"default"}
     assert not tiny.model._forward_pre_hooks
@@ -234,7 +235,7 @@ def test_notebook_skips_cuda_claims_on_cpu(tmp_path):
     assert result.ok, result.error
     data = json.loads((tmp_path / "results" / "05_hybrid_offloading_drift.json").read_text())
     claims = {c["id"]: c for c in data["claims"]}
-    for cid in offload_gpu.CUDA_CLAIMS:
+    for cid in gpu.CUDA_CLAIMS:
         assert claims[cid]["verdict"] == "skipped" and "CUDA" in claims[cid]["reason"], cid
     for cid in ("offload.linear_layers_never_moved", "offload.prefetch_reads_unordered_copy",
                 "offload.race_replay_drifts_like_report"):

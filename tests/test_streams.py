@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers import offload_replay, streams
+from helpers.offload import replay as offload_replay
+from helpers.offload import streams
 
 
 def _copy_then_read(log: streams.StreamLog, reader: streams.RecStream, before_read=None) -> dict:

@@ -262,7 +262,7 @@ WARM_MODULES = ("IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "matplot
                 "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl",
                 "transformers.models.qwen2_vl.image_processing_qwen2_vl")
 # Helpers that import pyplot are left to the kernel: the inline backend must meet a live shell.
-WARM_SKIP = ("helpers.plots", "helpers.offload_plots", "helpers.pipeline")
+WARM_SKIP = ("helpers.plots", "helpers.offload.plots", "helpers.pipeline")
 
 
 def warm_enabled() -> bool:

@@ -4,95 +4,30 @@ the schedule recorder.
 * `greedy_run`: the report's loop — a prefill (logits_to_keep=1), then greedy one-token decode steps.
 * `record_schedule` (everywhere): which cache layers the offloading path actually offloads and prefetches,
   per forward call. The cache's own `offload`/`prefetch`/`update*` methods are wrapped on the instance (the
-  originals still run) under helpers.streams' recording stand-ins for the CUDA stream API, and
-  helpers.offload_replay.track enters every copy into the stream log (the ordering check).
+  originals still run) under helpers.offload.streams' recording stand-ins for the CUDA stream API, and
+  helpers.offload.tracking.track enters every copy into the stream log (the ordering check).
 
-The stream model and the race replay: helpers.streams, helpers.offload_replay; the GPU experiment:
-helpers.offload_gpu; the installed source and the real path unpatched: helpers.offload_source; figures: helpers.offload_plots.
+The stream model and the race replay: helpers.offload.streams, helpers.offload.replay; the GPU experiment:
+helpers.offload.gpu; the installed source and the real path unpatched: helpers.offload.source; figures: helpers.offload.plots.
 """
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 
-from . import compat
-from .hybrid import layer_types as config_layer_types
+from .. import compat
+from ..hybrid import layer_types as config_layer_types
+from .loops import GreedyRun, greedy_run
+from .streams import recording_streams
+from .tracking import track
 
 LINEAR_TYPES = ("linear_attention",)
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 MOVES = ("offload", "prefetch")
 CACHE_METHODS = ("offload", "prefetch", "update", "update_conv_state", "update_recurrent_state")
-
-
-# --- inputs and the greedy loop of the seed -------------------------------------------------------
-
-def random_ids(model: torch.nn.Module, batch_size: int = 2, seq_len: int = 64, seed: int = 0,
-               device: str | torch.device = "cpu") -> torch.Tensor:
-    """Random token ids from a seeded CPU generator, moved to `device` (the seed drew from [1000, 50000))."""
-    vocab = int(compat.text_config(model.config).vocab_size)
-    low, high = (1000, 50000) if vocab > 50000 else (0, vocab)
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(low, high, (batch_size, seq_len), generator=gen).to(device)
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@dataclass
-class GreedyRun:
-    """Last-position logits (float32, CPU) and greedy tokens of every forward call, with timings."""
-
-    logits: list[torch.Tensor]
-    tokens: list[torch.Tensor]
-    prefill_s: float
-    decode_s: float
-    cache: Any = field(default=None, repr=False)
-
-
-@torch.no_grad()
-def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cache: Any = None,
-               before_call: Callable[[str], None] | None = None,
-               after_call: Callable[[str, Any], None] | None = None) -> GreedyRun:
-    """The seed's `run()`: a prefill (logits_to_keep=1), then n_steps-1 greedy one-token decode steps.
-
-    `cache=None` lets the model make its own cache (the seed's offloading=False arm);
-    `before_call(label)` / `after_call(label, cache)` run around every forward call.
-    """
-    name = compat.cache_kwarg(model)
-    keep = {"logits_to_keep": 1} if compat.accepts(model.forward, "logits_to_keep") else {}
-    logits, tokens = [], []
-    _sync(ids.device)
-    start = time.perf_counter()
-    if before_call:
-        before_call("prefill")
-    kwargs = {name: cache} if cache is not None else {}
-    out = model(input_ids=ids, use_cache=True, **kwargs, **keep)
-    if after_call:
-        after_call("prefill", compat.output_cache(out))
-    _sync(ids.device)
-    prefill_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for step in range(n_steps):
-        last = out.logits[:, -1, :]
-        logits.append(last.detach().float().cpu().clone())
-        next_ids = last.argmax(-1, keepdim=True)
-        tokens.append(next_ids.detach().cpu().clone())
-        cache = compat.output_cache(out)
-        if step == n_steps - 1:
-            break
-        if before_call:
-            before_call(f"decode {step + 1}")
-        out = model(input_ids=next_ids, use_cache=True, **{name: cache})
-        if after_call:
-            after_call(f"decode {step + 1}", compat.output_cache(out))
-    _sync(ids.device)
-    return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache)
 
 
 # --- the recorder ---------------------------------------------------------------------------------
@@ -127,7 +62,7 @@ class ScheduleRecord:
     events: list[dict[str, Any]] = field(default_factory=list)
     stream_calls: dict[str, int] = field(default_factory=dict)
     run: GreedyRun | None = field(default=None, repr=False)
-    streams: Any = field(default=None, repr=False)  # the helpers.streams.StreamLog of the run
+    streams: Any = field(default=None, repr=False)  # the helpers.offload.streams.StreamLog of the run
 
     def begin(self, label: str) -> None:
         self.calls.append(label)
@@ -249,10 +184,7 @@ def instrument(cache: Any, layer_types: list[str]) -> Iterator[ScheduleRecord]:
 
 def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, host_synced: bool = True) -> ScheduleRecord:
     """Greedy run with `DynamicCache(config=model.config, offloading=True)`, instrumented, under the
-    recording stream stand-ins (helpers.streams): `record.streams` holds every copy, wait and read."""
-    from .offload_replay import track
-    from .streams import recording_streams
-
+    recording stream stand-ins (helpers.offload.streams): `record.streams` holds every copy, wait and read."""
     types = config_layer_types(model.config)
     with recording_streams() as log:
         cache = compat.dynamic_cache(model.config, offloading=True)
@@ -265,36 +197,3 @@ def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4,
     return record
 
 
-# --- comparisons ----------------------------------------------------------------------------------
-
-def step_table(reference: GreedyRun, other: GreedyRun, noise: GreedyRun | None = None) -> Any:
-    """Per forward call: max |logit diff| vs reference, argmax agreement, and the noise floor."""
-    import pandas as pd
-
-    rows = []
-    for step, (ref, oth) in enumerate(zip(reference.logits, other.logits)):
-        row = {"step": step, "call": "prefill" if step == 0 else f"decode {step}",
-               "max_abs_diff": float((ref - oth).abs().max()),
-               "argmax_match": bool(torch.equal(ref.argmax(-1), oth.argmax(-1))),
-               "bitwise_equal": bool(torch.equal(ref, oth)),
-               "reference_top1_logit": float(ref.max(-1).values.max())}
-        if noise is not None:
-            row["noise_floor"] = float((ref - noise.logits[step]).abs().max())
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-@dataclass
-class Decision:
-    """A computed verdict with its evidence, the deciding values and the report's value for them."""
-
-    holds: bool
-    evidence: dict[str, Any]
-    why: str
-    deciding: dict[str, Any] = field(default_factory=dict)
-    source: dict[str, Any] = field(default_factory=dict)
-
-    def record(self, res: Any, claim_id: str, **extra: Any) -> str:
-        """`res.decide(...)` with everything this decision holds (`extra` joins the evidence)."""
-        return res.decide(claim_id, self.holds, {**self.evidence, **extra}, why=self.why,
-                          deciding=self.deciding, source=self.source)

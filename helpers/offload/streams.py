@@ -4,14 +4,14 @@ The offloading path of `Cache.update` enqueues non-blocking copies on two CUDA s
 is no GPU (or in the tests), `recording_streams()` replaces torch.Stream, torch.cuda.Stream,
 torch.cuda.stream, default_stream, current_stream, synchronize, Event and _sleep by stand-ins that
 record, in host order, every stream created, every `wait_stream` / `record_event` / `wait_event` /
-synchronize, and which stream is current (`with stream:`). helpers.offload_replay.track adds, per
+synchronize, and which stream is current (`with stream:`). helpers.offload.tracking.track adds, per
 cache layer, the copies and the compute those calls order: an offload reads the layer's device K/V and
 writes a new host buffer, a prefetch reads that host buffer and writes the device K/V, the layer's
 own update reads and writes the device K/V. Happens-before between them comes from vector clocks
 (one per stream, joined by waits and host synchronizations), so `log.reads()` lists every read with
 whether its producing copy is ordered before it.
 
-Race replay (helpers.offload_replay.track(..., lag=L)): the device is modelled as running L *cache-update calls* behind
+Race replay (helpers.offload.tracking.track(..., lag=L)): the device is modelled as running L *cache-update calls* behind
 the host — a cache-update call is one call of `Cache.update`, `Cache.update_conv_state` or
 `Cache.update_recurrent_state` on this cache (one layer's cache write, in host order). A copy
 enqueued during cache-update call u has landed by cache-update call u + L. A read that is not ordered

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import compat
+from .. import compat
 
 
 def _finish(fig: Any, stem: str, name: str) -> Any:
     import matplotlib.pyplot as plt
 
-    from .plots import save_figure
+    from ..plots import save_figure
 
     fig.tight_layout()
     path = save_figure(fig, stem, name)

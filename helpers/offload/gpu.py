@@ -4,7 +4,7 @@ after every step, and the fix control (the 5.20.0 ordering edge added to the ins
 On CUDA: real streams; `torch.cuda._sleep(cycles)` on the default stream at the start of every forward (a
 forward pre-hook, as PyTorch's own stream tests delay a stream), so the host runs ahead of the device
 deterministically even on a small model; `torch.cuda.synchronize()` after every step before the cache state is
-copied to the host. `simulate=True` runs the same code on CPU under helpers.streams' recording stand-ins (the
+copied to the host. `simulate=True` runs the same code on CPU under helpers.offload.streams' recording stand-ins (the
 tests do), optionally serving the race replay's stale reads (`race_lag`), so none of it runs first on a GPU.
 """
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import Any, Iterator
 
 import torch
 
-from . import compat
-from .compare import noise_floor
-from .offload import Decision, GreedyRun, greedy_run, step_table
-from .offload_replay import REPORT_VALUES, ordering_edge, track
+from .. import compat
+from ..compare import noise_floor
+from .loops import Decision, GreedyRun, greedy_run, step_table
+from .replay import REPORT_VALUES
+from .tracking import ordering_edge, track
 from .streams import recording_streams
 
 ATTENTION_KV = "attention K/V"

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from . import compat
-from .offload import greedy_run, step_table
+from .. import compat
+from .loops import greedy_run, step_table
 
 
 def _source_targets() -> list[tuple[str, Any]]:

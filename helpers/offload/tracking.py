@@ -1,0 +1,117 @@
+"""Copy tracking of the offloading path under the stream model, and the 5.20.0 ordering edge.
+
+`track(cache, log)` wraps, on the cache instance only, every layer's `offload` / `prefetch` / `update`
+and the cache's three update methods (the originals always run): each real copy or compute the
+installed `Cache.update` makes is entered into a `streams.StreamLog` with the buffer it reads and the
+buffer it writes. Host buffers are modelled per layer: on CPU the layer's `.to()` calls are no-ops, so
+a layer's location (device or host) is tracked here, as the real `prefetch` checks it
+(`keys.device != self.device`). The lag unit of the replay is the cache-update call (see helpers.offload.streams).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .. import compat
+from .streams import StreamLog
+
+UPDATE_METHODS = ("update", "update_conv_state", "update_recurrent_state")
+
+
+def device_buffer(layer: int) -> str:
+    return f"layer {layer} device K/V"
+
+
+def host_buffer(layer: int) -> str:
+    return f"layer {layer} host K/V"
+
+
+def _holds_kv(layer: Any) -> bool:
+    keys, _ = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
+    return isinstance(keys, torch.Tensor) and keys.numel() > 0
+
+
+def _patch(obj: Any, method: str, wrapper_of: Callable[[Callable[..., Any]], Callable[..., Any]],
+           undo: list[tuple[Any, str, Any]]) -> None:
+    """Shadow obj.method by an instance attribute wrapping the current one; `undo` restores it."""
+    current = getattr(obj, method, None)
+    if current is None or not callable(current):
+        return
+    undo.append((obj, method, vars(obj).get(method)))
+    setattr(obj, method, wrapper_of(current))
+
+
+@contextmanager
+def _patched() -> Iterator[list[tuple[Any, str, Any]]]:
+    undo: list[tuple[Any, str, Any]] = []
+    try:
+        yield undo
+    finally:
+        for obj, method, previous in reversed(undo):
+            if previous is None:
+                vars(obj).pop(method, None)
+            else:
+                setattr(obj, method, previous)
+
+
+@contextmanager
+def track(cache: Any, log: StreamLog, lag: int | None = None) -> Iterator[StreamLog]:
+    """Enter every copy/compute of the offloading path into `log`; with `lag`, serve stale reads."""
+    where: dict[int, str] = {}
+
+    def counted(method: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                log.update_index += 1
+                return original(*args, **kwargs)
+            return wrapper
+        return wrapper_of
+
+    def layer_op(idx: int, layer: Any, method: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                if method == "update":
+                    reads = device_buffer(idx) if device_buffer(idx) in log.writers else None
+                    log.access("layer update (compute)", idx, reads, device_buffer(idx))
+                    where[idx] = "device"
+                    return original(*args, **kwargs)
+                out = original(*args, **kwargs)
+                if method == "offload" and _holds_kv(layer):
+                    log.access("offload copy (device->host)", idx, device_buffer(idx), host_buffer(idx))
+                    where[idx] = "host"
+                elif method == "prefetch" and _holds_kv(layer) and where.get(idx) == "host":
+                    event = log.access("prefetch copy (host->device)", idx, host_buffer(idx), device_buffer(idx))
+                    where[idx] = "device"
+                    if lag and event["read_ordered"] is False and event["calls_since_producer"] < lag:
+                        layer.keys, layer.values = torch.zeros_like(layer.keys), torch.zeros_like(layer.values)
+                        event["served_stale"] = True
+                return out
+            return wrapper
+        return wrapper_of
+
+    with _patched() as undo:
+        for method in UPDATE_METHODS:
+            _patch(cache, method, counted(method), undo)
+        for idx, layer in enumerate(compat.cache_layers(cache)):
+            for method in ("offload", "prefetch", "update"):
+                _patch(layer, method, layer_op(idx, layer, method), undo)
+        yield log
+
+
+@contextmanager
+def ordering_edge(cache: Any, device: str | torch.device | None = None) -> Iterator[Any]:
+    """The 5.20.0 edge on this cache instance: `prefetch` first makes the prefetch stream wait for the
+    default stream (`prefetch_stream.wait_stream(torch.cuda.default_stream(device))`), then runs as installed."""
+    device = torch.device(device) if device is not None else None
+    with _patched() as undo:
+        def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
+            def prefetch(*args: Any, **kwargs: Any) -> Any:
+                cache.prefetch_stream.wait_stream(torch.cuda.default_stream(device))
+                return original(*args, **kwargs)
+            return prefetch
+        _patch(cache, "prefetch", wrapper_of, undo)
+        yield cache
+
+
