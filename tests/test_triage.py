@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import compat, rebuilds, triage
+from helpers import compat
+from helpers.triage import rebuilds
+from helpers.triage import tree as triage
 from helpers.compare import NoiseFloor
 from helpers.pipeline import runner
 from helpers.pipeline.paths import repo_root
@@ -135,7 +137,7 @@ def test_per_layer_claim_outcomes_and_contradictions(tmp_path):
 def test_builtins_and_specs_load():
     for name in rebuilds.BUILTINS:
         assert callable(rebuilds.load(name))
-    assert rebuilds.load("helpers.rebuilds:int8") is rebuilds.int8
+    assert rebuilds.load("helpers.triage.rebuilds:int8") is rebuilds.int8
     fn = rebuilds.load(f"{EXAMPLE}:rebuild")
     assert fn.__name__ == "rebuild" and rebuilds.label(f"{EXAMPLE}:rebuild") == "rebuild"
     assert rebuilds.selection("all") == list(rebuilds.BUILTINS) and rebuilds.selection("int8") == ["int8"]
@@ -154,7 +156,7 @@ def test_a_rebuild_from_a_file_path(tmp_path, bundle, prompt, prefix_cache):
     ("no/such/file.py:fn", "does not exist"),
     ("nosuch_package.module:fn", "cannot import 'nosuch_package.module': ModuleNotFoundError"),
     (f"{EXAMPLE}:missing", "has no attribute 'missing'"),
-    ("helpers.rebuilds:BUILTINS", "not callable"),
+    ("helpers.triage.rebuilds:BUILTINS", "not callable"),
 ])
 def test_a_rebuild_that_cannot_be_loaded_is_one_line(spec, says):
     with pytest.raises(rebuilds.RebuildError) as info:
@@ -205,7 +207,8 @@ def test_a_resume_state_dict_carries_the_logical_length(bundle, prompt, prefix_c
 
 
 def test_controls_on_the_tiny_model_name_the_branches(bundle, prompt):
-    from helpers import triage_run, triage_tables
+    from helpers.triage import run as triage_run
+    from helpers.triage import tables as triage_tables
 
     base = triage_run.prepare(bundle, prompt)
     specs = triage_run.load_specs("int8", 4, 16) | {"probe": rebuilds.load(f"{EXAMPLE}:probe_then_copy")}
@@ -264,7 +267,9 @@ def test_builtins_name_a_layer_without_kv(bundle, prompt):
 
 def test_per_layer_lengths_under_eager_attention_raise_at_an_identified_stage():
     """With eager attention the mask sized from layer 0 meets a shorter layer: an error, placed by stage and layer."""
-    from helpers import inputs, models, triage_run, triage_tables
+    from helpers import inputs, models
+    from helpers.triage import run as triage_run
+    from helpers.triage import tables as triage_tables
 
     bundle = models.load(models.TINY_VL, attn_implementation="eager")
     prompt = inputs.build_prompt(bundle)

@@ -1,7 +1,7 @@
 """The resume-contract control's decision tree as code: control outcomes in, a branch and its path out.
 
 Everything here is pure: `Controls` holds the plain numbers the controls measured (see
-`helpers.triage_run`), `choose_branch` walks the tree and records every decision with its numbers,
+`helpers.triage.run`), `choose_branch` walks the tree and records every decision with its numbers,
 `render` prints the tree with the taken path marked (for pasting into a bug thread), and the
 `decide_*` functions compute the notebook's claims. "Matches"/"differs" always means against the
 `NoiseFloor` measured in the same run and dtype (`helpers.compare.noise_floor`).
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compare import NoiseFloor
+from ..compare import NoiseFloor
 
 LEAVES = ("resume_contract", "model_side_state", "compression_positions", "reconstruction_copy",
           "cache_metadata", "unexplained")

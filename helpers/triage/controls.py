@@ -16,11 +16,11 @@ from typing import Any, Callable, Iterator
 import pandas as pd
 import torch
 
-from . import compat
-from .capture import describe_call
-from .compare import logit_metrics
-from .continuation import current_position_ids
-from .inputs import Prompt
+from .. import compat
+from ..capture import describe_call
+from ..compare import logit_metrics
+from ..continuation import current_position_ids
+from ..inputs import Prompt
 
 ARG_SETS = ("neither", "position_only", "mask_only", "both")  # the seed's generation variants
 FULL = "mask_only"  # the argument set of the working path: the full mask = physical length + suffix

@@ -5,10 +5,10 @@ from typing import Any
 
 import pandas as pd
 
-from . import plots
-from .triage import ArgSet
-from .triage_controls import ARG_SETS, FULL, Step, diff, step_row
-from .triage_run import Baseline, Triaged
+from .. import plots
+from .tree import ArgSet
+from .controls import ARG_SETS, FULL, Step, diff, step_row
+from .run import Baseline, Triaged
 
 STEP_COLUMNS = ["result", "input_ids_shape", "attention_mask_shape", "position_ids", "cache_position", "rotary_position",
                 "past_length", "vs_original", "vs_full_forward", "top1_equal_full_forward", "stage", "error"]

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from . import caches, compat
+from .. import caches, compat
 
 RebuildFn = Callable[[Any, torch.nn.Module, Any], Any]
 BUILTINS = ("identity", "streaming", "int8", "per_layer")
@@ -128,7 +128,7 @@ def _import_target(spec: str) -> Any:
         if where.endswith(".py"):
             path = Path(where).expanduser()
             if not path.is_absolute() and not path.exists():
-                from .pipeline.paths import repo_root
+                from ..pipeline.paths import repo_root
 
                 path = repo_root() / path
             if not path.is_file():

@@ -13,12 +13,13 @@ from typing import Any
 import pandas as pd
 import torch
 
-from . import compat, rebuilds
-from .compare import NoiseFloor, noise_floor
-from .continuation import current_position_ids, prefill
-from .inputs import Prompt
-from .triage import ArgSet, Controls, choose_branch, identical
-from .triage_controls import (ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step,
+from .. import compat
+from . import rebuilds
+from ..compare import NoiseFloor, noise_floor
+from ..continuation import current_position_ids, prefill
+from ..inputs import Prompt
+from .tree import ArgSet, Controls, choose_branch, identical
+from .controls import (ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step,
                               kv_table, logical_positions)
 
 

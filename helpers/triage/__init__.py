@@ -1,0 +1,6 @@
+"""Notebook 06: the resume-contract control's decision tree as a triage tool for any cache rebuild.
+
+tree: the branches and their conditions; controls: the control steps (argument sets, explicit positions);
+run: a rebuild triaged against the original; tables: its tables and figure; rebuilds: the built-in rebuilds
+and loading a user's `file.py:function`.
+"""
