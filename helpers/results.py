@@ -21,7 +21,30 @@ import torch
 from .pipeline.paths import output_dir
 from .pipeline.record import run_stamp
 
-VERDICTS = ("reproduced", "not_reproduced", "skipped", "error")
+# What each claim is, and the two verdicts a decision can give it (holds, does not hold):
+# reproduces  - the source states it; the kit reproduces it or fails to (the only kind counted as "reproduced");
+# refutes     - a hypothesis the source puts forward, tested; the claim's statement is the counter-statement the
+#               kit measures, so holding means the hypothesis is refuted;
+# beyond      - a control or finding the source proposed but did not run, or the kit's own;
+# simulation  - a model of the hardware or of a race, run on this machine (labelled as such wherever shown);
+# environment - a fact about the machine, never a finding.
+KINDS: dict[str, tuple[str, str]] = {
+    "reproduces": ("reproduced", "not_reproduced"),
+    "refutes": ("refuted", "not_refuted"),
+    "beyond": ("holds", "fails"),
+    "simulation": ("holds", "fails"),
+    "environment": ("holds", "fails"),
+}
+UNDECIDED = ("skipped", "error")
+DECIDED = tuple(dict.fromkeys(v for pair in KINDS.values() for v in pair))
+VERDICTS = DECIDED + UNDECIDED
+
+
+def verdict_for(kind: str, holds: bool) -> str:
+    """The verdict word of a decided claim of this kind."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown claim kind {kind!r}; valid: {sorted(KINDS)}")
+    return KINDS[kind][0 if holds else 1]
 
 
 @dataclass
@@ -31,9 +54,8 @@ class Claim:
     verdict: str = "error"
     reason: str = "not reached: the notebook stopped before deciding this claim"
     evidence: dict[str, Any] = field(default_factory=dict)
-    # "finding" (a claim of a source report) or "environment_check" (a fact about the machine: never
-    # counted with the findings, never "reproduced" in a summary's tally).
-    kind: str = "finding"
+    # one of KINDS: reproduces, refutes, beyond, simulation, environment (see above)
+    kind: str = "reproduces"
     # The one or two values the verdict was computed from ({name: value}), and the source report's
     # value for the same quantity where it gives one ({name: value}); shown side by side in SUMMARY.md.
     deciding: dict[str, Any] = field(default_factory=dict)
@@ -87,11 +109,18 @@ class Results:
     """Claims of one notebook run, persisted after every change."""
 
     def __init__(self, notebook: str, claims: dict[str, str], env: dict[str, Any] | None = None,
-                 path: Path | None = None, environment_checks: tuple[str, ...] = ()) -> None:
+                 path: Path | None = None, environment_checks: tuple[str, ...] = (),
+                 kinds: dict[str, str] | None = None) -> None:
+        """`kinds`: {claim id: kind} (KINDS); a claim in `environment_checks` is of kind environment."""
         self.notebook = notebook
         self.env = env or environment()
-        self.claims = {cid: Claim(cid, text, kind="environment_check" if cid in environment_checks else "finding")
-                       for cid, text in claims.items()}
+        kinds = {**{cid: "environment" for cid in environment_checks}, **(kinds or {})}
+        unknown = sorted(set(kinds) - set(claims))
+        if unknown:
+            raise KeyError(f"kinds given for undeclared claims {unknown}")
+        self.claims = {cid: Claim(cid, text, kind=kinds.get(cid, "reproduces")) for cid, text in claims.items()}
+        for claim in self.claims.values():
+            verdict_for(claim.kind, True)  # an unknown kind is refused before any measurement
         self.extra: dict[str, Any] = {}
         self.run = run_stamp()  # the runner's run id (nulls when run by hand): see helpers/pipeline/record.py
         self.path = path or output_dir("results") / f"{notebook}.json"
@@ -104,13 +133,14 @@ class Results:
 
     def decide(self, claim_id: str, holds: bool, evidence: dict[str, Any], why: str = "",
                deciding: dict[str, Any] | None = None, source: dict[str, Any] | None = None) -> str:
-        """Record a measured claim: reproduced if `holds`, else not_reproduced, with its evidence.
+        """Record a measured claim: its kind's verdict for `holds` (reproduced/not_reproduced for a source's
+        statement, refuted/not_refuted for a hypothesis, holds/fails otherwise), with its evidence.
 
         `deciding`: the one or two values the verdict was computed from; `source`: the source report's
         value for the same quantity, where it gives one.
         """
         claim = self._claim(claim_id)
-        claim.verdict = "reproduced" if bool(holds) else "not_reproduced"
+        claim.verdict = verdict_for(claim.kind, bool(holds))
         claim.reason = why or ("the measurement matches the statement" if holds else "the measurement contradicts the statement")
         claim.evidence = to_jsonable(evidence)
         claim.deciding = to_jsonable(deciding or {})
@@ -141,7 +171,7 @@ class Results:
             yield
         except Exception as exc:  # noqa: BLE001 - recorded, printed, and the notebook goes on
             for cid in claim_ids:
-                if self.claims[cid].verdict not in ("reproduced", "not_reproduced", "skipped"):
+                if self.claims[cid].verdict not in DECIDED + ("skipped",):
                     self.fail(cid, exc)
             print(f"[error] {', '.join(claim_ids)} not decided: {type(exc).__name__}: {exc}", file=sys.stderr)
 
@@ -170,7 +200,8 @@ class Results:
         """The claims as a pandas DataFrame, for the notebook's verdict cell."""
         import pandas as pd
 
-        return pd.DataFrame([{"claim": c.id, "verdict": c.verdict, "reason": c.reason} for c in self.claims.values()])
+        return pd.DataFrame([{"claim": c.id, "kind": c.kind, "verdict": c.verdict, "reason": c.reason}
+                             for c in self.claims.values()])
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -12,15 +12,17 @@ from .results import Results, environment
 
 def start(notebook: str, claims: dict[str, str], model_id: str, revision: str | None = None,
           dtype: str = "float32", attn_implementation: str = "sdpa", device: str = "cpu", seed: int = 0,
-          trust_remote_code: bool = False, environment_checks: tuple[str, ...] = ()) -> tuple[Results, ModelBundle]:
+          trust_remote_code: bool = False, environment_checks: tuple[str, ...] = (),
+          kinds: dict[str, str] | None = None) -> tuple[Results, ModelBundle]:
     """Results file first (so a failed load is recorded), then the model; returns (results, bundle).
 
-    `environment_checks`: claim ids that state facts about the machine, not findings of a source.
+    `environment_checks`: claim ids that state facts about the machine, not findings of a source;
+    `kinds`: {claim id: kind} for the others (helpers.results.KINDS; undeclared: reproduces).
     """
     entered = time.time()
     res = Results(notebook, claims, environment(model_id=public_model_id(model_id), model_revision=revision, dtype=dtype,
                                                 attn_implementation=attn_implementation, device=device, seed=seed),
-                  environment_checks=environment_checks)
+                  environment_checks=environment_checks, kinds=kinds)
     built = time.time()
     try:
         bundle = load(model_id, revision, dtype, attn_implementation, device, seed, trust_remote_code)

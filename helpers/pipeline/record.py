@@ -139,7 +139,7 @@ def mark_interrupted(results_path: Path, run_id: str, reason: str = INTERRUPTED)
     for claim in data.get("claims", []):
         before = claim.get("verdict")
         claim.update(verdict="error", reason=reason, deciding={})
-        if before in ("reproduced", "not_reproduced", "skipped"):
+        if before not in (None, "error"):
             claim["evidence"] = {"verdict_before_the_stop": before, **(claim.get("evidence") or {})}
     Path(results_path).write_text(json.dumps(data, indent=2) + "\n")
     return True

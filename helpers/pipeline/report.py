@@ -281,8 +281,8 @@ def _claim_row(nb: str, c: dict[str, Any]) -> str:
 
 def _claims_tables(results: list[dict[str, Any]], run: dict[str, Any], label: str) -> tuple[list[str], dict[str, int], int]:
     """Findings table, then environment checks; returns (lines, finding counts by verdict, checks)."""
-    findings = [(r["notebook"], c) for r in results for c in r.get("claims", []) if c.get("kind", "finding") != "environment_check"]
-    checks = [(r["notebook"], c) for r in results for c in r.get("claims", []) if c.get("kind") == "environment_check"]
+    findings = [(r["notebook"], c) for r in results for c in r.get("claims", []) if c.get("kind") not in ("environment", "environment_check")]
+    checks = [(r["notebook"], c) for r in results for c in r.get("claims", []) if c.get("kind") in ("environment", "environment_check")]
     counts: dict[str, int] = {}
     for _, c in findings:
         counts[c.get("verdict", "error")] = counts.get(c.get("verdict", "error"), 0) + 1
@@ -336,7 +336,7 @@ def _details(results: list[dict[str, Any]]) -> list[str]:
         if r.get("load_error"):
             lines += [f"- results file unreadable: {r['load_error']}"]
         for c in r.get("claims", []):
-            kind = " _(environment check)_" if c.get("kind") == "environment_check" else ""
+            kind = " _(environment check)_" if c.get("kind") in ("environment", "environment_check") else ""
             lines += [f"- `{c.get('id')}`{kind} — {VERDICT_MARK.get(c.get('verdict'), '')} **{c.get('verdict')}**: "
                       f"{' '.join(str(c.get('statement', '')).split())}  ",
                       f"  _{' '.join(str(c.get('reason', '')).split())[:400]}_  ",
