@@ -43,7 +43,7 @@ def test_fresh_instance_diverges_and_restored_matches(bundle, prompt, prefix_cac
     floor = compare.noise_floor(reference, [reference], torch.float32)
     assert rope.decide_fresh_instance_diverges(dict(bare), floor).holds
     assert rope.decide_restored_state_matches(dict(restored), floor).holds
-    assert info["fresh_state_before"] is None and info["restored_state"] == [-42] and info["mask_length"] == 83
+    assert info["fresh_state_before"] is None and info["restored_state"] == [-42] and info["mask_length"] == 82
 
 
 def test_offset_widget_builds_without_a_frontend(bundle, prompt, prefix_cache, saved):

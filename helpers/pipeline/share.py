@@ -1,0 +1,41 @@
+"""outputs/share.zip: the one file to attach to a thread (GitHub refuses .html): SUMMARY.md, the HTML
+pages, the figures and the results files of the run the summary describes, plus run.json and timings.json.
+Written with fixed timestamps and in sorted order, so the same run gives the same archive."""
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+from typing import Iterable
+
+from .paths import output_dir
+
+ARCHIVE = "share.zip"
+_FIXED_TIME = (2000, 1, 1, 0, 0, 0)
+
+
+def _of(stem: str, stems: set[str] | None) -> bool:
+    return stems is None or any(stem == s or stem.startswith(s + "-") for s in stems)
+
+
+def share_members(out: Path, stems: Iterable[str] | None = None) -> list[str]:
+    """The paths (relative to `out`) the archive holds, for the notebooks in `stems` (all when None)."""
+    wanted = set(stems) if stems is not None else None
+    names = [n for n in ("SUMMARY.md", "run.json", "timings.json") if (out / n).is_file()]
+    for folder, pattern in (("html", "*.html"), ("figures", "*.png"), ("results", "*.json")):
+        names += [f"{folder}/{p.name}" for p in sorted((out / folder).glob(pattern)) if _of(p.stem, wanted)]
+    return names
+
+
+def write_share(out: Path | None = None, stems: Iterable[str] | None = None) -> Path:
+    """Write outputs/share.zip (deflated, fixed timestamps) and return its path."""
+    out = Path(out) if out else output_dir()
+    path = out / ARCHIVE
+    tmp = path.with_name(path.name + ".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        for name in share_members(out, stems):
+            info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            zf.writestr(info, (out / name).read_bytes())
+    tmp.replace(path)
+    return path
