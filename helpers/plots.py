@@ -58,8 +58,12 @@ def threshold_line(ax: Any, value: float | None, label: str = "noise threshold")
     low, high = ax.get_ylim()
     if value > high:  # the line must be visible: extend the axis above it
         ax.set_ylim(low, value * (10 if ax.get_yscale() != "linear" else 1 + HEADROOM))
-    ax.axhline(value, label=f"{label} {value:.3g}", **THRESHOLD_STYLE)
-    ax.legend(loc="best", fontsize=8, frameon=False)
+    ax.axhline(value, **THRESHOLD_STYLE)
+    from matplotlib.transforms import blended_transform_factory
+
+    # labelled at the right end, outside the axes, so it never covers a bar or its value
+    ax.text(1.01, value, f"{label}\n{value:.3g}", transform=blended_transform_factory(ax.transAxes, ax.transData),
+            ha="left", va="center", fontsize=7, color=THRESHOLD_STYLE["color"])
 
 
 def clamp_nonneg(values: Sequence[Any]) -> list[float | None]:

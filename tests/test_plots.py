@@ -22,7 +22,7 @@ def test_a_difference_panel_draws_its_threshold_and_keeps_it_in_view(log):
         diff, cos = fig.axes
         assert _threshold_lines(diff) == [5e-6] and _threshold_lines(cos) == []
         assert diff.get_ylim()[1] > 5e-6  # extended to show the line above the bars
-        assert "noise threshold 5e-06" in [t.get_text() for t in diff.get_legend().get_texts()]
+        assert "noise threshold\n5e-06" in [t.get_text() for t in diff.texts]
     finally:
         plt.close(fig)
 

@@ -52,3 +52,23 @@ def test_members_of_a_figure_need_the_stem_and_a_dash(tmp_path):
     (tmp_path / "figures" / "01_ab-x.png").write_bytes(b"x")  # 01_ab is another notebook than 01_a
     assert "figures/01_ab-x.png" not in share.share_members(tmp_path, {"01_a"})
     assert "figures/01_ab-x.png" in share.share_members(tmp_path, None)
+
+
+def test_timings_written_after_the_summary_are_scrubbed_and_archived(tmp_path):
+    """runner.py writes timings.json after SUMMARY.md; report.finish_timings(out) is its one call after that."""
+    _outputs(tmp_path)
+    (tmp_path / "timings.json").unlink()
+    report.write_summary(tmp_path)
+    assert "timings.json" not in zipfile.ZipFile(tmp_path / "share.zip").namelist()
+    (tmp_path / "timings.json").write_text(json.dumps({"run_id": RUN["run_id"], "output": str(tmp_path / "notebooks")}))
+    report.finish_timings(tmp_path)
+    assert str(tmp_path) not in (tmp_path / "timings.json").read_text()
+    with zipfile.ZipFile(tmp_path / "share.zip") as zf:
+        assert "{outputs}/notebooks" in zf.read("timings.json").decode()
+        assert "results/02_old.json" not in zf.namelist()
+
+
+def test_another_runs_timings_never_go_in(tmp_path):
+    _outputs(tmp_path)
+    (tmp_path / "timings.json").write_text(json.dumps({"run_id": "someone-else"}))
+    assert "timings.json" not in share.share_members(tmp_path, {"01_a"})

@@ -10,11 +10,11 @@ from .html import environment_markdown, external_images, remote_references, rend
 from .paste import CELL_CHARS, GITHUB_LIMIT, MAX_CHARS, cell, code_refs, fmt_scalar, pairs
 from .records import load_results, load_run, load_timings, run_id_of, split_by_run
 from .scrub import machine_paths, scrub, scrub_file, scrub_outputs
-from .share import ARCHIVE, share_members, write_share
+from .share import ARCHIVE, finish_timings, share_members, write_share
 from .summary import RUN_STATUS, build_summary, commit_text, truncate, write_summary
 
 __all__ = ["RUN_STATUS", "VERDICT_MARK", "ARCHIVE", "CELL_CHARS", "GITHUB_LIMIT", "MAX_CHARS", "build_summary", "cell", "code_refs", "commit_text",
-           "environment_markdown", "external_images", "fmt_value", "kind_counts", "load_results", "load_run",
+           "environment_markdown", "external_images", "finish_timings", "fmt_value", "kind_counts", "load_results", "load_run",
            "load_timings", "machine_paths", "pairs", "remote_references", "render_html", "reproduced_count",
            "run_id_of", "scrub", "scrub_file", "scrub_outputs", "share_members", "split_by_run", "strip_remote",
            "truncate", "write_html", "write_share", "write_summary"]

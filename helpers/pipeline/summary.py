@@ -16,7 +16,7 @@ from .paste import MAX_CHARS, cell, code_refs, fmt_scalar, one_line
 from .paths import output_dir
 from .records import load_results, load_run, load_timings, run_id_of, split_by_run
 from .scrub import scrub, scrub_outputs
-from .share import ARCHIVE, share_members, write_share
+from .share import ARCHIVE, current_stems, share_members, write_share
 
 ENV_KEYS = ("python", "torch", "transformers", "platform", "cuda_available", "device", "device_name", "dtype",
             "attn_implementation", "model_id", "model_revision", "processor", "seed")
@@ -204,6 +204,5 @@ def write_summary(out: Path | None = None) -> Path:
     scrub_outputs(out)
     path = out / "SUMMARY.md"
     path.write_text(build_summary(out))
-    current, _ = split_by_run(load_results(out), load_run(out).get("run_id"))
-    write_share(out, {r["notebook"] for r in current} if load_run(out) else None)
+    write_share(out, current_stems(out))
     return path
