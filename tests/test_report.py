@@ -418,3 +418,35 @@ def test_a_run_that_did_not_complete_says_so_at_the_top(tmp_path, status, says):
     _write_results(tmp_path, "01_a", [_claim("a.one")])
     head = report.build_summary(tmp_path).split("## Claims")[0]
     assert says in head and "— (not finished)" in head
+
+
+# --------------------------------------------------------------------------- HTML: nothing remote, widgets static
+
+def test_remote_loaders_are_stripped_and_detected():
+    page = ('<head><script src="https://cdnjs.cloudflare.com/ajax/libs/require.js/2.1.10/require.min.js"></script>\n'
+            '<link rel="stylesheet" href="https://cdn.example.org/x.css">\n<!-- Load mathjax -->\n'
+            '<script src="https://cdn.jsdelivr.net/npm/mathjax@2/MathJax.js?config=TeX-AMS_CHTML-full"> </script>\n'
+            '<script type="text/x-mathjax-config">MathJax.Hub.Config({});</script>\n<!-- End of mathjax configuration -->\n'
+            '<script type="module">/* inline */</script></head><body><img src="data:image/png;base64,AA"></body>')
+    assert len(report.remote_references(page)) == 3
+    clean = report.strip_remote(page)
+    assert report.remote_references(clean) == [] and "MathJax" not in clean and "require" not in clean
+    assert '<script type="module">/* inline */</script>' in clean and "data:image/png" in clean
+
+
+def test_widgets_become_a_static_line_and_their_state_is_dropped():
+    import nbformat
+
+    from helpers.pipeline import html
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    cell = nbformat.v4.new_code_cell("display(slider)")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        "text/plain": "interactive(children=(IntSlider(value=0, description='offset', max=8, min=-8), Output()))",
+        html.WIDGET_MIME: {"model_id": "abc", "version_major": 2, "version_minor": 0}})]
+    nb.cells.append(cell)
+    assert html.static_widgets(nb) == 1
+    data = nb.cells[0].outputs[0]["data"]
+    assert list(data) == ["text/plain"] and "IntSlider(value=0, description='offset'" in data["text/plain"]
+    assert "widgets" not in nb.metadata

@@ -184,3 +184,8 @@ def test_the_summary_renders_as_gfm_with_no_link_no_mention_no_cut_cell(tmp_path
     assert "<summary>" in html
     assert LONG_REASON.split(";")[0] in text and "(this sentence is long on purpose)." in text
     assert len(text) < report.MAX_CHARS <= report.GITHUB_LIMIT - 5000
+
+
+def test_a_value_close_to_an_integer_is_not_rounded_onto_it():
+    assert report.fmt_scalar(0.9997308850288391) == "0.999731" and report.fmt_scalar(1.0) == "1"
+    assert report.fmt_scalar(0.5218) == "0.522" and report.fmt_scalar(4.17e-07) == "4.17e-07"

@@ -59,7 +59,12 @@ def fmt_scalar(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        return "0" if value == 0 else f"{value:.3g}"
+        if value == 0:
+            return "0"
+        text = f"{value:.3g}"
+        if float(text) == round(value) != value:  # 0.99973 must not read as 1 (nor 2.0004 as 2)
+            text = f"{value:.6g}"
+        return text
     return one_line(value)
 
 

@@ -14,7 +14,7 @@ from .share import ARCHIVE, finish_timings, share_members, write_share
 from .summary import RUN_STATUS, build_summary, commit_text, truncate, write_summary
 
 __all__ = ["RUN_STATUS", "VERDICT_MARK", "ARCHIVE", "CELL_CHARS", "GITHUB_LIMIT", "MAX_CHARS", "build_summary", "cell", "code_refs", "commit_text",
-           "environment_markdown", "external_images", "finish_timings", "fmt_value", "kind_counts", "load_results", "load_run",
+           "environment_markdown", "external_images", "finish_timings", "fmt_scalar", "fmt_value", "kind_counts", "load_results", "load_run",
            "load_timings", "machine_paths", "pairs", "remote_references", "render_html", "reproduced_count",
            "run_id_of", "scrub", "scrub_file", "scrub_outputs", "share_members", "split_by_run", "strip_remote",
            "truncate", "write_html", "write_share", "write_summary"]
