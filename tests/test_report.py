@@ -4,7 +4,6 @@ Per-kind counting, per-source sections and paste safety: tests/test_summary.py; 
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -448,5 +447,6 @@ def test_widgets_become_a_static_line_and_their_state_is_dropped():
     nb.cells.append(cell)
     assert html.static_widgets(nb) == 1
     data = nb.cells[0].outputs[0]["data"]
-    assert list(data) == ["text/plain"] and "IntSlider(value=0, description='offset'" in data["text/plain"]
+    assert data == {"text/plain": "[IntSlider offset = 0 (min -8, max 8): interactive only when the notebook is opened in Jupyter]"}
+    assert html.widget_value("Output()") == "a widget"
     assert "widgets" not in nb.metadata

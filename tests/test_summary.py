@@ -189,3 +189,9 @@ def test_the_summary_renders_as_gfm_with_no_link_no_mention_no_cut_cell(tmp_path
 def test_a_value_close_to_an_integer_is_not_rounded_onto_it():
     assert report.fmt_scalar(0.9997308850288391) == "0.999731" and report.fmt_scalar(1.0) == "1"
     assert report.fmt_scalar(0.5218) == "0.522" and report.fmt_scalar(4.17e-07) == "4.17e-07"
+
+
+def test_the_gap_names_this_runs_logit_scale(tmp_path):
+    run_record(tmp_path, "04_a")
+    write(tmp_path, "04_a", [{**claim("a.one", "reproduces", "reproduced"), "evidence": {"noise_scale": 0.9312}}])
+    assert "The largest |logit| in this run is 0.931: raw differences are on that scale." in report.build_summary(tmp_path)

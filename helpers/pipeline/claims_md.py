@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..results import KINDS
-from .paste import cell, code_refs, one_line, pairs
+from .paste import cell, code_refs, fmt_scalar, one_line, pairs
 from .sources import OTHER, SOURCES, Source, kind_of, setup_rows, source_of
 
 MARK = {"skipped": "⏭️", "error": "⚠️"}
@@ -68,7 +68,7 @@ def headline(counts: dict[str, dict[str, int]], n_notebooks: int) -> str:
             "Only kind `reproduces` counts as reproduced.**")
 
 
-def _row(nb: str, c: dict[str, Any]) -> str:
+def claim_row(nb: str, c: dict[str, Any]) -> str:
     kind, verdict = kind_of(c), c.get("verdict", "error")
     measured = pairs(c.get("deciding"))
     if not measured:
@@ -107,15 +107,25 @@ def source_section(source: Source, results: list[dict[str, Any]]) -> list[str]:
     lines = [f"## {code_refs(source.title)}", "", *_opening(source, claims), ""]
     if source.setup:
         rows, gap = setup_rows(source, [r.get("environment") or {} for r in results])
+        scale = logit_scale(claims)
+        if scale is not None:
+            gap += f" The largest |logit| in this run is {fmt_scalar(scale)}: raw differences are on that scale."
         lines += ["| setup | source | this run | |", "|---|---|---|---|",
                   *[f"| {k} | {cell(a)} | {cell(b)} | {s} |" for k, a, b, s in rows], "", code_refs(gap), ""]
     lines += ["| nb | claim | kind | verdict | this run | source |", "|---|---|---|---|---|---|",
-              *[_row(nb, c) for nb, c in claims], ""]
+              *[claim_row(nb, c) for nb, c in claims], ""]
     notes = [(c.get("id"), n) for _, c in claims for n in (c.get("notes") or [])]
     if notes:
         lines += ["Notes on the rows:", "", *[f"- `{cid}`: {code_refs(one_line(n))}" for cid, n in notes], ""]
     lines += undecided(claims)
     return lines + statements(claims, "Statements and reasons")
+
+
+def logit_scale(claims: list[tuple[str, dict[str, Any]]]) -> float | None:
+    """The largest |logit| the claims' noise floors were measured at (evidence noise_scale), None if none says."""
+    scales = [c["evidence"]["noise_scale"] for _, c in claims if isinstance(c.get("evidence"), dict)
+              and isinstance(c["evidence"].get("noise_scale"), (int, float))]
+    return max(scales) if scales else None
 
 
 def undecided(claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -155,4 +165,4 @@ def environment_checks(results: list[dict[str, Any]]) -> list[str]:
     return ["## Environment checks", "",
             "Facts about the machine that ran the kit, not findings of a source: never counted as reproduced.", "",
             "| nb | claim | kind | verdict | this run | source |", "|---|---|---|---|---|---|",
-            *[_row(nb, c) for nb, c in checks], "", *undecided(checks)]
+            *[claim_row(nb, c) for nb, c in checks], "", *undecided(checks)]

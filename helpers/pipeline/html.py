@@ -47,11 +47,25 @@ def static_widgets(nb: Any) -> int:
         for output in c.get("outputs", []):
             data = output.get("data") or {}
             if WIDGET_MIME in data:
-                shown = one_line(data.get("text/plain", "a widget"))
-                output["data"] = {"text/plain": f"[interactive widget, shown here as its value: {shown}; "
-                                                "open the notebook in Jupyter to use it]"}
+                output["data"] = {"text/plain": f"[{widget_value(data.get('text/plain', ''))}: interactive only when "
+                                                "the notebook is opened in Jupyter]"}
                 n += 1
     return n
+
+
+_CONTROL = re.compile(r"\b(\w+(?:Slider|Text|Dropdown|Checkbox|ToggleButton)\w*)\(([^()]*)\)")
+_FIELD = re.compile(r"(\w+)=('[^']*'|-?[\w.]+)")
+
+
+def widget_value(text: str) -> str:
+    """A widget's repr as a static line: 'IntSlider offset = 0 (min -8, max 8)'; 'a widget' when it names no control."""
+    found = []
+    for kind, args in _CONTROL.findall(text):
+        fields = {k: v.strip("'") for k, v in _FIELD.findall(args)}
+        label = fields.get("description") or kind
+        bounds = ", ".join(f"{k} {fields[k]}" for k in ("min", "max") if k in fields)
+        found.append(f"{kind} {label} = {fields.get('value', '?')}" + (f" ({bounds})" if bounds else ""))
+    return "; ".join(found) or "a widget"
 
 
 def environment_markdown(results: dict[str, Any], source: str) -> str:

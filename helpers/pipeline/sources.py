@@ -23,17 +23,17 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
     Source("control", "The Qwen3-VL resume-contract control (transformers 5.14.1)",
            {"release": "5.14.1", "dtype": "float16", "device": "cuda (Tesla T4)",
             "model": "Qwen/Qwen3-VL-2B-Instruct @ 89644892"},
-           "the real 2B checkpoint and fp16 on a T4 (no hub access and no GPU here; pass `-p model_id ...` online), "
-           "the 8B MMBench-Video result and video prompts (out of the control's own scope), compressed caches beyond "
-           "the regression list."),
+           "the real 2B checkpoint in fp16 on a T4 (no hub access and no GPU here: the tiny random-weight default "
+           "stands in; pass `-p model_id ...` online), the 8B MMBench-Video result and video prompts (outside the "
+           "control's own scope too)."),
     Source("48947", "transformers issue #48947: hybrid offloading drift",
            {"release": "5.17.0", "dtype": "bfloat16", "device": "cuda (RTX PRO 6000 Blackwell)",
             "model": "Qwen/Qwen3.8-27B"},
            "the 27B checkpoint and the CUDA copy streams themselves where no GPU is present: those claims are "
            "skipped with the reason, and the race is replayed as a simulation."),
-    Source("triage", "Triage of a user's rebuild (the control's decision tree applied)",
-           {"release": "any", "dtype": "any", "device": "any", "model": "the user's"},
-           "real compression methods of a user's own: the kit's stand-in rebuilds take their place."),
+    Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
+           "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
+           "place (no source setup to compare: the tree is the control's, the rebuilds are this kit's)."),
 )}
 OTHER = Source("other", "Other notebooks (no source mapped)", {}, "")
 
@@ -88,7 +88,7 @@ def setup_rows(source: Source, envs: list[dict[str, Any]]) -> tuple[list[tuple[s
     for key in ("release", "dtype", "device", "model"):
         theirs = source.setup.get(key, "?")
         ours = mine.get(key, "?")
-        same = theirs == "any" or theirs.split(" ")[0] == ours.split(" ")[0]
+        same = theirs.split(" ")[0] == ours.split(" ")[0]
         rows.append((key, theirs, ours, "same" if same else "differs"))
         if not same:
             gaps.append(f"{key} {ours} instead of {theirs}")

@@ -11,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .claims_md import all_claims, by_source, counts_table, environment_checks, headline, kind_counts, source_section, statements, _row
+from .claims_md import (all_claims, by_source, claim_row, counts_table, environment_checks, headline, kind_counts,
+                        source_section, statements)
 from .paste import MAX_CHARS, cell, code_refs, fmt_scalar, one_line
 from .paths import output_dir
 from .records import load_results, load_run, load_timings, run_id_of, split_by_run
@@ -156,7 +157,7 @@ def earlier_sections(others: dict[str | None, list[dict[str, Any]]]) -> list[str
                   "## From an earlier run (no run id: run by hand or by an older kit, time unknown)", "",
                   "Not written by the run above: shown for reference only, never counted. Run the notebooks again to "
                   "bring them into one run.", "", "| nb | claim | kind | verdict | that run | source |",
-                  "|---|---|---|---|---|---|", *[_row(nb, c) for nb, c in all_claims(results)], "",
+                  "|---|---|---|---|---|---|", *[claim_row(nb, c) for nb, c in all_claims(results)], "",
                   *statements(all_claims(results), "Statements and reasons")]
     return lines
 
