@@ -195,3 +195,14 @@ def test_the_gap_names_this_runs_logit_scale(tmp_path):
     run_record(tmp_path, "04_a")
     write(tmp_path, "04_a", [{**claim("a.one", "reproduces", "reproduced"), "evidence": {"noise_scale": 0.9312}}])
     assert "The largest |logit| in this run is 0.931: raw differences are on that scale." in report.build_summary(tmp_path)
+
+
+def test_text_set_in_code_spans_cannot_break_out_of_them(tmp_path):
+    run_record(tmp_path, "01_a")
+    data = json.loads((tmp_path / "run.json").read_text())
+    (tmp_path / "run.json").write_text(json.dumps({**data, "parameters": {"rebuild": "`x` @mallory #99 a|b"}}))
+    write(tmp_path, "01_a", [claim("odd.`id`#7", "reproduces", "skipped")])
+    html = _gfm(report.build_summary(tmp_path))
+    outside_code = re.sub(r"<code>.*?</code>", "", html, flags=re.S)
+    assert "@mallory" not in outside_code and "#99" not in outside_code and "#7" not in outside_code
+    assert "<a " not in html

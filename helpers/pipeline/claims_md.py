@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..results import KINDS
-from .paste import cell, code_refs, fmt_scalar, one_line, pairs
+from .paste import cell, code, code_refs, fmt_scalar, one_line, pairs
 from .sources import OTHER, SOURCES, Source, kind_of, setup_rows, source_of
 
 MARK = {"skipped": "⏭️", "error": "⚠️"}
@@ -73,7 +73,7 @@ def claim_row(nb: str, c: dict[str, Any]) -> str:
     measured = pairs(c.get("deciding"))
     if not measured:
         measured = "see below" if verdict in ("skipped", "error") else "in the results file"
-    return (f"| {cell(nb.split('_', 1)[0])} | `{cell(c.get('id', '?'))}` | {cell(kind)} | {mark(kind, verdict)} "
+    return (f"| {cell(nb.split('_', 1)[0])} | {code(c.get('id', '?'))} | {cell(kind)} | {mark(kind, verdict)} "
             f"{cell(verdict)} | {cell(measured)} | {cell(pairs(c.get('source')) or '—')} |")
 
 
@@ -83,7 +83,7 @@ def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]]) -> list[s
     done = [c for c in rep if c.get("verdict") == "reproduced"]
     missed = [c.get("id") for c in rep if c.get("verdict") == "not_reproduced"]
     line1 = (f"- **Reproduced:** {len(done)} of {len(rep)} of the source's statements tested here"
-             + (f"; not reproduced: {', '.join(f'`{m}`' for m in missed)}" if missed else "") + "."
+             + (f"; not reproduced: {', '.join(code(m) for m in missed)}" if missed else "") + "."
              if rep else "- **Reproduced:** nothing here is a statement of the source (see the kinds below).")
     new = {}
     for _, c in claims:
@@ -116,7 +116,7 @@ def source_section(source: Source, results: list[dict[str, Any]]) -> list[str]:
               *[claim_row(nb, c) for nb, c in claims], ""]
     notes = [(c.get("id"), n) for _, c in claims for n in (c.get("notes") or [])]
     if notes:
-        lines += ["Notes on the rows:", "", *[f"- `{cid}`: {code_refs(one_line(n))}" for cid, n in notes], ""]
+        lines += ["Notes on the rows:", "", *[f"- {code(cid)}: {code_refs(one_line(n))}" for cid, n in notes], ""]
     lines += undecided(claims)
     return lines + statements(claims, "Statements and reasons")
 
@@ -134,7 +134,7 @@ def undecided(claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
     if not rows:
         return []
     return ["Not decided in this run:", "",
-            *[f"- `{c.get('id')}` {MARK.get(c.get('verdict'), '⚠️')} {c.get('verdict')}: "
+            *[f"- {code(c.get('id'))} {MARK.get(c.get('verdict'), '⚠️')} {c.get('verdict')}: "
               f"{code_refs(one_line(c.get('reason', '')))}" for c in rows], ""]
 
 
@@ -144,7 +144,7 @@ def statements(claims: list[tuple[str, dict[str, Any]]], title: str) -> list[str
         return []
     lines = [f"<details><summary>{title} ({len(claims)} claims)</summary>", ""]
     for nb, c in claims:
-        lines.append(f"- `{c.get('id')}` ({cell(kind_of(c))}, {cell(c.get('verdict'))}): "
+        lines.append(f"- {code(c.get('id'))} ({cell(kind_of(c))}, {cell(c.get('verdict'))}): "
                      f"{code_refs(one_line(c.get('statement', '')))} _Why:_ {code_refs(one_line(c.get('reason', '')))}")
     return lines + ["", "</details>", ""]
 

@@ -52,6 +52,11 @@ def cell(text: Any) -> str:
     return code_refs(one_line(text)).replace("|", "\\|")
 
 
+def code(text: Any) -> str:
+    """`text` as one inline code span, safe in a table cell (a backtick inside becomes ', a pipe is escaped)."""
+    return "`" + one_line(text).replace("`", "'").replace("|", "\\|") + "`"
+
+
 def fmt_scalar(value: Any) -> str:
     """A scalar written compactly: 0.0 -> 0, 1.234567e-07 -> 1.23e-07, True -> true."""
     if isinstance(value, bool) or value is None:

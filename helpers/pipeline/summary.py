@@ -13,7 +13,7 @@ from typing import Any
 
 from .claims_md import (all_claims, by_source, claim_row, counts_table, environment_checks, headline, kind_counts,
                         source_section, statements)
-from .paste import MAX_CHARS, cell, code_refs, fmt_scalar, one_line
+from .paste import MAX_CHARS, cell, code, code_refs, fmt_scalar, one_line
 from .paths import output_dir
 from .records import load_results, load_run, load_timings, run_id_of, split_by_run
 from .scrub import scrub, scrub_outputs
@@ -60,7 +60,7 @@ def run_section(run: dict[str, Any], notebooks: int, timings: dict[str, Any]) ->
         return ["> ⚠️ **No run record** (run.json is missing): the results below were not written by one recorded run "
                 "of the runner, so none of them is presented as this run's. Run `make run-all` for a summary of one run.", ""]
     status = run.get("status") or "unknown"
-    lines = [f"**Run `{cell(run.get('run_id'))}`** · `{cell(run.get('command', '?'))}` · {RUN_STATUS.get(status, cell(status))}", ""]
+    lines = [f"**Run {code(run.get('run_id'))}** · {code(run.get('command', '?'))} · {RUN_STATUS.get(status, cell(status))}", ""]
     if status != "complete":
         nbs = run.get("notebooks") or {}
         done = sum(1 for n in nbs.values() if (n or {}).get("status") == "ok")
@@ -69,10 +69,10 @@ def run_section(run: dict[str, Any], notebooks: int, timings: dict[str, Any]) ->
         after = ("the failed notebooks' claims are `error`; the other notebooks' verdicts stand" if status == "failed"
                  else "claims of unfinished notebooks are `error`; nothing below is a complete result")
         lines += [f"> ⚠️ **This run {what}**: {done} of {len(nbs) or notebooks} notebooks finished ok; {after}.", ""]
-    rows = [("run id", f"`{cell(run.get('run_id'))}`"), ("command", f"`{cell(run.get('command'))}`"),
+    rows = [("run id", code(run.get('run_id'))), ("command", code(run.get('command'))),
             ("status", RUN_STATUS.get(status, cell(status))), ("started", cell(run.get("started") or "—")),
             ("finished", cell(run.get("finished") or "— (not finished)")), ("kit commit", commit_text(run)),
-            ("parameters", f"`{cell(params_text(run.get('parameters')))}`")]
+            ("parameters", code(params_text(run.get('parameters'))))]
     if timings and run_id_of(timings) == run.get("run_id") and timings.get("total_seconds") is not None:
         rows.append(("wall-clock", f"{fmt_scalar(timings['total_seconds'])} s, {timings.get('jobs', '?')} notebook(s) at a time"))
     return lines + ["| run | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], ""]
@@ -87,7 +87,7 @@ def missing_notebooks(results: list[dict[str, Any]], run: dict[str, Any]) -> lis
         if nb not in have:
             why = info.get("error") or {"not_started": "not started", "interrupted": "interrupted", "ok": "the notebook "
                                         "ran but wrote no results file"}.get(info.get("status"), "notebook failed")
-            lines.append(f"- `{cell(nb)}` ⚠️ error: no results file from this run: {code_refs(one_line(why))}")
+            lines.append(f"- {code(nb)} ⚠️ error: no results file from this run: {code_refs(one_line(why))}")
     return ["## Notebooks without results", "", *lines, ""] if lines else []
 
 
@@ -105,7 +105,7 @@ def notebook_runs(run: dict[str, Any], timings: dict[str, Any]) -> list[str]:
             status += f": {info['error']}"
         secs = info.get("seconds") if info.get("seconds") is not None else seconds.get(nb)
         lines.append(f"| {cell(nb)} | {cell(status)} | {fmt_scalar(secs) if secs is not None else '—'} "
-                     f"| `{cell(params_text(info.get('parameters') or run.get('parameters')))}` |")
+                     f"| {code(params_text(info.get('parameters') or run.get('parameters')))} |")
     return lines + [""]
 
 
@@ -131,11 +131,11 @@ def environment_section(results: list[dict[str, Any]], run_env: dict[str, Any] |
         values = {json.dumps(e.get(key), sort_keys=True) for e in envs.values()}
         (shared if len(values) == 1 else varying).append(key)
     first = next(iter(envs.values()), {})
-    lines = ["## Environment", "", "| | |", "|---|---|", *[f"| {k} | `{cell(short(first.get(k), 120))}` |" for k in shared]]
+    lines = ["## Environment", "", "| | |", "|---|---|", *[f"| {k} | {code(short(first.get(k), 120))} |" for k in shared]]
     if varying:
         cols = [k for k in MODEL_KEYS if k in varying] + [k for k in varying if k not in MODEL_KEYS]
         lines += ["", "Differs between notebooks:", "", "| notebook | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-        lines += [f"| {nb} | " + " | ".join(f"`{cell(short(env.get(k)))}`" for k in cols) + " |" for nb, env in envs.items()]
+        lines += [f"| {nb} | " + " | ".join(code(short(env.get(k))) for k in cols) + " |" for nb, env in envs.items()]
     return lines + ["", *captured_warnings(results)]
 
 
@@ -153,7 +153,7 @@ def earlier_sections(others: dict[str | None, list[dict[str, Any]]]) -> list[str
     lines: list[str] = []
     for rid, results in sorted(others.items(), key=lambda kv: str(kv[0])):
         started = next((r.get("run", {}).get("started") for r in results if isinstance(r.get("run"), dict)), None)
-        lines += [f"## From an earlier run (run `{cell(rid)}`, started {cell(started or 'unknown')})" if rid else
+        lines += [f"## From an earlier run (run {code(rid)}, started {cell(started or 'unknown')})" if rid else
                   "## From an earlier run (no run id: run by hand or by an older kit, time unknown)", "",
                   "Not written by the run above: shown for reference only, never counted. Run the notebooks again to "
                   "bring them into one run.", "", "| nb | claim | kind | verdict | that run | source |",
