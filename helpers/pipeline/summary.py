@@ -118,7 +118,7 @@ def captured_warnings(results: list[dict[str, Any]]) -> list[str]:
     if not seen:
         return []
     return ["transformers warnings captured during the run (kept out of the notebooks' cells):", "",
-            *[f"- {code_refs(w)} _(notebooks {', '.join(dict.fromkeys(nbs))})_" for w, nbs in seen.items()], ""]
+            *[f"- {code_refs(w)} _(notebook{'s' if len(set(nbs)) > 1 else ''} {', '.join(dict.fromkeys(nbs))})_" for w, nbs in seen.items()], ""]
 
 
 def environment_section(results: list[dict[str, Any]], run_env: dict[str, Any] | None = None) -> list[str]:
