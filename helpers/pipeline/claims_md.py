@@ -73,6 +73,8 @@ def claim_row(nb: str, c: dict[str, Any]) -> str:
     measured = pairs(c.get("deciding"))
     if not measured:
         measured = "see below" if verdict in ("skipped", "error") else "in the results file"
+    if c.get("notes"):
+        measured += " (see the note below)"
     return (f"| {cell(nb.split('_', 1)[0])} | {code(c.get('id', '?'))} | {cell(kind)} | {mark(kind, verdict)} "
             f"{cell(verdict)} | {cell(measured)} | {cell(pairs(c.get('source')) or '—')} |")
 
