@@ -146,7 +146,7 @@ def attach_section(out: Path, stems: set[str]) -> list[str]:
     res = sum(n.startswith("results/") for n in names)
     return ["## Attach", "", f"Attach one file: **`{ARCHIVE}`** from the outputs folder (GitHub does not accept `.html`). "
             f"It holds this summary, {html} self-contained HTML page(s), {figs} figure(s), {res} results file(s) "
-            "with every measured value, run.json and timings.json.", ""]
+            "with every measured value, and the run record (run.json; timings.json once the runner has written it).", ""]
 
 
 def earlier_sections(others: dict[str | None, list[dict[str, Any]]]) -> list[str]:
