@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -145,4 +145,5 @@ class Decision:
     evidence: dict[str, Any]
     deciding: dict[str, Any]
     source: dict[str, Any]
+    notes: list[str] = field(default_factory=list)  # shown under the claim's row in SUMMARY.md
 

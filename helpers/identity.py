@@ -79,7 +79,9 @@ def decide_cache_metadata_match(rows: list[dict[str, Any]]) -> Decision:
                                  "unavailable": [r["variant"] for r in rows if not r.get("available")],
                                  "original": {k: original[k] for k in METADATA} if original else None},
                     {"rebuilt_matching_original": f"{len(same)}/{len(rebuilt)}",
-                     "seq_length": original["seq_length"] if original else None}, SOURCE_METADATA)
+                     "seq_length": original["seq_length"] if original else None}, SOURCE_METADATA,
+                    [f"{original['n_layers'] if original else '?'} layers of {original['layer_classes'] if original else '?'} "
+                     "here against the source's 28 DynamicLayer layers: the layer count is the model's, the match is per layer."])
 
 
 def decide_kv_bitwise_equal(rows: list[dict[str, Any]]) -> Decision:
@@ -114,4 +116,34 @@ def decide_first_step_logits_equal(comparisons: list[dict[str, Any]], floor: Noi
     return Decision(holds, why, {"comparisons": len(ran), "bitwise_equal": equal, "shares_storage": aliased,
                                  "generation_variants_that_ran": sorted({c["generation"] for c in ran}),
                                  **floor.evidence(worst)},
-                    {"bitwise_equal": f"{equal}/{len(ran)}", "max_abs_diff": worst}, SOURCE_LOGITS)
+                    {"bitwise_equal": f"{equal}/{len(ran)}", "max_abs_diff": worst}, SOURCE_LOGITS,
+                    [count_note(ran)])
+
+
+def count_note(ran: list[dict[str, Any]]) -> str:
+    """What this run's count counts, beside what the source's 15 counts."""
+    caches = sorted({c["cache_variant"] for c in ran})
+    gens = sorted({c["generation"] for c in ran})
+    return (f"this run's {len(ran)} = {len(caches)} rebuilt caches ({', '.join(caches)}) x {len(gens)} argument sets that "
+            f"run ({', '.join(gens)}; neither and position_only fail for every cache, see 02); the source's 15 are its "
+            "'valid original-versus-rebuilt first-step comparisons', a breakdown it does not give.")
+
+
+def comparison_grid(comparisons: pd.DataFrame) -> tuple[list[str], list[str], list[list[str]], list[list[str]]]:
+    """(rebuilt variants, generation variants, status, text) for plots.status_grid: one cell per original-vs-rebuilt
+    comparison, 'equal' (bitwise) / 'differs' (with its max |diff|) / 'not run' (generate failed for every cache)."""
+    rows = list(dict.fromkeys(comparisons.cache_variant))
+    cols = list(dict.fromkeys(comparisons.generation))
+    status, text = [], []
+    for name in rows:
+        srow, trow = [], []
+        for gen in cols:
+            r = comparisons[(comparisons.cache_variant == name) & (comparisons.generation == gen)].iloc[0]
+            if not r.ran:
+                srow.append("not run"), trow.append("generate() failed\nfor every cache (02)")
+            elif bool(r.bitwise_equal):
+                srow.append("equal"), trow.append("bitwise equal\nmax |diff| 0")
+            else:
+                srow.append("differs"), trow.append(f"max |diff| {float(r.max_abs_diff):.3g}\ncosine {float(r.cosine):.6f}")
+        status.append(srow), text.append(trow)
+    return rows, cols, status, text

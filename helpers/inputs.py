@@ -12,6 +12,10 @@ from .compat import accepts_mm_token_type_ids
 from .models import TINY_VL_TOKENS, ModelBundle
 
 PROMPT_TEXT = "Describe the image in one word."
+# The tiny default's synthetic text around the image block (vision start + 49 image tokens + vision end = 51):
+# 12 + 51 + 19 = 82 tokens, the control's full multimodal length, so the cached prefix is 81 and the full
+# mask [1, 82], as in the source.
+TINY_TEXT_BEFORE, TINY_TEXT_AFTER = 12, 19
 
 
 @dataclass
@@ -66,8 +70,8 @@ def _tiny_multimodal(bundle: ModelBundle, image: Image.Image, seed: int) -> Prom
     cfg = bundle.model.config
     text_vocab = min(TINY_VL_TOKENS.values()) - 100  # synthetic text ids stay clear of the special ids
     gen = torch.Generator().manual_seed(seed)
-    before = torch.randint(10, text_vocab, (1, 12), generator=gen)
-    after = torch.randint(10, text_vocab, (1, 20), generator=gen)
+    before = torch.randint(10, text_vocab, (1, TINY_TEXT_BEFORE), generator=gen)
+    after = torch.randint(10, text_vocab, (1, TINY_TEXT_AFTER), generator=gen)
     image_block = torch.tensor([[cfg.vision_start_token_id] + [cfg.image_token_id] * n_image + [cfg.vision_end_token_id]])
     ids = torch.cat([before, image_block, after], dim=1)
     mm = {"pixel_values": pixels["pixel_values"], "image_grid_thw": grid}

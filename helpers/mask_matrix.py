@@ -166,3 +166,23 @@ def decide_forward_needs_positions(runs: dict[str, Outcome], new_tokens: int, ma
                                  "mask_length": mask_length, "new_tokens": new_tokens},
                     {"positions_derived_by_forward": _one(plain.rotary_position_shapes) if plain.rotary_position_shapes else None,
                      "positions_sliced": _one(sliced.rotary_position_shapes) if sliced.rotary_position_shapes else None}, {})
+
+
+def _shape(value: Any) -> str:
+    return "—" if value is None else "[" + ", ".join(str(v) for v in value) + "]"
+
+
+def status_grid_data(table: pd.DataFrame) -> tuple[list[str], list[str], list[list[str]], list[list[str]]]:
+    """(cache variants, argument sets, status, text) for plots.status_grid: the source's table, each cell annotated
+    with the first model call's input_ids and attention_mask shapes (and the cache length it saw)."""
+    rows = list(dict.fromkeys(table.cache_variant))
+    cols = list(dict.fromkeys(table.generation))
+    status, text = [], []
+    for cache in rows:
+        srow, trow = [], []
+        for gen in cols:
+            r = table[(table.cache_variant == cache) & (table.generation == gen)].iloc[0]
+            srow.append("worked" if r.result == "worked" else "failed")
+            trow.append(f"ids {_shape(r.input_ids_shape)} mask {_shape(r.attention_mask_shape)}\npast {r.past_length}")
+        status.append(srow), text.append(trow)
+    return rows, cols, status, text

@@ -2,7 +2,10 @@
 
 Every bar carries its value as a label (a zero bar, invisible otherwise, reads "0"; a value that
 was not measured reads "n/a"), and every axis leaves room above its tallest bar, so no bar is
-clipped or lost, on a linear or a log scale.
+clipped or lost, on a linear or a log scale. Every difference panel can carry its noise threshold
+(`thresholds={metric: value}`, drawn by `threshold_line`), every figure a caption saying what made it
+(`run_caption`: random-weight tiny model, simulation, recorded on CPU under stand-ins), and a source's
+own pass/fail table is drawn as a grid (`status_grid`).
 """
 from __future__ import annotations
 
@@ -44,16 +47,72 @@ def value_label(value: float | None) -> str:
     return "0" if value == 0 else f"{value:.3g}"
 
 
+THRESHOLD_STYLE = {"color": "#c44e52", "linestyle": "--", "linewidth": 1.2}
+
+
+def threshold_line(ax: Any, value: float | None, label: str = "noise threshold") -> None:
+    """A dashed horizontal line at `value` (a difference's noise threshold: margin x floor), in the legend."""
+    if value is None or not math.isfinite(float(value)):
+        return
+    value = float(value)
+    low, high = ax.get_ylim()
+    if value > high:  # the line must be visible: extend the axis above it
+        ax.set_ylim(low, value * (10 if ax.get_yscale() != "linear" else 1 + HEADROOM))
+    ax.axhline(value, **THRESHOLD_STYLE)
+    from matplotlib.transforms import blended_transform_factory
+
+    # labelled at the right end, outside the axes, so it never covers a bar or its value
+    ax.text(1.01, value, f"{label}\n{value:.3g}", transform=blended_transform_factory(ax.transAxes, ax.transData),
+            ha="left", va="center", fontsize=7, color=THRESHOLD_STYLE["color"])
+
+
+def clamp_nonneg(values: Sequence[Any]) -> list[float | None]:
+    """Values below 0 raised to 0 (1 - cosine of two equal vectors can come out as -1e-7 in float rounding)."""
+    return [None if v is None else max(0.0, v) for v in _finite(values)]
+
+
+def one_minus(values: Sequence[Any]) -> list[float | None]:
+    """1 - x for each value (e.g. cosine), clamped at 0."""
+    return clamp_nonneg([None if v is None else 1.0 - v for v in _finite(values)])
+
+
+def run_caption(model_id: str | None = None, dtype: str | None = None, device: str | None = None,
+                simulation: bool = False, stand_ins: bool = False) -> str:
+    """What produced a figure: 'random-weight tiny model' for the tiny defaults, 'simulation', 'recorded on CPU
+    under stand-ins', then the model, dtype and device."""
+    parts = []
+    if simulation:
+        parts.append("simulation (a model of the hardware, not a measurement of it)")
+    if stand_ins:
+        parts.append("recorded on CPU under stand-ins")
+    if model_id and str(model_id).startswith("tiny-"):
+        parts.append(f"random-weight tiny model {model_id}: magnitudes are not a real checkpoint's")
+    elif model_id:
+        parts.append(str(model_id))
+    parts += [p for p in (dtype, device) if p]
+    return "; ".join(parts)
+
+
+def add_caption(fig: Any, text: str | None) -> None:
+    """A caption under the figure."""
+    if text:
+        fig.text(0.5, -0.02, text, ha="center", va="top", fontsize=8, color="0.3", wrap=True)
+
+
 def figure(series: dict[str, Sequence[Any]], draw: Callable[[Any, str, Sequence[Any]], None], title: str,
-           n_labels: int = 0) -> Any:
-    """One panel per metric, each drawn by `draw(ax, metric, values)`; wide enough for `n_labels` bars."""
+           n_labels: int = 0, thresholds: dict[str, float | None] | None = None, caption: str | None = None) -> Any:
+    """One panel per metric, each drawn by `draw(ax, metric, values)`; wide enough for `n_labels` bars;
+    `thresholds`: {metric: noise threshold} drawn as a dashed line on that panel; `caption` under it all."""
     width = max(4.8, 0.55 * n_labels + 1.6)
     fig, axes = plt.subplots(1, len(series), figsize=(width * len(series), 3.8), squeeze=False)
     for ax, (metric, values) in zip(axes[0], series.items()):
         draw(ax, metric, list(values))
         ax.set_title(metric)
+        if thresholds and metric in thresholds:
+            threshold_line(ax, thresholds[metric])
     fig.suptitle(title)
     fig.tight_layout()
+    add_caption(fig, caption)
     return fig
 
 
@@ -111,15 +170,18 @@ def draw_bars(ax: Any, labels: Sequence[str], values: Sequence[Any], log: bool =
     _label_bars(ax, vals)
 
 
-def bar_figure(labels: Sequence[str], series: dict[str, Sequence[Any]], title: str, log: bool = False) -> Any:
+def bar_figure(labels: Sequence[str], series: dict[str, Sequence[Any]], title: str, log: bool = False,
+               thresholds: dict[str, float | None] | None = None, caption: str | None = None) -> Any:
     """The figure metric_bars saves: one labelled bar panel per metric."""
-    return figure(series, lambda ax, _metric, values: draw_bars(ax, labels, values, log), title, len(labels))
+    return figure(series, lambda ax, _metric, values: draw_bars(ax, labels, values, log), title, len(labels),
+                  thresholds, caption)
 
 
 def metric_bars(labels: Sequence[str], series: dict[str, Sequence[float]], title: str, stem: str, name: str,
-                log: bool = False) -> Path:
-    """One bar panel per metric (e.g. max |diff| and cosine) over the same labels; saved and shown."""
-    return finish(bar_figure(labels, series, title, log), stem, name)
+                log: bool = False, thresholds: dict[str, float | None] | None = None, caption: str | None = None) -> Path:
+    """One bar panel per metric (e.g. max |diff| and cosine) over the same labels, each difference panel with its
+    noise threshold (`thresholds`); saved and shown."""
+    return finish(bar_figure(labels, series, title, log, thresholds, caption), stem, name)
 
 
 def draw_lines(ax: Any, x: Sequence[float], values: Sequence[Any], xlabel: str, log: bool = False) -> None:
@@ -136,12 +198,50 @@ def draw_lines(ax: Any, x: Sequence[float], values: Sequence[Any], xlabel: str, 
         _fit_linear(ax, present)
 
 
-def line_figure(x: Sequence[float], series: dict[str, Sequence[Any]], xlabel: str, title: str, log: bool = False) -> Any:
+def line_figure(x: Sequence[float], series: dict[str, Sequence[Any]], xlabel: str, title: str, log: bool = False,
+                thresholds: dict[str, float | None] | None = None, caption: str | None = None) -> Any:
     """The figure line_plot saves: one line panel per metric against a shared x axis."""
-    return figure(series, lambda ax, _metric, values: draw_lines(ax, x, values, xlabel, log), title)
+    return figure(series, lambda ax, _metric, values: draw_lines(ax, x, values, xlabel, log), title,
+                  thresholds=thresholds, caption=caption)
 
 
 def line_plot(x: Sequence[float], series: dict[str, Sequence[float]], xlabel: str, title: str, stem: str, name: str,
-              log: bool = False) -> Path:
-    """One line panel per metric against a shared x axis; saved and shown."""
-    return finish(line_figure(x, series, xlabel, title, log), stem, name)
+              log: bool = False, thresholds: dict[str, float | None] | None = None, caption: str | None = None) -> Path:
+    """One line panel per metric against a shared x axis (difference panels with their noise threshold); saved, shown."""
+    return finish(line_figure(x, series, xlabel, title, log, thresholds, caption), stem, name)
+
+
+STATUS_COLORS = {"worked": "#55a868", "equal": "#55a868", "failed": "#c44e52", "differs": "#c44e52",
+                 "not run": "#bbbbbb", "n/a": "#bbbbbb"}
+
+
+def status_grid_figure(rows: Sequence[str], cols: Sequence[str], status: Sequence[Sequence[str]],
+                       text: Sequence[Sequence[str]], title: str, caption: str | None = None) -> Any:
+    """A rows x cols grid of coloured cells (status: worked/equal green, failed/differs red, not run grey),
+    each annotated with `text` (e.g. the first call's input_ids/mask shapes): a source's own pass/fail table."""
+    from matplotlib.patches import Rectangle
+
+    fig, ax = plt.subplots(figsize=(2.3 * len(cols) + 2.2, 0.9 * len(rows) + 1.6))
+    for i, _ in enumerate(rows):
+        for j, _ in enumerate(cols):
+            state = status[i][j]
+            ax.add_patch(Rectangle((j, i), 1, 1, facecolor=STATUS_COLORS.get(state, "#dddddd"), edgecolor="white", lw=2))
+            ax.text(j + 0.5, i + 0.5, f"{state}\n{text[i][j]}", ha="center", va="center", fontsize=8)
+    ax.set_xlim(0, len(cols))
+    ax.set_ylim(len(rows), 0)
+    ax.set_xticks([j + 0.5 for j in range(len(cols))], list(cols))
+    ax.set_yticks([i + 0.5 for i in range(len(rows))], list(rows))
+    ax.tick_params(length=0)
+    ax.xaxis.tick_top()
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    fig.suptitle(title, y=1.02)
+    fig.tight_layout()
+    add_caption(fig, caption)
+    return fig
+
+
+def status_grid(rows: Sequence[str], cols: Sequence[str], status: Sequence[Sequence[str]], text: Sequence[Sequence[str]],
+                title: str, stem: str, name: str, caption: str | None = None) -> Path:
+    """The status grid (see status_grid_figure); saved and shown."""
+    return finish(status_grid_figure(rows, cols, status, text, title, caption), stem, name)

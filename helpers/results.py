@@ -60,6 +60,9 @@ class Claim:
     # value for the same quantity where it gives one ({name: value}); shown side by side in SUMMARY.md.
     deciding: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
+    # Short sentences shown under the claim's row: what a count counts, a value fixed by construction,
+    # a fact of the source the tiny model does not show.
+    notes: list[str] = field(default_factory=list)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -122,6 +125,7 @@ class Results:
         for claim in self.claims.values():
             verdict_for(claim.kind, True)  # an unknown kind is refused before any measurement
         self.extra: dict[str, Any] = {}
+        self.warnings: list[str] = []  # transformers warnings captured by helpers.session, kept out of the cells
         self.run = run_stamp()  # the runner's run id (nulls when run by hand): see helpers/pipeline/record.py
         self.path = path or output_dir("results") / f"{notebook}.json"
         self.write()
@@ -132,7 +136,8 @@ class Results:
         return self.claims[claim_id]
 
     def decide(self, claim_id: str, holds: bool, evidence: dict[str, Any], why: str = "",
-               deciding: dict[str, Any] | None = None, source: dict[str, Any] | None = None) -> str:
+               deciding: dict[str, Any] | None = None, source: dict[str, Any] | None = None,
+               notes: list[str] | tuple[str, ...] = ()) -> str:
         """Record a measured claim: its kind's verdict for `holds` (reproduced/not_reproduced for a source's
         statement, refuted/not_refuted for a hypothesis, holds/fails otherwise), with its evidence.
 
@@ -145,8 +150,21 @@ class Results:
         claim.evidence = to_jsonable(evidence)
         claim.deciding = to_jsonable(deciding or {})
         claim.source = to_jsonable(source or {})
+        claim.notes = [str(n) for n in notes]
         self.write()
         return claim.verdict
+
+    def record(self, claim_id: str, decision: Any) -> str:
+        """decide() from a helpers.compare.Decision: its verdict, evidence, deciding and source values and notes."""
+        return self.decide(claim_id, decision.holds, decision.evidence, decision.why, deciding=decision.deciding,
+                           source=decision.source, notes=getattr(decision, "notes", ()))
+
+    def warn(self, message: str) -> None:
+        """Record one captured warning (once), for the environment sections of SUMMARY.md and the HTML."""
+        text = " ".join(str(message).split())
+        if text and text not in self.warnings:
+            self.warnings.append(text)
+            self.write()
 
     def skip(self, claim_id: str, reason: str, evidence: dict[str, Any] | None = None) -> str:
         """Record a claim that cannot be measured in this environment (for example: no CUDA)."""
@@ -187,6 +205,7 @@ class Results:
             "environment": self.env,
             "claims": [asdict(c) for c in self.claims.values()],
             "measurements": self.extra,
+            "warnings": self.warnings,
         }
 
     def write(self) -> Path:

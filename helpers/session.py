@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -23,6 +25,7 @@ def start(notebook: str, claims: dict[str, str], model_id: str, revision: str | 
     res = Results(notebook, claims, environment(model_id=public_model_id(model_id), model_revision=revision, dtype=dtype,
                                                 attn_implementation=attn_implementation, device=device, seed=seed),
                   environment_checks=environment_checks, kinds=kinds)
+    capture_warnings(res)
     built = time.time()
     try:
         bundle = load(model_id, revision, dtype, attn_implementation, device, seed, trust_remote_code)
@@ -52,3 +55,50 @@ def show_environment(res: Results) -> Any:
     import pandas as pd
 
     return pd.DataFrame({"value": res.env}).rename_axis("environment")
+
+
+# transformers' fallback warnings ("`causal_conv1d_fn` is falling back to the torch implementation ...") go to
+# its logger's stderr handler and would print as red blocks in the shared cells; session.start captures them
+# into the results file instead (listed once in SUMMARY.md's and the HTML's environment sections).
+FALLBACK = re.compile(r"fall(?:ing|s)? back|fallback|fast path is not available", re.IGNORECASE)
+
+
+class WarningCapture(logging.Filter):
+    """A filter on transformers' logger and handlers: fallback warnings are recorded in the results, not printed."""
+
+    def __init__(self) -> None:
+        super().__init__("transformers")
+        self.results: Results | None = None
+        self.pending: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or not record.name.startswith("transformers"):
+            return True
+        message = record.getMessage()
+        if not FALLBACK.search(message):
+            return True
+        if self.results is not None:
+            self.results.warn(message)
+        else:
+            self.pending.append(message)
+        return False
+
+
+_CAPTURE = WarningCapture()
+
+
+def capture_warnings(res: Results | None) -> WarningCapture:
+    """Install the capture once (on transformers' root logger and its handlers) and point it at `res`."""
+    from transformers.utils import logging as hf_logging
+
+    root = hf_logging.get_logger()  # the library's root logger, "transformers"
+    targets = [root, *root.handlers]
+    for target in targets:
+        if _CAPTURE not in target.filters:
+            target.addFilter(_CAPTURE)
+    _CAPTURE.results = res
+    if res is not None:
+        for message in _CAPTURE.pending:
+            res.warn(message)
+        _CAPTURE.pending.clear()
+    return _CAPTURE

@@ -18,13 +18,13 @@ def test_tiny_model_is_deterministic_and_sized_as_the_seed(bundle, prompt):
     other = models.build_tiny_qwen3_vl(seed=0)
     for (name, a), (_, b) in zip(bundle.model.state_dict().items(), other.state_dict().items()):
         assert torch.equal(a, b), name
-    assert prompt.length == 83  # 12 text + 51 image block + 20 text, as one 224x224 image gives
+    assert prompt.length == 82  # 12 text + 51 image block + 19 text: the control's full length
     assert int(prompt.mm_kwargs["image_grid_thw"].prod()) // 4 == 49
 
 
 def test_prefill_sets_the_seeds_rope_deltas(bundle, prefix_cache):
     assert compat.get_rope_state(bundle.model).flatten().tolist() == [-42]
-    assert prefix_cache.get_seq_length() == 82
+    assert prefix_cache.get_seq_length() == 81  # the control's cached prefix
 
 
 def test_variants_are_built_the_way_their_names_say(bundle, prefix_cache, monkeypatch):
@@ -47,7 +47,7 @@ def test_variants_are_built_the_way_their_names_say(bundle, prefix_cache, monkey
     if compat.has_tensor_data_constructor():
         assert caches.kv_bitwise_equal(variants["rebuilt_ctor"].cache, prefix_cache)
     for v in variants.values():
-        assert caches.describe(v.cache)["seq_length"] == 82
+        assert caches.describe(v.cache)["seq_length"] == 81
 
 
 def test_kv_pairs_are_copies(prefix_cache):
@@ -82,7 +82,7 @@ def test_first_call_capture_sees_the_empty_suffix(bundle, prompt, prefix_cache):
     out = continuation.generate_first_step(bundle.model, prompt.last_token, prefix_cache)
     assert not out.ok and out.error_type
     assert out.first_call["input_ids_shape"] == [1, 0]
-    assert out.first_call["past_length"] == 82
+    assert out.first_call["past_length"] == 81
     assert out.stage == IN_FIRST_CALL and out.raised_at
 
 
@@ -98,9 +98,9 @@ def test_forward_quirk_captures_the_positions_it_computed(bundle, prompt, prefix
     positions = continuation.current_position_ids(bundle.model, prompt)
     runs = mask_matrix.forward_quirk_outcomes(bundle.model, prompt, variant, positions)
     plain, sliced, gen = (runs[k] for k in mask_matrix.QUIRK_CALLS)
-    assert not plain.ok and plain.stage == IN_FIRST_CALL and plain.rotary_position_shapes == [[3, 1, 83]]
+    assert not plain.ok and plain.stage == IN_FIRST_CALL and plain.rotary_position_shapes == [[3, 1, 82]]
     assert sliced.ok and sliced.rotary_position_shapes == [[3, 1, 1]] and gen.ok
-    assert mask_matrix.decide_forward_needs_positions(runs, 1, 83).holds
+    assert mask_matrix.decide_forward_needs_positions(runs, 1, 82).holds
 
 
 def test_rebuilt_caches_do_not_alias_the_original(prefix_cache):
@@ -162,7 +162,7 @@ def test_compat_layer_on_installed_release(bundle, prefix_cache):
     assert compat.rope_state_owner(bundle.model) is bundle.model.model
     assert compat.text_config(bundle.model.config).num_hidden_layers == 4
     keys, values = compat.layer_kv(compat.cache_layers(prefix_cache)[0])
-    assert keys.shape == values.shape and keys.shape[-2] == 82
+    assert keys.shape == values.shape and keys.shape[-2] == 81
     assert compat.image_processor_class().__name__.startswith("Qwen2VLImageProcessor")
     compat.set_rope_state(bundle.model, torch.tensor([[5]]))
     assert compat.get_rope_state(bundle.model).item() == 5

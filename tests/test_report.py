@@ -1,16 +1,19 @@
-"""outputs/SUMMARY.md and the self-contained HTML renderings: unit checks on hand-made run records and
-results (the run.json contract of the brief), and one end-to-end check on a real papermill run of notebook 01."""
+"""outputs/SUMMARY.md, share.zip and the self-contained HTML renderings: unit checks on hand-made run records and
+results (the run.json contract of the brief), and one end-to-end check on a real papermill run of notebook 01.
+Per-kind counting, per-source sections and paste safety: tests/test_summary.py; the archive: tests/test_share.py."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
 
+import zipfile
+
 import pytest
 
 from helpers.pipeline import report
+from helpers.pipeline import scrub as scrub_mod
 from helpers.pipeline.paths import repo_root
 
 RUN_A = {"run_id": "20261202T203000Z-a1b2", "command": "run-all", "started": "2026-12-02T20:30:00Z",
@@ -39,7 +42,7 @@ def _write_results(out: Path, notebook: str, claims: list[dict], env: dict | Non
          "run": {"run_id": run_id, "started": started, "kit_commit": "f3a57f9", "kit_dirty": False}}))
 
 
-def _claim(cid: str, verdict: str = "reproduced", deciding=None, source=None, kind="finding", **evidence) -> dict:
+def _claim(cid: str, verdict: str = "reproduced", deciding=None, source=None, kind="reproduces", **evidence) -> dict:
     return {"id": cid, "statement": f"statement of {cid}", "verdict": verdict, "reason": "why", "evidence": evidence,
             "kind": kind, "deciding": deciding or {}, "source": source or {}}
 
@@ -54,21 +57,20 @@ def _section(text: str, heading: str) -> str:
 
 # --------------------------------------------------------------------------- formatting
 
-def test_key_numbers_prefers_numeric_and_bool_scalars():
-    ev = {"variants": ["a", "b"], "comparisons": 6, "max_abs_diff": 0.0, "bitwise": True}
-    assert report.key_numbers(ev) == "comparisons=6; max_abs_diff=0"
-    assert report.key_numbers({"eq": {"a": True, "b": False}}) == "eq=1/2 true"
-    assert report.key_numbers({"n": [4, 4, 4]}) == "n=4 (×3)"
-    assert report.key_numbers({"d": 1.23456e-7}) == "d=1.23e-07"
-    assert report.key_numbers({"result": "failed"}) == "result=failed"
-    assert report.key_numbers({}) == "" and report.key_numbers(None) == ""
+def test_pairs_show_whole_values_and_count_the_rest():
+    assert report.pairs({"comparisons": 6, "max_abs_diff": 0.0, "bitwise": True}) == "comparisons=6; max_abs_diff=0; bitwise=true"
+    assert report.pairs({"d": 1.23456e-7, "shape": [1, 0]}) == "d=1.23e-07; shape=[1, 0]"
+    assert report.pairs({"a": 1, "blob": {"x": [1, 2, 3]}, "long": list(range(9))}) == "a=1; +2 more in the results file"
+    assert report.pairs({"s": "word " * 20}) == "+1 more in the results file"  # never cut mid-word
+    assert report.pairs({}) == "" and report.pairs(None) == ""
 
 
-def test_summary_is_truncated_under_the_limit(tmp_path):
+def test_summary_is_truncated_under_the_limit_with_details_closed(tmp_path):
     _run(tmp_path)
-    _write_results(tmp_path, "01_big", [_claim(f"c.{i}", note="x" * 300, n=i) for i in range(400)])
+    _write_results(tmp_path, "01_big", [{**_claim(f"c.{i}"), "statement": "long statement " * 20} for i in range(400)])
     text = report.build_summary(tmp_path)
-    assert len(text) < report.MAX_CHARS and "**Truncated:**" in text
+    assert len(text) < report.MAX_CHARS < report.GITHUB_LIMIT and "**Truncated:**" in text
+    assert text.count("<details>") == text.count("</details>")
 
 
 def test_external_images_are_detected():
@@ -82,7 +84,7 @@ def test_summary_names_the_run_at_the_top(tmp_path):
     _run(tmp_path)
     _write_results(tmp_path, "01_a", [_claim("a.one")])
     text = report.build_summary(tmp_path)
-    top = text[: text.index("## Claims")]
+    top = text[: text.index("## Counts per kind")]
     for expected in ("20261202T203000Z-a1b2", "`run-all`", "✅ complete", "2026-12-02T20:30:00Z",
                      "2026-12-02T20:30:42Z", "`f3a57f9c0ffe` + uncommitted changes (dirty)", "`seq_len=16`"):
         assert expected in top, expected
@@ -97,19 +99,20 @@ def test_interrupted_run_is_said_loudly_and_unfinished_notebooks_are_errors(tmp_
     _write_results(tmp_path, "01_a", [_claim("a.one")])
     _write_results(tmp_path, "02_b", [{**_claim("b.one", "error"), "reason": "interrupted"}])
     text = report.build_summary(tmp_path)
-    head = text[: text.index("## Claims")]
+    head = text[: text.index("## Counts per kind")]
     assert "**INTERRUPTED**" in head and "This run was interrupted before it finished**: 1 of 3 notebooks finished ok" in head
-    claims = _section(text, "## Claims")
-    assert "| 02_b | `b.one` | ⚠️ error | interrupted |" in claims
-    assert "| 03_c | — | ⚠️ error | no results file from this run: not started | — |" in claims
-    assert "✅ 1 reproduced, ⚠️ 1 error" in head
+    claims = _section(text, "## The Qwen3-VL resume-contract control (transformers 5.14.1)")
+    assert "| 02 | `b.one` | reproduces | ⚠️ error | see below | — |" in claims
+    assert "- `b.one` ⚠️ error: interrupted" in claims
+    assert "- `03_c` ⚠️ error: no results file from this run: not started" in _section(text, "## Notebooks without results")
+    assert "| reproduces | the source states it | 1 reproduced | 0 not_reproduced | 0 | 1 |" in text
 
 
 def test_no_run_record_presents_nothing_as_this_run(tmp_path):
     _write_results(tmp_path, "01_a", [_claim("a.one")], run_id=None, started=None)
     text = report.build_summary(tmp_path)
     assert "**No run record**" in text
-    assert "`a.one`" not in _section(text, "## Claims")
+    assert "`a.one`" not in text[: text.index("## From an earlier run")]
     assert "## From an earlier run (no run id" in text and "`a.one`" in text
 
 
@@ -119,16 +122,18 @@ def test_claims_table_shows_only_the_current_run(tmp_path):
     _write_results(tmp_path, "02_b", [_claim("b.stale")], run_id="20261201T100000Z-old0", started="2026-12-01T10:00:00Z")
     _write_results(tmp_path, "03_c", [_claim("c.byhand")], run_id=None, started=None)
     text = report.build_summary(tmp_path)
-    claims = _section(text, "## Claims")
+    claims = text[: text.index("## From an earlier run")]
     assert "`a.one`" in claims and "`a.two`" in claims
     assert "b.stale" not in claims and "c.byhand" not in claims
-    assert "| 02_b | — | ⚠️ error | no results file from this run: the notebook ran but wrote no results file | — |" in claims
-    assert "2 finding(s): ✅ 1 reproduced, ❌ 1 not_reproduced" in text
+    assert ("- `02_b` ⚠️ error: no results file from this run: the notebook ran but wrote no results file"
+            in _section(text, "## Notebooks without results"))
+    assert "| reproduces | the source states it | 1 reproduced | 1 not_reproduced | 0 | 0 |" in text
+    assert "1 of 2 source statement(s) reproduced" in text
     assert "2 results file(s) from other runs" in text
     stale = _section(text, "## From an earlier run (run `20261201T100000Z-old0`, started 2026-12-01T10:00:00Z)")
     assert "`b.stale`" in stale and "| that run |" in stale
     assert "`c.byhand`" in _section(text, "## From an earlier run (no run id: run by hand or by an older kit, time unknown)")
-    assert text.index("## From an earlier run") > text.index("## Claim details")
+    assert text.index("## From an earlier run") > text.index("## Environment")
 
 
 def test_environment_checks_are_listed_apart_and_never_counted(tmp_path):
@@ -136,9 +141,10 @@ def test_environment_checks_are_listed_apart_and_never_counted(tmp_path):
     _write_results(tmp_path, "01_a", [_claim("a.one"), _claim("env.cuda", "skipped", kind="environment_check"),
                                       _claim("env.flag", "reproduced", kind="environment_check")])
     text = report.build_summary(tmp_path)
-    assert "1 finding(s): ✅ 1 reproduced; 2 environment check(s), listed separately" in text
-    table = text[text.index("## Claims"): text.index("### Environment checks")]
-    checks = _section(text, "### Environment checks")
+    assert "1 of 1 source statement(s) reproduced" in text
+    assert "| environment | a fact about this machine | 0 holds | 0 fails | 1 | 0 + 1 with a verdict foreign to the kind |" in text
+    table = text[: text.index("## Environment checks")]
+    checks = _section(text, "## Environment checks")
     assert "env.cuda" not in table and "env.flag" not in table
     assert "`env.cuda`" in checks and "`env.flag`" in checks
 
@@ -151,11 +157,11 @@ def test_deciding_values_beside_the_source_report(tmp_path):
                none_vs_reference_max_abs_diff=0.451, zero_vs_reference_max_abs_diff=0.451),
         _claim("generic.fallback", comparisons=6, bitwise=True)])
     text = report.build_summary(tmp_path)
-    assert "| notebook | claim | verdict | this run | source report |" in text
-    assert ("| 03_r | `rope.none_equals_zero` | ✅ reproduced | max_abs_diff_zero_vs_none=0; cosine=1 "
+    assert "| nb | claim | kind | verdict | this run | source |" in text
+    assert ("| 03 | `rope.none_equals_zero` | reproduces | ✅ reproduced | max_abs_diff_zero_vs_none=0; cosine=1 "
             "| max_abs_diff_none_vs_0=17.1; cosine=0.306 |") in text
-    assert "0.451" not in _section(text, "## Claims")  # evidence is not mined when the claim names its values
-    assert "| 03_r | `generic.fallback` | ✅ reproduced | comparisons=6; bitwise=true | — |" in text
+    assert "0.451" not in text  # evidence stays in the attached results
+    assert "| 03 | `generic.fallback` | reproduces | ✅ reproduced | in the results file | — |" in text
 
 
 def test_timings_only_from_the_same_run(tmp_path):
@@ -183,7 +189,7 @@ def test_environment_once_and_per_notebook_model(tmp_path):
 
 # --------------------------------------------------------------------------- pastes cleanly
 
-def test_no_relative_links_figures_named_as_files_to_attach(tmp_path):
+def test_no_links_and_one_archive_to_attach(tmp_path):
     _run(tmp_path)
     _write_results(tmp_path, "01_a", [_claim("a.one")])
     (tmp_path / "figures").mkdir()
@@ -191,25 +197,32 @@ def test_no_relative_links_figures_named_as_files_to_attach(tmp_path):
         (tmp_path / "figures" / name).write_bytes(b"\x89PNG")
     (tmp_path / "html").mkdir()
     (tmp_path / "html" / "01_a.html").write_text("<html></html>")
-    text = report.build_summary(tmp_path)
-    assert not re.search(r"\]\((?!https?://)", text), "a Markdown link or image with a relative target"
-    assert not re.search(r"(src|href)=[\"'](?!https?://|#)", text)
-    files = _section(text, "## Files to attach")
-    assert "- `figures/01_a-plot.png`" in files and "- `html/01_a.html`" in files
-    assert "09_stale" not in text  # a figure of a notebook not in this run
+    report.write_summary(tmp_path)
+    text = (tmp_path / "SUMMARY.md").read_text()
+    assert not re.search(r"\]\(", text), "a Markdown link or image"
+    assert not re.search(r"(src|href)=", text)
+    attach = _section(text, "## Attach")
+    assert "**`share.zip`**" in attach and "1 self-contained HTML page(s), 1 figure(s), 1 results file(s)" in attach
+    names = zipfile.ZipFile(tmp_path / "share.zip").namelist()
+    assert {"SUMMARY.md", "run.json", "html/01_a.html", "figures/01_a-plot.png", "results/01_a.json"} <= set(names)
+    assert "figures/09_stale-plot.png" not in names and "09_stale" not in text  # not of this run
 
 
-def test_scrub_replaces_machine_paths_but_not_lookalikes():
+def test_scrub_replaces_machine_paths_but_not_lookalikes(monkeypatch):
     root, home = str(repo_root()), str(Path.home())
     text = (f"{root}/outputs/figures/a.png and {home}/.cache/hf and /tmp/xyz/f.txt; "
-            f"{sys.prefix}/lib; {root}x stays; https://example.org/tmp/x stays")
+            f"{sys.prefix}/lib; https://example.org/tmp/x stays")
     clean = report.scrub(text)
     assert "{kit}/outputs/figures/a.png" in clean and "~/.cache/hf" in clean and "{tmp}/xyz/f.txt" in clean
-    if not root.startswith(("/tmp/", "/var/tmp/")):  # a checkout under /tmp: its lookalike is a tmp path
-        assert f"{root}x stays" in clean
     assert "https://example.org/tmp/x stays" in clean
     assert root + "/" not in clean and home + "/" not in clean and " /tmp/" not in clean
     assert report.scrub("/tmp/kit/out/results/a.json", Path("/tmp/kit/out")) == "{outputs}/results/a.json"
+    # The look-alike, built where no other placeholder reaches (a checkout under /tmp must not make it vacuous):
+    fake = Path("/srv/kvkit-lookalike/kit")
+    monkeypatch.setattr(scrub_mod, "repo_root", lambda: fake)
+    out = fake / "outputs"
+    lookalike = report.scrub(f"{fake}/a.txt {fake}x/b.txt {fake}-old/c.txt {fake}.bak", out)
+    assert lookalike == f"{{kit}}/a.txt {fake}x/b.txt {fake}-old/c.txt {fake}.bak", lookalike
 
 
 def test_write_summary_scrubs_summary_results_timings_and_run_record(tmp_path):
@@ -220,11 +233,26 @@ def test_write_summary_scrubs_summary_results_timings_and_run_record(tmp_path):
     (tmp_path / "timings.json").write_text(json.dumps({"run_id": RUN_A["run_id"], "notebooks": [
         {"notebook": "01_a", "output": str(tmp_path / "notebooks" / "01_a.ipynb")}]}))
     report.write_summary(tmp_path)
+    with zipfile.ZipFile(tmp_path / "share.zip") as zf:
+        archived = {name: zf.read(name).decode() for name in zf.namelist()}
     for path in [tmp_path / "SUMMARY.md", tmp_path / "run.json", tmp_path / "timings.json", *tmp_path.glob("results/*.json")]:
         text = path.read_text()
         assert _machine_paths(text, tmp_path) == [], (path.name, _machine_paths(text, tmp_path))
     assert "{kit}/checkpoints/qwen" in (tmp_path / "SUMMARY.md").read_text()
     assert "{outputs}/notebooks/01_a.ipynb" in (tmp_path / "timings.json").read_text()
+    for name, text in archived.items():
+        assert _machine_paths(text, tmp_path) == [], name
+
+
+def test_scrub_file_cleans_a_timings_file_written_after_the_summary(tmp_path):
+    """What runner.py must call after it writes timings.json (it is written after SUMMARY.md)."""
+    timings = tmp_path / "timings.json"
+    timings.write_text(json.dumps({"notebooks": [{"output": str(tmp_path / "notebooks" / "01_a.ipynb"),
+                                                  "where": f"{repo_root()}/helpers"}]}))
+    assert report.scrub_file(timings) is True
+    text = timings.read_text()
+    assert "{outputs}/notebooks/01_a.ipynb" in text and "{kit}/helpers" in text and str(tmp_path) not in text
+    assert report.scrub_file(timings) is False  # already clean
 
 
 def _machine_paths(text: str, out: Path) -> list[str]:
@@ -266,15 +294,19 @@ def test_report_on_a_real_run(real_run):
     text = (real_run / "SUMMARY.md").read_text()
     data = json.loads((real_run / "results" / "01_identity_reconstruction.json").read_text())
     assert data["claims"] and len(text) < report.MAX_CHARS
-    in_run = report.run_id_of(data) == "20261202T000000Z-e2e0"  # results.py stores the run id it was given
-    where = _section(text, "## Claims") if in_run else text[text.index("## From an earlier run"):]
+    assert report.run_id_of(data) == "20261202T000000Z-e2e0", "the run id did not reach the results file"
+    assert "From an earlier run" not in text
+    where = _section(text, "## The Qwen3-VL resume-contract control (transformers 5.14.1)")
     for claim in data["claims"]:
-        assert f"`{claim['id']}`" in where and claim["verdict"] in where
-    if in_run:
-        assert data["environment"]["transformers"] in text and data["environment"]["model_id"] in text
-        for fig in (real_run / "figures").glob("*.png"):
-            assert f"`figures/{fig.name}`" in text
-        assert "`html/01_identity_reconstruction.html`" in text
+        assert f"| 01 | `{claim['id']}` | {claim['kind']} | ✅ {claim['verdict']} |" in where
+    assert {c["kind"] for c in data["claims"]} == {"reproduces"}
+    assert "| reproduces | the source states it | 3 reproduced | 0 not_reproduced | 0 | 0 |" in text
+    assert data["environment"]["transformers"] in where and data["environment"]["model_id"] in where
+    figures = sorted(p.name for p in (real_run / "figures").glob("01_identity_reconstruction-*.png"))
+    assert figures, "the notebook wrote no figure"
+    names = zipfile.ZipFile(real_run / "share.zip").namelist()
+    assert {f"figures/{f}" for f in figures} | {"html/01_identity_reconstruction.html", "SUMMARY.md",
+                                                 "results/01_identity_reconstruction.json"} <= set(names)
     assert "](" not in text
 
 
@@ -289,7 +321,12 @@ def test_html_is_self_contained_with_the_environment_at_the_top(real_run):
     body = html.index("<body")
     assert body < env_at < html.index("jp-CodeCell", body)  # before the first code cell
     assert data["environment"]["transformers"] in html[env_at: env_at + 4000]
-    assert 'id="cell-id=kvkit-environment"' in html or "cell-id" not in html
+    assert 'id="cell-id=kvkit-environment"' in html, "the environment cell lost its fixed id"
+    nb = json.loads((real_run / "notebooks" / "01_identity_reconstruction.ipynb").read_text())
+    for cell in nb["cells"]:  # every cell rendered under its own id: a page that drops ids is not the notebook's
+        assert f'id="cell-id={cell["id"]}"' in html, cell["id"]
+    assert not re.search(r"""\b(?:src|href)\s*=\s*["']?(?:https?:)?//""", html), "loads something remote"
+    assert report.remote_references(html) == [] and "require.js" not in html and "MathJax.js" not in html
     assert "Last run on" not in html  # no typed environment that could contradict the measured one
 
 
@@ -380,3 +417,36 @@ def test_a_run_that_did_not_complete_says_so_at_the_top(tmp_path, status, says):
     _write_results(tmp_path, "01_a", [_claim("a.one")])
     head = report.build_summary(tmp_path).split("## Claims")[0]
     assert says in head and "— (not finished)" in head
+
+
+# --------------------------------------------------------------------------- HTML: nothing remote, widgets static
+
+def test_remote_loaders_are_stripped_and_detected():
+    page = ('<head><script src="https://cdnjs.cloudflare.com/ajax/libs/require.js/2.1.10/require.min.js"></script>\n'
+            '<link rel="stylesheet" href="https://cdn.example.org/x.css">\n<!-- Load mathjax -->\n'
+            '<script src="https://cdn.jsdelivr.net/npm/mathjax@2/MathJax.js?config=TeX-AMS_CHTML-full"> </script>\n'
+            '<script type="text/x-mathjax-config">MathJax.Hub.Config({});</script>\n<!-- End of mathjax configuration -->\n'
+            '<script type="module">/* inline */</script></head><body><img src="data:image/png;base64,AA"></body>')
+    assert len(report.remote_references(page)) == 3
+    clean = report.strip_remote(page)
+    assert report.remote_references(clean) == [] and "MathJax" not in clean and "require" not in clean
+    assert '<script type="module">/* inline */</script>' in clean and "data:image/png" in clean
+
+
+def test_widgets_become_a_static_line_and_their_state_is_dropped():
+    import nbformat
+
+    from helpers.pipeline import html
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    cell = nbformat.v4.new_code_cell("display(slider)")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={
+        "text/plain": "interactive(children=(IntSlider(value=0, description='offset', max=8, min=-8), Output()))",
+        html.WIDGET_MIME: {"model_id": "abc", "version_major": 2, "version_minor": 0}})]
+    nb.cells.append(cell)
+    assert html.static_widgets(nb) == 1
+    data = nb.cells[0].outputs[0]["data"]
+    assert data == {"text/plain": "[IntSlider offset = 0 (min -8, max 8): interactive only when the notebook is opened in Jupyter]"}
+    assert html.widget_value("Output()") == "a widget"
+    assert "widgets" not in nb.metadata

@@ -16,7 +16,7 @@ def state(bundle, prompt, prefix_cache) -> resume.ResumeState:
 
 
 def test_capture_records_what_a_continuation_needs(state, prompt):
-    assert state.processed_length == prompt.length - 1 == 82
+    assert state.processed_length == prompt.length - 1 == 81
     assert state.suffix_length == 1 and state.batch_size == 1 and state.n_layers == 4
     assert state.attention_mask.shape[1] == state.processed_length + state.suffix_length
     assert state.model_metadata[resume.ROPE_KEY].flatten().tolist() == [-42]
@@ -27,7 +27,7 @@ def test_round_trip_through_safetensors_and_json(state, tmp_path):
     back = resume.round_trip(state, tmp_path / "s")
     assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted([resume.TENSOR_FILE, resume.JSON_FILE])
     doc = json.loads((tmp_path / "s" / resume.JSON_FILE).read_text())
-    assert doc["processed_length"] == 82 and doc["model_metadata"] == {resume.ROPE_KEY: "tensor"}
+    assert doc["processed_length"] == 81 and doc["model_metadata"] == {resume.ROPE_KEY: "tensor"}
     assert back.processed_length == state.processed_length and back.info == state.info
     for (k1, v1), (k2, v2) in zip(state.kv, back.kv):
         assert compare.tensors_bitwise_equal(k1, k2) and compare.tensors_bitwise_equal(v1, v2)
@@ -66,8 +66,8 @@ def _replace_kv(state, fn):
     (lambda s: _replace_kv(s, lambda t: t.to("meta")), "device: state K/V are on meta"),
     (lambda s: dataclasses.replace(s, attention_mask=s.attention_mask.repeat(2, 1)), "batch size"),
     (lambda s: dataclasses.replace(s, suffix_ids=s.suffix_ids.repeat(2, 1)), "batch size"),
-    (lambda s: dataclasses.replace(s, attention_mask=s.attention_mask[:, :-1]), "mask length: attention_mask covers 82 tokens"),
-    (lambda s: dataclasses.replace(s, processed_length=83), "processed length: layer 0 holds 82"),
+    (lambda s: dataclasses.replace(s, attention_mask=s.attention_mask[:, :-1]), "mask length: attention_mask covers 81 tokens"),
+    (lambda s: dataclasses.replace(s, processed_length=82), "processed length: layer 0 holds 81"),
     (lambda s: dataclasses.replace(s, model_metadata={}), "model metadata"),
     (lambda s: dataclasses.replace(s, model_metadata={resume.ROPE_KEY: torch.tensor([[-42], [-42]])}), "batch size: rope_deltas"),
 ])
@@ -141,7 +141,7 @@ def _drop_tensor(directory, name):
     (lambda d: _edit_json(d, n_layers=0), "state.json: field n_layers is 0, must be at least 1"),
     (lambda d: _edit_json(d, n_layers=_DROP), "state.json: field n_layers is missing"),
     (lambda d: _edit_json(d, processed_length=None), "state.json: field processed_length is None"),
-    (lambda d: _edit_json(d, processed_length=83), "processed_length is 83"),
+    (lambda d: _edit_json(d, processed_length=82), "processed_length is 82"),
     (lambda d: _edit_json(d, model_metadata=None), "state.json: field model_metadata is None"),
     (lambda d: _edit_json(d, model_metadata={resume.ROPE_KEY: "tensr"}), "field model_metadata.rope_deltas is 'tensr'"),
     (lambda d: _edit_json(d, model_metadata={"other": "tensor"}), "tensors.safetensors: field metadata.other is missing"),

@@ -43,13 +43,23 @@ def test_fresh_instance_diverges_and_restored_matches(bundle, prompt, prefix_cac
     floor = compare.noise_floor(reference, [reference], torch.float32)
     assert rope.decide_fresh_instance_diverges(dict(bare), floor).holds
     assert rope.decide_restored_state_matches(dict(restored), floor).holds
-    assert info["fresh_state_before"] is None and info["restored_state"] == [-42] and info["mask_length"] == 83
+    assert info["fresh_state_before"] is None and info["restored_state"] == [-42] and info["mask_length"] == 82
 
 
 def test_offset_widget_builds_without_a_frontend(bundle, prompt, prefix_cache, saved):
     pytest.importorskip("ipywidgets")
-    _, reference = rope.perturbation_table(bundle.model, prompt, prefix_cache, saved)
-    assert rope.offset_widget(bundle.model, prompt, prefix_cache, saved, reference, -2, 2) is not None
+    states, reference = rope.perturbation_table(bundle.model, prompt, prefix_cache, saved)
+    widget = rope.offset_widget(bundle.model, prompt, prefix_cache, saved, reference, -2, 2)
+    slider = widget.children[0]
+    assert (slider.description, slider.min, slider.max, slider.value) == ("offset", -2, 2, 0)
+    widget.update()  # what a frontend does on display; headless, the result is still computed
+    at_zero = widget.result
+    assert list(at_zero.index) == ["saved +0"] and at_zero.iloc[0].max_abs_diff == 0 and at_zero.iloc[0].bitwise_equal
+    slider.value = 1  # moving the slider re-runs the continuation with the shifted state
+    moved = widget.result
+    assert list(moved.index) == ["saved +1"]
+    assert moved.iloc[0].max_abs_diff == pytest.approx(states.loc["saved + 1"].max_abs_diff)
+    assert moved.iloc[0].max_abs_diff > 0
 
 
 def _check_boundary(model, prompt):

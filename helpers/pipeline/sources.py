@@ -1,0 +1,98 @@
+"""Which source each notebook answers (by its stem's number, one line per notebook), each source's
+setup, and what it says cannot be tested on this kit's machines. A new notebook is one line in NOTEBOOK_SOURCE."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Legacy kinds written by older kits, read as today's.
+LEGACY_KINDS = {"finding": "reproduces", "environment_check": "environment"}
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source the kit answers: its public name, its setup and what this kit cannot test of it."""
+
+    key: str
+    title: str
+    setup: dict[str, str] = field(default_factory=dict)  # release, dtype, device, model (the source's own words)
+    not_tested: str = ""
+
+
+SOURCES: dict[str, Source] = {s.key: s for s in (
+    Source("control", "The Qwen3-VL resume-contract control (transformers 5.14.1)",
+           {"release": "5.14.1", "dtype": "float16", "device": "cuda (Tesla T4)",
+            "model": "Qwen/Qwen3-VL-2B-Instruct @ 89644892"},
+           "the real 2B checkpoint in fp16 on a T4 (no hub access and no GPU here: the tiny random-weight default "
+           "stands in; pass `-p model_id ...` online), the 8B MMBench-Video result and video prompts (outside the "
+           "control's own scope too)."),
+    Source("48947", "transformers issue #48947: hybrid offloading drift",
+           {"release": "5.17.0", "dtype": "bfloat16", "device": "cuda (RTX PRO 6000 Blackwell)",
+            "model": "Qwen/Qwen3.8-27B"},
+           "the 27B checkpoint and the CUDA copy streams themselves where no GPU is present: those claims are "
+           "skipped with the reason, and the race is replayed as a simulation."),
+    Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
+           "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
+           "place (no source setup to compare: the tree is the control's, the rebuilds are this kit's)."),
+)}
+OTHER = Source("other", "Other notebooks (no source mapped)", {}, "")
+
+# Notebook stem prefix -> source key. A new notebook is one line here.
+NOTEBOOK_SOURCE = {
+    "01": "control",
+    "02": "control",
+    "03": "control",
+    "04": "control",
+    "05": "48947",
+    "06": "triage",
+    "07": "control",
+}
+
+
+def source_of(notebook: str) -> Source:
+    """The source a notebook answers, from its stem's number (01_identity... -> the control)."""
+    key = NOTEBOOK_SOURCE.get(str(notebook).split("_", 1)[0])
+    return SOURCES.get(key, OTHER) if key else OTHER
+
+
+def kind_of(claim: dict[str, Any]) -> str:
+    """A claim's kind, legacy names mapped (finding -> reproduces, environment_check -> environment)."""
+    kind = claim.get("kind") or "reproduces"
+    return LEGACY_KINDS.get(kind, kind)
+
+
+def run_setup(envs: list[dict[str, Any]]) -> dict[str, str]:
+    """This run's release, dtype, device and model over the notebooks of one source (values joined when they differ)."""
+    def values(*keys: str) -> str:
+        seen: list[str] = []
+        for env in envs:
+            parts = [str(env.get(k)) for k in keys if env.get(k) not in (None, "")]
+            text = " ".join(parts) if parts else "?"
+            if text not in seen:
+                seen.append(text)
+        return ", ".join(seen) or "?"
+
+    model = values("model_id")
+    if any(str(env.get("model_id") or "").startswith("tiny-") for env in envs):
+        model += " (tiny, random weights)"
+    device = values("device")
+    if not any(env.get("cuda_available") for env in envs):
+        device += " (no CUDA)"
+    return {"release": values("transformers"), "dtype": values("dtype"), "device": device, "model": model}
+
+
+def setup_rows(source: Source, envs: list[dict[str, Any]]) -> tuple[list[tuple[str, str, str, str]], str]:
+    """(rows of what, source, this run, same?) and one sentence stating the gap."""
+    mine = run_setup(envs)
+    rows, gaps = [], []
+    for key in ("release", "dtype", "device", "model"):
+        theirs = source.setup.get(key, "?")
+        ours = mine.get(key, "?")
+        same = theirs.split(" ")[0] == ours.split(" ")[0]
+        rows.append((key, theirs, ours, "same" if same else "differs"))
+        if not same:
+            gaps.append(f"{key} {ours} instead of {theirs}")
+    gap = ("Gap: " + "; ".join(gaps) + ". Scale-dependent numbers (max |diff|) are not comparable across it; "
+           "the scale-free ones (top-1, top-5 overlap, cosine, ratios) and the pass/fail pattern are.") if gaps else \
+        "No gap in release, dtype, device or model."
+    return rows, gap

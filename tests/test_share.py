@@ -1,0 +1,74 @@
+"""outputs/share.zip: the one file to attach; holds this run's HTML, figures and results, nothing of other runs,
+no machine path, and the same bytes for the same run."""
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+from helpers.pipeline import report, share
+from helpers.pipeline.paths import repo_root
+
+RUN = {"run_id": "20261203T000000Z-zip0", "command": "run-all", "status": "complete", "notebooks": {"01_a": {"status": "ok"}}}
+
+
+def _outputs(out: Path) -> None:
+    (out / "results").mkdir(parents=True)
+    (out / "figures").mkdir()
+    (out / "html").mkdir()
+    (out / "run.json").write_text(json.dumps(RUN))
+    for nb, rid in (("01_a", RUN["run_id"]), ("02_old", "19990101T000000Z-old0")):
+        (out / "results" / f"{nb}.json").write_text(json.dumps({"notebook": nb, "run": {"run_id": rid}, "environment": {
+            "model_id": f"{repo_root()}/ckpt"}, "claims": [{"id": f"{nb}.c", "kind": "reproduces", "verdict": "reproduced"}]}))
+        (out / "figures" / f"{nb}-grid.png").write_bytes(b"\x89PNG fake")
+        (out / "html" / f"{nb}.html").write_text(f"<html>{nb}</html>")
+    (out / "timings.json").write_text(json.dumps({"run_id": RUN["run_id"], "where": str(out / "notebooks")}))
+
+
+def test_the_archive_holds_this_runs_files_only(tmp_path):
+    _outputs(tmp_path)
+    report.write_summary(tmp_path)
+    with zipfile.ZipFile(tmp_path / share.ARCHIVE) as zf:
+        names = zf.namelist()
+        assert zf.testzip() is None
+        summary = zf.read("SUMMARY.md").decode()
+        result = zf.read("results/01_a.json").decode()
+        timings = zf.read("timings.json").decode()
+    assert names == ["SUMMARY.md", "run.json", "timings.json", "html/01_a.html", "figures/01_a-grid.png", "results/01_a.json"]
+    assert summary == (tmp_path / "SUMMARY.md").read_text() and "**`share.zip`**" in summary
+    assert str(repo_root()) not in result and "{kit}/ckpt" in result  # scrubbed before archiving
+    assert str(tmp_path) not in timings
+
+
+def test_the_same_run_gives_the_same_bytes(tmp_path):
+    _outputs(tmp_path)
+    first = share.write_share(tmp_path, {"01_a"}).read_bytes()
+    second = share.write_share(tmp_path, {"01_a"}).read_bytes()
+    assert first == second and not (tmp_path / "share.zip.tmp").exists()
+
+
+def test_members_of_a_figure_need_the_stem_and_a_dash(tmp_path):
+    _outputs(tmp_path)
+    (tmp_path / "figures" / "01_ab-x.png").write_bytes(b"x")  # 01_ab is another notebook than 01_a
+    assert "figures/01_ab-x.png" not in share.share_members(tmp_path, {"01_a"})
+    assert "figures/01_ab-x.png" in share.share_members(tmp_path, None)
+
+
+def test_timings_written_after_the_summary_are_scrubbed_and_archived(tmp_path):
+    """runner.py writes timings.json after SUMMARY.md; report.finish_timings(out) is its one call after that."""
+    _outputs(tmp_path)
+    (tmp_path / "timings.json").unlink()
+    report.write_summary(tmp_path)
+    assert "timings.json" not in zipfile.ZipFile(tmp_path / "share.zip").namelist()
+    (tmp_path / "timings.json").write_text(json.dumps({"run_id": RUN["run_id"], "output": str(tmp_path / "notebooks")}))
+    report.finish_timings(tmp_path)
+    assert str(tmp_path) not in (tmp_path / "timings.json").read_text()
+    with zipfile.ZipFile(tmp_path / "share.zip") as zf:
+        assert "{outputs}/notebooks" in zf.read("timings.json").decode()
+        assert "results/02_old.json" not in zf.namelist()
+
+
+def test_another_runs_timings_never_go_in(tmp_path):
+    _outputs(tmp_path)
+    (tmp_path / "timings.json").write_text(json.dumps({"run_id": "someone-else"}))
+    assert "timings.json" not in share.share_members(tmp_path, {"01_a"})
