@@ -110,9 +110,13 @@ def measure(family: Family, flash: tuple[bool, str]) -> Measured:
     run = Runner(family)
     full = {"attention_mask": family.full_mask}
     orig_gen, orig_fwd = run.generate(run.cache, **full), run.forward(run.cache)
-    agreeing = [other_attention_reference(family)] + ([orig_gen.logits] if orig_gen.ok and not family.padded else [])
-    floor = noise_floor(ref, agreeing, family.bundle.dtype,
-                        what="full forward vs the other attention kernel" + ("" if family.padded else " and generate(full mask) from the original cache"))
+    eager = run.with_backend("eager", run.cache)
+    if family.padded:  # every padded continuation is under test: the floor comes from the unpadded rows alone
+        agreeing, what = [other_attention_reference(family)], "each unpadded row's full forward, sdpa vs eager"
+    else:
+        agreeing = [s.logits for s in (orig_gen, eager) if s.ok]
+        what = "full forward vs generate(full mask) from the original cache, sdpa and eager"
+    floor = noise_floor(ref, agreeing, family.bundle.dtype, what=what)
     cells: dict[str, Cell] = {}
     vs_orig, vs_ref = "original cache, same arguments", "full forward over the prompt"
     extra: dict[str, Any] = {"processed_length": family.processed_length, "original_lengths": layers.lengths(run.cache),
@@ -142,7 +146,7 @@ def measure(family: Family, flash: tuple[bool, str]) -> Measured:
     fresh = family.bundle.fresh_instance()
     cells["fresh_instance"] = against_outcome(name, "fresh_instance", run.generate(run.cache, model=fresh, restore=False, **full),
                                               orig_gen, floor, "same instance, same cache and arguments")
-    cells["eager_vs_sdpa"] = against_outcome(name, "eager_vs_sdpa", run.with_backend("eager", run.cache), orig_gen, floor,
+    cells["eager_vs_sdpa"] = against_outcome(name, "eager_vs_sdpa", eager, orig_gen, floor,
                                              "generate(full mask) with sdpa")
     ok, why = flash
     cells["flash_attention_2"] = (against_outcome(name, "flash_attention_2", run.with_backend("flash_attention_2", run.cache),
