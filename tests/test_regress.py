@@ -179,3 +179,17 @@ def test_backend_switch_runs_and_restores(dense):
     run = checks.Runner(family)
     step = run.with_backend("eager", run.cache)
     assert step.ok and dense.model.config._attn_implementation == "sdpa"
+
+
+def test_flash_status_names_each_missing_piece(monkeypatch):
+    import importlib.util
+
+    assert "needs CUDA" in checks.flash_status("cpu")[1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "flash_attn" else real(name, *a))
+    assert checks.flash_status("cuda", "float16") == (False, "the flash_attn package is not installed")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "flash_attn" else real(name, *a))
+    ok, why = checks.flash_status("cuda", "float32")
+    assert not ok and "float16 or bfloat16" in why
+    assert checks.flash_status("cuda", "bfloat16") == (True, "")

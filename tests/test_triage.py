@@ -257,7 +257,7 @@ def test_notebook_06_decides_its_claims(tmp_path, monkeypatch):
     assert {c["id"]: (c["kind"], c["verdict"]) for c in data["claims"]} == {
         "triage.identity_matches_original": ("reproduces", "reproduced"),
         "triage.streaming_generate_uses_retained_length": ("beyond", "holds"),
-        "triage.per_layer_lengths_outcome": ("beyond", "holds")}
+        "triage.per_layer_lengths_outcome": ("beyond", "holds"), "triage.per_layer_lengths_by_backend": ("beyond", "holds")}
     assert {n: v["branch"] for n, v in data["measurements"]["triage"].items()} == {
         "identity": "resume_contract", "streaming": "compression_information_loss", "int8": "reconstruction_copy",
         "per_layer": "compression_information_loss"}
@@ -394,3 +394,15 @@ def test_prompt_text_and_prompt_ids_together_are_refused(tmp_path):
     ids.write_text("[1, 2, 3]")
     with pytest.raises(params.ParameterError, match="prompt_text and prompt_ids given together"):
         params.check([ROOT / "notebooks" / "06_rebuild_triage.ipynb"], {"prompt_text": "hi", "prompt_ids": str(ids)})
+
+
+def test_per_layer_backend_prediction_and_its_contradictions():
+    silent = {"ok": True, "max_abs_diff_vs_original": 0.9, "stage": ""}
+    raised = {"ok": False, "error_type": "RuntimeError", "stage": "models/x/modeling_x.py:eager_attention_forward"}
+    assert triage.decide_per_layer_backends({"sdpa": silent, "eager": raised}, FLOOR)[0]
+    same = {"ok": True, "max_abs_diff_vs_original": 1e-7, "stage": ""}
+    assert not triage.decide_per_layer_backends({"sdpa": same, "eager": raised}, FLOOR)[0]  # sdpa did not differ
+    assert not triage.decide_per_layer_backends({"sdpa": silent, "eager": silent}, FLOOR)[0]  # eager did not raise
+    elsewhere = {**raised, "stage": "generation/utils.py:_prepare_cache"}
+    holds, why, _, deciding = triage.decide_per_layer_backends({"sdpa": silent, "eager": elsewhere}, FLOOR)
+    assert not holds and deciding["eager_outcome"] == "error_elsewhere" and "predicted error" in why

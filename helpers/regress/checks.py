@@ -37,12 +37,15 @@ class Measured:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def flash_status(device: str) -> tuple[bool, str]:
-    """(FlashAttention-2 can run here, why not)."""
+def flash_status(device: str, dtype: str = "float16") -> tuple[bool, str]:
+    """(FlashAttention-2 can run here, why not): CUDA, the flash_attn package, a half-precision dtype."""
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
-        return False, "FlashAttention-2 needs CUDA; this run is on CPU (run with -p device cuda where flash_attn is installed)"
+        return False, ("FlashAttention-2 needs CUDA; this run is on CPU (run with -p device cuda -p dtype float16 where "
+                       "flash_attn is installed)")
     if importlib.util.find_spec("flash_attn") is None:
         return False, "the flash_attn package is not installed"
+    if str(dtype).replace("torch.", "") not in ("float16", "bfloat16", "fp16", "bf16", "half"):
+        return False, f"FlashAttention-2 runs in float16 or bfloat16, this run is {dtype} (-p dtype float16)"
     return True, ""
 
 

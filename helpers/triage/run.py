@@ -187,3 +187,26 @@ def stop(res: Any, err: Exception) -> None:
         res.fail(claim_id, err)
     raise SystemExit(str(err))
 
+
+
+def backend_outcomes(base: Baseline, t: Triaged, backends: tuple[str, ...] = ("sdpa", "eager")) -> dict[str, dict[str, Any]]:
+    """generate(full mask) from one rebuilt cache under each attention backend, vs the original under the same backend.
+
+    Per backend: ok, error type and stage (the innermost transformers frame), max |diff| vs the original. The
+    model's own backend is put back."""
+    model, out = base.model, {}
+    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    for backend in backends:
+        model.set_attn_implementation(backend)
+        try:
+            _set_state(model, base.saved_state)
+            original = generate_step(model, base.prompt, base.prefix_cache, base.generate_kwargs, **_full(base.prompt, base.prefix_cache))
+            _set_state(model, base.saved_state)
+            rebuilt = generate_step(model, base.prompt, t.rebuilt.cache, base.generate_kwargs, **_full(base.prompt, t.rebuilt.cache))
+        finally:
+            model.set_attn_implementation(current)
+            _set_state(model, base.saved_state)
+        out[backend] = {"ok": rebuilt.ok, "error_type": rebuilt.error_type, "stage": rebuilt.stage, "error": rebuilt.error[:200],
+                        "error_layer": rebuilt.call.get("error_layer"), "original_ok": original.ok,
+                        "max_abs_diff_vs_original": diff(original, rebuilt)}
+    return out

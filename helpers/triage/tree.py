@@ -244,3 +244,27 @@ def decide_per_layer(c: Controls, full: ArgSet, mechanism: dict[str, Any]) -> tu
                 "noise_threshold": c.floor.threshold}
     evidence = {**deciding, "stage": stage, **mechanism, **c.floor.evidence(full.max_abs_diff)}
     return holds, why, evidence, deciding
+
+
+# Stated before the run (transformers #35168: layer-dependent lengths behave differently by backend):
+PER_LAYER_PREDICTION = {"sdpa": "silent_difference", "eager": "error"}
+
+
+def backend_outcome(o: dict[str, Any], floor: NoiseFloor) -> str:
+    """'error' (raised inside attention), 'error_elsewhere', 'silent_difference' or 'no_difference' for one backend."""
+    if not o["ok"]:
+        return "error" if "attention" in (o.get("stage") or "") else "error_elsewhere"
+    d = o.get("max_abs_diff_vs_original")
+    return "silent_difference" if d is not None and floor.differs(d) else "no_difference"
+
+
+def decide_per_layer_backends(outcomes: dict[str, dict[str, Any]], floor: NoiseFloor,
+                              prediction: dict[str, str] = PER_LAYER_PREDICTION) -> tuple[bool, str, dict[str, Any], dict[str, Any]]:
+    """holds, why, evidence, deciding: each backend's outcome is the one predicted before the run."""
+    seen = {b: backend_outcome(o, floor) for b, o in outcomes.items()}
+    holds = bool(seen) and all(seen.get(b) == want for b, want in prediction.items())
+    why = "; ".join(f"{b}: predicted {prediction.get(b, '-')}, measured {seen[b]}"
+                    + (f" ({outcomes[b]['error_type']} at {outcomes[b]['stage']})" if not outcomes[b]["ok"]
+                       else f" (max |diff| {_fmt(outcomes[b]['max_abs_diff_vs_original'])})") for b in seen)
+    deciding = {f"{b}_outcome": v for b, v in seen.items()} | {"noise_threshold": floor.threshold}
+    return holds, why, {"prediction": prediction, "outcomes": outcomes, **deciding}, deciding
