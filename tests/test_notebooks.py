@@ -37,6 +37,7 @@ EXPECTED_CLAIMS = {
     "06_rebuild_triage": {"triage.identity_matches_original", "triage.streaming_generate_uses_retained_length",
                           "triage.per_layer_lengths_outcome", "triage.per_layer_lengths_by_backend"},
     "07_regression_families": {"regress.sliding_rebuild_hidden_by_full_mask", "regress.sliding_rebuild_breaks_direct_forward",
+                               "regress.sliding_rebuild_depends_on_kernel",
                                "regress.hybrid_update_rebuild_drops_linear_state", "regress.left_padded_resume_needs_padded_mask",
                                "regress.mask_contract_holds_across_families", "regress.flash_attention_2_matches_sdpa"},
 }

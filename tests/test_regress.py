@@ -106,7 +106,7 @@ def measured(cells: dict[str, str | tuple[str, float]], **extra) -> checks.Measu
         out[check] = Cell("f", check, status, value, first_call={"input_ids_shape": shape})
     base = {"processed_length": 39, "control_rebuild_seq_length": 15, "original_widths": [15, 39],
             "layer_classes": ["DynamicSlidingWindowLayer", "DynamicLayer"], "family_rebuild_state_equal": True,
-            "family_rebuild_lengths": [39, 39]}
+            "family_rebuild_lengths": [39, 39], "kernel": "sdpa", "other_kernel": "eager"}
     return checks.Measured(_Fam(), FLOOR, out, {**base, **extra})
 
 
@@ -125,6 +125,20 @@ def test_sliding_forward_decision():
     assert decisions.decide_sliding_forward(measured(SLIDING_OK)).holds
     assert not decisions.decide_sliding_forward(measured({**SLIDING_OK, "control_rebuild·forward": ("matches", 1e-7)})).holds
     assert not decisions.decide_sliding_forward(measured({**SLIDING_OK, "family_rebuild·forward": ("differs", 0.1)})).holds
+
+
+def test_sliding_kernel_decision():
+    raised = Cell("f", "control_rebuild·other_kernel", "error", None, detail="RuntimeError (inside the first model call): size")
+    m = measured(SLIDING_OK)
+    m.cells["control_rebuild·other_kernel"] = raised
+    assert decisions.decide_sliding_backends(m).holds
+    m.cells["control_rebuild·other_kernel"] = Cell("f", "c", "bitwise", 0.0)  # eager matched too
+    assert not decisions.decide_sliding_backends(m).holds
+    m.cells["control_rebuild·other_kernel"] = replace(raised, detail="RuntimeError (before the first model call): x")
+    assert not decisions.decide_sliding_backends(m).holds  # raised, but not inside the model call
+    swapped = measured({**SLIDING_OK, "control_rebuild·generate": "error"}, kernel="eager", other_kernel="sdpa")
+    swapped.cells["control_rebuild·generate"] = replace(raised, check="control_rebuild·generate")
+    assert decisions.decide_sliding_backends(swapped).holds  # run with eager: the kernels swap columns
 
 
 def test_hybrid_decision():

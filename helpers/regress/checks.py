@@ -20,7 +20,8 @@ from .cells import Cell, against_outcome, against_tensor, raised, row_diffs, ski
 from .families import Family, reference
 from .rebuilds import attention_only_rebuild, control_rebuild, family_rebuild
 
-CHECKS = ("control_rebuild·generate", "control_rebuild·forward", "config_rebuild·generate", "config_rebuild·forward",
+CHECKS = ("control_rebuild·generate", "control_rebuild·other_kernel", "control_rebuild·forward", "config_rebuild·generate",
+          "config_rebuild·forward",
           "family_rebuild·generate", "family_rebuild·forward", "neither", "position_only", "mask_only", "both",
           "fresh_instance", "eager_vs_sdpa", "flash_attention_2")
 PADDED_MASKS = ("suffix_only", "all_ones", "padded")  # the masks a left-padded batch is resumed with
@@ -113,7 +114,9 @@ def measure(family: Family, flash: tuple[bool, str]) -> Measured:
     run = Runner(family)
     full = {"attention_mask": family.full_mask}
     orig_gen, orig_fwd = run.generate(run.cache, **full), run.forward(run.cache)
-    eager = run.with_backend("eager", run.cache)
+    current = getattr(family.model.config, "_attn_implementation", None) or "sdpa"
+    other = "sdpa" if current == "eager" else "eager"  # the other kernel of the two
+    eager = run.with_backend(other, run.cache)
     if family.padded:  # every padded continuation is under test: the floor comes from the unpadded rows alone
         agreeing, what = [other_attention_reference(family)], "each unpadded row's full forward, sdpa vs eager"
     else:
@@ -124,16 +127,19 @@ def measure(family: Family, flash: tuple[bool, str]) -> Measured:
     vs_orig, vs_ref = "original cache, same arguments", "full forward over the prompt"
     extra: dict[str, Any] = {"processed_length": family.processed_length, "original_lengths": layers.lengths(run.cache),
                              "original_widths": layers.widths(run.cache), "original_seq_length": int(run.cache.get_seq_length()),
-                             "layer_classes": [type(l).__name__ for l in compat.cache_layers(run.cache)]}
+                             "layer_classes": [type(l).__name__ for l in compat.cache_layers(run.cache)],
+                             "kernel": current, "other_kernel": other}
     try:
         ctrl = control_rebuild(run.cache)
         extra["control_rebuild_seq_length"] = int(ctrl.get_seq_length())
         extra["control_rebuild_lengths"] = layers.lengths(ctrl)
         cells["control_rebuild·generate"] = against_outcome(name, "control_rebuild·generate", run.generate(ctrl, **full), orig_gen, floor, vs_orig)
+        cells["control_rebuild·other_kernel"] = against_outcome(name, "control_rebuild·other_kernel", run.with_backend(other, ctrl),
+                                                                eager, floor, f"original cache, same arguments, {other}")
         cells["control_rebuild·forward"] = against_outcome(name, "control_rebuild·forward", run.forward(ctrl), orig_fwd, floor, vs_orig)
     except Exception as exc:  # noqa: BLE001 - the rebuild itself failing is the measurement
         extra["control_rebuild_error"] = f"{type(exc).__name__}: {exc}"
-        for check in ("control_rebuild·generate", "control_rebuild·forward"):
+        for check in ("control_rebuild·generate", "control_rebuild·other_kernel", "control_rebuild·forward"):
             cells[check] = raised(name, check, exc, REBUILD_STAGE)
     config_rebuilt = attention_only_rebuild(run.cache, family.model.config)
     extra["config_rebuild_lengths"] = layers.lengths(config_rebuilt)
@@ -150,10 +156,10 @@ def measure(family: Family, flash: tuple[bool, str]) -> Measured:
     cells["fresh_instance"] = against_outcome(name, "fresh_instance", run.generate(run.cache, model=fresh, restore=False, **full),
                                               orig_gen, floor, "same instance, same cache and arguments")
     cells["eager_vs_sdpa"] = against_outcome(name, "eager_vs_sdpa", eager, orig_gen, floor,
-                                             "generate(full mask) with sdpa")
+                                             f"generate(full mask) with {current}")
     ok, why = flash
     cells["flash_attention_2"] = (against_outcome(name, "flash_attention_2", run.with_backend("flash_attention_2", run.cache),
-                                                  orig_gen, floor, "generate(full mask) with sdpa") if ok else skipped(name, "flash_attention_2", why))
+                                                  orig_gen, floor, f"generate(full mask) with {current}") if ok else skipped(name, "flash_attention_2", why))
     if family.padded:
         extra["padded"] = padded_masks(run, ref, floor)
     return Measured(family, floor, cells, extra)

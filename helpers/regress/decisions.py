@@ -50,6 +50,23 @@ def decide_sliding_forward(m: Measured) -> Decision:
     return Decision(holds, why, evidence, deciding, SOURCE_SLIDING)
 
 
+def decide_sliding_backends(m: Measured) -> Decision:
+    """generate() (full mask) from the control's sliding rebuild: sdpa matches the original, eager raises inside the
+    first model call (the mask built for the sliding layer meets a plain layer of the stored width)."""
+    by_kernel = {m.extra["kernel"]: m.cells["control_rebuild·generate"], m.extra["other_kernel"]: m.cells["control_rebuild·other_kernel"]}
+    sdpa, eager = by_kernel.get("sdpa"), by_kernel.get("eager")
+    inside = eager is not None and eager.status == "error" and "inside the first model call" in eager.detail
+    holds = sdpa is not None and sdpa.status in MATCHING and inside
+    deciding = {"sdpa": _value(sdpa) if sdpa else "not run", "eager": eager.status if eager else "not run",
+                "noise_threshold": m.floor.threshold}
+    why = (f"control's sliding rebuild, generate() with the full mask: sdpa {sdpa.status if sdpa else 'not run'}"
+           f"{f' ({sdpa.value})' if sdpa and sdpa.value is not None else ''}; eager {eager.status if eager else 'not run'}"
+           f"{': ' + eager.detail if eager and eager.detail else ''}")
+    evidence = {**deciding, "eager_first_call": eager.first_call if eager else {}, "eager_detail": eager.detail if eager else ""}
+    return Decision(holds, why, evidence, deciding, {"transformers #35168": "layer-dependent cache lengths behaved differently "
+                                                                            "between FlashAttention 2 and SDPA/eager"})
+
+
 def decide_hybrid(m: Measured) -> Decision:
     """The control's rebuild cannot read linear layers (no K/V); the attention-only variant errors or differs."""
     error = m.extra.get("control_rebuild_error") or ""
