@@ -16,6 +16,9 @@ import torch
 
 TINY_VL = "tiny-qwen3-vl"
 TINY_HYBRID = "tiny-qwen3.5-hybrid"
+TINY_DENSE = "tiny-qwen3"  # text-only, full attention everywhere
+TINY_SLIDING = "tiny-qwen3-sliding"  # text-only, sliding/full attention layers interleaved
+SLIDING_WINDOW = 16  # the tiny sliding default's window (the issue's probe: window 16)
 
 # Token ids of the tiny Qwen3-VL (its vocabulary is synthetic).
 TINY_VL_TOKENS = {"image": 2000, "video": 2001, "vision_start": 2002, "vision_end": 2003}
@@ -161,9 +164,34 @@ def _tiny_hybrid(seed: int, attn_implementation: str) -> torch.nn.Module:
     return build_tiny_hybrid(seed=seed, attn_implementation=attn_implementation)
 
 
+def tiny_qwen3_config(attn_implementation: str = "sdpa", sliding_window: int | None = None, n_layers: int = 4) -> Any:
+    """A small text-only Qwen3: hidden 64, 4 layers, vocabulary 2048; with `sliding_window`, layers alternate
+    sliding_attention / full_attention (transformers builds `DynamicSlidingWindowLayer`s for the sliding ones)."""
+    from transformers import Qwen3Config
+
+    types = None if sliding_window is None else [("sliding_attention", "full_attention")[i % 2] for i in range(n_layers)]
+    config = Qwen3Config(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
+                         use_sliding_window=sliding_window is not None, sliding_window=sliding_window,
+                         max_window_layers=0, layer_types=types, tie_word_embeddings=False)
+    config._attn_implementation = attn_implementation
+    return config
+
+
+def build_tiny_qwen3(seed: int = 0, attn_implementation: str = "sdpa", sliding_window: int | None = None) -> torch.nn.Module:
+    """The seeded tiny text-only Qwen3 (dense, or interleaved sliding/full with `sliding_window`), in eval mode."""
+    from transformers import Qwen3ForCausalLM
+
+    config = tiny_qwen3_config(attn_implementation, sliding_window)
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(config).eval()
+
+
 TINY_MODELS: dict[str, tuple[Callable[[int, str], torch.nn.Module], bool]] = {
     TINY_VL: (lambda seed, attn: build_tiny_qwen3_vl(seed, attn), True),
     TINY_HYBRID: (_tiny_hybrid, False),
+    TINY_DENSE: (lambda seed, attn: build_tiny_qwen3(seed, attn), False),
+    TINY_SLIDING: (lambda seed, attn: build_tiny_qwen3(seed, attn, SLIDING_WINDOW), False),
 }
 
 

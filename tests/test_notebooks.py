@@ -19,7 +19,7 @@ from helpers.pipeline.paths import repo_root
 
 ROOT = repo_root()
 CUDA_ONLY = {"offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
-             "offload.ordering_edge_removes_drift"}
+             "offload.ordering_edge_removes_drift", "regress.flash_attention_2_matches_sdpa"}
 CPU_ONLY = {"offload.cpu_reports_cuda_requirement"}  # decided only where CUDA is absent
 ENVIRONMENT_CHECKS = {"offload.cpu_reports_cuda_requirement"}  # facts about the machine, never findings
 EXPECTED_CLAIMS = {
@@ -34,8 +34,12 @@ EXPECTED_CLAIMS = {
                                    "offload.prefetch_reads_unordered_copy", "offload.race_replay_drifts_like_report",
                                    "offload.first_differing_tensor_is_attention_kv", "offload.ordering_edge_removes_drift",
                                    "offload.cpu_reports_cuda_requirement"},
-    "06_rebuild_triage": {"triage.identity_lands_in_resume_contract", "triage.streaming_generate_uses_retained_length",
-                          "triage.int8_lands_in_reconstruction_branch", "triage.per_layer_lengths_outcome"},
+    "06_rebuild_triage": {"triage.identity_matches_original", "triage.streaming_generate_uses_retained_length",
+                          "triage.per_layer_lengths_outcome", "triage.per_layer_lengths_by_backend"},
+    "07_regression_families": {"regress.sliding_rebuild_hidden_by_full_mask", "regress.sliding_rebuild_breaks_direct_forward",
+                               "regress.sliding_rebuild_depends_on_kernel",
+                               "regress.hybrid_update_rebuild_drops_linear_state", "regress.left_padded_resume_needs_padded_mask",
+                               "regress.mask_contract_holds_across_families", "regress.flash_attention_2_matches_sdpa"},
 }
 # Kinds declared by notebooks 01-04 (every other claim of theirs is `reproduces`: a statement of the control).
 KINDS_01_04 = {"rope.fresh_instance_diverges": "beyond", "rope.restored_state_matches": "beyond"}

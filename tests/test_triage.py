@@ -46,7 +46,10 @@ LEAF_CASES = {
     "resume_contract": controls(),
     "model_side_state (fresh instance)": controls(resume_on="fresh_instance", fresh_bare_diff=0.45, fresh_restored_diff=0.0),
     "model_side_state (state changed by the rebuild)": controls(arg_sets=arg_sets(0.45), state_changed=True, restored_diff=0.0),
-    "compression_positions": controls(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None),
+    "compression_positions": controls(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None,
+                                      extra={"explicit_vs_full_forward": 1e-6}),
+    "compression_information_loss": controls(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False,
+                                             kv_max_abs_diff=None, extra={"explicit_vs_full_forward": 0.5}),
     "reconstruction_copy": controls(arg_sets=arg_sets(1.6e-3), kv_bitwise_equal=False, kv_max_abs_diff=0.013),
     "cache_metadata": controls(arg_sets=arg_sets(0.3), classes_equal=False),
     "unexplained": controls(arg_sets=arg_sets(0.3)),
@@ -84,10 +87,28 @@ def test_lengths_changed_without_a_matching_identity_control_is_not_compression_
     assert triage.choose_branch(c)["branch"] == "reconstruction_copy"
 
 
+def test_compression_is_split_by_the_explicit_position_control():
+    """The same eviction numbers land in positions or information loss by the explicit step alone (and no number: loss)."""
+    for explicit, leaf in ((1e-6, "compression_positions"), (2.1e-6, "compression_information_loss"),
+                           (None, "compression_information_loss")):
+        c = replace(LEAF_CASES["compression_positions"], extra={"explicit_vs_full_forward": explicit})
+        assert triage.choose_branch(c)["branch"] == leaf, explicit
+
+
+def test_every_leaf_says_what_to_do_next():
+    assert set(triage.NEXT) == set(triage.LEAVES) == set(triage.MEANING)
+    for case, c in LEAF_CASES.items():
+        verdict = triage.choose_branch(c)
+        assert f"next: {triage.NEXT[verdict['branch']]}" in triage.render("x", verdict)
+
+
 def test_render_marks_the_taken_path():
     text = triage.render("streaming", triage.choose_branch(LEAF_CASES["compression_positions"]))
     assert text.splitlines()[0].startswith("rebuild 'streaming'  ->  compression_positions")
-    assert "[x] the identity rebuild matches and this rebuild changes cache lengths  -> compression_positions" in text
+    assert "[x] the identity rebuild matches and this rebuild changes cache lengths" in text
+    assert "[x] a step at explicit logical positions restores the full forward within the floor  -> compression_positions" in text
+    assert text.splitlines()[1] == "decided by: explicit_vs_full_forward=1e-06; noise_threshold=2e-06; logical_position=None; generate_position=None"
+    assert text.splitlines()[2].startswith("next: continue at the processed length")
     assert "[ ] original and rebuilt behave identically" in text
     assert "rebuilt_lengths=[20, 20, 20, 20]" in text
 
@@ -230,15 +251,19 @@ def _run(tmp_path: Path, monkeypatch, **params) -> tuple[runner.RunResult, dict]
 
 
 @pytest.mark.e2e
-def test_notebook_06_decides_the_four_claims(tmp_path, monkeypatch):
+def test_notebook_06_decides_its_claims(tmp_path, monkeypatch):
     result, data = _run(tmp_path, monkeypatch)
     assert result.ok, result.error
-    assert {c["id"]: c["verdict"] for c in data["claims"]} == {
-        "triage.identity_lands_in_resume_contract": "reproduced", "triage.streaming_generate_uses_retained_length": "reproduced",
-        "triage.int8_lands_in_reconstruction_branch": "reproduced", "triage.per_layer_lengths_outcome": "reproduced"}
+    assert {c["id"]: (c["kind"], c["verdict"]) for c in data["claims"]} == {
+        "triage.identity_matches_original": ("reproduces", "reproduced"),
+        "triage.streaming_generate_uses_retained_length": ("beyond", "holds"),
+        "triage.per_layer_lengths_outcome": ("beyond", "holds"), "triage.per_layer_lengths_by_backend": ("beyond", "holds")}
     assert {n: v["branch"] for n, v in data["measurements"]["triage"].items()} == {
-        "identity": "resume_contract", "streaming": "compression_positions", "int8": "reconstruction_copy",
-        "per_layer": "compression_positions"}
+        "identity": "resume_contract", "streaming": "compression_information_loss", "int8": "reconstruction_copy",
+        "per_layer": "compression_information_loss"}
+    positions = {r["rebuild"]: r for r in data["measurements"]["control3_logical_positions"]}
+    assert positions["streaming"]["positions_include_rope_deltas"] and positions["streaming"]["rope_deltas"] == -42
+    assert positions["streaming"]["explicit_position_logical"] == 82
     assert "[x]" in data["measurements"]["triage_tree"]["streaming"]
     assert (tmp_path / "figures" / "06_rebuild_triage-branches.png").exists()
     assert str(ROOT) not in (tmp_path / "results" / "06_rebuild_triage.json").read_text()
@@ -250,7 +275,7 @@ def test_notebook_06_names_the_branch_of_a_users_rebuild(tmp_path, monkeypatch):
     assert result.ok, result.error
     assert data["measurements"]["triage"]["probe_then_copy"]["branch"] == "model_side_state"
     verdicts = {c["id"]: c["verdict"] for c in data["claims"]}
-    assert verdicts.pop("triage.identity_lands_in_resume_contract") == "reproduced"
+    assert verdicts.pop("triage.identity_matches_original") == "reproduced"
     assert set(verdicts.values()) == {"skipped"}
 
 
@@ -261,7 +286,7 @@ def test_builtins_name_a_layer_without_kv(bundle, prompt):
         pass
 
     cache = SimpleNamespace(layers=[LinearAttentionLayer(keys=None, values=None)], get_seq_length=lambda: 0)
-    with pytest.raises(rebuilds.RebuildError, match=r"cache layer 0 \(LinearAttentionLayer\) holds no keys/values"):
+    with pytest.raises(rebuilds.RebuildError, match=r"cache layer 0 \(LinearAttentionLayer\) holds neither"):
         rebuilds.apply(rebuilds.load("identity"), "identity", cache, bundle.model, prompt)
 
 
@@ -277,6 +302,107 @@ def test_per_layer_lengths_under_eager_attention_raise_at_an_identified_stage():
     results = triage_run.triage_all(base, triage_run.apply_all(base, triage_run.load_specs("per_layer", 4, 16)))
     t = results["per_layer"]
     holds, why, evidence, deciding = triage.decide_per_layer(t.controls, triage_tables.full_arg_set(t), triage_tables.per_layer_mechanism(t))
-    assert holds and deciding["outcome"] == "error" and t.verdict["branch"] == "compression_positions"
+    assert holds and deciding["outcome"] == "error" and t.verdict["branch"] == "compression_information_loss"
     assert evidence["stage"].endswith("eager_attention_forward") and evidence["error_layer"] == 1
     assert evidence["attention_masks"][1][-1] == 21 and evidence["layer_lengths_at_call"] == [20, 16, 12, 8]
+
+
+# --- other cache families, the reporter's input ---------------------------------------------------
+
+@pytest.mark.parametrize("model_id", ["tiny-qwen3-sliding", "tiny-qwen3.5-hybrid"])
+def test_builtins_work_on_sliding_and_hybrid_caches(model_id):
+    from helpers import models
+    from helpers.regress import families, layers
+
+    family = families.text_family("x", models.load(model_id), 30, 0)
+    with torch.no_grad():
+        cache = family.model(**family.prefill_kwargs(), use_cache=True).past_key_values
+    ident = rebuilds.apply(rebuilds.load("identity"), "identity", cache, family.model, family.prompt)
+    assert layers.cache_state_equal(cache, ident.cache)
+    stream = rebuilds.apply(rebuilds.load("streaming", 4, 8), "streaming", cache, family.model, family.prompt)
+    for a, b, kept in zip(cache.layers, stream.cache.layers, stream.kept):
+        assert type(a) is type(b)
+        if layers.has_linear_state(a):
+            assert layers.layer_state_equal(a, b) and kept == []  # linear states copied whole
+        else:
+            assert layers.layer_length(b) == (29 if layers.is_sliding(a) else 12)  # a sliding layer keeps its processed length
+    q = rebuilds.apply(rebuilds.load("int8"), "int8", cache, family.model, family.prompt)
+    assert not layers.cache_state_equal(cache, q.cache)
+
+
+def test_generate_kwargs_reach_every_generate_call(bundle, prompt, monkeypatch):
+    from helpers.triage import run as triage_run
+
+    seen = []
+    original = bundle.model.generate
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(bundle.model, "generate", recording)
+    compat.set_rope_state(bundle.model, None)
+    base = triage_run.prepare(bundle, prompt, {"repetition_penalty": 1.0})
+    triage_run.triage_all(base, triage_run.apply_all(base, triage_run.load_specs("identity", 4, 16)))
+    assert len(seen) >= 8 and all(k.get("repetition_penalty") == 1.0 and k["max_new_tokens"] == 1 for k in seen)
+
+
+def test_prompt_text_on_tiny_models_is_bytes_and_said_so(bundle, tmp_path):
+    from helpers import models
+    from helpers.triage import prompts
+
+    assert prompts.byte_ids("Hi") == [10 + 72, 10 + 105]
+    prompt, how = prompts.build(bundle, "Describe the image.", "", 0)
+    assert prompt.is_multimodal and prompt.input_ids[0, -19:].tolist() == prompts.byte_ids("Describe the image.")
+    assert "UTF-8 bytes" in how and "not a real tokenisation" in how
+    text, how = prompts.build(models.load(models.TINY_DENSE), "abc", "", 0)
+    assert text.input_ids.tolist() == [[107, 108, 109]] and not text.is_multimodal
+    ids = tmp_path / "ids.json"
+    ids.write_text("[[5, 6, 7]]")
+    p, how = prompts.build(bundle, "", str(ids), 0)
+    assert p.input_ids.tolist() == [[5, 6, 7]] and "ids.json" in how
+    with pytest.raises(ValueError, match="generate_kwargs may not set"):
+        prompts.generate_options({"attention_mask": 1})
+
+
+@pytest.mark.parametrize("args,words", [
+    (["-p", "generate_kwargs", "{bad"], ["generate_kwargs is not valid JSON"]),
+    (["-p", "generate_kwargs", '{"max_new_tokens": 4}'], ["may not set max_new_tokens"]),
+    (["-p", "generate_kwargs", '{"colour": 1}'], ["unknown generate() argument(s) 'colour'"]),
+    (["-p", "generate_kwargs", "[1, 2]"], ["must be a JSON object"]),
+    (["-p", "prompt_ids", "no_such_file.json"], ["file 'no_such_file.json' does not exist"]),
+    (["-p", "prompt_ids", "README.md"], ["README.md is not valid JSON"]),
+    (["-p", "prompt_text", "hi", "-p", "prompt_ids", "examples/my_rebuild.py"], ["not valid JSON"]),
+], ids=["bad-json", "reserved", "unknown-key", "not-object", "missing-file", "not-json-file", "both"])
+def test_new_parameters_are_refused_before_any_kernel(tmp_path, args, words):
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "KVKIT_OUTPUT_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "helpers.pipeline.runner", "run", "06", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("refused: "), proc.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    assert not (tmp_path / "notebooks").exists()  # nothing started
+
+
+def test_prompt_text_and_prompt_ids_together_are_refused(tmp_path):
+    from helpers.pipeline import params
+
+    ids = tmp_path / "ids.json"
+    ids.write_text("[1, 2, 3]")
+    with pytest.raises(params.ParameterError, match="prompt_text and prompt_ids given together"):
+        params.check([ROOT / "notebooks" / "06_rebuild_triage.ipynb"], {"prompt_text": "hi", "prompt_ids": str(ids)})
+
+
+def test_per_layer_backend_prediction_and_its_contradictions():
+    silent = {"ok": True, "max_abs_diff_vs_original": 0.9, "stage": ""}
+    raised = {"ok": False, "error_type": "RuntimeError", "stage": "models/x/modeling_x.py:eager_attention_forward"}
+    assert triage.decide_per_layer_backends({"sdpa": silent, "eager": raised}, FLOOR)[0]
+    same = {"ok": True, "max_abs_diff_vs_original": 1e-7, "stage": ""}
+    assert not triage.decide_per_layer_backends({"sdpa": same, "eager": raised}, FLOOR)[0]  # sdpa did not differ
+    assert not triage.decide_per_layer_backends({"sdpa": silent, "eager": silent}, FLOOR)[0]  # eager did not raise
+    elsewhere = {**raised, "stage": "generation/utils.py:_prepare_cache"}
+    holds, why, _, deciding = triage.decide_per_layer_backends({"sdpa": silent, "eager": elsewhere}, FLOOR)
+    assert not holds and deciding["eager_outcome"] == "error_elsewhere" and "predicted error" in why

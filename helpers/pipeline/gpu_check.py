@@ -2,7 +2,8 @@
 with the prefetch-stream ordering edge), plus any `--releases`. Each release runs in its own environment
 (helpers.pipeline.release_matrix.ensure_env: the pinned release is the running environment), with
 `python -m helpers.pipeline.runner run 05 -p device cuda` and KVKIT_OUTPUT_DIR=outputs/gpu/<release>/; the
-verdicts of every release are printed and written to outputs/gpu/gpu-check.json. Without CUDA it says so in
+verdicts of every release are printed and written to outputs/gpu/gpu-check.json. Notebook 07 follows in the same
+environment with `-p device cuda -p dtype float16` (its FlashAttention-2 column, where flash_attn is installed). Without CUDA it says so in
 one line and exits 2 without running anything.
 """
 from __future__ import annotations
@@ -19,10 +20,12 @@ from typing import Any, Callable
 from .paths import output_dir, repo_root
 
 NOTEBOOK = "05_hybrid_offloading_drift"
+# Notebook 07's FlashAttention-2 column, run after 05 in the same release environment (float16, flash_attn needed).
+FLASH_NOTEBOOK, FLASH_ARGS = "07_regression_families", ("-p", "device", "cuda", "-p", "dtype", "float16")
 EDGE_RELEASE = "5.20.0"
 CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
           "offload.ordering_edge_removes_drift", "offload.prefetch_reads_unordered_copy",
-          "offload.race_replay_drifts_like_report")
+          "offload.race_replay_drifts_like_report", "regress.flash_attention_2_matches_sdpa")
 NO_CUDA = 2
 
 
@@ -34,23 +37,30 @@ def releases_to_run(extra: list[str] | None) -> list[str]:
 
 
 def run_notebook(python: str, out: Path, timeout: float) -> int:
-    """Notebook 05 with `-p device cuda` under `python`, writing into `out`; the exit status."""
+    """Notebook 05 with `-p device cuda`, then notebook 07 on CUDA in float16, under `python`, writing into `out`;
+    the first non-zero exit status (0 when both ran)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env["KVKIT_OUTPUT_DIR"] = str(out)
-    cmd = [python, "-m", "helpers.pipeline.runner", "run", "05", "-p", "device", "cuda"]
-    try:
-        return subprocess.call(cmd, cwd=str(repo_root()), env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return 124
+    codes = []
+    for nb, args in (("05", ("-p", "device", "cuda")), ("07", FLASH_ARGS)):
+        cmd = [python, "-m", "helpers.pipeline.runner", "run", nb, *args]
+        try:
+            codes.append(subprocess.call(cmd, cwd=str(repo_root()), env=env, timeout=timeout))
+        except subprocess.TimeoutExpired:
+            codes.append(124)
+    return next((c for c in codes if c), 0)
 
 
 def verdicts(out: Path) -> dict[str, str]:
-    """claim id -> verdict from a release's results file (empty when there is none)."""
-    try:
-        data = json.loads((out / "results" / f"{NOTEBOOK}.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return {c["id"]: c["verdict"] for c in data.get("claims", [])}
+    """claim id -> verdict from a release's results files (05, then 07; empty when there are none)."""
+    found: dict[str, str] = {}
+    for stem in (NOTEBOOK, FLASH_NOTEBOOK):
+        try:
+            data = json.loads((out / "results" / f"{stem}.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        found.update({c["id"]: c["verdict"] for c in data.get("claims", [])})
+    return found
 
 
 def check_release(release: str, timeout: float, run: Callable[[str, Path, float], int] = run_notebook,

@@ -33,6 +33,12 @@ FALLBACK_ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3",
                       "paged|eager", "paged|sdpa", "paged|flash_attention_2", "paged|flash_attention_3",
                       "paged|flash_attention_4")
 NOT_LITERAL = object()  # a default the cell computes (e.g. list(range(...))): any value is accepted
+# generate_kwargs: what the controls set themselves (refused), and generate()'s own arguments beside GenerationConfig's
+RESERVED_GENERATE = ("input_ids", "attention_mask", "position_ids", "past_key_values", "max_new_tokens",
+                     "return_dict_in_generate", "output_logits", "generation_config")
+GENERATE_ARGUMENTS = ("use_cache", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "synced_gpus",
+                      "assistant_model", "streamer", "negative_prompt_ids", "negative_prompt_attention_mask",
+                      "custom_generate", "tokenizer", "logits_to_keep")
 
 
 class ParameterError(ValueError):
@@ -95,6 +101,64 @@ def attention_implementations() -> list[str]:
     return ["eager", *dict.fromkeys(names)] if names else list(FALLBACK_ATTENTION)
 
 
+def generation_config_names() -> list[str]:
+    """GenerationConfig's argument names, read from transformers' source (`kwargs.pop("name"` in its __init__)."""
+    spec = find_spec("transformers")
+    try:
+        path = Path(list(spec.submodule_search_locations)[0]) / "generation" / "configuration_utils.py"  # type: ignore[union-attr]
+        return sorted(set(re.findall(r"""kwargs\.pop\(\s*["'](\w+)["']""", path.read_text())))
+    except (AttributeError, TypeError, OSError):
+        return []
+
+
+def _check_generate_kwargs(value: Any, where: str) -> None:
+    """A JSON object of generate() arguments the controls do not set themselves."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ParameterError(f"generate_kwargs{where} is not valid JSON ({exc.msg} at column {exc.colno}): {value!r}; "
+                                 """pass an object, e.g. -p generate_kwargs '{"use_cache": true}'""") from None
+    if not isinstance(value, dict):
+        raise ParameterError(f"generate_kwargs={value!r}{where} must be a JSON object of generate() arguments")
+    clash = sorted(set(value) & set(RESERVED_GENERATE))
+    if clash:
+        raise ParameterError(f"generate_kwargs{where} may not set {', '.join(clash)}: the controls set them "
+                             "(the argument sets and one greedy step)")
+    known = generation_config_names()
+    unknown = sorted(k for k in value if known and k not in known and k not in GENERATE_ARGUMENTS)
+    if unknown:
+        raise ParameterError(f"generate_kwargs{where}: unknown generate() argument(s) {', '.join(map(repr, unknown))} "
+                             "(neither a GenerationConfig field nor a generate() argument of this transformers)")
+
+
+def _check_prompt_ids(value: Any, where: str) -> None:
+    """A JSON file (tried from the working directory, then the kit checkout) holding at least 2 token ids."""
+    if value in ("", None):
+        return
+    if not isinstance(value, str):
+        raise ParameterError(f"prompt_ids={value!r}{where} must be the path of a JSON file of token ids")
+    from .paths import repo_root
+
+    path = Path(value).expanduser()
+    path = path if path.is_file() or path.is_absolute() else repo_root() / path
+    if not path.is_file():
+        raise ParameterError(f"prompt_ids{where}: file {Path(value).name!r} does not exist "
+                             "(relative paths are tried from the working directory, then the kit checkout)")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ParameterError(f"prompt_ids{where}: {path.name} is not valid JSON ({exc})") from None
+    if isinstance(data, dict):
+        data = data.get("input_ids")
+    if isinstance(data, list) and len(data) == 1 and isinstance(data[0], list):
+        data = data[0]
+    if not (isinstance(data, list) and len(data) >= 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in data)):
+        raise ParameterError(f"prompt_ids{where}: {path.name} must hold a JSON list of at least 2 non-negative token ids "
+                             """(or {"input_ids": [...]})""")
+
+
 def _check_value(name: str, value: Any, default: Any, where: str) -> None:
     """Refuse one value: wrong type, unknown dtype/device/attention, integer below its minimum."""
     if name == "dtype":
@@ -115,6 +179,12 @@ def _check_value(name: str, value: Any, default: Any, where: str) -> None:
         known = attention_implementations()
         if not (isinstance(value, str) and (value in known or "/" in value)):  # "org/repo": a Hub kernel
             raise ParameterError(f"unknown attn_implementation {value!r}; transformers knows: {', '.join(known)}")
+        return
+    if name == "generate_kwargs":
+        _check_generate_kwargs(value, where)
+        return
+    if name == "prompt_ids":
+        _check_prompt_ids(value, where)
         return
     if name == "trust_remote_code" and value is not False:
         raise ParameterError(f"trust_remote_code={value!r}: the kit runs with trust_remote_code off")
@@ -149,5 +219,7 @@ def check(notebooks: list[Path], given: dict[str, Any]) -> dict[str, dict[str, A
         for name, value in mine.items():
             where = f" (notebook {stem})" if len(decl) > 1 else ""
             _check_value(name, value, names[name], where)
+        if mine.get("prompt_text") and mine.get("prompt_ids"):
+            raise ParameterError(f"prompt_text and prompt_ids given together (notebook {stem}): pass one of them")
         per_notebook[stem] = mine
     return per_notebook

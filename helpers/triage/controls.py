@@ -21,6 +21,7 @@ from ..capture import describe_call
 from ..compare import logit_metrics
 from ..continuation import current_position_ids
 from ..inputs import Prompt
+from ..regress import layers
 
 ARG_SETS = ("neither", "position_only", "mask_only", "both")  # the seed's generation variants
 FULL = "mask_only"  # the argument set of the working path: the full mask = physical length + suffix
@@ -66,7 +67,7 @@ def watch(model: torch.nn.Module) -> Iterator[dict[str, Any]]:
             rec["position_ids"] = _values(kwargs.get("position_ids"))
             rec["cache_position"] = _values(kwargs.get("cache_position"))
             cache = compat.cache_from_kwargs(kwargs)
-            rec["layer_lengths"] = [int(l.get_seq_length()) for l in compat.cache_layers(cache)] if cache is not None else None
+            rec["layer_lengths"] = layers.lengths(cache) if cache is not None else None
 
     def rotary(_m: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         if "rotary_position" not in rec:
@@ -140,13 +141,19 @@ def arg_kwargs(name: str, prompt: Prompt, physical_length: int, positions: torch
             "both": {"attention_mask": mask, "position_ids": positions}}[name]
 
 
+# The one-step greedy contract every control's generate() keeps; a reporter's generate_kwargs go on top.
+STEP_KWARGS = {"max_new_tokens": 1, "do_sample": False, "return_dict_in_generate": True, "output_logits": True}
+
+
 @torch.no_grad()
-def generate_step(model: torch.nn.Module, prompt: Prompt, cache: Any, **kwargs: Any) -> Step:
-    """generate(max_new_tokens=1, greedy) from a copy of `cache` with the suffix token; first-step logits."""
+def generate_step(model: torch.nn.Module, prompt: Prompt, cache: Any, extra: dict[str, Any] | None = None, **kwargs: Any) -> Step:
+    """generate(max_new_tokens=1, greedy) from a copy of `cache` with the suffix token; first-step logits.
+
+    `extra`: the reporter's generate_kwargs, passed to this (and every) control's generate()."""
+    options = {**STEP_KWARGS, **(extra or {}), **kwargs}
 
     def call() -> torch.Tensor:
-        out = model.generate(input_ids=prompt.last_token, max_new_tokens=1, do_sample=False, return_dict_in_generate=True,
-                             output_logits=True, **{compat.generate_cache_kwarg(model): copy.deepcopy(cache)}, **kwargs)
+        out = model.generate(input_ids=prompt.last_token, **{compat.generate_cache_kwarg(model): copy.deepcopy(cache)}, **options)
         return compat.generate_logits(out)[0].detach().clone()
 
     return run_step(model, call)
@@ -165,10 +172,11 @@ def explicit_step(model: torch.nn.Module, prompt: Prompt, cache: Any, positions:
     return run_step(model, call)
 
 
-def arg_set_steps(model: torch.nn.Module, prompt: Prompt, cache: Any, positions: torch.Tensor) -> dict[str, Step]:
-    """generate() from `cache` under each of the seed's argument sets."""
+def arg_set_steps(model: torch.nn.Module, prompt: Prompt, cache: Any, positions: torch.Tensor,
+                  extra: dict[str, Any] | None = None) -> dict[str, Step]:
+    """generate() from `cache` under each of the seed's argument sets (`extra`: the reporter's generate_kwargs)."""
     physical = int(cache.get_seq_length())
-    return {name: generate_step(model, prompt, cache, **arg_kwargs(name, prompt, physical, positions)) for name in ARG_SETS}
+    return {name: generate_step(model, prompt, cache, extra, **arg_kwargs(name, prompt, physical, positions)) for name in ARG_SETS}
 
 
 def diff(a: Step | None, b: Step | None) -> float | None:
@@ -178,22 +186,34 @@ def diff(a: Step | None, b: Step | None) -> float | None:
     return float(logit_metrics(a.logits, b.logits)["max_abs_diff"])
 
 
+def _kv_equal(a: Any, b: Any) -> bool:
+    """K/V bits equal where both layers hold K/V; linear-attention state equal where they hold that."""
+    if a is None or b is None:
+        return False
+    kv = not (layers.has_kv(a) or layers.has_kv(b)) or (
+        layers.has_kv(a) and layers.has_kv(b) and a.keys.shape == b.keys.shape and a.keys.dtype == b.keys.dtype
+        and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values))
+    linear = not layers.has_linear_state(a) or layers.layer_state_equal(a, b)
+    return bool(kv and linear)
+
+
 def kv_table(original: Any, rebuilt: Any, kept: list[list[int]] | None = None) -> pd.DataFrame:
-    """Control 1, per layer: classes, lengths, shapes, bitwise equality, max |diff| where shapes match."""
+    """Control 1, per layer: classes, lengths (None: linear attention), shapes, bitwise equality (K/V, or the
+    conv/recurrent states of a linear-attention layer), max |diff| where K/V shapes match."""
     rows = []
     lo, lr = compat.cache_layers(original), compat.cache_layers(rebuilt)
     for i in range(max(len(lo), len(lr))):
         a, b = (lo[i] if i < len(lo) else None), (lr[i] if i < len(lr) else None)
-        ka, va = compat.layer_kv(a) if a is not None else (None, None)
-        kb, vb = compat.layer_kv(b) if b is not None else (None, None)
+        ka, va = (a.keys, a.values) if layers.has_kv(a) else (None, None)
+        kb, vb = (b.keys, b.values) if layers.has_kv(b) else (None, None)
         same_shape = ka is not None and kb is not None and ka.shape == kb.shape and va.shape == vb.shape
         rows.append({"layer": i, "class_original": type(a).__name__ if a is not None else None,
                      "class_rebuilt": type(b).__name__ if b is not None else None,
-                     "length_original": int(a.get_seq_length()) if a is not None else None,
-                     "length_rebuilt": int(b.get_seq_length()) if b is not None else None,
+                     "length_original": layers.layer_length(a) if a is not None else None,
+                     "length_rebuilt": layers.layer_length(b) if b is not None else None,
                      "shape_original": list(ka.shape) if ka is not None else None,
                      "shape_rebuilt": list(kb.shape) if kb is not None else None,
-                     "kv_bitwise_equal": bool(same_shape and ka.dtype == kb.dtype and torch.equal(ka, kb) and torch.equal(va, vb)),
+                     "kv_bitwise_equal": _kv_equal(a, b),
                      "kv_max_abs_diff": float(max((ka.float() - kb.float()).abs().max(), (va.float() - vb.float()).abs().max()))
                      if same_shape else None,
                      "kept": spans(kept[i]) if kept and i < len(kept) else ""})

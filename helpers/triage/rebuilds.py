@@ -4,7 +4,9 @@ A rebuild is a function ``(cache, model, prompt) -> cache`` (the prefix cache it
 It may instead return a resume-state object that carries the logical (processed) length beside the
 cache: a `Rebuilt`, a `helpers.resume.ResumeState`, or a dict with ``past_key_values``/``cache`` and
 ``processed_length``. Built-ins use transformers' own `DynamicCache.update()` only (an `update()` of
-two slices appends them); nothing of transformers is copied here.
+two slices appends them) and each layer's own class (`helpers.regress.rebuilds.layer_aware`: sliding
+layers keep their processed length, linear-attention layers their conv/recurrent states, so the built-ins
+work on sliding-window and hybrid caches); nothing of transformers is copied here.
 
 `load(spec)` takes a built-in name, ``path/to/file.py:function`` or ``package.module:function`` and
 raises `RebuildError` with one line that says what went wrong, before any experiment runs.
@@ -24,6 +26,8 @@ from typing import Any, Callable
 import torch
 
 from .. import caches, compat
+from ..regress import layers
+from ..regress import rebuilds as family
 
 RebuildFn = Callable[[Any, torch.nn.Module, Any], Any]
 BUILTINS = ("identity", "streaming", "int8", "per_layer")
@@ -43,40 +47,48 @@ class Rebuilt:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _new_cache(model: torch.nn.Module) -> Any:
-    return compat.dynamic_cache(compat.text_config(model.config))
-
-
-def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Every layer's cloned K/V; a layer without K/V (linear attention, recurrent state) is named, not guessed at."""
+def _check_layers(cache: Any) -> None:
+    """Every layer is one transformers' layer classes can rebuild: K/V attention and/or linear-attention state."""
     for i, layer in enumerate(compat.cache_layers(cache)):
-        if compat.layer_kv(layer)[0] is None:
-            raise ValueError(f"the built-in rebuilds copy K/V layers only; cache layer {i} ({type(layer).__name__}) "
-                             "holds no keys/values (a hybrid model): pass your own rebuild")
-    return caches.kv_pairs(cache)
+        if not (layers.has_kv(layer) or layers.has_linear_state(layer)):
+            raise ValueError(f"the built-in rebuilds copy K/V and linear-attention layers; cache layer {i} "
+                             f"({type(layer).__name__}) holds neither: pass your own rebuild")
+
+
+def _rebuild(cache: Any, model: torch.nn.Module, transform: Any = None) -> Any:
+    """`helpers.regress.rebuilds.layer_aware`: K/V `update()`d (through `transform`), sliding layers' processed length
+    and linear layers' conv/recurrent states carried through transformers' own layer classes."""
+    _check_layers(cache)
+    return family.layer_aware(cache, model.config, transform) if transform else family.layer_aware(cache, model.config)
 
 
 def identity(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
-    """Notebook 01's rebuild: `update()` every layer's cloned K/V into a new config-aware DynamicCache."""
-    return caches.cache_from_pairs(_kv(cache), compat.text_config(model.config))  # = caches.rebuild_by_update
+    """Notebook 01's rebuild on any cache family: every layer copied through its own class into a config-aware cache."""
+    return _rebuild(cache, model)
 
 
 def _sink_and_window(cache: Any, model: torch.nn.Module, windows: list[int], sink: int) -> Rebuilt:
-    """Per layer: `update()` the first `sink` tokens, then `update()` the last `windows[i]` (appended)."""
-    new, kept = _new_cache(model), []
-    for i, (keys, values) in enumerate(_kv(cache)):
+    """Per attention layer: `update()` the first `sink` stored tokens, then `update()` the last `windows[i]` (appended).
+
+    Positions in `kept` are the stored slots' original positions (a sliding layer stores only its window);
+    linear-attention layers keep their state whole (kept: [])."""
+    kept: list[list[int]] = [[] for _ in compat.cache_layers(cache)]
+    processed = int(cache.get_seq_length())
+
+    def transform(i: int, keys: torch.Tensor, values: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         length = int(keys.shape[-2])
+        offset = processed - length  # a sliding layer's stored slots are the last `length` processed tokens
         s = min(sink, length)
         w = max(0, min(windows[i], length - s))
-        new.update(keys[..., :s, :].clone(), values[..., :s, :].clone(), i)
-        if w:
-            new.update(keys[..., length - w:, :].clone(), values[..., length - w:, :].clone(), i)
-        kept.append(list(range(s)) + list(range(length - w, length)))
-    return Rebuilt(new, int(cache.get_seq_length()), kept, {"sink": sink, "windows": windows})
+        kept[i] = [offset + p for p in list(range(s)) + list(range(length - w, length))]
+        chunks = [(keys[..., :s, :].clone(), values[..., :s, :].clone())]
+        return chunks + ([(keys[..., length - w:, :].clone(), values[..., length - w:, :].clone())] if w else [])
+
+    return Rebuilt(_rebuild(cache, model, transform), processed, kept, {"sink": sink, "windows": windows})
 
 
 def streaming(cache: Any, model: torch.nn.Module, prompt: Any, sink: int = 4, window: int = 16) -> Rebuilt:
-    """StreamingLLM-style eviction: every layer keeps the first `sink` and the last `window` cached tokens."""
+    """StreamingLLM-style eviction: every attention layer keeps the first `sink` and the last `window` stored tokens."""
     return _sink_and_window(cache, model, [window] * len(compat.cache_layers(cache)), sink)
 
 
@@ -89,7 +101,7 @@ def layer_windows(n_layers: int, window: int) -> list[int]:
 
 
 def per_layer(cache: Any, model: torch.nn.Module, prompt: Any, sink: int = 4, window: int = 16) -> Rebuilt:
-    """Different keep budgets per layer (sink + a window shrinking with depth), so layers hold different lengths."""
+    """Different keep budgets per attention layer (sink + a window shrinking with depth), so layers hold different lengths."""
     return _sink_and_window(cache, model, layer_windows(len(compat.cache_layers(cache)), window), sink)
 
 
@@ -102,9 +114,8 @@ def _int8_roundtrip(x: torch.Tensor) -> torch.Tensor:
 
 
 def int8(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
-    """Per-token symmetric int8 quantize-then-dequantize of K and V, `update()`d into a new DynamicCache."""
-    return caches.cache_from_pairs([(_int8_roundtrip(k), _int8_roundtrip(v)) for k, v in _kv(cache)],
-                                   compat.text_config(model.config))
+    """Per-token symmetric int8 quantize-then-dequantize of K and V (attention layers; linear states copied)."""
+    return _rebuild(cache, model, lambda _i, k, v: [(_int8_roundtrip(k), _int8_roundtrip(v))])
 
 
 def builtin(name: str, sink: int = 4, window: int = 16) -> RebuildFn:

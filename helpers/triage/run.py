@@ -18,6 +18,7 @@ from . import rebuilds
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import current_position_ids, prefill
 from ..inputs import Prompt
+from ..regress import layers
 from .tree import ArgSet, Controls, choose_branch, identical
 from .controls import (ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step,
                               kv_table, logical_positions)
@@ -37,6 +38,7 @@ class Baseline:
     original_explicit: Step
     floor: NoiseFloor
     fresh: torch.nn.Module | None = None
+    generate_kwargs: dict[str, Any] = field(default_factory=dict)  # the reporter's, passed to every generate()
 
 
 @dataclass
@@ -53,21 +55,23 @@ class Triaged:
     verdict: dict[str, Any] = field(default_factory=dict)
 
 
-def prepare(bundle: Any, prompt: Prompt) -> Baseline:
-    """Reference, prefix cache, original-cache steps and the noise floor (same run, same dtype)."""
-    model = bundle.model
+def prepare(bundle: Any, prompt: Prompt, generate_kwargs: dict[str, Any] | None = None) -> Baseline:
+    """Reference, prefix cache, original-cache steps and the noise floor (same run, same dtype).
+
+    `generate_kwargs`: passed to every generate() the controls make."""
+    model, extra = bundle.model, dict(generate_kwargs or {})
     reference, _ = prefill(model, prompt, end=None)
     _, prefix = prefill(model, prompt)
     saved = compat.get_rope_state(model)
     saved = None if saved is None else saved.clone()
     positions = current_position_ids(model, prompt)
-    original = arg_set_steps(model, prompt, prefix, positions)
+    original = arg_set_steps(model, prompt, prefix, positions, extra)
     explicit = explicit_step(model, prompt, prefix, positions)
     agreeing = [s.logits for s in (original[FULL], explicit) if s.ok]
     floor = noise_floor(reference, agreeing, bundle.dtype,
                         what="full forward vs original cache: generate(full mask) and explicit-position forward")
     fresh = bundle.fresh_instance() if saved is not None else None
-    return Baseline(model, prompt, reference, prefix, saved, positions, original, explicit, floor, fresh)
+    return Baseline(model, prompt, reference, prefix, saved, positions, original, explicit, floor, fresh, extra)
 
 
 def _set_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
@@ -81,9 +85,9 @@ def _fresh_steps(base: Baseline, cache: Any) -> dict[str, Step]:
         return {}
     mask = {"attention_mask": full_mask(base.prompt, int(cache.get_seq_length()))}
     _set_state(base.fresh, None)
-    bare = generate_step(base.fresh, base.prompt, cache, **mask)
+    bare = generate_step(base.fresh, base.prompt, cache, base.generate_kwargs, **mask)
     _set_state(base.fresh, base.saved_state)
-    restored = generate_step(base.fresh, base.prompt, cache, **mask)
+    restored = generate_step(base.fresh, base.prompt, cache, base.generate_kwargs, **mask)
     _set_state(base.fresh, None)
     return {"fresh instance, no state": bare, "fresh instance, state restored": restored}
 
@@ -122,21 +126,24 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     model, prompt, name, rebuilt = base.model, base.prompt, applied.name, applied.rebuilt
     kv = kv_table(base.prefix_cache, rebuilt.cache, rebuilt.kept)
     _set_state(model, applied.state_after)  # the instance as the rebuild left it
-    steps = arg_set_steps(model, prompt, rebuilt.cache, base.positions)
+    steps = arg_set_steps(model, prompt, rebuilt.cache, base.positions, base.generate_kwargs)
     _set_state(model, base.saved_state)
-    restored = generate_step(model, prompt, rebuilt.cache, **_full(prompt, rebuilt.cache)) if applied.state_changed else None
+    restored = (generate_step(model, prompt, rebuilt.cache, base.generate_kwargs, **_full(prompt, rebuilt.cache))
+                if applied.state_changed else None)
     processed = prompt.length - 1
     logical = rebuilt.processed_length if rebuilt.processed_length is not None else processed
     explicit = explicit_step(model, prompt, rebuilt.cache, logical_positions(model, prompt, logical))
     fresh = _fresh_steps(base, rebuilt.cache)
     _set_state(model, base.saved_state)
-    extra = {"generate_position": steps[FULL].call.get("rotary_position"),
+    delta = None if base.saved_state is None or not prompt.is_multimodal else int(base.saved_state.reshape(-1)[0])
+    extra = {"positions_include_rope_deltas": delta if delta is not None else "no (text positions)",
+             "generate_position": steps[FULL].call.get("rotary_position"),
              "logical_position": explicit.call.get("rotary_position"),
              "explicit_vs_generate": diff(explicit, steps[FULL]),
              "explicit_vs_full_forward": diff(explicit, Step(True, base.reference))}
     controls = Controls(
         rebuild=name, floor=base.floor, arg_sets=arg_sets(base, steps), processed_length=processed,
-        original_lengths=[int(x) for x in kv.length_original.tolist()], rebuilt_lengths=[int(x) for x in kv.length_rebuilt.tolist()],
+        original_lengths=layers.lengths(base.prefix_cache), rebuilt_lengths=layers.lengths(rebuilt.cache),
         classes_equal=bool((kv.class_original == kv.class_rebuilt).all()), kv_bitwise_equal=bool(kv.kv_bitwise_equal.all()),
         kv_max_abs_diff=float(kv.kv_max_abs_diff.max()) if kv.kv_max_abs_diff.notna().any() else None,
         state_changed=applied.state_changed, restored_diff=diff(restored, base.original[FULL]) if restored else None,
@@ -180,3 +187,26 @@ def stop(res: Any, err: Exception) -> None:
         res.fail(claim_id, err)
     raise SystemExit(str(err))
 
+
+
+def backend_outcomes(base: Baseline, t: Triaged, backends: tuple[str, ...] = ("sdpa", "eager")) -> dict[str, dict[str, Any]]:
+    """generate(full mask) from one rebuilt cache under each attention backend, vs the original under the same backend.
+
+    Per backend: ok, error type and stage (the innermost transformers frame), max |diff| vs the original. The
+    model's own backend is put back."""
+    model, out = base.model, {}
+    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    for backend in backends:
+        model.set_attn_implementation(backend)
+        try:
+            _set_state(model, base.saved_state)
+            original = generate_step(model, base.prompt, base.prefix_cache, base.generate_kwargs, **_full(base.prompt, base.prefix_cache))
+            _set_state(model, base.saved_state)
+            rebuilt = generate_step(model, base.prompt, t.rebuilt.cache, base.generate_kwargs, **_full(base.prompt, t.rebuilt.cache))
+        finally:
+            model.set_attn_implementation(current)
+            _set_state(model, base.saved_state)
+        out[backend] = {"ok": rebuilt.ok, "error_type": rebuilt.error_type, "stage": rebuilt.stage, "error": rebuilt.error[:200],
+                        "error_layer": rebuilt.call.get("error_layer"), "original_ok": original.ok,
+                        "max_abs_diff_vs_original": diff(original, rebuilt)}
+    return out

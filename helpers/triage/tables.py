@@ -30,18 +30,32 @@ def first_step_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFram
 def positions_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
     """Control 3: generate() vs a direct forward at explicit logical positions, to split position effects from loss."""
     rows = []
+    delta = rope_offset(base)
     for name, t in results.items():
         e, c = t.controls.extra, t.controls
         gen_ref = diff(t.steps[FULL], Step(True, base.reference))
         rows.append({"rebuild": name, "layer_lengths": c.rebuilt_lengths, "processed_length": c.processed_length,
-                     "lengths_differ": any(n != c.processed_length for n in c.rebuilt_lengths),
+                     "lengths_differ": any(n is not None and n != c.processed_length for n in c.rebuilt_lengths),
                      "logical_length_used": t.rebuilt.processed_length if t.rebuilt.processed_length is not None else c.processed_length,
                      "generate_position": e["generate_position"], "explicit_position": e["logical_position"],
+                     "positions_include_rope_deltas": delta is not None, "rope_deltas": delta,
+                     "generate_position_logical": _minus(e["generate_position"], delta),
+                     "explicit_position_logical": _minus(e["logical_position"], delta),
                      "explicit_vs_generate": e["explicit_vs_generate"], "generate_vs_full_forward": gen_ref,
                      "explicit_vs_full_forward": e["explicit_vs_full_forward"],
                      "position_effect": e["explicit_vs_generate"] is not None and base.floor.differs(e["explicit_vs_generate"]),
                      "information_loss": e["explicit_vs_full_forward"] is not None and base.floor.differs(e["explicit_vs_full_forward"])})
     return pd.DataFrame(rows).set_index("rebuild")
+
+
+def rope_offset(base: Baseline) -> int | None:
+    """Qwen3-VL's rope_deltas after the prefix prefill (the offset inside its M-RoPE positions); None: no such state."""
+    state = base.saved_state
+    return None if state is None or not base.prompt.is_multimodal else int(state.reshape(-1)[0])
+
+
+def _minus(position: int | None, delta: int | None) -> int | None:
+    return None if position is None else position - (delta or 0)
 
 
 def instance_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:

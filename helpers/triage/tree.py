@@ -13,8 +13,8 @@ from typing import Any
 
 from ..compare import NoiseFloor
 
-LEAVES = ("resume_contract", "model_side_state", "compression_positions", "reconstruction_copy",
-          "cache_metadata", "unexplained")
+LEAVES = ("resume_contract", "model_side_state", "compression_positions", "compression_information_loss",
+          "reconstruction_copy", "cache_metadata", "unexplained")
 
 # (node id, depth, question, leaf reached when the answer is yes)
 NODES = (
@@ -23,7 +23,11 @@ NODES = (
      "model_side_state"),
     ("fails_for_both", 1, "what fails, fails for both; the full mask works for both", "resume_contract"),
     ("only_rebuilt", 0, "only the rebuilt cache differs", None),
-    ("lengths_changed", 1, "the identity rebuild matches and this rebuild changes cache lengths", "compression_positions"),
+    ("lengths_changed", 1, "the identity rebuild matches and this rebuild changes cache lengths", None),
+    ("explicit_restores", 2, "a step at explicit logical positions restores the full forward within the floor",
+     "compression_positions"),
+    ("information_lost", 2, "even at explicit logical positions the step differs from the full forward",
+     "compression_information_loss"),
     ("kv_differ", 1, "its K/V tensors differ from the original's", "reconstruction_copy"),
     ("metadata_differ", 1, "K/V identical, layer classes or lengths differ", "cache_metadata"),
     ("state_restores", 1, "K/V and metadata match; restoring the model-side state makes it match", "model_side_state"),
@@ -32,10 +36,29 @@ NODES = (
 MEANING = {
     "resume_contract": "the mask/input contract of resuming generate() (notebook 02), not the rebuild",
     "model_side_state": "state outside the K/V tensors (Qwen3-VL's multimodal positions: notebook 03)",
-    "compression_positions": "logical positions, retained-token mapping or per-layer lengths after compression",
+    "compression_positions": "logical positions after compression: generate() continues at the retained length",
+    "compression_information_loss": "information removed by the compression itself (positions are not the cause)",
     "reconstruction_copy": "the reconstruction/copy path changed the K/V values",
     "cache_metadata": "config/cache-layer metadata (layer classes, lengths)",
     "unexplained": "a hidden state or a generation branch that tells the objects apart",
+}
+
+
+# One line per leaf: what the reporter does next.
+NEXT = {
+    "resume_contract": "pass generate() the full attention mask (cached prefix + suffix, padding included); the rebuild is not the cause",
+    "model_side_state": "carry the model-side state with the cache (Qwen3-VL: save rope_deltas after the prefill and set it on "
+                        "the instance that resumes, notebook 03)",
+    "compression_positions": "continue at the processed length: return a resume state {'past_key_values': cache, "
+                             "'processed_length': n} from the rebuild, or pass position_ids = processed length "
+                             "(+ rope_deltas for Qwen3-VL) with a mask sized to the stored slots",
+    "compression_information_loss": "the compression dropped information (expected for eviction): compare its difference with "
+                                    "the identity control's and change what is kept; passing positions will not fix it",
+    "reconstruction_copy": "compare the rebuilt K/V with the original's per layer (control 1): the copy/convert path changed the values",
+    "cache_metadata": "build the cache with DynamicCache(config=model.config.get_text_config()) so layer classes and lengths "
+                      "match the original's",
+    "unexplained": "report it with this tree: K/V and visible metadata match, so a hidden state or a generate() branch "
+                   "tells the two objects apart",
 }
 
 
@@ -96,7 +119,7 @@ def identical(c: Controls) -> tuple[bool, dict[str, Any]]:
 
 def lengths_changed(c: Controls) -> bool:
     """Some layer holds a number of slots other than the processed length (eviction, per-layer budgets)."""
-    return any(n != c.processed_length for n in c.rebuilt_lengths)
+    return any(n is not None and n != c.processed_length for n in c.rebuilt_lengths)
 
 
 def _step(path: list[dict[str, Any]], node: str, answer: bool, **numbers: Any) -> bool:
@@ -122,7 +145,13 @@ def choose_branch(c: Controls) -> dict[str, Any]:
     if _step(path, "lengths_changed", lengths_changed(c) and bool(c.identity_identical),
              processed_length=c.processed_length, rebuilt_lengths=c.rebuilt_lengths,
              identity_matches=c.identity_identical, identity_worst_max_abs_diff=c.identity_worst, **c.extra):
-        return {"branch": "compression_positions", "path": path}
+        explicit = c.extra.get("explicit_vs_full_forward")
+        restores = explicit is not None and c.floor.matches(explicit)
+        if _step(path, "explicit_restores", restores, explicit_vs_full_forward=explicit, noise_threshold=c.floor.threshold,
+                 logical_position=c.extra.get("logical_position"), generate_position=c.extra.get("generate_position")):
+            return {"branch": "compression_positions", "path": path}
+        _step(path, "information_lost", True, explicit_vs_full_forward=explicit, noise_threshold=c.floor.threshold)
+        return {"branch": "compression_information_loss", "path": path}
     if _step(path, "kv_differ", not c.kv_bitwise_equal, kv_max_abs_diff=c.kv_max_abs_diff):
         return {"branch": "reconstruction_copy", "path": path}
     if _step(path, "metadata_differ", not c.classes_equal or c.rebuilt_lengths != c.original_lengths,
@@ -148,7 +177,10 @@ def _fmt(value: Any) -> str:
 def render(rebuild: str, verdict: dict[str, Any]) -> str:
     """The tree as text, the taken path marked [x] (checked and no: [ ]), each decision with its numbers."""
     taken = {d["node"]: d for d in verdict["path"]}
+    last = verdict["path"][-1] if verdict["path"] else {"numbers": {}}
     lines = [f"rebuild {rebuild!r}  ->  {verdict['branch']}: {MEANING[verdict['branch']]}",
+             f"decided by: {'; '.join(f'{k}={_fmt(v)}' for k, v in last['numbers'].items()) or 'the first decision'}",
+             f"next: {NEXT[verdict['branch']]}",
              "1. compare original and rebuilt caches under identical arguments"]
     for node, depth, question, leaf in NODES:
         d = taken.get(node)
@@ -173,7 +205,7 @@ def decide_branch(verdict: dict[str, Any], expected: str) -> tuple[bool, dict[st
 def decide_retained_length(c: Controls, generate_position: int | None, logical_position: int | None,
                            explicit_vs_generate: float | None) -> tuple[bool, dict[str, Any], dict[str, Any]]:
     """generate() gave the next token the retained length as its position, and the explicit-logical step differs."""
-    retained = c.rebuilt_lengths[0] if c.rebuilt_lengths else None
+    retained = next((n for n in c.rebuilt_lengths if n is not None), None)  # the first attention layer's (what generate reads)
     shift = None if generate_position is None or logical_position is None else generate_position - logical_position
     expected_shift = None if retained is None else retained - c.processed_length
     holds = (shift is not None and retained != c.processed_length and shift == expected_shift
@@ -197,7 +229,7 @@ def per_layer_outcome(c: Controls, full: ArgSet, stage: str = "", error_layer: i
 
 def decide_per_layer(c: Controls, full: ArgSet, mechanism: dict[str, Any]) -> tuple[bool, str, dict[str, Any], dict[str, Any]]:
     """holds, why, evidence, deciding: per-layer lengths reach generate() and it errors or silently differs."""
-    distinct = len(set(c.rebuilt_lengths)) > 1
+    distinct = len({n for n in c.rebuilt_lengths if n is not None}) > 1
     outcome = per_layer_outcome(c, full)
     holds = distinct and outcome in ("error", "silent_difference")
     stage = mechanism.get("stage") or "no error: every layer ran"
@@ -212,3 +244,27 @@ def decide_per_layer(c: Controls, full: ArgSet, mechanism: dict[str, Any]) -> tu
                 "noise_threshold": c.floor.threshold}
     evidence = {**deciding, "stage": stage, **mechanism, **c.floor.evidence(full.max_abs_diff)}
     return holds, why, evidence, deciding
+
+
+# Stated before the run (transformers #35168: layer-dependent lengths behave differently by backend):
+PER_LAYER_PREDICTION = {"sdpa": "silent_difference", "eager": "error"}
+
+
+def backend_outcome(o: dict[str, Any], floor: NoiseFloor) -> str:
+    """'error' (raised inside attention), 'error_elsewhere', 'silent_difference' or 'no_difference' for one backend."""
+    if not o["ok"]:
+        return "error" if "attention" in (o.get("stage") or "") else "error_elsewhere"
+    d = o.get("max_abs_diff_vs_original")
+    return "silent_difference" if d is not None and floor.differs(d) else "no_difference"
+
+
+def decide_per_layer_backends(outcomes: dict[str, dict[str, Any]], floor: NoiseFloor,
+                              prediction: dict[str, str] = PER_LAYER_PREDICTION) -> tuple[bool, str, dict[str, Any], dict[str, Any]]:
+    """holds, why, evidence, deciding: each backend's outcome is the one predicted before the run."""
+    seen = {b: backend_outcome(o, floor) for b, o in outcomes.items()}
+    holds = bool(seen) and all(seen.get(b) == want for b, want in prediction.items())
+    why = "; ".join(f"{b}: predicted {prediction.get(b, '-')}, measured {seen[b]}"
+                    + (f" ({outcomes[b]['error_type']} at {outcomes[b]['stage']})" if not outcomes[b]["ok"]
+                       else f" (max |diff| {_fmt(outcomes[b]['max_abs_diff_vs_original'])})") for b in seen)
+    deciding = {f"{b}_outcome": v for b, v in seen.items()} | {"noise_threshold": floor.threshold}
+    return holds, why, {"prediction": prediction, "outcomes": outcomes, **deciding}, deciding

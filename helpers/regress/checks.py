@@ -1,0 +1,183 @@
+"""The table's cells for one family, measured: the control's checks against the noise floor of this run.
+
+Every continuation starts from a deep copy of the prefix cache, with the model-side position state the
+prefix prefill left (Qwen3-VL's rope_deltas) put back first; failures are data (`helpers.continuation`).
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import compat
+from ..compare import NoiseFloor, noise_floor
+from ..continuation import GENERATION_VARIANTS, Outcome, forward_step, generate_first_step
+from . import layers
+from .cells import Cell, against_outcome, against_tensor, raised, row_diffs, skipped
+from .families import Family, reference
+from .rebuilds import attention_only_rebuild, control_rebuild, family_rebuild
+
+CHECKS = ("control_rebuild·generate", "control_rebuild·other_kernel", "control_rebuild·forward", "config_rebuild·generate",
+          "config_rebuild·forward",
+          "family_rebuild·generate", "family_rebuild·forward", "neither", "position_only", "mask_only", "both",
+          "fresh_instance", "eager_vs_sdpa", "flash_attention_2")
+PADDED_MASKS = ("suffix_only", "all_ones", "padded")  # the masks a left-padded batch is resumed with
+REBUILD_STAGE = "at the rebuild, before any model call"
+
+
+@dataclass
+class Measured:
+    """One family's cells, its floor, and the lengths and states the claims need."""
+
+    family: Family
+    floor: NoiseFloor
+    cells: dict[str, Cell]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def flash_status(device: str, dtype: str = "float16") -> tuple[bool, str]:
+    """(FlashAttention-2 can run here, why not): CUDA, the flash_attn package, a half-precision dtype."""
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        return False, ("FlashAttention-2 needs CUDA; this run is on CPU (run with -p device cuda -p dtype float16 where "
+                       "flash_attn is installed)")
+    if importlib.util.find_spec("flash_attn") is None:
+        return False, "the flash_attn package is not installed"
+    if str(dtype).replace("torch.", "") not in ("float16", "bfloat16", "fp16", "bf16", "half"):
+        return False, f"FlashAttention-2 runs in float16 or bfloat16, this run is {dtype} (-p dtype float16)"
+    return True, ""
+
+
+class Runner:
+    """Continuations of one family from copies of its prefix cache."""
+
+    def __init__(self, family: Family) -> None:
+        self.family = family
+        model = family.model
+        with torch.no_grad():
+            out = model(**family.prefill_kwargs(), use_cache=True)
+        self.cache = compat.output_cache(out)
+        state = compat.get_rope_state(model)
+        self.state = None if state is None else state.clone()
+        self.positions = family.current_positions()
+
+    def _restore(self, model: torch.nn.Module) -> None:
+        if self.state is not None and compat.rope_state_owner(model) is not None:
+            compat.set_rope_state(model, self.state.clone())
+
+    def generate(self, cache: Any, model: torch.nn.Module | None = None, restore: bool = True, **kwargs: Any) -> Outcome:
+        """generate() one greedy step from a copy of `cache` with the suffix token."""
+        model = model or self.family.model
+        if restore:
+            self._restore(model)
+        return generate_first_step(model, self.family.suffix, copy.deepcopy(cache), **kwargs)
+
+    def forward(self, cache: Any, **kwargs: Any) -> Outcome:
+        """A direct forward from a copy of `cache`: the suffix, the full mask, the position from the cache."""
+        self._restore(self.family.model)
+        return forward_step(self.family.model, self.family.suffix, copy.deepcopy(cache),
+                            attention_mask=self.family.full_mask, **kwargs)
+
+    def arg_kwargs(self, name: str) -> dict[str, Any]:
+        """The control's four argument sets (mask = the full mask, positions = the suffix's explicit ids)."""
+        mask, pos = {"attention_mask": self.family.full_mask}, {"position_ids": self.positions}
+        return {"neither": {}, "position_only": pos, "mask_only": mask, "both": {**mask, **pos}}[name]
+
+    def with_backend(self, implementation: str, cache: Any) -> Outcome:
+        """generate(full mask) with another attention implementation; the model's own is put back."""
+        model = self.family.model
+        current = getattr(model.config, "_attn_implementation", None) or "sdpa"
+        model.set_attn_implementation(implementation)
+        try:
+            return self.generate(cache, attention_mask=self.family.full_mask)
+        finally:
+            model.set_attn_implementation(current)
+
+
+@torch.no_grad()
+def other_attention_reference(family: Family) -> torch.Tensor:
+    """The reference with the other attention kernel (sdpa <-> eager): this dtype's rounding noise on this model."""
+    model = family.model
+    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    model.set_attn_implementation("eager" if current != "eager" else "sdpa")
+    try:
+        return reference(family)
+    finally:
+        model.set_attn_implementation(current)
+
+
+def measure(family: Family, flash: tuple[bool, str]) -> Measured:
+    """Every check of CHECKS on one family."""
+    name, ref = family.name, reference(family)
+    run = Runner(family)
+    full = {"attention_mask": family.full_mask}
+    orig_gen, orig_fwd = run.generate(run.cache, **full), run.forward(run.cache)
+    current = getattr(family.model.config, "_attn_implementation", None) or "sdpa"
+    other = "sdpa" if current == "eager" else "eager"  # the other kernel of the two
+    eager = run.with_backend(other, run.cache)
+    if family.padded:  # every padded continuation is under test: the floor comes from the unpadded rows alone
+        agreeing, what = [other_attention_reference(family)], "each unpadded row's full forward, sdpa vs eager"
+    else:
+        agreeing = [s.logits for s in (orig_gen, eager) if s.ok]
+        what = "full forward vs generate(full mask) from the original cache, sdpa and eager"
+    floor = noise_floor(ref, agreeing, family.bundle.dtype, what=what)
+    cells: dict[str, Cell] = {}
+    vs_orig, vs_ref = "original cache, same arguments", "full forward over the prompt"
+    extra: dict[str, Any] = {"processed_length": family.processed_length, "original_lengths": layers.lengths(run.cache),
+                             "original_widths": layers.widths(run.cache), "original_seq_length": int(run.cache.get_seq_length()),
+                             "layer_classes": [type(l).__name__ for l in compat.cache_layers(run.cache)],
+                             "kernel": current, "other_kernel": other}
+    try:
+        ctrl = control_rebuild(run.cache)
+        extra["control_rebuild_seq_length"] = int(ctrl.get_seq_length())
+        extra["control_rebuild_lengths"] = layers.lengths(ctrl)
+        cells["control_rebuild·generate"] = against_outcome(name, "control_rebuild·generate", run.generate(ctrl, **full), orig_gen, floor, vs_orig)
+        cells["control_rebuild·other_kernel"] = against_outcome(name, "control_rebuild·other_kernel", run.with_backend(other, ctrl),
+                                                                eager, floor, f"original cache, same arguments, {other}")
+        cells["control_rebuild·forward"] = against_outcome(name, "control_rebuild·forward", run.forward(ctrl), orig_fwd, floor, vs_orig)
+    except Exception as exc:  # noqa: BLE001 - the rebuild itself failing is the measurement
+        extra["control_rebuild_error"] = f"{type(exc).__name__}: {exc}"
+        for check in ("control_rebuild·generate", "control_rebuild·other_kernel", "control_rebuild·forward"):
+            cells[check] = raised(name, check, exc, REBUILD_STAGE)
+    config_rebuilt = attention_only_rebuild(run.cache, family.model.config)
+    extra["config_rebuild_lengths"] = layers.lengths(config_rebuilt)
+    cells["config_rebuild·generate"] = against_outcome(name, "config_rebuild·generate", run.generate(config_rebuilt, **full), orig_gen, floor, vs_orig)
+    cells["config_rebuild·forward"] = against_outcome(name, "config_rebuild·forward", run.forward(config_rebuilt), orig_fwd, floor, vs_orig)
+    aware = family_rebuild(run.cache, family.model.config)
+    extra["family_rebuild_state_equal"] = layers.cache_state_equal(run.cache, aware)
+    extra["family_rebuild_lengths"] = layers.lengths(aware)
+    cells["family_rebuild·generate"] = against_outcome(name, "family_rebuild·generate", run.generate(aware, **full), orig_gen, floor, vs_orig)
+    cells["family_rebuild·forward"] = against_outcome(name, "family_rebuild·forward", run.forward(aware), orig_fwd, floor, vs_orig)
+    for variant in GENERATION_VARIANTS:
+        cells[variant] = against_tensor(name, variant, run.generate(run.cache, **run.arg_kwargs(variant)), ref, floor, vs_ref)
+    fresh = family.bundle.fresh_instance()
+    cells["fresh_instance"] = against_outcome(name, "fresh_instance", run.generate(run.cache, model=fresh, restore=False, **full),
+                                              orig_gen, floor, "same instance, same cache and arguments")
+    cells["eager_vs_sdpa"] = against_outcome(name, "eager_vs_sdpa", eager, orig_gen, floor,
+                                             f"generate(full mask) with {current}")
+    ok, why = flash
+    cells["flash_attention_2"] = (against_outcome(name, "flash_attention_2", run.with_backend("flash_attention_2", run.cache),
+                                                  orig_gen, floor, f"generate(full mask) with {current}") if ok else skipped(name, "flash_attention_2", why))
+    if family.padded:
+        extra["padded"] = padded_masks(run, ref, floor)
+    return Measured(family, floor, cells, extra)
+
+
+def resume_masks(mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The masks a left-padded batch can be resumed with: suffix only, all ones at full length, the padded one."""
+    return {"suffix_only": torch.ones_like(mask[:, -1:]), "all_ones": torch.ones_like(mask), "padded": mask}
+
+
+def padded_masks(run: Runner, ref: torch.Tensor, floor: NoiseFloor) -> dict[str, dict[str, Any]]:
+    """generate() from the padded cache under each resume mask, per row against the unpadded reference."""
+    out = {}
+    for label, mask in resume_masks(run.family.full_mask).items():
+        step = run.generate(run.cache, attention_mask=mask)
+        diffs = row_diffs(ref, step.logits) if step.ok else None
+        out[label] = {"ok": step.ok, "row_max_abs_diff": diffs, "first_call": step.first_call,
+                      "error": step.error_summary(), "mask_shape": list(mask.shape),
+                      "matches": bool(diffs) and all(floor.matches(d) for d in diffs),
+                      "differs": bool(diffs) and any(floor.differs(d) for d in diffs)}
+    return out

@@ -1,0 +1,91 @@
+"""Cache layers as transformers defines them: which hold K/V, which hold linear-attention state, what length.
+
+Everything goes through transformers' own layer classes, attributes and methods (`update`,
+`update_conv_state`, `update_recurrent_state`, `cumulative_length`); nothing of transformers is copied.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import compat
+
+
+def has_kv(layer: Any) -> bool:
+    """The layer stores attention keys/values (a full, sliding or mixed attention layer)."""
+    keys = getattr(layer, "keys", None)
+    return isinstance(keys, torch.Tensor)
+
+
+def has_linear_state(layer: Any) -> bool:
+    """The layer holds linear-attention conv/recurrent states (`LinearAttentionCacheLayerMixin`)."""
+    return isinstance(getattr(layer, "conv_states", None), dict)
+
+
+def is_sliding(layer: Any) -> bool:
+    """A sliding-window attention layer (its class says `is_sliding`)."""
+    return bool(getattr(layer, "is_sliding", False))
+
+
+def layer_length(layer: Any) -> int | None:
+    """What the layer reports as its processed length (`get_seq_length()`); None for a linear-only layer."""
+    if not has_kv(layer) and has_linear_state(layer):
+        return None
+    return int(layer.get_seq_length())
+
+
+def stored_width(layer: Any) -> int | None:
+    """How many K/V slots the layer physically stores (None: no K/V)."""
+    return int(layer.keys.shape[-2]) if has_kv(layer) else None
+
+
+def lengths(cache: Any) -> list[int | None]:
+    """Per layer: the reported processed length."""
+    return [layer_length(layer) for layer in compat.cache_layers(cache)]
+
+
+def widths(cache: Any) -> list[int | None]:
+    """Per layer: the stored K/V width."""
+    return [stored_width(layer) for layer in compat.cache_layers(cache)]
+
+
+def copy_linear_state(source: Any, target: Any) -> None:
+    """Copy every conv and recurrent state of `source` into `target` through the layer's own update methods."""
+    for idx, conv in source.conv_states.items():
+        if conv is not None:
+            target.update_conv_state(conv.detach().clone(), idx, conv_kernel_size=source.conv_kernel_size.get(idx))
+        recurrent = source.recurrent_states.get(idx)
+        if recurrent is not None:
+            target.update_recurrent_state(recurrent.detach().clone(), idx)
+
+
+def copy_processed_length(source: Any, target: Any) -> None:
+    """A sliding layer's processed length (`cumulative_length`) set from the source layer's own attribute."""
+    if hasattr(source, "cumulative_length") and hasattr(target, "cumulative_length"):
+        value = source.cumulative_length
+        target.cumulative_length = value.clone() if isinstance(value, torch.Tensor) else int(value)
+
+
+def layer_state_equal(a: Any, b: Any) -> bool:
+    """Same layer class, K/V bits, reported length and linear states (bitwise)."""
+    if type(a) is not type(b) or layer_length(a) != layer_length(b):
+        return False
+    if has_kv(a) != has_kv(b) or (has_kv(a) and not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values))):
+        return False
+    if has_linear_state(a):
+        for name in ("conv_states", "recurrent_states"):
+            sa, sb = getattr(a, name), getattr(b, name)
+            if sa.keys() != sb.keys():
+                return False
+            for k in sa:
+                x, y = sa[k], sb[k]
+                if (x is None) != (y is None) or (x is not None and not (x.shape == y.shape and torch.equal(x, y))):
+                    return False
+    return True
+
+
+def cache_state_equal(a: Any, b: Any) -> bool:
+    """Every layer equal as `layer_state_equal` says."""
+    la, lb = compat.cache_layers(a), compat.cache_layers(b)
+    return len(la) == len(lb) and all(layer_state_equal(x, y) for x, y in zip(la, lb))

@@ -1,0 +1,108 @@
+"""The reporter's own input for notebook 06: `prompt_text`, `prompt_ids` (a JSON file) and `generate_kwargs`.
+
+prompt_text: with a tokenizer, the model's chat template (image + text for a multimodal checkpoint; a
+text model without a chat template: the tokenizer alone). The tiny defaults have no tokenizer: their
+prompt is the text's UTF-8 bytes mapped to ids `BYTE_OFFSET + byte` (deterministic, not a real
+tokenisation; the tiny Qwen3-VL gets its synthetic image block first). prompt_ids: a JSON list of token
+ids (or {"input_ids": [...]}), batch 1, used as they are (text only).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..inputs import Prompt, build_prompt
+from ..models import ModelBundle
+
+BYTE_OFFSET = 10  # byte b -> token id 10 + b: clear of the first ids, below every tiny vocabulary (2048)
+# generate() arguments the controls set themselves (the argument sets and the one-step greedy contract)
+RESERVED_GENERATE = ("input_ids", "attention_mask", "position_ids", "past_key_values", "max_new_tokens",
+                     "return_dict_in_generate", "output_logits", "generation_config")
+
+
+def resolve(path: str) -> Path:
+    """A relative path from the working directory, else from the kit checkout (as for a rebuild's file)."""
+    from ..pipeline.paths import repo_root
+
+    p = Path(path).expanduser()
+    return p if p.is_file() or p.is_absolute() else repo_root() / p
+
+
+def read_ids(path: str) -> list[int]:
+    """Token ids from a JSON file: a list of ints, [[...]] (batch 1) or {"input_ids": ...}; ValueError otherwise."""
+    data = json.loads(resolve(path).read_text())
+    if isinstance(data, dict):
+        data = data.get("input_ids")
+    if isinstance(data, list) and len(data) == 1 and isinstance(data[0], list):
+        data = data[0]
+    if not (isinstance(data, list) and len(data) >= 2 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in data)):
+        raise ValueError("expected a JSON list of at least 2 non-negative token ids (or {\"input_ids\": [...]})")
+    return data
+
+
+def byte_ids(text: str) -> list[int]:
+    """The tiny models' prompt_text mapping: UTF-8 bytes -> BYTE_OFFSET + byte."""
+    return [BYTE_OFFSET + b for b in text.encode("utf-8")]
+
+
+def _tiny_with_image(bundle: ModelBundle, text_ids: list[int]) -> Prompt:
+    """The tiny Qwen3-VL's synthetic image block, then the text's ids."""
+    base = build_prompt(bundle)  # the image block sits between 12 and 20 synthetic text ids
+    ids = base.input_ids[0].tolist()
+    image_id = bundle.model.config.image_token_id
+    end = max(i for i, t in enumerate(ids) if t == image_id) + 2  # through vision_end
+    start = ids.index(image_id) - 1  # vision_start
+    new = torch.tensor([ids[start:end] + text_ids], device=base.input_ids.device)
+    mm = {k: (v[:, start:start + new.shape[1]] if k == "mm_token_type_ids" else v) for k, v in base.mm_kwargs.items()}
+    if "mm_token_type_ids" in mm:
+        mm["mm_token_type_ids"] = (new == image_id).long()
+    return Prompt(new, torch.ones_like(new), mm)
+
+
+def build(bundle: ModelBundle, prompt_text: str, prompt_ids: str, seed: int) -> tuple[Prompt, str]:
+    """(prompt, one line saying where it came from and how it was tokenised)."""
+    device = bundle.device
+    if prompt_ids:
+        ids = torch.tensor([read_ids(prompt_ids)], device=device)
+        return Prompt(ids, torch.ones_like(ids)), f"prompt_ids from {Path(prompt_ids).name}: {ids.shape[1]} ids, text only"
+    if not prompt_text:
+        prompt = build_prompt(bundle, seed=seed)
+        return prompt, f"the kit's synthetic prompt ({prompt.length} tokens{', one synthetic 224x224 image' if prompt.is_multimodal else ''})"
+    if bundle.tokenizer is None:
+        ids = byte_ids(prompt_text)
+        if len(ids) < 2:
+            raise ValueError("prompt_text must give at least 2 tokens (bytes on a tiny model)")
+        how = (f"prompt_text on a tiny model (no tokenizer): UTF-8 bytes -> ids {BYTE_OFFSET}+byte, {len(ids)} ids "
+               "(deterministic, not a real tokenisation)")
+        if bundle.is_multimodal:
+            prompt = _tiny_with_image(bundle, ids)
+            return prompt, how + f", after the synthetic image block ({prompt.length} tokens)"
+        t = torch.tensor([ids], device=device)
+        return Prompt(t, torch.ones_like(t)), how
+    if bundle.is_multimodal:
+        prompt = build_prompt(bundle, text=prompt_text, seed=seed)
+        return prompt, f"prompt_text through the processor's chat template with one synthetic image ({prompt.length} tokens)"
+    tok = bundle.tokenizer
+    if getattr(tok, "chat_template", None):
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt_text}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"]
+        how = "prompt_text through the tokenizer's chat template"
+    else:
+        ids, how = tok(prompt_text, return_tensors="pt")["input_ids"], "prompt_text through the tokenizer (no chat template)"
+    ids = ids.to(device)
+    return Prompt(ids, torch.ones_like(ids)), f"{how} ({ids.shape[1]} tokens)"
+
+
+def generate_options(value: Any) -> dict[str, Any]:
+    """generate_kwargs as a dict (a JSON text is parsed); ValueError for anything the controls cannot pass on."""
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else {}
+    if not isinstance(value, dict):
+        raise ValueError(f"generate_kwargs must be a JSON object, got {type(value).__name__}")
+    clash = sorted(set(value) & set(RESERVED_GENERATE))
+    if clash:
+        raise ValueError(f"generate_kwargs may not set {clash}: the controls set them (argument sets, one greedy step)")
+    return value
