@@ -263,7 +263,7 @@ def test_notebook_06_decides_its_claims(tmp_path, monkeypatch):
         "per_layer": "compression_information_loss"}
     positions = {r["rebuild"]: r for r in data["measurements"]["control3_logical_positions"]}
     assert positions["streaming"]["positions_include_rope_deltas"] and positions["streaming"]["rope_deltas"] == -42
-    assert positions["streaming"]["explicit_position_logical"] == 82
+    assert positions["streaming"]["explicit_position_logical"] == 81
     assert "[x]" in data["measurements"]["triage_tree"]["streaming"]
     assert (tmp_path / "figures" / "06_rebuild_triage-branches.png").exists()
     assert str(ROOT) not in (tmp_path / "results" / "06_rebuild_triage.json").read_text()
