@@ -129,21 +129,17 @@ def count_note(ran: list[dict[str, Any]]) -> str:
             "'valid original-versus-rebuilt first-step comparisons', a breakdown it does not give.")
 
 
+def _comparison_cell(r: Any) -> tuple[str, str]:
+    if not r.ran:
+        return "not run", "generate() failed\nfor every cache (02)"
+    if bool(r.bitwise_equal):
+        return "equal", "bitwise equal\nmax |diff| 0"
+    return "differs", f"max |diff| {float(r.max_abs_diff):.3g}\ncosine {float(r.cosine):.6f}"
+
+
 def comparison_grid(comparisons: pd.DataFrame) -> tuple[list[str], list[str], list[list[str]], list[list[str]]]:
     """(rebuilt variants, generation variants, status, text) for plots.status_grid: one cell per original-vs-rebuilt
     comparison, 'equal' (bitwise) / 'differs' (with its max |diff|) / 'not run' (generate failed for every cache)."""
-    rows = list(dict.fromkeys(comparisons.cache_variant))
-    cols = list(dict.fromkeys(comparisons.generation))
-    status, text = [], []
-    for name in rows:
-        srow, trow = [], []
-        for gen in cols:
-            r = comparisons[(comparisons.cache_variant == name) & (comparisons.generation == gen)].iloc[0]
-            if not r.ran:
-                srow.append("not run"), trow.append("generate() failed\nfor every cache (02)")
-            elif bool(r.bitwise_equal):
-                srow.append("equal"), trow.append("bitwise equal\nmax |diff| 0")
-            else:
-                srow.append("differs"), trow.append(f"max |diff| {float(r.max_abs_diff):.3g}\ncosine {float(r.cosine):.6f}")
-        status.append(srow), text.append(trow)
-    return rows, cols, status, text
+    from .plots import grid_cells  # matplotlib only when a figure is drawn
+
+    return grid_cells(comparisons, "cache_variant", "generation", _comparison_cell)

@@ -172,17 +172,14 @@ def _shape(value: Any) -> str:
     return "—" if value is None else "[" + ", ".join(str(v) for v in value) + "]"
 
 
+def _status_cell(r: Any) -> tuple[str, str]:
+    return ("worked" if r.result == "worked" else "failed",
+            f"ids {_shape(r.input_ids_shape)} mask {_shape(r.attention_mask_shape)}\npast {r.past_length}")
+
+
 def status_grid_data(table: pd.DataFrame) -> tuple[list[str], list[str], list[list[str]], list[list[str]]]:
     """(cache variants, argument sets, status, text) for plots.status_grid: the source's table, each cell annotated
     with the first model call's input_ids and attention_mask shapes (and the cache length it saw)."""
-    rows = list(dict.fromkeys(table.cache_variant))
-    cols = list(dict.fromkeys(table.generation))
-    status, text = [], []
-    for cache in rows:
-        srow, trow = [], []
-        for gen in cols:
-            r = table[(table.cache_variant == cache) & (table.generation == gen)].iloc[0]
-            srow.append("worked" if r.result == "worked" else "failed")
-            trow.append(f"ids {_shape(r.input_ids_shape)} mask {_shape(r.attention_mask_shape)}\npast {r.past_length}")
-        status.append(srow), text.append(trow)
-    return rows, cols, status, text
+    from .plots import grid_cells  # matplotlib only when a figure is drawn
+
+    return grid_cells(table, "cache_variant", "generation", _status_cell)

@@ -215,6 +215,16 @@ STATUS_COLORS = {"worked": "#55a868", "equal": "#55a868", "failed": "#c44e52", "
                  "not run": "#bbbbbb", "n/a": "#bbbbbb"}
 
 
+def grid_cells(table: Any, row_key: str, col_key: str,
+               cell: Callable[[Any], tuple[str, str]]) -> tuple[list[str], list[str], list[list[str]], list[list[str]]]:
+    """(rows, cols, status, text) for status_grid: one cell per (row_key, col_key) pair of `table`, in first-seen
+    order, `cell(row)` giving that cell's (status, text)."""
+    rows = list(dict.fromkeys(table[row_key]))
+    cols = list(dict.fromkeys(table[col_key]))
+    cells = [[cell(table[(table[row_key] == r) & (table[col_key] == c)].iloc[0]) for c in cols] for r in rows]
+    return rows, cols, [[st for st, _ in line] for line in cells], [[tx for _, tx in line] for line in cells]
+
+
 def status_grid_figure(rows: Sequence[str], cols: Sequence[str], status: Sequence[Sequence[str]],
                        text: Sequence[Sequence[str]], title: str, caption: str | None = None) -> Any:
     """A rows x cols grid of coloured cells (status: worked/equal green, failed/differs red, not run grey),
