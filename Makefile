@@ -18,7 +18,7 @@ RELEASES_GPU ?=
 
 env: $(ENV_STAMP)
 
-$(ENV_STAMP): requirements.txt pyproject.toml
+$(ENV_STAMP): requirements.txt requirements-runtime.txt pyproject.toml
 ifndef COLAB_RELEASE_TAG
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip

@@ -14,7 +14,7 @@ import pytest
 
 from helpers.results import verdict_for
 
-from helpers.pipeline import runner
+from helpers.pipeline import colab, runner
 from helpers.pipeline.paths import repo_root
 
 ROOT = repo_root()
@@ -156,10 +156,24 @@ def test_notebook_shape(path):
     title = nb.cells[0].source
     assert "Source" in title and not re.search(r"Last run on", title), "the environment is printed, never typed"
     assert "shared/seeds" not in "\n".join(c.source for c in nb.cells), "cite sources by their public names"
-    assert 'if "google.colab" in sys.modules' in code[0].source
+    assert code[0].source == colab.cell_source(), "the Colab cell: python -m helpers.pipeline.colab --write notebooks/*.ipynb"
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and tagged[0] is code[1] and "model_id" in tagged[0].source
     text = "\n".join(c.source for c in code)
     assert "sys.path" not in text and "trust_remote_code = False" in text
     assert not re.search(r"""verdict\s*=\s*["'](reproduced|not_reproduced)""", text)
     assert "savefig" not in text, "figures go through helpers.plots"
+
+
+def test_colab_cell_and_badges_read_the_one_repository_address():
+    repo = colab.repository_url()
+    assert repo.startswith("https://github.com/")
+    cell = colab.cell_source()
+    assert 'if "google.colab" in sys.modules' in cell and f'os.environ.get("KVKIT_REPO", "{repo}")' in cell
+    assert "requirements-runtime.txt" in cell and '"--no-deps", kit' in cell and "requirements.txt" not in cell
+    assert colab.cell_source("https://github.com/fork/kit") != cell  # the cell is rendered from the address
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert colab.render_readme(readme) == readme, "README badges: python -m helpers.pipeline.colab --write README.md"
+    for path in SOURCES:
+        row = next((line for line in readme.splitlines() if line.startswith(f"| [{path.stem}]")), "")
+        assert colab.badge(path.stem, repo) in row, f"{path.stem}: its README row needs the Colab badge"

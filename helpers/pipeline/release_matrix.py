@@ -81,13 +81,14 @@ class ReleaseEnv:
 
 
 def pinned_release() -> str | None:
-    """The transformers version requirements.txt pins."""
-    try:
-        for line in (repo_root() / "requirements.txt").read_text().splitlines():
-            if line.strip().startswith("transformers=="):
-                return line.split("==", 1)[1].split("#")[0].strip()
-    except OSError:
-        pass
+    """The transformers version requirements-runtime.txt pins (requirements.txt includes it)."""
+    for name in ("requirements-runtime.txt", "requirements.txt"):
+        try:
+            for line in (repo_root() / name).read_text().splitlines():
+                if line.strip().startswith("transformers=="):
+                    return line.split("==", 1)[1].split("#")[0].strip()
+        except OSError:
+            pass
     return None
 
 
