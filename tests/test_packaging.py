@@ -32,6 +32,17 @@ def missing_packages(expected: set[str], present: set[str]) -> list[str]:
     return sorted(expected - present)
 
 
+def build_flags() -> list[str]:
+    """--no-build-isolation where this environment's setuptools builds wheels by itself (70.1+), else none."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        release = tuple(int(part) for part in version("setuptools").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return []
+    return ["--no-build-isolation"] if release >= (70, 1) else []
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """The kit's wheel, built from a copy of the tree (no build/ or egg-info left in the checkout)."""
@@ -40,8 +51,8 @@ def wheel(tmp_path_factory) -> Path:
     src.mkdir()
     shutil.copy2(ROOT / "pyproject.toml", src)
     shutil.copytree(ROOT / "helpers", src / "helpers", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp / "dist"),
-                    str(src)], check=True, capture_output=True, text=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *build_flags(), "-w", str(tmp / "dist"), str(src)],
+                   check=True, capture_output=True, text=True)
     (built,) = (tmp / "dist").glob("kv_resume_kit-*.whl")
     return built
 
