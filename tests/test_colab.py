@@ -42,10 +42,11 @@ print(json.dumps({"versions": {n: version(n) for n in names}, "torch_file": spec
 
 
 def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without the kit's own paths and variables (nothing of the kit leaks in)."""
+    """This process's environment without the kit's own paths and variables (nothing of the kit leaks in),
+    with pip's byte-compiling off (pip's cache is kept: packages come from PyPI once)."""
     drop = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME", "JUPYTER_PATH")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("KVKIT_")}
-    return {**env, **extra}
+    return {**env, "PIP_COMPILE": "0", **extra}  # no byte-compiling at install (PIP_NO_COMPILE=1 would turn it on)
 
 
 def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
