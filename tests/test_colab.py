@@ -81,6 +81,7 @@ def colab_machine(tmp_path_factory) -> dict:
         "language": "python", "env": {"PYTHONPATH": str(tmp / "colab-stub")}}))
     bare = tmp / "kit.git"
     sh(["git", "init", "-q", "--bare", str(bare)])
+    sh(["git", "-C", str(bare), "config", "receive.shallowUpdate", "true"])  # a shallow checkout pushes too
     sh(["git", "-C", str(ROOT), "push", "-q", str(bare), "HEAD:refs/heads/main"])
     sh(["git", "-C", str(bare), "symbolic-ref", "HEAD", "refs/heads/main"])
     content = tmp / "content"
@@ -114,6 +115,7 @@ def colab_run(colab_machine) -> dict:
 def test_colab_cell_keeps_torch_and_the_jupyter_stack(colab_run):
     before, after = colab_run["before"], colab_run["after"]
     assert not before["helpers"] and before["versions"]["transformers"] is None, "the fresh environment has nothing of the kit"
+    assert [f"{n}=={before['versions'][n]}" for n in ("ipykernel", "ipython", "jupyter_client")] == COLAB_JUPYTER
     assert before["versions"]["torch"] == after["versions"]["torch"] and before["torch_file"] == after["torch_file"]
     for name in WATCHED:
         assert after["versions"][name] == before["versions"][name], f"the Colab cell changed {name}"
@@ -148,3 +150,24 @@ def test_colab_outputs_land_in_the_working_directory(colab_run):
     assert colab_run["report"].returncode == 0, colab_run["report"].stderr[-2000:]
     assert "identity.kv_bitwise_equal" in (out / "SUMMARY.md").read_text()  # `kvkit report` in a Colab cell
     assert not (colab_run["content"] / "kv-resume-kit" / "outputs" / "results").exists()
+
+
+def test_write_replaces_only_the_first_code_cell_and_is_idempotent(tmp_path):
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# t"), nbformat.v4.new_code_cell("old cell"),
+                                         nbformat.v4.new_code_cell("x = 1")])
+    path = tmp_path / "t.ipynb"
+    nbformat.write(nb, path)
+    assert colab.main(["--check", str(path)]) == 1
+    assert colab.main(["--write", str(path)]) == 0
+    once = path.read_text()
+    assert colab.main(["--check", str(path)]) == 0 and colab.main(["--write", str(path)]) == 0 and path.read_text() == once
+    cells = nbformat.read(path, as_version=4).cells
+    assert cells[1].source == colab.cell_source() and [cells[0].source, cells[2].source] == ["# t", "x = 1"]
+
+
+def test_readme_badges_follow_the_repository_address():
+    text = f"| [01_a](x) | {colab.badge('01_a', 'https://github.com/old/name')} |"
+    assert colab.render_readme(text, "https://github.com/new/kit") == f"| [01_a](x) | {colab.badge('01_a', 'https://github.com/new/kit')} |"
+    assert "KVKIT_DIR" in colab.cell_source() and colab.CLONE_DIR == "/content/kv-resume-kit"
