@@ -33,6 +33,14 @@ def _holds_kv(layer: Any) -> bool:
     return isinstance(keys, torch.Tensor) and keys.numel() > 0
 
 
+def _layer_arg(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The layer index a cache-update call was made for (`update(k, v, layer_idx)`, `update_*_state(x, layer_idx)`)."""
+    if "layer_idx" in kwargs:
+        return int(kwargs["layer_idx"])
+    pos = 2 if method == "update" else 1
+    return int(args[pos]) if len(args) > pos else -1
+
+
 def _patch(obj: Any, method: str, wrapper_of: Callable[[Callable[..., Any]], Callable[..., Any]],
            undo: list[tuple[Any, str, Any]]) -> None:
     """Shadow obj.method by an instance attribute wrapping the current one; `undo` restores it."""
@@ -65,6 +73,7 @@ def track(cache: Any, log: StreamLog, lag: int | None = None) -> Iterator[Stream
         def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 log.update_index += 1
+                log.update_layer = _layer_arg(method, args, kwargs)
                 return original(*args, **kwargs)
             return wrapper
         return wrapper_of
