@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from helpers import hybrid
 from helpers.offload import loops, ordering
@@ -57,3 +58,20 @@ def test_decisions_contradicted() -> None:
     assert not ordering.decide_generate_orders_cross_forward(ordered, "m")[0]
     crossing = [dict(r, unordered_earlier_forward=2) for r in ordered]
     assert not ordering.decide_generate_orders_cross_forward(crossing, "m")[0]
+
+
+def test_not_specific_to_hybrid_needs_a_dense_row() -> None:
+    with pytest.raises(LookupError):
+        ordering.decide_not_specific_to_hybrid([], ["tiny dense"])
+
+
+def test_a_model_the_release_cannot_run_is_reported(tiny, ids) -> None:
+    class Broken(torch.nn.Module):
+        config = tiny.model.config
+
+        def forward(self, *args, **kwargs):
+            raise ValueError("not on this release")
+
+    errors: dict[str, str] = {}
+    records = ordering.loops_by_models({"broken": Broken()}, {"broken": ids}, 2, ("report",), errors)
+    assert records == [] and "not on this release" in errors["broken"]
