@@ -21,16 +21,37 @@ def tiny_hybrid_layer_types(n_layers: int = N_LAYERS) -> list[str]:
     return [HYBRID_PATTERN[i % len(HYBRID_PATTERN)] for i in range(n_layers)]
 
 
-def tiny_hybrid_config(attn_implementation: str = "sdpa", n_layers: int = N_LAYERS) -> Any:
-    """A small Qwen3.5 text config: hidden 64, 8 layers (3 linear : 1 full), vocabulary 2048."""
+REPORT_LAYERS = 64  # the report's model: 48 linear_attention / 16 full_attention, 3 linear then 1 full
+
+
+def dense_layer_types(n_layers: int = N_LAYERS) -> list[str]:
+    """The dense twin: every layer `full_attention`."""
+    return ["full_attention"] * n_layers
+
+
+# Model layouts of notebook 05: name -> the decoder's layer_types (all with the tiny hidden sizes).
+LAYOUTS = {
+    "tiny hybrid": lambda: tiny_hybrid_layer_types(N_LAYERS),
+    "tiny dense": lambda: dense_layer_types(N_LAYERS),
+    "report layout (64)": lambda: tiny_hybrid_layer_types(REPORT_LAYERS),
+    "report dense (64)": lambda: dense_layer_types(REPORT_LAYERS),
+}
+
+
+def tiny_hybrid_config(attn_implementation: str = "sdpa", n_layers: int = N_LAYERS,
+                       layer_types: list[str] | None = None) -> Any:
+    """A small Qwen3.5 text config: hidden 64, 8 layers (3 linear : 1 full), vocabulary 2048;
+    `layer_types` (its length sets the depth) overrides the 3:1 pattern."""
     from transformers import Qwen3_5TextConfig
 
+    types = list(layer_types) if layer_types is not None else tiny_hybrid_layer_types(n_layers)
+    n_layers = len(types)
     config = Qwen3_5TextConfig(
         vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
         linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
         linear_num_key_heads=2, linear_num_value_heads=4,
-        layer_types=tiny_hybrid_layer_types(n_layers), tie_word_embeddings=False,
+        layer_types=types, tie_word_embeddings=False,
     )
     config._attn_implementation = attn_implementation
     return config
@@ -41,6 +62,15 @@ def build_tiny_hybrid(seed: int = 0, attn_implementation: str = "sdpa") -> torch
     from transformers import Qwen3_5ForCausalLM
 
     config = tiny_hybrid_config(attn_implementation)
+    torch.manual_seed(seed)
+    return Qwen3_5ForCausalLM(config).eval()
+
+
+def build_layout(layout: str, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
+    """A seeded `Qwen3_5ForCausalLM` with one of `LAYOUTS` and the tiny sizes, in eval mode."""
+    from transformers import Qwen3_5ForCausalLM
+
+    config = tiny_hybrid_config(attn_implementation, layer_types=LAYOUTS[layout]())
     torch.manual_seed(seed)
     return Qwen3_5ForCausalLM(config).eval()
 

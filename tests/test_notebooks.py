@@ -32,6 +32,8 @@ EXPECTED_CLAIMS = {
                                             "boundary.rebuilt_cache_same_as_original", "boundary.mask_and_positions_do_not_restore"},
     "05_hybrid_offloading_drift": {"offload.prefill_identical", "offload.decode_drifts", "offload.linear_layers_never_moved",
                                    "offload.prefetch_reads_unordered_copy", "offload.race_replay_drifts_like_report",
+                                   "offload.race_not_specific_to_hybrid", "offload.report_loop_reads_previous_forward",
+                                   "offload.generate_orders_cross_forward_reads", "offload.prefetched_block_released_with_pending_read",
                                    "offload.first_differing_tensor_is_attention_kv", "offload.ordering_edge_removes_drift",
                                    "offload.cpu_reports_cuda_requirement"},
     "06_rebuild_triage": {"triage.identity_matches_original", "triage.streaming_generate_uses_retained_length",

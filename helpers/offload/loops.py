@@ -1,4 +1,14 @@
-"""The report's greedy loop and the comparisons of notebook 05 (transformers issue #48947)."""
+"""The three greedy loops of notebook 05 and their comparisons (transformers issue #48947).
+
+`run_loop(loop, ...)` is the one entry point, `loop` in `LOOPS`:
+* "report": the report's `run()` -- logits and argmax stay on the device, no host wait, no per-step
+  synchronize; logits go to the host only after the last call.
+* "cpu": `greedy_run`, the kit's `.cpu()` loop -- every step's logits and tokens are copied to the host
+  (a host wait per step on CUDA).
+* "generate": `model.generate(...)` with an explicit greedy GenerationConfig (its own per-step host wait
+  is recorded by helpers.offload.hostwaits, never assumed).
+"""
+
 from __future__ import annotations
 
 import time
@@ -35,13 +45,17 @@ class GreedyRun:
     prefill_s: float
     decode_s: float
     cache: Any = field(default=None, repr=False)
+    loop: str = "cpu"
+    host_waits: list[str] = field(default_factory=list)
 
 
 @torch.no_grad()
 def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cache: Any = None,
                before_call: Callable[[str], None] | None = None,
                after_call: Callable[[str, Any], None] | None = None) -> GreedyRun:
-    """The seed's `run()`: a prefill (logits_to_keep=1), then n_steps-1 greedy one-token decode steps.
+    """The `.cpu()` greedy loop: a prefill (logits_to_keep=1), then n_steps-1 greedy one-token decode steps,
+    each step's logits and tokens copied to the host (a host wait per step). NOT the report's `run()`
+    (that is `report_run`, which keeps argmax on the device).
 
     `cache=None` lets the model make its own cache (the seed's offloading=False arm);
     `before_call(label)` / `after_call(label, cache)` run around every forward call.
@@ -75,6 +89,107 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
             after_call(f"decode {step + 1}", compat.output_cache(out))
     _sync(ids.device)
     return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache)
+
+
+LOOPS = ("report", "cpu", "generate")
+
+
+def _call_hooks(before_call: Callable[[str], None] | None, after_call: Callable[[str, Any], None] | None,
+                label: str, fn: Callable[[], Any]) -> Any:
+    if before_call:
+        before_call(label)
+    out = fn()
+    if after_call:
+        after_call(label, compat.output_cache(out))
+    return out
+
+
+@torch.no_grad()
+def report_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cache: Any = None,
+               before_call: Callable[[str], None] | None = None,
+               after_call: Callable[[str, Any], None] | None = None) -> GreedyRun:
+    """The report's `run()`: logits cloned and argmax taken on the device, no host wait or synchronize
+    between calls; the logits are moved to the host after the last call."""
+    name = compat.cache_kwarg(model)
+    keep = {"logits_to_keep": 1} if compat.accepts(model.forward, "logits_to_keep") else {}
+    kwargs = {name: cache} if cache is not None else {}
+    start = time.perf_counter()
+    out = _call_hooks(before_call, after_call, "prefill",
+                      lambda: model(input_ids=ids, use_cache=True, **kwargs, **keep))
+    prefill_s = time.perf_counter() - start
+    hist, toks = [out.logits[:, -1, :].clone()], []
+    cache = compat.output_cache(out)
+    next_ids = out.logits[:, -1:].argmax(-1)
+    toks.append(next_ids)
+    start = time.perf_counter()
+    for step in range(1, n_steps):
+        out = _call_hooks(before_call, after_call, f"decode {step}",
+                          lambda: model(input_ids=next_ids, use_cache=True, **{name: cache}))
+        hist.append(out.logits[:, -1, :].clone())
+        cache = compat.output_cache(out)
+        next_ids = out.logits[:, -1:].argmax(-1)
+        toks.append(next_ids)
+    logits = [h.float().cpu() for h in hist]
+    tokens = [t.cpu() for t in toks]
+    _sync(ids.device)
+    return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache, loop="report")
+
+
+def greedy_config(model: torch.nn.Module, n_steps: int) -> Any:
+    """An explicit greedy GenerationConfig: n_steps new tokens (= n_steps forward calls), no EOS stop."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=n_steps, min_new_tokens=n_steps,
+                            eos_token_id=None, pad_token_id=0, output_logits=True,
+                            return_dict_in_generate=True, use_cache=True)
+
+
+@torch.no_grad()
+def generate_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cache: Any = None,
+                 before_call: Callable[[str], None] | None = None,
+                 after_call: Callable[[str, Any], None] | None = None,
+                 on_host_wait: Callable[[str], None] | None = None) -> GreedyRun:
+    """`model.generate(...)` greedy with `past_key_values=cache`; hooks run around every forward call
+    (the forward is shadowed on the instance only for the duration)."""
+    from .hostwaits import record_host_waits
+
+    calls = {"n": 0}
+    inner = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        label = "prefill" if calls["n"] == 0 else f"decode {calls['n']}"
+        calls["n"] += 1
+        return _call_hooks(before_call, after_call, label, lambda: inner(*args, **kwargs))
+
+    extra = {compat.generate_cache_kwarg(model): cache} if cache is not None else {}
+    attention_mask = torch.ones_like(ids)
+    model.forward = forward
+    try:
+        start = time.perf_counter()
+        with record_host_waits(lambda: calls["n"], on_host_wait) as waits:
+            out = model.generate(input_ids=ids, attention_mask=attention_mask,
+                                 generation_config=greedy_config(model, n_steps), **extra)
+    finally:
+        del model.forward
+    elapsed = time.perf_counter() - start
+    logits = [l.detach().float().cpu().clone() for l in compat.generate_logits(out)]
+    tokens = [t[:, None].cpu() for t in out.sequences[:, ids.shape[1]:].unbind(1)]
+    cache_out = getattr(out, "past_key_values", None) or cache
+    return GreedyRun(logits, tokens, 0.0, elapsed, cache_out, loop="generate", host_waits=list(waits))
+
+
+def run_loop(loop: str, model: torch.nn.Module, ids: torch.Tensor, n_steps: int, cache: Any = None,
+             **kw: Any) -> GreedyRun:
+    """Run one of `LOOPS` ("report", "cpu", "generate"); `kw`: before_call / after_call hooks
+    (and, for "generate", on_host_wait)."""
+    runners = {"report": report_run, "cpu": greedy_run, "generate": generate_run}
+    if loop not in runners:
+        raise ValueError(f"unknown loop {loop!r}; expected one of {LOOPS}")
+    run = runners[loop](model, ids, n_steps, cache=cache, **kw)
+    run.loop = loop
+    if loop == "cpu":
+        run.host_waits = [f"decode {k}" for k in range(1, n_steps)]
+    return run
 
 
 # --- comparisons ----------------------------------------------------------------------------------

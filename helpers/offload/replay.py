@@ -1,5 +1,12 @@
 """The race replay of notebook 05: stale host reads served for every unordered prefetch read (a simulation),
-and the ordering decision from the recorded stream log."""
+and the ordering decision from the recorded stream log.
+
+Assumptions, stated with the results: an unordered read enqueued fewer than `lag` cache-update calls after
+its copy sees zeros -- what a freshly allocated pinned host page holds; a recycled pinned block would hold
+older bytes (an earlier layer's or step's K/V), which the replay does not model. It cannot show whether a GPU
+runs that far behind, whether the allocator reuses a prefetched device block (the second hazard), or the
+size of a real drift: only which tensors the host-buffer explanation corrupts, in which loop.
+"""
 from __future__ import annotations
 
 from contextlib import nullcontext
@@ -10,7 +17,7 @@ import torch
 
 from .. import compat
 from ..compare import noise_floor
-from .loops import Decision, GreedyRun, greedy_run, step_table
+from .loops import Decision, GreedyRun, greedy_run, run_loop, step_table
 from .streams import STALE_VALUE, StreamLog, recording_streams
 from .tracking import ordering_edge, track
 
@@ -26,24 +33,27 @@ class ReplayRun:
     fix: bool
     run: GreedyRun
     log: StreamLog
+    loop: str = "cpu"
 
     def stale(self) -> list[dict[str, Any]]:
         return [r for r in self.log.reads() if r["served_stale"]]
 
 
 def replay_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, lag: int = 0, fix: bool = False,
-               host_synced: bool = True) -> ReplayRun:
+               host_synced: bool = True, loop: str = "cpu") -> ReplayRun:
     """Greedy run with DynamicCache(offloading=True) under recording stand-ins (lag 0: nothing stale).
 
     `fix`: add the 5.20.0 ordering edge; `host_synced`: the greedy loop's `.cpu()` of the logits is a
-    host wait for the default stream between calls.
+    host wait for the default stream between calls; `loop`: "cpu" (greedy_run) or "report" (the report's
+    run(), no host wait: `host_synced` is ignored there).
     """
+    host_synced = host_synced and loop == "cpu"
     with recording_streams() as log:
         cache = compat.dynamic_cache(model.config, offloading=True)
         with track(cache, log, lag=lag), (ordering_edge(cache, ids.device) if fix else nullcontext()):
-            run = greedy_run(model, ids, n_steps, cache=cache, before_call=lambda label: log.begin(label, host_synced))
+            run = run_loop(loop, model, ids, n_steps, cache=cache, before_call=lambda label: log.begin(label, host_synced))
     run.cache = None
-    return ReplayRun(lag, fix, run, log)
+    return ReplayRun(lag, fix, run, log, loop)
 
 
 def reads_table(log: StreamLog) -> Any:
@@ -98,7 +108,9 @@ class Replay:
             floors = self.floors()
             steps["noise_threshold"] = [f.threshold for f in floors]
             steps["differs"] = [f.differs(v) for f, v in zip(floors, steps.max_abs_diff)]
-            steps.insert(0, "variant", f"lag {rr.lag}" + (" + 5.20.0 edge" if rr.fix else ""))
+            prefix = "" if rr.loop == "cpu" else f"{rr.loop} loop, "
+            steps.insert(0, "variant", prefix + f"lag {rr.lag}" + (" + 5.20.0 edge" if rr.fix else ""))
+            steps.insert(1, "loop", rr.loop)
             steps.insert(1, "lag", rr.lag)
             steps.insert(2, "fix", rr.fix)
             steps.insert(3, "stale_reads", len(rr.stale()))
@@ -108,13 +120,20 @@ class Replay:
 
 
 def race_replay(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, lags: list[int], dtype: torch.dtype,
-                fix_lag: int | None = None) -> Replay:
-    """The report's experiment against offloading=False at each lag, plus the 5.20.0 edge at `fix_lag`."""
+                fix_lag: int | None = None, loops: tuple[str, ...] = ("cpu",)) -> Replay:
+    """The report's experiment against offloading=False at each lag and loop, plus the 5.20.0 edge at `fix_lag`."""
     replay = Replay(greedy_run(model, ids, n_steps), greedy_run(model, ids, n_steps), dtype)
-    replay.runs = [replay_run(model, ids, n_steps, lag) for lag in lags]
+    replay.runs = [replay_run(model, ids, n_steps, lag, loop=loop) for loop in loops for lag in lags]
     if fix_lag is not None:
-        replay.runs.append(replay_run(model, ids, n_steps, fix_lag, fix=True))
+        replay.runs += [replay_run(model, ids, n_steps, fix_lag, fix=True, loop=loop) for loop in loops]
     return replay
+
+
+ASSUMPTIONS = {
+    "stale_value": STALE_VALUE,
+    "recycled_block": "a recycled pinned block would hold older bytes (not modelled)",
+    "cannot_show": "whether a GPU lags that far; allocator reuse of prefetched device blocks; the size of a real drift",
+}
 
 
 def replay_decision(table: Any) -> Decision:

@@ -1,7 +1,7 @@
 """DynamicCache offloading on a hybrid (linear-attention + full-attention) model: the report's greedy loop,
 the schedule recorder.
 
-* `greedy_run`: the report's loop — a prefill (logits_to_keep=1), then greedy one-token decode steps.
+* `greedy_run`: the kit's `.cpu()` greedy loop (not the report's run(), see helpers.offload.loops) — a prefill (logits_to_keep=1), then greedy one-token decode steps.
 * `record_schedule` (everywhere): which cache layers the offloading path actually offloads and prefetches,
   per forward call. The cache's own `offload`/`prefetch`/`update*` methods are wrapped on the instance (the
   originals still run) under helpers.offload.streams' recording stand-ins for the CUDA stream API, and

@@ -52,6 +52,7 @@ class StreamLog:
     call: str = "(none)"
     call_index: int = -1
     update_index: int = -1
+    update_layer: int = -1
     n_streams: int = 0
 
     # --- streams and their clocks ---
@@ -73,7 +74,7 @@ class StreamLog:
 
     def _note(self, op: str, stream: str, **fields: Any) -> dict[str, Any]:
         event = {"seq": len(self.events), "call": self.call, "call_index": self.call_index,
-                 "update_index": self.update_index, "op": op, "stream": stream, **fields}
+                 "update_index": self.update_index, "update_layer": self.update_layer, "op": op, "stream": stream, **fields}
         self.events.append(event)
         return event
 
@@ -146,7 +147,9 @@ class StreamLog:
             rows.append({"call": e["call"], "call_index": e["call_index"], "update_index": e["update_index"],
                          "layer": e["layer"], "reader": e["op"], "reads": e["reads"], "reading_stream": e["stream"],
                          "producer": prod["op"], "producing_stream": prod["stream"],
-                         "producer_call": prod["call"], "calls_since_producer": e["calls_since_producer"],
+                         "producer_call": prod["call"], "producer_call_index": prod["call_index"],
+                         "update_layer": e.get("update_layer", -1), "producer_update_layer": prod.get("update_layer", -1),
+                         "calls_since_producer": e["calls_since_producer"],
                          "ordered": e["read_ordered"], "served_stale": bool(e.get("served_stale", False))})
         return rows
 

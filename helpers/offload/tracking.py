@@ -33,6 +33,14 @@ def _holds_kv(layer: Any) -> bool:
     return isinstance(keys, torch.Tensor) and keys.numel() > 0
 
 
+def _layer_arg(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
+    """The layer index a cache-update call was made for (`update(k, v, layer_idx)`, `update_*_state(x, layer_idx)`)."""
+    if "layer_idx" in kwargs:
+        return int(kwargs["layer_idx"])
+    pos = 2 if method == "update" else 1
+    return int(args[pos]) if len(args) > pos else -1
+
+
 def _patch(obj: Any, method: str, wrapper_of: Callable[[Callable[..., Any]], Callable[..., Any]],
            undo: list[tuple[Any, str, Any]]) -> None:
     """Shadow obj.method by an instance attribute wrapping the current one; `undo` restores it."""
@@ -65,6 +73,7 @@ def track(cache: Any, log: StreamLog, lag: int | None = None) -> Iterator[Stream
         def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
                 log.update_index += 1
+                log.update_layer = _layer_arg(method, args, kwargs)
                 return original(*args, **kwargs)
             return wrapper
         return wrapper_of
@@ -115,3 +124,64 @@ def ordering_edge(cache: Any, device: str | torch.device | None = None) -> Itera
         yield cache
 
 
+
+
+@contextmanager
+def offload_event_edge(cache: Any) -> Iterator[Any]:
+    """Host-buffer-only fix arm: an event recorded after each layer's offload copy (on the stream the
+    offload runs on, the default stream) and waited by the prefetch stream before that layer's prefetch."""
+    events: dict[int, Any] = {}
+    with _patched() as undo:
+        for idx, layer in enumerate(compat.cache_layers(cache)):
+            def offload_of(original: Callable[..., Any], idx: int = idx) -> Callable[..., Any]:
+                def offload(*args: Any, **kwargs: Any) -> Any:
+                    out = original(*args, **kwargs)
+                    event = torch.cuda.Event()
+                    event.record(torch.cuda.current_stream())
+                    events[idx] = event
+                    return out
+                return offload
+
+            def prefetch_of(original: Callable[..., Any], idx: int = idx) -> Callable[..., Any]:
+                def prefetch(*args: Any, **kwargs: Any) -> Any:
+                    if idx in events:
+                        cache.prefetch_stream.wait_event(events[idx])
+                    return original(*args, **kwargs)
+                return prefetch
+            _patch(layer, "offload", offload_of, undo)
+            _patch(layer, "prefetch", prefetch_of, undo)
+        yield cache
+
+
+def _record_stream(tensor: torch.Tensor, stream: Any, layer: int) -> None:
+    """`tensor.record_stream(stream)`; under the recording stand-ins, entered into the stream log instead."""
+    log = getattr(stream, "log", None)
+    if isinstance(log, StreamLog):
+        log._note("record_stream", stream.name, layer=layer, detail=f"{device_buffer(layer)} used on {stream.name}")
+    else:
+        tensor.record_stream(stream)
+
+
+@contextmanager
+def record_stream_edge(cache: Any, device: str | torch.device | None = None) -> Iterator[Any]:
+    """Reuse-only fix arm: after each layer's prefetch, `keys/values.record_stream(default stream)`, so the
+    allocator does not reuse a prefetched block before the default stream's reads of it are done."""
+    device = torch.device(device) if device is not None else None
+    with _patched() as undo:
+        for idx, layer in enumerate(compat.cache_layers(cache)):
+            def prefetch_of(original: Callable[..., Any], idx: int = idx, layer: Any = layer) -> Callable[..., Any]:
+                def prefetch(*args: Any, **kwargs: Any) -> Any:
+                    out = original(*args, **kwargs)
+                    if _holds_kv(layer):
+                        default = torch.cuda.default_stream(device)
+                        keys, values = compat.layer_kv(layer)
+                        _record_stream(keys, default, idx)
+                        _record_stream(values, default, idx)
+                    return out
+                return prefetch
+            _patch(layer, "prefetch", prefetch_of, undo)
+        yield cache
+
+
+EDGES = {"none": None, "5.20.0 edge": ordering_edge, "offload event": offload_event_edge,
+         "record_stream": record_stream_edge}
