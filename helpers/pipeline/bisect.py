@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from . import bisect_report, bisect_source
 from .bisect_search import Interrupted, Probe, Search, find_changes
+from .matrix_facts import notebook_facts
 from .paths import output_dir, repo_root
 
 DEFAULT_GOOD, DEFAULT_BAD = "5.14.1", "5.24.0"
@@ -84,8 +85,6 @@ def check_target(notebook: Path, claim: str | None, key: str | None) -> str:
 
 def value_of(data: dict[str, Any], claim: str | None, key: str | None) -> tuple[bool, Any, str]:
     """(found, value, why not) from one results file: a claim's verdict, or every recorded path ending in KEY."""
-    from .matrix_diff import notebook_facts
-
     if claim:
         for c in data.get("claims", []):
             if c.get("id") == claim:
