@@ -1,87 +1,20 @@
-"""matrix.md's first section, "What changed between releases": verdict changes, then one line per
-behaviour change, then float and collapsed differences."""
+"""matrix.md's first section, "What changed between releases": one line per behaviour change, i.e. per
+notebook and release boundary, naming the boundary, the verdicts that flip there and the values that change
+there (grouped by what they are); a value whose displayed text is the same on both sides is no change.
+Floats, moved source lines, environment values and values a notebook never reached are left to
+"Changes by kind of value" (matrix_kinds)."""
 from __future__ import annotations
 
 import json
 import re
 from typing import Any, Sequence
 
-from .matrix_facts import (_ABSENT, KINDS, LARGE_FLOAT, _leaf, classify, differences, distinct_texts,
-                           group_differences, relative_size)
-from .report import VERDICT_MARK, cell, fmt_value
+from .matrix_facts import _ABSENT, _leaf, classify, differences, distinct_texts
+from .matrix_kinds import COLLAPSED, _incomplete
+from .report import VERDICT_MARK, cell
 
-
-def _verdict_changes(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], releases: Sequence[str]) -> list[str]:
-    lines = []
-    rows: dict[tuple[str, str], dict[str, str]] = {}
-    for rel in releases:
-        for nb, data in loaded[rel][1].items():
-            for claim in data.get("claims", []):
-                rows.setdefault((nb, claim.get("id")), {})[rel] = claim.get("verdict", "error")
-    for (nb, cid), verdicts in rows.items():
-        if len(set(verdicts.values())) > 1:
-            steps = " → ".join(f"{rel}: {VERDICT_MARK.get(v, '')} {v}" for rel, v in verdicts.items())
-            lines.append(f"- `{cell(cid)}` ({cell(nb)}): {steps}")
-    return lines
-
-
-def _incomplete(ran: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
-    """notebook -> releases on which it stopped early (some claim left `error`)."""
-    out: dict[str, set[str]] = {}
-    for rel, res in ran.items():
-        for nb, data in res.items():
-            if any(c.get("verdict") == "error" for c in data.get("claims", [])):
-                out.setdefault(nb, set()).add(rel)
-    return out
-
-
-def _not_recorded(values: dict[str, Any], stopped: set[str]) -> bool:
-    """Absent only where the notebook stopped early, and the same wherever it was recorded."""
-    absent = {rel for rel, v in values.items() if v is _ABSENT}
-    present = {json.dumps(v, sort_keys=True, default=str) for v in values.values() if v is not _ABSENT}
-    return bool(absent) and absent <= stopped and len(present) <= 1
-
-
-def sort_differences(ran: dict[str, dict[str, Any]]) -> tuple[dict, dict, dict]:
-    """(behaviour {(kind, nb, leaf): rows}, floats {nb: [(relative size, key)]}, collapsed {nb: {what: [keys]}})."""
-    behaviour: dict[tuple[str, str, str], list[tuple[str, dict[str, Any]]]] = {}
-    floats: dict[str, list[tuple[float, str]]] = {}
-    collapsed: dict[str, dict[str, list[str]]] = {}
-    stopped = _incomplete(ran)
-    for nb, items in differences(ran).items():
-        for key, values in items:
-            if all(v == rel for rel, v in values.items()) or re.fullmatch(r"claims\..*\.verdict", key):
-                continue  # the release's own version number; a verdict (listed above)
-            halted = stopped.get(nb, set())
-            # releases where the notebook stopped early say nothing about a value they never reached
-            judged = {rel: v for rel, v in values.items() if not (v is _ABSENT and rel in halted)}
-            kind = "not recorded" if _not_recorded(values, halted) else classify(key, judged)
-            if kind == "float":
-                floats.setdefault(nb, []).append((relative_size([v for v in judged.values() if v is not _ABSENT]) or 0.0, key))
-            elif kind in COLLAPSED:
-                collapsed.setdefault(nb, {}).setdefault(kind, []).append(key)
-            else:
-                behaviour.setdefault((kind, nb, _leaf(key)), []).append((key, values))
-    return behaviour, floats, collapsed
-
-
-COLLAPSED = {"source location": "source line number(s) in transformers moved",
-             "environment": "environment value(s) differ",
-             "not recorded": "value(s) not recorded where the notebook stopped early (see Verdicts)"}
-
-
-def _behaviour_line(kind: str, nb: str, leaf: str, rows: list[tuple[str, dict[str, Any]]], per: int = 4) -> str:
-    per_release: dict[str, list[Any]] = {}
-    for _, values in rows:
-        for rel, value in values.items():
-            seen = per_release.setdefault(rel, [])
-            if not any(json.dumps(value, default=str) == json.dumps(v, default=str) for v in seen):
-                seen.append(value)
-    texts = " · ".join(f"{rel}: " + ", ".join(f"`{t}`" for t in distinct_texts(vals[:per]))
-                       + (f" (+{len(vals) - per})" if len(vals) > per else "") for rel, vals in per_release.items())
-    groups = group_differences(rows)
-    where = ", ".join(f"`{k}`" for k, _ in groups[:2]) + (f" and {len(groups) - 2} more" if len(groups) > 2 else "")
-    return f"- **{cell(nb)}** · {kind} · `{cell(leaf)}` — {texts} (in {where})"
+MAX_LINES = 12
+_LEFT_OUT = {"float", *COLLAPSED}
 
 
 def _kit_skew(ran: dict[str, dict[str, Any]]) -> list[str]:
@@ -97,36 +30,76 @@ def _kit_skew(ran: dict[str, dict[str, Any]]) -> list[str]:
             + ". Some differences below may come from the kit, not from transformers: rerun the matrix in one go.", ""]
 
 
+def _shown(value: Any) -> str:
+    """How matrix.md writes one value (what a reader compares)."""
+    return distinct_texts([value])[0]
+
+
+def _verdict_items(nb: str, per_release: dict[str, dict[str, Any]], a: str, b: str) -> list[str]:
+    """'`claim` ✅ reproduced → ❌ not_reproduced' for each claim of nb whose verdict differs between a and b."""
+    def verdicts(rel: str) -> dict[str, str]:
+        return {c.get("id"): c.get("verdict", "error") for c in per_release[rel][nb].get("claims", [])}
+    old, new = verdicts(a), verdicts(b)
+    return [f"`{cell(cid)}` {VERDICT_MARK.get(old[cid], '')} {old[cid]} → {VERDICT_MARK.get(new[cid], '')} {new[cid]}"
+            for cid in old if cid in new and old[cid] != new[cid]]
+
+
+def _side(texts: list[str]) -> str:
+    if len(texts) <= 2:
+        return ", ".join(f"`{cell(t)}`" for t in texts)
+    return f"{len(texts)} values (`{cell(texts[0])}`, …)"
+
+
+def _value_items(rows: list[tuple[str, str, str]], per: int = 3) -> list[str]:
+    """'`leaf` old → new' per leaf (the paths of one kind of value together, ×n when several); at most `per`."""
+    grouped: dict[str, list[tuple[str, str]]] = {}
+    for key, old, new in rows:
+        grouped.setdefault(_leaf(key), []).append((old, new))
+    items = []
+    for leaf, pairs in grouped.items():
+        olds, news = (list(dict.fromkeys(p[i] for p in pairs)) for i in (0, 1))
+        items.append(f"`{cell(leaf)}` {_side(olds)} → {_side(news)}" + (f" (×{len(pairs)})" if len(pairs) > 1 else ""))
+    return items[:per] + ([f"+{len(items) - per} more value(s)"] if len(items) > per else [])
+
+
+def boundary_changes(ran: dict[str, dict[str, Any]], order: Sequence[str]) -> list[tuple[str, str, str, list[str]]]:
+    """[(notebook, release before, release after, items)] for every notebook and adjacent pair of the releases
+    that ran it where a verdict or a behaviour value (as displayed) changes."""
+    releases = [r for r in order if r in ran]
+    stopped = _incomplete(ran)
+    out = []
+    for nb in sorted({nb for res in ran.values() for nb in res}):
+        had = [r for r in releases if nb in ran[r]]
+        rows: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+        for key, values in differences({r: ran[r] for r in had}).get(nb, []):
+            if all(v == rel for rel, v in values.items()) or re.fullmatch(r"claims\..*\.verdict", key):
+                continue
+            judged = {r: v for r, v in values.items() if not (v is _ABSENT and r in stopped.get(nb, set()))}
+            if len(judged) < 2 or classify(key, judged) in _LEFT_OUT:
+                continue
+            for a, b in zip(had, had[1:]):
+                if a in judged and b in judged and _shown(judged[a]) != _shown(judged[b]):
+                    rows.setdefault((a, b), []).append((key, _shown(judged[a]), _shown(judged[b])))
+        for a, b in zip(had, had[1:]):
+            items = _verdict_items(nb, ran, a, b) + _value_items(rows.get((a, b), []))
+            if items:
+                out.append((nb, a, b, items))
+    return sorted(out, key=lambda row: (releases.index(row[1]), row[0]))
+
+
 def change_section(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], releases: Sequence[str],
-                   max_lines: int = 40) -> list[str]:
-    """"What changed between releases": verdict changes, then behaviour differences (one line per value,
-    grouped by what it is), then float and source-location differences collapsed to one line per notebook."""
+                   max_lines: int = MAX_LINES) -> list[str]:
+    """"What changed between releases": one line per notebook and release boundary (at most `max_lines`)."""
     ran = {rel: res for rel, (_, res) in loaded.items() if res}
     lines = ["## What changed between releases", ""]
     if len(ran) < 2:
         return lines + ["Fewer than two releases produced results: nothing to compare.", ""]
     lines += _kit_skew(ran)
-    verdicts = _verdict_changes(loaded, [r for r in releases if r in ran])
-    lines += ["### Verdicts", ""] + (verdicts or ["No claim changes verdict between the releases that ran it."]) + [""]
-    behaviour, floats, collapsed = sort_differences(ran)
-    lines += ["### Behaviour", "",
-              "Values that are not float noise: shapes, None vs a value, booleans, error types, source facts, counts, text.", ""]
-    ordered = sorted(behaviour.items(), key=lambda kv: (KINDS.index(kv[0][0]), kv[0][1]))
-    lines += [_behaviour_line(*head, rows) for head, rows in ordered[:max_lines]] or ["None."]
-    if len(ordered) > max_lines:
-        lines.append(f"- … and {len(ordered) - max_lines} more (see Differences below)")
-    lines += ["", "### Float differences (one line per notebook)", ""]
-    for nb, found in floats.items():
-        worst, key = max(found)
-        large = sum(1 for size, _ in found if size > LARGE_FLOAT)
-        note = f"; {large} of them above {LARGE_FLOAT:g} relative (see Differences)" if large else ""
-        lines.append(f"- {cell(nb)}: {len(found)} float value(s) differ; largest relative difference "
-                     f"{fmt_value(worst)} (`{cell(key)}`){note}")
-    lines += [] if floats else ["None."]
-    if collapsed:
-        lines += ["", "### Also different (collapsed)", ""]
-        for nb, kinds in collapsed.items():
-            for kind, keys in kinds.items():
-                names = ", ".join(list(dict.fromkeys(f"`{_leaf(k)}`" for k in keys))[:6])
-                lines.append(f"- {cell(nb)}: {len(keys)} {COLLAPSED[kind]} ({names})")
-    return lines + [""]
+    changes = boundary_changes(ran, releases)
+    lines += [f"- **{a} → {b}** · {cell(nb)}: " + "; ".join(items) for nb, a, b, items in changes[:max_lines]]
+    if len(changes) > max_lines:
+        lines.append(f"- … and {len(changes) - max_lines} more (see Changes by kind of value)")
+    if not changes:
+        lines.append("No verdict and no behaviour value changes between the releases that ran (floats and moved "
+                     "source lines: see below).")
+    return lines + ["", "Floats, moved source lines and environment values: \"Changes by kind of value\" below.", ""]

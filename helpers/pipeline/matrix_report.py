@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 from .envs import pinned_release
 from .matrix_diff import change_section
+from .matrix_kinds import detail_section
 from .matrix_facts import differences, distinct_texts, group_differences
 from .paths import output_dir
 from .report import RUN_STATUS, VERDICT_MARK, cell, commit_text, fmt_value, load_run, scrub, truncate
@@ -61,6 +62,7 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
              "says what changed; the tables after it hold every verdict and every differing value.", ""]
     lines += _matrix_run(out_base)
     lines += change_section(loaded, releases)
+    lines += detail_section(loaded, releases)
 
     lines += ["## Releases", "", "| release | status | transformers / tokenizers / huggingface-hub | environment | run |",
               "|---|---|---|---|---|"]

@@ -10,8 +10,9 @@ from typing import Any, Sequence
 from . import matrix_run
 from .envs import (PIP, STAMP, ReleaseEnv, _build_env, _check_probe, _link_jupyter_data, _lock, _probe, _run,
                    _tail, ensure_env, pinned_release, shared_site_packages, venvs_dir)
-from .matrix_diff import (COLLAPSED, _behaviour_line, _incomplete, _kit_skew, _not_recorded, _verdict_changes,
-                          change_section, sort_differences)
+from .matrix_diff import _kit_skew, boundary_changes, change_section
+from .matrix_kinds import (COLLAPSED, _behaviour_line, _incomplete, _not_recorded, _verdict_changes, detail_section,
+                           sort_differences)
 from .matrix_facts import (_ABSENT, _ERROR_NAME, _SOURCE_LOCATION, KINDS, LARGE_FLOAT, _has_float, _leaf,
                            _notebook_facts, _numbers, classify, differences, distinct_texts, flatten,
                            group_differences, notebook_facts, relative_size)
@@ -24,7 +25,7 @@ __all__ = ["DEFAULT_RELEASES", "KINDS", "ReleaseEnv", "build_matrix", "change_se
            "sort_differences", "venvs_dir", "write_matrix", "COLLAPSED", "LARGE_FLOAT", "PIP", "STAMP", "_ABSENT",
            "_ERROR_NAME", "_SOURCE_LOCATION", "_behaviour_line", "_build_env", "_check_probe", "_has_float",
            "_incomplete", "_kit_skew", "_leaf", "_link_jupyter_data", "_load_release", "_lock", "_matrix_run",
-           "_not_recorded", "_notebook_facts", "_numbers", "_probe", "_run", "_tail", "_verdict_changes"]
+           "_not_recorded", "_notebook_facts", "_numbers", "_probe", "_run", "_tail", "_verdict_changes", "boundary_changes", "detail_section"]
 
 
 def run_release(release: str, out_base: Path, notebooks: Sequence[str] | None = None,
