@@ -164,3 +164,14 @@ def test_a_bisect_with_fake_releases_writes_both_files(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "05-offload.prefetch_reads_unordered_copy.json").read_text())
     assert saved["changes"][0]["first_different"] == "5.20.0" and saved["changes"][0]["last_same"] == "5.19.0"
     assert "wait_stream" in md.read_text() and saved["notebook_runs"] <= math.log2(len(RELEASES)) + 2
+
+
+def test_a_focused_function_keeps_only_the_hunks_that_mention_its_word():
+    old = "def generate(self):\n" + "".join(f"    step_{i}()\n" for i in range(30)) + "    mask = kwargs['attention_mask']\n"
+    new = old.replace("step_2()", "step_two()").replace("    mask = kwargs['attention_mask']\n",
+                                                        "    kwargs['attention_mask'] = None\n")
+    diffs = bisect_source.diff_sources({"g": old, "h": old}, {"g": new, "h": old.replace("step_2", "x")}, "1", "2",
+                                       focus={"g": "attention_mask", "h": "attention_mask"})
+    assert "step_two" not in diffs["g"]["diff"] and "+    kwargs['attention_mask'] = None" in diffs["g"]["diff"]
+    assert diffs["h"]["status"] == "same" and "no hunk mentions" in diffs["h"]["note"]
+    assert bisect_source.split_focus(["a.b|mask", "c"]) == (["a.b", "c"], {"a.b": "mask"})

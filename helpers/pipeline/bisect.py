@@ -147,13 +147,13 @@ class Bisect:
 
     def diffs(self, search: Search) -> dict[str, dict[str, dict[str, Any]]]:
         """The relevant functions' diff for every change point."""
-        names = bisect_source.relevant(self.notebook.stem)
+        names, focus = bisect_source.split_focus(bisect_source.relevant(self.notebook.stem))
         out = {}
         for a, b in search.changes:
             if a in self.pythons and b in self.pythons:
                 read = {r: bisect_source.read_sources(self.pythons[r], names, _child_env(self.out), str(repo_root()))
                         for r in (a, b)}
-                out[f"{a}..{b}"] = bisect_source.diff_sources(read[a], read[b], a, b)
+                out[f"{a}..{b}"] = bisect_source.diff_sources(read[a], read[b], a, b, focus=focus)
         return out
 
 

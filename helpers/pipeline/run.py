@@ -191,6 +191,12 @@ class Run:
                           for r in rows],
         }
         (self.out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")
+        try:  # scrub it and add it to share.zip (written with SUMMARY.md, before timings.json existed)
+            from . import report
+
+            report.finish_timings(self.out)
+        except Exception as exc:  # noqa: BLE001 - the run is recorded; only share.zip lacks its timings
+            print(f"timings not added to share.zip: {failure_line(exc)}", file=sys.stderr)
         print(f"{len(rows)} notebook(s) in {total:.1f}s ({self.record.data['status']})", flush=True)
 
 
