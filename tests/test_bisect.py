@@ -175,3 +175,15 @@ def test_a_focused_function_keeps_only_the_hunks_that_mention_its_word():
     assert "step_two" not in diffs["g"]["diff"] and "+    kwargs['attention_mask'] = None" in diffs["g"]["diff"]
     assert diffs["h"]["status"] == "same" and "no hunk mentions" in diffs["h"]["note"]
     assert bisect_source.split_focus(["a.b|mask", "c"]) == (["a.b", "c"], {"a.b": "mask"})
+
+
+def test_a_keys_several_paths_are_shown_as_their_distinct_values():
+    assert bisect_report.shown({"a.m": [[1, 1]], "b.m": [[1, 1]], "c.m": [[1, 82]]}) == "[[1,1]] (×2), [[1,82]] over 3 paths"
+    assert bisect_report.shown([None]) == "[null]"
+
+
+def test_the_quoted_lines_prefer_the_pattern_then_code_over_comments():
+    diff = "--- a\n+++ b\n@@\n+    # a comment\n+    x = 1\n+    model_kwargs[\"attention_mask\"] = None\n"
+    assert bisect_source.changed_lines(diff) == ["+    x = 1", "+    model_kwargs[\"attention_mask\"] = None"]
+    assert bisect_source.changed_lines(diff, prefer=bisect_source.QUOTE[
+        "transformers.generation.utils.GenerationMixin.generate"])[0] == "+    model_kwargs[\"attention_mask\"] = None"

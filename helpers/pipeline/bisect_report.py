@@ -11,6 +11,15 @@ from .bisect_source import changed_lines
 from .report import cell, fmt_value, scrub
 
 
+def shown(value: Any) -> str:
+    """A value as the report writes it; a KEY's several paths as their distinct values (×n when repeated)."""
+    if isinstance(value, dict) and value:
+        texts = [json.dumps(v, separators=(",", ":"), default=str) for v in value.values()]
+        counts = {t: texts.count(t) for t in dict.fromkeys(texts)}
+        return ", ".join(t + (f" (×{n})" if n > 1 else "") for t, n in counts.items()) + f" over {len(texts)} paths"
+    return fmt_value(value, 120)
+
+
 def summary(search: Search, what: str) -> list[str]:
     """One line per change point (or why there is none)."""
     if search.interrupted and not search.changes:
@@ -25,7 +34,7 @@ def summary(search: Search, what: str) -> list[str]:
     for last, first in search.changes:
         old, new = search.probes[last].value, search.probes[first].value
         lines.append(f"- **{first}** is the first release where {what} differs from {last}: "
-                     f"`{cell(fmt_value(old))}` → `{cell(fmt_value(new))}`")
+                     f"`{cell(shown(old))}` → `{cell(shown(new))}`")
     if len(search.changes) > 1:
         lines.append(f"- the value is not monotonic: it changes {len(search.changes)} times")
     return lines
@@ -65,7 +74,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         for name, d in moved.items():
             if d["status"] == "unreadable":
                 continue
-            quote = changed_lines(d["diff"])
+            quote = d.get("quote") or changed_lines(d["diff"])
             lines += [f"### `{name}` ({d['status']})", ""] + [f"    {q}" for q in quote] + ["", "```diff", d["diff"].rstrip(), "```", ""]
         if unchanged:
             lines += ["Unchanged: " + ", ".join(f"`{n}`" for n in unchanged), ""]
@@ -73,7 +82,7 @@ def to_markdown(data: dict[str, Any]) -> str:
             lines += ["None of the named functions changed between these releases: the change is elsewhere.", ""]
     lines += ["## Releases tried", "", "| release | value | note |", "|---|---|---|"]
     for row in data["tried"]:
-        value = f"`{cell(fmt_value(row['value']))}`" if row["ok"] else "—"
+        value = f"`{cell(shown(row['value']))}`" if row["ok"] else "—"
         note = cell(row["reason"]) if not row["ok"] else f"{fmt_value(row['seconds'])} s"
         lines.append(f"| {row['release']} | {value} | {note} |")
     lines.append("")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import subprocess
 from typing import Any, Sequence
 
@@ -15,6 +16,9 @@ _GENERATE = ("transformers.generation.utils.GenerationMixin.generate|attention_m
              "transformers.generation.utils.GenerationMixin._prepare_attention_mask_for_generation",
              "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation",
              "transformers.generation.utils.GenerationMixin._update_model_kwargs_for_generation")
+# The lines a thread should quote from a function's diff, where its first changed lines are not those.
+QUOTE = {"transformers.generation.utils.GenerationMixin.generate": r'attention_mask"\]( == 1\)|\s*= None)',
+         "transformers.cache_utils.Cache.update": r"wait_stream"}
 RELEVANT: dict[str, tuple[str, ...]] = {
     "01": ("transformers.cache_utils.DynamicCache.__init__", "transformers.cache_utils.Cache.update"),
     "02": _GENERATE, "03": _GENERATE, "04": _GENERATE, "06": _GENERATE, "07": _GENERATE,
@@ -111,16 +115,17 @@ def diff_sources(old: dict[str, Any], new: dict[str, Any], old_release: str, new
             if not text:
                 out[name] = {"status": status, "diff": "", "note": f"changed, but no hunk mentions {focus[name]!r}"}
                 continue
-        out[name] = {"status": status, "diff": text}
+        out[name] = {"status": status, "diff": text, "quote": changed_lines(text, prefer=QUOTE.get(name))}
         if status == "unreadable":
             out[name]["why"] = f"{old_release}: {(a or {}).get('error')}; {new_release}: {(b or {}).get('error')}"
     return out
 
 
-def changed_lines(diff: str, limit: int = 2) -> list[str]:
-    """The first `limit` added or removed lines of a unified diff, code before comments (headers left out):
-    what a thread quotes."""
+def changed_lines(diff: str, limit: int = 2, prefer: str | None = None) -> list[str]:
+    """The first `limit` added or removed lines of a unified diff (headers left out), lines matching the
+    regex `prefer` first, then code before comments: what a thread quotes."""
     picked = [ln.rstrip("\n") for ln in diff.splitlines()
               if ln[:1] in "+-" and not ln.startswith(("+++", "---")) and ln[1:].strip()]
-    code = [ln for ln in picked if not ln[1:].strip().startswith("#")]
-    return (code + [ln for ln in picked if ln not in code])[:limit]
+    first = [ln for ln in picked if prefer and re.search(prefer, ln)]
+    code = [ln for ln in picked if not ln[1:].strip().startswith("#") and ln not in first]
+    return (first + code + [ln for ln in picked if ln not in code and ln not in first])[:limit]
