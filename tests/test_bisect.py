@@ -187,3 +187,25 @@ def test_the_quoted_lines_prefer_the_pattern_then_code_over_comments():
     assert bisect_source.changed_lines(diff) == ["+    x = 1", "+    model_kwargs[\"attention_mask\"] = None"]
     assert bisect_source.changed_lines(diff, prefer=bisect_source.QUOTE[
         "transformers.generation.utils.GenerationMixin.generate"])[0] == "+    model_kwargs[\"attention_mask\"] = None"
+
+
+def test_ctrl_c_during_a_bisect_writes_an_interrupted_report_with_what_was_measured(tmp_path, monkeypatch):
+    import os
+    import signal
+    import time
+
+    values, calls = _step("5.20.0"), []
+
+    def probe(self, release):
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)  # the user presses Ctrl-C while the third release runs
+            time.sleep(0.05)
+        if self.stop.signum is not None:
+            raise Interrupted()
+        calls.append(release)
+        return Probe(release, values[release], seconds=1.0)
+    monkeypatch.setattr(bisect.Bisect, "probe", probe)
+    nb = next(p for p in (Path(__file__).parent.parent / "notebooks").glob("05_*.ipynb"))
+    data, md = bisect.run(nb, "offload.prefetch_reads_unordered_copy", None, RELEASES, "5.14.1", "5.24.0", out=tmp_path)
+    assert data["status"] == "interrupted" and [r["release"] for r in data["tried"]] == ["5.14.1", "5.24.0"]
+    assert "**Interrupted**" in md.read_text() and data["changes"] == []

@@ -216,4 +216,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before the bisect's own handlers were in place: nothing was installed or run
+        print("interrupted before the bisect started", file=sys.stderr)
+        sys.exit(130)
