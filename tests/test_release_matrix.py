@@ -267,3 +267,11 @@ def test_what_changed_says_so_when_nothing_behaves_differently(tmp_path):
         _results(tmp_path, release, "01_x", {"c": ("reproduced", {})}, {"d": 1.0 + (release == FIVE[1]) * 1e-9})
     text = rm.build_matrix(tmp_path, list(FIVE[:2]))
     assert _first_section(text) == [] and "No verdict and no behaviour value changes" in text
+
+
+def test_pips_reason_is_its_last_error_line():
+    said = ("Looking in indexes: https://pypi.org/simple\nERROR: Could not find a version that satisfies the requirement "
+            "kernels<0.20,>=0.19.1 (from versions: " + ", ".join(f"0.{i}.0" for i in range(40)) + ")\n"
+            "ERROR: No matching distribution found for kernels<0.20,>=0.19.1\n")
+    assert rm._tail(said) == "ERROR: No matching distribution found for kernels<0.20,>=0.19.1"
+    assert rm._tail("Traceback\nValueError: bad") == "ValueError: bad"
