@@ -35,6 +35,18 @@ def _shown(value: Any) -> str:
     return distinct_texts([value])[0]
 
 
+_FLOAT = re.compile(r"-?\d+\.\d+(?:[eE][-+]?\d+)?|-?\d+[eE][-+]?\d+")
+
+
+def _changes(key: str, old: Any, new: Any) -> bool:
+    """A behaviour change between two adjacent releases: shown differently, and not float noise there (floats,
+    or the same value around different floats: `matches 4.8e-07` → `matches 6.6e-07`, `[null, 0.12]` → ...)."""
+    if _shown(old) == _shown(new) or classify(key, {"a": old, "b": new}) in _LEFT_OUT:
+        return False
+    masked = [_FLOAT.sub("#", json.dumps(v, sort_keys=True, default=str)) for v in (old, new)]
+    return masked[0] != masked[1]
+
+
 def _verdict_items(nb: str, per_release: dict[str, dict[str, Any]], a: str, b: str) -> list[str]:
     """'`claim` ✅ reproduced → ❌ not_reproduced' for each claim of nb whose verdict differs between a and b."""
     def verdicts(rel: str) -> dict[str, str]:
@@ -78,7 +90,7 @@ def boundary_changes(ran: dict[str, dict[str, Any]], order: Sequence[str]) -> li
             if len(judged) < 2 or classify(key, judged) in _LEFT_OUT:
                 continue
             for a, b in zip(had, had[1:]):
-                if a in judged and b in judged and _shown(judged[a]) != _shown(judged[b]):
+                if a in judged and b in judged and _changes(key, judged[a], judged[b]):
                     rows.setdefault((a, b), []).append((key, _shown(judged[a]), _shown(judged[b])))
         for a, b in zip(had, had[1:]):
             items = _verdict_items(nb, ran, a, b) + _value_items(rows.get((a, b), []))
