@@ -209,3 +209,10 @@ def test_ctrl_c_during_a_bisect_writes_an_interrupted_report_with_what_was_measu
     data, md = bisect.run(nb, "offload.prefetch_reads_unordered_copy", None, RELEASES, "5.14.1", "5.24.0", out=tmp_path)
     assert data["status"] == "interrupted" and [r["release"] for r in data["tried"]] == ["5.14.1", "5.24.0"]
     assert "**Interrupted**" in md.read_text() and data["changes"] == []
+
+
+def test_good_and_bad_default_to_the_matrix_first_and_last_release():
+    from helpers.pipeline.matrix_report import DEFAULT_RELEASES
+
+    assert (bisect.DEFAULT_GOOD, bisect.DEFAULT_BAD) == (DEFAULT_RELEASES[0], DEFAULT_RELEASES[-1]) == ("5.14.1", "5.24.0")
+    assert bisect.span(RELEASES + ["5.25.0"], bisect.DEFAULT_GOOD, bisect.DEFAULT_BAD) == RELEASES

@@ -24,9 +24,10 @@ from typing import Any, Sequence
 from . import bisect_report, bisect_source
 from .bisect_search import Interrupted, Probe, Search, find_changes
 from .matrix_facts import notebook_facts
+from .matrix_report import DEFAULT_RELEASES
 from .paths import output_dir, repo_root
 
-DEFAULT_GOOD, DEFAULT_BAD = "5.14.1", "5.24.0"
+DEFAULT_GOOD, DEFAULT_BAD = DEFAULT_RELEASES[0], DEFAULT_RELEASES[-1]  # the matrix's first and last release
 
 
 class Refused(Exception):
