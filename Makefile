@@ -13,8 +13,12 @@ ARGS ?=
 JOBS ?=
 RELEASES ?= 5.14.1 5.17.0 5.19.0 5.20.0 5.24.0
 RELEASES_GPU ?=
+CLAIM ?=
+KEY ?=
+GOOD ?=
+BAD ?=
 
-.PHONY: env run-all run test report matrix gpu-check clean
+.PHONY: env run-all run test report matrix bisect gpu-check clean
 
 env: $(ENV_STAMP)
 
@@ -49,6 +53,12 @@ report: env
 matrix: env
 	$(PY) -m helpers.pipeline.runner matrix --releases $(RELEASES) $(if $(NB),--notebooks $(NB)) $(if $(JOBS),--jobs $(JOBS))
 
+# bisect: the first release where one notebook's claim verdict (CLAIM=) or recorded value (KEY=) differs from
+# GOOD's (default 5.14.1; BAD default 5.24.0), by halving the releases pip lists between them, with the
+# source diff of the notebook's relevant transformers functions: outputs/bisect/<nb>-<claim or key>.md/.json.
+bisect: env
+	$(PY) -m helpers.pipeline.bisect --notebook "$(NB)" $(if $(CLAIM),--claim $(CLAIM)) $(if $(KEY),--key $(KEY)) $(if $(GOOD),--good $(GOOD)) $(if $(BAD),--bad $(BAD))
+
 # gpu-check: the CUDA-only claims on a machine with a GPU (RELEASES_GPU="5.17.0 5.24.0" to choose releases).
 gpu-check: env
 	$(PY) -m helpers.pipeline.gpu_check $(if $(RELEASES_GPU),--releases $(RELEASES_GPU))
@@ -57,4 +67,4 @@ test: env
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 clean:
-	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/SUMMARY.md outputs/timings.json outputs/run.json
+	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/bisect outputs/SUMMARY.md outputs/timings.json outputs/run.json

@@ -174,7 +174,7 @@ def test_a_notebook_that_stopped_early_is_one_line_not_a_flood(tmp_path):
                  {**facts, "source_facts": {"prefetch waits": waits}})
     section = rm.build_matrix(tmp_path, ["5.14.1", "5.17.0", "5.24.0"]).split("## Releases")[0]
     assert "05_offload: 30 value(s) not recorded where the notebook stopped early" in section
-    line = next(ln for ln in section.splitlines() if "`prefetch waits`" in ln)
+    line = next(ln for ln in section.split("## Changes by kind of value")[1].splitlines() if "`prefetch waits`" in ln)
     assert " · source fact · " in line and "5.17.0: `false` · 5.24.0: `true`" in line
     assert "fact_3" not in section.split("### Also different")[0]
 
@@ -205,3 +205,78 @@ def test_matrix_names_its_run_and_says_loudly_when_it_did_not_finish(tmp_path):
     head = rm.build_matrix(tmp_path, ["1.0"]).split("## What changed")[0]
     assert "**Matrix run `20261202T210000Z-m001`** · ⚠️ **INTERRUPTED**" in head
     assert "`abcdef123456` (clean)" in head and "This matrix run is interrupted" in head
+
+
+FIVE = ("5.14.1", "5.17.0", "5.19.0", "5.20.0", "5.24.0")
+
+
+def _five_releases(base: Path) -> None:
+    """The default matrix as the kit records it: 02's first call loses its mask between 5.17.0 and 5.19.0, 05's
+    prefetch edge arrives at 5.20.0 (restated over many JSON paths), 06's error texts differ only past what is
+    shown, floats jitter everywhere and source lines move on every release."""
+    for i, release in enumerate(FIVE):
+        new_mask, edge = i >= 2, i >= 3
+        noise = 1 + i * 1e-7
+        _results(base, release, "02_mask", {
+            "matrix.first_call_drops_suffix": ("reproduced", {"first_call_attention_mask": None if new_mask else [1, 1]}),
+            "matrix.mask_only_works": ("reproduced", {"max_abs_diff": 0.25 * noise})},
+            {"cells": [{"variant": v, "first_call_attention_mask": None if new_mask else [1, 82], "max_abs_diff": 0.1 * noise}
+                       for v in ("neither", "position_only", "mask_only", "both")],
+             "frame": f"transformers/generation/utils.py:{2100 + 7 * i} in generate"})
+        reads = [{"call": None if edge else 3 + k, "layer": None if edge else k, "reading_stream": None if edge else "prefetch",
+                  "waits_for_copy": edge} for k in range(4)]
+        _results(base, release, "05_offload", {
+            "offload.prefetch_reads_unordered_copy": ("not_reproduced" if edge else "reproduced",
+                                                      {"unordered_reads": 0 if edge else 4, "reads": 7}),
+            "offload.linear_layers_never_moved": ("reproduced", {"source_facts": {
+                "prefetch stream waits for the default stream before prefetching": edge}})},
+            {"unordered": reads, "drift": [0.0, 2.1 * noise, 7.6 * noise],
+             "frame": f"transformers/cache_utils.py:{1394 + 40 * i} in update"})
+        long_error = "RuntimeError: the rebuilt cache reports 81 tokens but the first call saw " + "x" * 80 + str(i)
+        _results(base, release, "07_families", {"families.rebuild": ("reproduced", {})},
+                 {"cells": {"mask_only": f"matches {4.8 + i:.1f}e-07", "both": "bitwise"},
+                  "per_step": [None, 0.12 + i * 1e-7]})  # float jitter beside a None
+        _results(base, release, "06_triage", {"triage.control_rebuild_passes": ("reproduced", {"error": long_error})},
+                 {"steps": [{"stage": "first_call", "error_type": long_error, "max_abs_diff": 1e-3 * noise}]})
+
+
+def _first_section(text: str) -> list[str]:
+    section = text[text.index("## What changed between releases"): text.index("## Changes by kind of value")]
+    return [ln for ln in section.splitlines() if ln.startswith("- ")]
+
+
+def test_what_changed_is_one_line_per_notebook_and_release_boundary(tmp_path):
+    _five_releases(tmp_path)
+    text = rm.build_matrix(tmp_path, list(FIVE))
+    lines = _first_section(text)
+    assert 1 <= len(lines) <= 12
+    heads = [re.match(r"- \*\*(\S+) → (\S+)\*\* · (\S+): ", ln).groups() for ln in lines]
+    assert len(heads) == len(set(heads)) and heads == [("5.17.0", "5.19.0", "02_mask"), ("5.19.0", "5.20.0", "05_offload")]
+    mask, edge = lines
+    assert "`first_call_attention_mask` `[1,1]`, `[1,82]` → `null` (×5)" in mask
+    assert "`offload.prefetch_reads_unordered_copy` ✅ reproduced → ❌ not_reproduced" in edge
+    assert "`unordered_reads` `4` → `0`" in edge and "prefetch stream waits" in edge
+    assert "`call` 4 values (`3`, …) → `null` (×4)" in edge and "+3 more value(s)" in edge  # one line, not one per path
+    for ln in lines:  # never a value listed as different whose displayed values are identical
+        for old, new in re.findall(r"`([^`]*)` → `([^`]*)`", ln):
+            assert old != new, ln
+    assert not any("06_triage" in ln for ln in lines)  # error texts that differ only past what is shown
+    assert not any("07_families" in ln for ln in lines)  # the same text around other floats; floats beside a None
+    assert not any("5.14.1 → 5.17.0" in ln for ln in lines)  # floats jitter there, nothing behaves differently
+    assert not any("frame" in ln or "drift" in ln or "max_abs_diff" in ln for ln in lines)
+    assert "## Changes by kind of value" in text and "## Verdicts" in text and "## Differences" in text
+
+
+def test_what_changed_says_so_when_nothing_behaves_differently(tmp_path):
+    for release in FIVE[:2]:
+        _results(tmp_path, release, "01_x", {"c": ("reproduced", {})}, {"d": 1.0 + (release == FIVE[1]) * 1e-9})
+    text = rm.build_matrix(tmp_path, list(FIVE[:2]))
+    assert _first_section(text) == [] and "No verdict and no behaviour value changes" in text
+
+
+def test_pips_reason_is_its_last_error_line():
+    said = ("Looking in indexes: https://pypi.org/simple\nERROR: Could not find a version that satisfies the requirement "
+            "kernels<0.20,>=0.19.1 (from versions: " + ", ".join(f"0.{i}.0" for i in range(40)) + ")\n"
+            "ERROR: No matching distribution found for kernels<0.20,>=0.19.1\n")
+    assert rm._tail(said) == "ERROR: No matching distribution found for kernels<0.20,>=0.19.1"
+    assert rm._tail("Traceback\nValueError: bad") == "ValueError: bad"

@@ -198,3 +198,20 @@ def test_failing_single_run_after_a_full_run_shows_no_stale_claims(tmp_path):
     summary = (out / "SUMMARY.md").read_text()
     assert run["run_id"] in summary and "✅ reproduced" not in summary.split("## Claim details")[0]
     _no_machine_paths(out)
+
+
+def test_timings_are_handed_to_finish_timings_after_they_are_written(tmp_path, monkeypatch):
+    """timings.json is written after SUMMARY.md and share.zip: the run passes it to report.finish_timings
+    (which scrubs it and adds it to share.zip), once, after writing it."""
+    from helpers.pipeline import report
+
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    seen = []
+    monkeypatch.setattr(report, "finish_timings", lambda out=None: seen.append(json.loads((Path(out) / "timings.json").read_text())))
+    nb = runner.find_notebook("01")
+    run = runner.Run("run", [nb], {}, {}, 1)
+    run.results[nb.stem] = runner.RunResult(nb.stem, True, 1.0, str(tmp_path / "notebooks" / nb.name), "", "ok", {"cells_s": 1.0})
+    run.record.finish("complete")
+    run._write_timings(2.0, 1.5, 0.1)
+    assert len(seen) == 1 and seen[0]["run_id"] == run.record.run_id and seen[0]["notebooks"][0]["notebook"] == nb.stem
+    run.tmp.rmdir()

@@ -1,0 +1,131 @@
+"""The source of the transformers functions a notebook names as relevant, read with `inspect` from a
+release's installed package (never from a network), and the unified diff between two releases."""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import subprocess
+from typing import Any, Sequence
+
+# Notebook number -> the transformers functions whose change can move its values. A new notebook is one line.
+# "name|word": a long function of which only the diff hunks that mention `word` are kept.
+_GENERATE = ("transformers.generation.utils.GenerationMixin.generate|attention_mask",
+             "transformers.generation.utils.GenerationMixin._prefill|mask",
+             "transformers.generation.utils.GenerationMixin.prepare_inputs_for_generation",
+             "transformers.generation.utils.GenerationMixin._prepare_attention_mask_for_generation",
+             "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation",
+             "transformers.generation.utils.GenerationMixin._update_model_kwargs_for_generation")
+# The lines a thread should quote from a function's diff, where its first changed lines are not those.
+QUOTE = {"transformers.generation.utils.GenerationMixin.generate": r'attention_mask"\]( == 1\)|\s*= None)',
+         "transformers.cache_utils.Cache.update": r"wait_stream"}
+RELEVANT: dict[str, tuple[str, ...]] = {
+    "01": ("transformers.cache_utils.DynamicCache.__init__", "transformers.cache_utils.Cache.update"),
+    "02": _GENERATE, "03": _GENERATE, "04": _GENERATE, "06": _GENERATE, "07": _GENERATE,
+    "05": ("transformers.cache_utils.Cache.update", "transformers.cache_utils.Cache.prefetch",
+           "transformers.cache_utils.Cache.offload",
+           "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation"),
+}
+
+
+# Run under a release's python: {name: source text or {"error": why}}.
+_READ = r"""
+import importlib, inspect, json, sys
+out = {}
+for name in sys.argv[1:]:
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for attr in parts[cut:]:
+                obj = getattr(obj, attr)
+            out[name] = inspect.getsource(obj)
+        except (AttributeError, OSError, TypeError) as exc:
+            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+        break
+    else:
+        out[name] = {"error": "module not importable"}
+print(json.dumps(out))
+"""
+
+
+def relevant(notebook: str) -> tuple[str, ...]:
+    """The functions named for a notebook stem ('05_hybrid...' -> RELEVANT['05']), focus words left on."""
+    return RELEVANT.get(str(notebook).split("_", 1)[0], ())
+
+
+def split_focus(names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """('name|word', ...) -> ([name, ...], {name: word})."""
+    plain = [n.split("|", 1)[0] for n in names]
+    return plain, {n.split("|", 1)[0]: n.split("|", 1)[1] for n in names if "|" in n}
+
+
+def focus_hunks(diff: str, word: str) -> str:
+    """The unified diff with only the hunks whose added or removed lines mention `word` (headers kept)."""
+    head, hunks, current = [], [], None
+    for line in diff.splitlines(keepends=True):
+        if line.startswith("@@"):
+            current = [line]
+            hunks.append(current)
+        elif current is None:
+            head.append(line)
+        else:
+            current.append(line)
+    kept = [h for h in hunks if any(ln[:1] in "+-" and word in ln for ln in h[1:])]
+    return "".join(head + [ln for h in kept for ln in h]) if kept else ""
+
+
+def read_sources(python: str, names: Sequence[str], env: dict[str, str] | None = None,
+                 cwd: str | None = None) -> dict[str, Any]:
+    """{name: source} of each function as the release at `python` has it ({"error": ...} where it has none)."""
+    if not names:
+        return {}
+    res = subprocess.run([python, "-c", _READ, *names], capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+    if res.returncode != 0:
+        return {n: {"error": f"could not read: {res.stderr.strip().splitlines()[-1:] or res.returncode}"} for n in names}
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def _lines(source: Any) -> list[str]:
+    return source.splitlines(keepends=True) if isinstance(source, str) else []
+
+
+def diff_sources(old: dict[str, Any], new: dict[str, Any], old_release: str, new_release: str,
+                 context: int = 3, focus: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """{name: {"status": same | changed | added | removed | unreadable, "diff": unified diff text}}."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in dict.fromkeys([*old, *new]):
+        a, b = old.get(name), new.get(name)
+        if isinstance(a, str) and isinstance(b, str):
+            status = "same" if a == b else "changed"
+        elif isinstance(b, str):
+            status = "added"
+        elif isinstance(a, str):
+            status = "removed"
+        else:
+            status = "unreadable"
+        text = "" if status in ("same", "unreadable") else "".join(difflib.unified_diff(
+            _lines(a), _lines(b), f"{old_release}/{name}", f"{new_release}/{name}", n=context))
+        if name in (focus or {}) and text:
+            text = focus_hunks(text, focus[name])
+            status = status if text else "same"  # changed, but nowhere near what the notebook measures
+            if not text:
+                out[name] = {"status": status, "diff": "", "note": f"changed, but no hunk mentions {focus[name]!r}"}
+                continue
+        out[name] = {"status": status, "diff": text, "quote": changed_lines(text, prefer=QUOTE.get(name))}
+        if status == "unreadable":
+            out[name]["why"] = f"{old_release}: {(a or {}).get('error')}; {new_release}: {(b or {}).get('error')}"
+    return out
+
+
+def changed_lines(diff: str, limit: int = 2, prefer: str | None = None) -> list[str]:
+    """The first `limit` added or removed lines of a unified diff (headers left out), lines matching the
+    regex `prefer` first, then code before comments: what a thread quotes."""
+    picked = [ln.rstrip("\n") for ln in diff.splitlines()
+              if ln[:1] in "+-" and not ln.startswith(("+++", "---")) and ln[1:].strip()]
+    first = [ln for ln in picked if prefer and re.search(prefer, ln)]
+    code = [ln for ln in picked if not ln[1:].strip().startswith("#") and ln not in first]
+    return (first + code + [ln for ln in picked if ln not in code and ln not in first])[:limit]
