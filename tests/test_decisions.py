@@ -2,6 +2,9 @@
 a measurement contradicting the statement and one at the edge of the noise floor do not."""
 from __future__ import annotations
 
+import importlib
+import json
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -235,14 +238,58 @@ def test_counter_examples(nb, name, thunk, expected):
     assert d.why and isinstance(d.evidence, dict) and isinstance(d.deciding, dict) and isinstance(d.source, dict)
 
 
-def test_every_decision_has_a_normal_case_and_a_counter_example():
-    decisions = {f"{m.__name__}.{n}" for m in (identity, mask_matrix, rope, boundary) for n in dir(m) if n.startswith("decide_")}
-    assert len(decisions) == 17
-    for nb, table in TABLES.items():
-        outcomes: dict[str, set[bool]] = {}
-        for name, _, expected in table:
-            outcomes.setdefault(name.split(":")[0], set()).add(expected)
-        assert all(v == {True, False} for v in outcomes.values()), (nb, outcomes)
+GOLDEN = Path(__file__).parent / "golden" / "decisions.json"
+
+
+def registered() -> dict[str, list[str]]:
+    """The golden registry: {module: [decision function]} every one of which needs a holding and a contradicting case."""
+    return json.loads(GOLDEN.read_text())["decisions"]
+
+
+def every_case() -> list[tuple[str, Callable[[], Any], bool]]:
+    """This file's tables and the kill-test tables of the other deciding modules (tests/test_kill_*.py)."""
+    import test_kill_offload
+    import test_kill_tree
+
+    return [case for table in TABLES.values() for case in table] + test_kill_tree.CASES + test_kill_offload.CASES
+
+
+def _holds(value: Any) -> bool | None:
+    """A decision's verdict: Decision.holds, or the first item of a (holds, ...) / (Decision | None, ...) tuple."""
+    if isinstance(value, tuple):
+        value = value[0]
+    if value is None:
+        return None
+    return bool(value.holds) if hasattr(value, "holds") else bool(value)
+
+
+def test_the_registry_lists_every_decision_function():
+    """A new decide_* (or a removed one) must be registered in tests/golden/decisions.json, and so get its cases."""
+    found = {m: sorted(n for n in dir(importlib.import_module(m)) if n.startswith("decide_")) for m in registered()}
+    golden = {m: sorted(n for n in names if n.startswith("decide_")) for m, names in registered().items()}
+    assert found == golden, "update tests/golden/decisions.json and give the new decision its cases"
+
+
+def test_every_decision_has_a_normal_case_and_a_counter_example(monkeypatch):
+    """Each registered function, called through the case tables, gives holds=True in one case and False in another."""
+    seen: dict[str, set[bool]] = {}
+
+    def recording(qualified: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            seen.setdefault(qualified, set()).add(_holds(out))
+            return out
+        return wrapper
+
+    for module, names in registered().items():
+        mod = importlib.import_module(module)
+        for name in names:
+            monkeypatch.setattr(mod, name, recording(f"{module}.{name}", getattr(mod, name)))
+    for name, thunk, expected in every_case():
+        assert _holds(thunk()) is expected, name
+    wanted = {f"{m}.{n}" for m, names in registered().items() for n in names}
+    lacking = {f: sorted(seen.get(f, set()), key=str) for f in sorted(wanted) if not {True, False} <= seen.get(f, set())}
+    assert not lacking, f"decisions without both a holding and a contradicting case: {lacking}"
 
 
 def test_floor_decisions_record_the_floor_in_their_evidence():

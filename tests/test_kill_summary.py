@@ -1,0 +1,1 @@
+"""Kill tests (mutation testing, make mutants)."""
