@@ -249,9 +249,11 @@ def registered() -> dict[str, list[str]]:
 def every_case() -> list[tuple[str, Callable[[], Any], bool]]:
     """This file's tables and the kill-test tables of the other deciding modules (tests/test_kill_*.py)."""
     import test_kill_offload
+    import test_kill_regress
     import test_kill_tree
 
-    return [case for table in TABLES.values() for case in table] + test_kill_tree.CASES + test_kill_offload.CASES
+    return ([case for table in TABLES.values() for case in table] + test_kill_tree.CASES + test_kill_offload.CASES
+            + test_kill_regress.CASES)
 
 
 def _holds(value: Any) -> bool | None:
@@ -268,6 +270,37 @@ def test_the_registry_lists_every_decision_function():
     found = {m: sorted(n for n in dir(importlib.import_module(m)) if n.startswith("decide_")) for m in registered()}
     golden = {m: sorted(n for n in names if n.startswith("decide_")) for m, names in registered().items()}
     assert found == golden, "update tests/golden/decisions.json and give the new decision its cases"
+
+
+OUTPUTS = Path(__file__).parent / "golden" / "decision_outputs.json"
+
+
+def _snapshot(value: Any) -> Any:
+    """A decision's whole output as JSON: verdict, why, evidence, deciding, source, notes (tuples item by item)."""
+    from helpers.results import to_jsonable
+
+    if isinstance(value, tuple):
+        return [_snapshot(v) for v in value]
+    if hasattr(value, "holds"):
+        return {k: to_jsonable(getattr(value, k)) for k in ("holds", "why", "evidence", "deciding", "source", "notes")
+                if hasattr(value, k)}
+    return to_jsonable(value)
+
+
+def test_every_decision_output_is_the_golden_one():
+    """What each case's decision says (reason, evidence, deciding and source values) is pinned, not only its verdict:
+    a change is deliberate (KVKIT_UPDATE_GOLDEN=1 rewrites tests/golden/decision_outputs.json) and shows in review."""
+    import os
+
+    names = [name for name, _, _ in every_case()]
+    assert len(names) == len(set(names)), "case names must be unique: they key the golden file"
+    got = json.loads(json.dumps({name: _snapshot(thunk()) for name, thunk, _ in every_case()}))
+    if os.environ.get("KVKIT_UPDATE_GOLDEN"):
+        OUTPUTS.write_text(json.dumps(got, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+    want = json.loads(OUTPUTS.read_text())
+    assert sorted(got) == sorted(want), "cases added or removed: KVKIT_UPDATE_GOLDEN=1 rewrites the golden file"
+    for name in want:
+        assert got[name] == want[name], name
 
 
 def test_every_decision_has_a_normal_case_and_a_counter_example(monkeypatch):

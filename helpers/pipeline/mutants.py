@@ -57,6 +57,8 @@ class Scope:
         return any(fnmatch.fnmatchcase(mutant, p) for p in self.patterns())
 
 
+# tests/test_decisions.py pins every case's whole output (tests/golden/decision_outputs.json) of its own tables and of
+# the CASES tables in tests/test_kill_{tree,offload,regress}.py, so it is listed for every deciding module.
 DECISION_TESTS = ("tests/test_decisions.py",)
 TREE_TESTS = ("every_leaf_is_reached", "leaf_cases_cover_every_leaf", "the_floor_decides_not_a_fixed_number",
               "a_failure_only_for_the_rebuilt_cache_is_not_the_contract",
@@ -76,13 +78,13 @@ SCOPE: list[Scope] = [
     Scope("helpers/mask_matrix.py", ("decide_*", "_dropped", "_unique", "_first_calls", "_one"), DECISION_TESTS),
     Scope("helpers/rope.py", ("decide_*", "_ran", "ratio"), DECISION_TESTS),
     Scope("helpers/boundary.py", ("decide_*", "_worked", "_smallest"), DECISION_TESTS),
-    Scope("helpers/regress/decisions.py", ("*",), ("tests/test_regress.py",)),
+    Scope("helpers/regress/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_regress.py",)),
     Scope("helpers/triage/tree.py", ("consistent", "identical", "lengths_changed", "_step", "choose_branch",
                                      "decide_*", "per_layer_outcome", "backend_outcome"),
-          tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
+          DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
     Scope("helpers/offload/streams.py", ("join", "StreamLog.*"), ("tests/test_streams.py", "tests/test_kill_offload.py")),
-    Scope("helpers/offload/replay.py", ("ordering_decision", "replay_decision"), ("tests/test_kill_offload.py",)),
-    Scope("helpers/offload/gpu.py", ("decide_*", "first_difference", "_arm"), ("tests/test_kill_offload.py",)),
+    Scope("helpers/offload/replay.py", ("ordering_decision", "replay_decision"), DECISION_TESTS + ("tests/test_kill_offload.py",)),
+    Scope("helpers/offload/gpu.py", ("decide_*", "first_difference", "_arm"), DECISION_TESTS + ("tests/test_kill_offload.py",)),
     Scope("helpers/pipeline/claims_md.py", ("kind_counts", "reproduced_count", "headline", "counts_table", "undecided"),
           ("tests/test_summary.py", "tests/test_kill_summary.py")),
     Scope("helpers/pipeline/summary.py", ("missing_notebooks",), ("tests/test_summary.py", "tests/test_kill_summary.py")),
