@@ -170,3 +170,29 @@ def test_record_skip_and_guard(tmp_path):
     with r3.guard("a"):
         raise RuntimeError("late")
     assert r3.claims["a"].verdict == "skipped" and math.isfinite(len(r3.claims))
+
+
+def test_a_results_file_names_its_notebook_statements_run_and_place(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    monkeypatch.setenv("KVKIT_RUN_ID", "20261203T000000Z-kill")
+    monkeypatch.setattr(results, "environment", lambda: {"measured": True})
+    r = results.Results("07_x", {"a": "the statement"})
+    assert r.notebook == "07_x" and r.env == {"measured": True} and r.claims["a"].statement == "the statement"
+    assert r.path == tmp_path / "results" / "07_x.json" and r.run["run_id"] == "20261203T000000Z-kill"
+    saved = results.load(r.path)
+    assert saved["notebook"] == "07_x" and saved["measurements"] == {} and saved["warnings"] == []
+    assert saved["run"]["run_id"] == "20261203T000000Z-kill" and saved["claims"][0]["statement"] == "the statement"
+    given = results.Results("07_x", {"a": "s"}, env={"given": 1}, path=tmp_path / "g.json")
+    assert given.env == {"given": 1}, "a given environment is kept, not measured again"
+    r.add("table", [1, 2])
+    r.warn("a  warning\n")
+    r.warn("a warning")
+    assert results.load(r.path)["measurements"] == {"table": [1, 2]} and results.load(r.path)["warnings"] == ["a warning"]
+
+
+def test_record_takes_the_decisions_verdict_and_works_without_notes(tmp_path):
+    from types import SimpleNamespace
+
+    r = _results(tmp_path)
+    assert r.record("a", SimpleNamespace(holds=True, evidence={}, why="w", deciding={}, source={})) == "reproduced"
+    assert r.claims["a"].notes == [] and r.claims["a"].reason == "w"

@@ -53,6 +53,7 @@ def test_undecided_lists_skipped_and_error_claims_only():
     lines = claims_md.undecided([claim("skipped", reason="no CUDA"), claim("reproduced"), claim("error", reason="boom")])
     assert lines == ["Not decided in this run:", "", "- `x.skipped` ⏭️ skipped: no CUDA", "- `x.error` ⚠️ error: boom", ""]
     assert claims_md.undecided([claim("reproduced")]) == []
+    assert claims_md.undecided([claim("error")]) == ["Not decided in this run:", "", "- `x.error` ⚠️ error: ", ""]
 
 
 def test_marks():
