@@ -278,3 +278,24 @@ def test_offload_decisions(name, thunk, expected):
     d = thunk()
     assert d.holds is expected, (name, d.why)
     assert d.why and isinstance(d.evidence, dict)
+
+
+def test_the_event_log_names_each_operation_its_stream_and_detail():
+    log = StreamLog()
+    s = log.new_stream("torch.cuda.Stream()")
+    log.begin("prefill")
+    ev = s.record_event()
+    log.default_stream().wait_event(ev)
+    s.wait_stream(log.default_stream())
+    log.host_wait({}, "x")
+    e = log.access("prefetch copy", 2, "h", "kv2", stream=s, tag="t")
+    log.begin("decode 1")
+    assert [(x["op"], x["stream"], x.get("detail")) for x in log.events[:-1]] == [
+        ("create", "stream 1", "torch.cuda.Stream()"), ("record_event", "stream 1", "event 1"),
+        ("create", "default", "default stream"), ("wait_event", "default", "event 1"),
+        ("wait_stream", "stream 1", "waits for default"), ("host_wait", "x", "")]
+    assert (e["op"], e["layer"], e["reads"], e["writes"], e["tag"]) == ("prefetch copy", 2, "h", "kv2", "t")
+    assert log.events[-1] is e and not any(x["op"] == "host_wait" and x["stream"] == "default" for x in log.events)
+    log.begin("decode 2", host_synced=True)
+    assert log.events[-1]["detail"] == "the greedy loop copied the previous call's logits to the host (.cpu())"
+    assert join({}, {"b": 0}) == {"b": 0}
