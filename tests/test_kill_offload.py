@@ -249,6 +249,13 @@ CASES: list[Case] = [
         table(CLEAN, variant("lag 1", 1, 2, 4, [0.0, 2.1, 1.5]))), False),
     ("replay: a second fully stale lag without drift", lambda: replay.replay_decision(
         table(CLEAN, DRIFT, variant("lag 3", 3, 4, 4, [0.0, 0.0, 0.0]))), False),
+    ("replay: one unordered read, served stale", lambda: replay.replay_decision(
+        table(CLEAN, variant("lag 1", 1, 1, 1, [0.0, 2.1]))), True),
+    ("replay: one of four reads stale beside a full lag", lambda: replay.replay_decision(
+        table(CLEAN, variant("lag 1", 1, 1, 4, [0.0, 0.0, 0.0]), DRIFT)), True),
+    ("replay: the table's first full lag decides (lag 3 listed first)", lambda: replay.replay_decision(
+        table(variant("lag 3", 3, 4, 4, [0.0, 1.0, 1.0]), CLEAN, DRIFT)), True),
+    ("decode: one decode step, drifting", lambda: gpu.decide_decode_drifts(steps([0.0, 2.1])), True),
     ("prefill: within the floor", lambda: gpu.decide_prefill_identical(steps([0.01, 2.1])), True),
     ("prefill: past the floor", lambda: gpu.decide_prefill_identical(steps([0.0101, 2.1])), False),
     ("decode: first decode step drifts", lambda: gpu.decide_decode_drifts(steps([0.0, 2.1, 0.0])), True),
