@@ -218,3 +218,24 @@ def test_the_claim_decisions_report_their_numbers():
 def test_a_floor_change_alone_moves_a_leaf():
     c = ctl(arg_sets=sets(3e-6))
     assert branch(c) == "unexplained" and branch(replace(c, floor=replace(FLOOR, measured=1e-6))) == "resume_contract"
+
+
+def test_the_report_text_carries_every_measured_number():
+    v = tree.choose_branch(ctl(**EVICT, extra={"explicit_vs_full_forward": 0.0, "generate_position": 18, "logical_position": 80}))
+    lengths, explicit = v["path"][2], v["path"][3]
+    assert lengths["numbers"]["generate_position"] == 18 and lengths["numbers"]["explicit_vs_full_forward"] == 0.0
+    assert explicit["numbers"]["generate_position"] == 18 and explicit["numbers"]["logical_position"] == 80
+    v = tree.choose_branch(ctl(arg_sets=sets(0.3), state_changed=True, restored_diff=1e-7))
+    assert v["path"][-1]["numbers"] == {"state_changed_by_rebuild": True, "state_restored_max_abs_diff": 1e-7}
+    mech = {"past_length_reported": 20, "generate_position": 20, "attention_mask_shape": [1, 83], "attention_masks": [[1, 83]]}
+    why = per_layer_with(mech)
+    assert "past length 20 (layer 0's), position 20, mask [1, 83]; attention masks per layer [[1, 83]]" in why
+    assert "mask none (generate passed no mask)" in per_layer_with({})
+    _, why, _, _ = tree.decide_per_layer_backends({"sdpa": SILENT, "eager": RAISED, "flash": SILENT}, FLOOR)
+    assert "flash: predicted -, measured silent_difference" in why
+    assert tree.backend_outcome({"ok": False, "stage": None}, FLOOR) == "error_elsewhere"
+
+
+def per_layer_with(mechanism: dict) -> str:
+    c = ctl(**PER_LAYER)
+    return tree.decide_per_layer(c, full(c), mechanism)[1]
