@@ -22,11 +22,11 @@ def logit_metrics(reference: torch.Tensor, other: torch.Tensor, k: int = 5) -> d
     if ref.shape != oth.shape:
         raise ValueError(f"logit shapes differ: {tuple(ref.shape)} vs {tuple(oth.shape)}")
     ref2, oth2 = ref.reshape(-1, ref.shape[-1]), oth.reshape(-1, oth.shape[-1])
-    top_ref, top_oth = ref2.topk(k, dim=-1).indices, oth2.topk(k, dim=-1).indices
+    top_ref, top_oth = ref2.topk(k, dim=-1).indices, oth2.topk(k, dim=-1).indices  # pragma: no mutate (2-D: dim -1, 1 and the default are one axis)
     overlap = [len(set(a.tolist()) & set(b.tolist())) for a, b in zip(top_ref, top_oth)]
     return {
         "max_abs_diff": float((ref2 - oth2).abs().max()),
-        "cosine": float(torch.nn.functional.cosine_similarity(ref2, oth2, dim=-1).min()),
+        "cosine": float(torch.nn.functional.cosine_similarity(ref2, oth2, dim=-1).min()),  # pragma: no mutate (2-D: dim -1, 1 and the default are one axis)
         "top1_reference": top_ref[:, 0].tolist() if ref2.shape[0] > 1 else int(top_ref[0, 0]),
         "top1": top_oth[:, 0].tolist() if oth2.shape[0] > 1 else int(top_oth[0, 0]),
         "top1_equal": bool((top_ref[:, 0] == top_oth[:, 0]).all()),

@@ -123,7 +123,7 @@ class Results:
             raise KeyError(f"kinds given for undeclared claims {unknown}")
         self.claims = {cid: Claim(cid, text, kind=kinds.get(cid, "reproduces")) for cid, text in claims.items()}
         for claim in self.claims.values():
-            verdict_for(claim.kind, True)  # an unknown kind is refused before any measurement
+            verdict_for(claim.kind, True)  # pragma: no mutate (only the kind is checked here); an unknown kind is refused before any measurement
         self.extra: dict[str, Any] = {}
         self.warnings: list[str] = []  # transformers warnings captured by helpers.session, kept out of the cells
         self.run = run_stamp()  # the runner's run id (nulls when run by hand): see helpers/pipeline/record.py

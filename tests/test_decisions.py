@@ -2,6 +2,9 @@
 a measurement contradicting the statement and one at the edge of the noise floor do not."""
 from __future__ import annotations
 
+import importlib
+import json
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -223,6 +226,87 @@ NOTEBOOK_04: list[Case] = [
     ("restore: nothing ran", lambda: boundary.decide_mask_and_positions_do_not_restore([], FLOOR), False),
 ]
 
+# --- cases that kill the mutants the tables above let through (make mutants): one condition changed alone ------
+
+EXACT = compare.NoiseFloor(measured=2 ** -8, resolution=0.0, margin=4.0, dtype="float32", scale=1.0, what="exact")
+TE = EXACT.threshold  # 2**-6: sums and differences below stay exact in binary
+
+
+def unavailable_original() -> list[dict[str, Any]]:
+    rows = meta_rows()
+    rows[0]["available"] = False
+    return rows
+
+
+def wide(ids: list[int], mask: list[int] | None, past: int, ok: bool, rotary: list | None = None) -> Outcome:
+    """A first call whose shapes have more than two dimensions: the sequence is the last one."""
+    if ok:
+        return Outcome(True, torch.zeros(1, 4), call(ids, mask, past), rotary_position_shapes=rotary or [[3, 1, 1]])
+    return Outcome(False, None, call(ids, mask, past), "RuntimeError", "x", IN_FIRST_CALL, "f", rotary or [[3, 1, 1]])
+
+
+NOTEBOOK_01 += [
+    ("metadata: the original row is unavailable", lambda: identity.decide_cache_metadata_match(unavailable_original()), False),
+    ("metadata: no original row", lambda: identity.decide_cache_metadata_match(meta_rows()[1:]), False),
+    ("metadata: one rebuilt variant", lambda: identity.decide_cache_metadata_match(meta_rows()[:2]), True),
+    ("kv: one rebuilt variant", lambda: identity.decide_kv_bitwise_equal(meta_rows()[:2]), True),
+    ("kv: no rebuilt variant", lambda: identity.decide_kv_bitwise_equal(meta_rows()[:1]), False),
+    ("logits: one comparison ran", lambda: identity.decide_first_step_logits_equal(comparisons()[:1], FLOOR, []), True),
+]
+
+NOTEBOOK_02 += [
+    ("fails: one variant", lambda: mask_matrix.decide_fails({"original": dropped()}), True),
+    ("fails: a cache of one token", lambda: mask_matrix.decide_fails({"original": dropped(first_call=call([1, 0], [1, 1], past=1))}), True),
+    ("fails: 3-D ids, zero tokens last", lambda: mask_matrix.decide_fails({"original": wide([1, 2, 0], [1, 1], 82, False)}), True),
+    ("fails: 3-D ids, tokens last", lambda: mask_matrix.decide_fails({"original": wide([1, 0, 2], [1, 1], 82, False)}), False),
+    ("mask_only: one variant", lambda: mask_matrix.decide_mask_only_works({"original": worked()}, MASK_DIFFS, FLOOR), True),
+    ("mask_only: no run", lambda: mask_matrix.decide_mask_only_works({}, {}, FLOOR), False),
+    ("mask_only: a cache of one token", lambda: mask_matrix.decide_mask_only_works(
+        {"original": worked(mask=[1, 2], past=1)}, MASK_DIFFS, FLOOR), True),
+    ("mask_only: a variant without its diff", lambda: mask_matrix.decide_mask_only_works(
+        {c: worked() for c in VARIANTS}, {"original": 0.0}, FLOOR), False),
+    ("mask_only: 3-D shapes, one token last", lambda: mask_matrix.decide_mask_only_works(
+        {"original": wide([1, 2, 1], [1, 2, 83], 82, True)}, MASK_DIFFS, FLOOR), True),
+    ("mask_only: 3-D shapes, the mask's last is not cache + token", lambda: mask_matrix.decide_mask_only_works(
+        {"original": wide([1, 2, 1], [1, 83, 2], 82, True)}, MASK_DIFFS, FLOOR), False),
+    ("mask_only: 3-D shapes, two tokens last", lambda: mask_matrix.decide_mask_only_works(
+        {"original": wide([1, 1, 2], [1, 1, 83], 82, True)}, MASK_DIFFS, FLOOR), False),
+    ("both: one variant", lambda: mask_matrix.decide_both_matches_mask_only({"original": 0.0}, FLOOR), True),
+    ("both: nothing compared", lambda: mask_matrix.decide_both_matches_mask_only({}, FLOOR), False),
+    ("forward: sliced positions of a batch of two", lambda: mask_matrix.decide_forward_needs_positions(
+        quirk(sliced=worked(rotary=[[3, 2, 1]])), 1, 83), True),
+    ("forward: sliced positions of two tokens for a batch of one", lambda: mask_matrix.decide_forward_needs_positions(
+        quirk(sliced=worked(rotary=[[3, 1, 2]])), 1, 83), False),
+    ("forward: sliced call recorded no positions", lambda: mask_matrix.decide_forward_needs_positions(
+        quirk(sliced=Outcome(True, torch.zeros(1, 4), call([1, 1], [1, 83]), rotary_position_shapes=[])), 1, 83), False),
+]
+
+NOTEBOOK_03 += [
+    ("none=0: did not run, a diff left over", lambda: rope.decide_none_equals_zero(
+        {"ran": False, "bitwise_equal": True, "max_abs_diff": 0.0}, FLOOR), False),
+    ("none>+1: gap exactly the threshold (edge)", lambda: rope.decide_missing_state_diverges_more(
+        metric(0.5 + TE, 0.85), metric(0.5, 0.98), EXACT), False),
+    ("none>+1: gap just past the threshold (edge)", lambda: rope.decide_missing_state_diverges_more(
+        metric(0.5 + TE + 2 ** -20, 0.85), metric(0.5, 0.98), EXACT), True),
+    ("none>+1: same cosine", lambda: rope.decide_missing_state_diverges_more(metric(0.45, 0.98), metric(0.138, 0.98), FLOOR), False),
+    ("none>+1: +1 did not run", lambda: rope.decide_missing_state_diverges_more(
+        {**metric(0.45, 0.85), "top5_overlap": 2, "top1_equal": False}, metric(None, ran=False), FLOOR), False),
+    ("none>+1: None did not run, a diff left over", lambda: rope.decide_missing_state_diverges_more(
+        metric(0.45, 0.85, ran=False), metric(0.138, 0.98), FLOOR), False),
+    ("none>+1: normal, top-1 changed", lambda: rope.decide_missing_state_diverges_more(
+        {**metric(0.45, 0.85, top1_equal=False), "top5_overlap": 3}, metric(0.138, 0.98), FLOOR), True),
+    ("fresh: did not run, a diff left over", lambda: rope.decide_fresh_instance_diverges(metric(0.45, ran=False), FLOOR), False),
+    ("restored: did not run, a diff left over", lambda: rope.decide_restored_state_matches(metric(0.0, ran=False), FLOOR), False),
+]
+
+NOTEBOOK_04 += [
+    ("valid: failed, a diff left over", lambda: boundary.decide_valid_split_matches({**VALID, "result": "failed"}, FLOOR), False),
+    ("double: a failed call with a diff left over", lambda: boundary.decide_double_processing_diverges(
+        double() + [{**brow("original", "no mask", 0.0), "result": "failed"}], FLOOR), True),
+    ("double: the plain refeed's top-5 overlap", lambda: boundary.decide_double_processing_diverges(
+        [{**r, "top5_overlap": 3} for r in double()], FLOOR), True),
+]
+
 TABLES = {"01": NOTEBOOK_01, "02": NOTEBOOK_02, "03": NOTEBOOK_03, "04": NOTEBOOK_04}
 CASES = [(nb, name, thunk, expected) for nb, table in TABLES.items() for name, thunk, expected in table]
 
@@ -235,14 +319,91 @@ def test_counter_examples(nb, name, thunk, expected):
     assert d.why and isinstance(d.evidence, dict) and isinstance(d.deciding, dict) and isinstance(d.source, dict)
 
 
-def test_every_decision_has_a_normal_case_and_a_counter_example():
-    decisions = {f"{m.__name__}.{n}" for m in (identity, mask_matrix, rope, boundary) for n in dir(m) if n.startswith("decide_")}
-    assert len(decisions) == 17
-    for nb, table in TABLES.items():
-        outcomes: dict[str, set[bool]] = {}
-        for name, _, expected in table:
-            outcomes.setdefault(name.split(":")[0], set()).add(expected)
-        assert all(v == {True, False} for v in outcomes.values()), (nb, outcomes)
+GOLDEN = Path(__file__).parent / "golden" / "decisions.json"
+
+
+def registered() -> dict[str, list[str]]:
+    """The golden registry: {module: [decision function]} every one of which needs a holding and a contradicting case."""
+    return json.loads(GOLDEN.read_text())["decisions"]
+
+
+def every_case() -> list[tuple[str, Callable[[], Any], bool]]:
+    """This file's tables and the kill-test tables of the other deciding modules (tests/test_kill_*.py)."""
+    import test_kill_offload
+    import test_kill_regress
+    import test_kill_tree
+
+    return ([case for table in TABLES.values() for case in table] + test_kill_tree.CASES + test_kill_offload.CASES
+            + test_kill_regress.CASES)
+
+
+def _holds(value: Any) -> bool | None:
+    """A decision's verdict: Decision.holds, or the first item of a (holds, ...) / (Decision | None, ...) tuple."""
+    if isinstance(value, tuple):
+        value = value[0]
+    if value is None:
+        return None
+    return bool(value.holds) if hasattr(value, "holds") else bool(value)
+
+
+def test_the_registry_lists_every_decision_function():
+    """A new decide_* (or a removed one) must be registered in tests/golden/decisions.json, and so get its cases."""
+    found = {m: sorted(n for n in dir(importlib.import_module(m)) if n.startswith("decide_")) for m in registered()}
+    golden = {m: sorted(n for n in names if n.startswith("decide_")) for m, names in registered().items()}
+    assert found == golden, "update tests/golden/decisions.json and give the new decision its cases"
+
+
+OUTPUTS = Path(__file__).parent / "golden" / "decision_outputs.json"
+
+
+def _snapshot(value: Any) -> Any:
+    """A decision's whole output as JSON: verdict, why, evidence, deciding, source, notes (tuples item by item)."""
+    from helpers.results import to_jsonable
+
+    if isinstance(value, tuple):
+        return [_snapshot(v) for v in value]
+    if hasattr(value, "holds"):
+        return {k: to_jsonable(getattr(value, k)) for k in ("holds", "why", "evidence", "deciding", "source", "notes")
+                if hasattr(value, k)}
+    return to_jsonable(value)
+
+
+def test_every_decision_output_is_the_golden_one():
+    """What each case's decision says (reason, evidence, deciding and source values) is pinned, not only its verdict:
+    a change is deliberate (KVKIT_UPDATE_GOLDEN=1 rewrites tests/golden/decision_outputs.json) and shows in review."""
+    import os
+
+    names = [name for name, _, _ in every_case()]
+    assert len(names) == len(set(names)), "case names must be unique: they key the golden file"
+    got = json.loads(json.dumps({name: _snapshot(thunk()) for name, thunk, _ in every_case()}))
+    if os.environ.get("KVKIT_UPDATE_GOLDEN"):
+        OUTPUTS.write_text(json.dumps(got, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
+    want = json.loads(OUTPUTS.read_text())
+    assert sorted(got) == sorted(want), "cases added or removed: KVKIT_UPDATE_GOLDEN=1 rewrites the golden file"
+    for name in want:
+        assert got[name] == want[name], name
+
+
+def test_every_decision_has_a_normal_case_and_a_counter_example(monkeypatch):
+    """Each registered function, called through the case tables, gives holds=True in one case and False in another."""
+    seen: dict[str, set[bool]] = {}
+
+    def recording(qualified: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            seen.setdefault(qualified, set()).add(_holds(out))
+            return out
+        return wrapper
+
+    for module, names in registered().items():
+        mod = importlib.import_module(module)
+        for name in names:
+            monkeypatch.setattr(mod, name, recording(f"{module}.{name}", getattr(mod, name)))
+    for name, thunk, expected in every_case():
+        assert bool(_holds(thunk())) is expected, name  # None (not decided, e.g. flash without CUDA) is not holding
+    wanted = {f"{m}.{n}" for m, names in registered().items() for n in names}
+    lacking = {f: sorted(seen.get(f, set()), key=str) for f in sorted(wanted) if not {True, False} <= seen.get(f, set())}
+    assert not lacking, f"decisions without both a holding and a contradicting case: {lacking}"
 
 
 def test_floor_decisions_record_the_floor_in_their_evidence():
