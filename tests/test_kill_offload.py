@@ -80,7 +80,7 @@ def test_device_wide_synchronize_joins_every_stream_and_is_logged():
 def test_clocks_ticks_and_the_happens_before_edge():
     log = StreamLog()
     s = log.new_stream("how")
-    assert s.name == "stream 1" and log.events[0] == {"seq": 0, "call": "(none)", "call_index": -1, "update_index": -1,
+    assert s.name == "stream 1" and log.events[0] == {"seq": 0, "call": "(none)", "call_index": -1, "update_index": -1, "update_layer": -1,
                                                       "op": "create", "stream": "stream 1", "detail": "how"}
     first, second = log.enqueue(s, "a"), log.enqueue(s, "b", layer=3)
     assert first["clock"] == {"stream 1": 1} and second["clock"] == {"stream 1": 2} and second["layer"] == 3
@@ -114,7 +114,8 @@ def test_the_reads_table():
     [row] = log.reads()
     assert row == {"call": "(none)", "call_index": -1, "update_index": 1, "layer": 0, "reader": "prefetch copy",
                    "reads": "h", "reading_stream": "stream 2", "producer": "offload copy", "producing_stream": "stream 1",
-                   "producer_call": "(none)", "calls_since_producer": 2, "ordered": False, "served_stale": False}
+                   "producer_call": "(none)", "calls_since_producer": 2, "ordered": False, "served_stale": False,
+                   "producer_call_index": -1, "producer_update_layer": -1, "update_layer": -1}
     assert log.writers["kv0"]["op"] == "prefetch copy"
     next(e for e in log.events if e["op"] == "prefetch copy")["served_stale"] = True
     assert log.reads()[0]["served_stale"] is True
