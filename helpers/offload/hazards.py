@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ordering import PREFETCH, LoopRecord, record_loop
+from .ordering import PREFETCH, LoopRecord, prefetch_reads, record_loop
 from .streams import StreamLog
 
 READER = "layer update (compute)"
@@ -47,14 +47,9 @@ def released_blocks(log: StreamLog) -> list[dict[str, Any]]:
     return rows
 
 
-def pending_count(log: StreamLog) -> int:
-    """How many prefetched blocks were released with a read pending at the next allocation."""
-    return sum(r["pending_read_at_reuse"] for r in released_blocks(log))
-
-
 def hazard_counts(record: LoopRecord) -> dict[str, Any]:
     """Both hazards in one record: unordered host-buffer reads and released-with-pending-read blocks."""
-    reads = [r for r in record.log.reads() if r["reader"] == PREFETCH]
+    reads = prefetch_reads(record)
     blocks = released_blocks(record.log)
     return {"loop": record.loop, "model": record.model, "edge": record.edge,
             "host_buffer_unordered": sum(not r["ordered"] for r in reads), "prefetch_reads": len(reads),

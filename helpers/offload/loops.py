@@ -55,7 +55,7 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
                after_call: Callable[[str, Any], None] | None = None) -> GreedyRun:
     """The `.cpu()` greedy loop: a prefill (logits_to_keep=1), then n_steps-1 greedy one-token decode steps,
     each step's logits and tokens copied to the host (a host wait per step). NOT the report's `run()`
-    (that is `report_run`, which keeps argmax on the device).
+    (that is `report_run`, which keeps argmax on the device). `host_waits` names the calls a host wait precedes.
 
     `cache=None` lets the model make its own cache (the seed's offloading=False arm);
     `before_call(label)` / `after_call(label, cache)` run around every forward call.
@@ -88,7 +88,8 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
         if after_call:
             after_call(f"decode {step + 1}", compat.output_cache(out))
     _sync(ids.device)
-    return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache)
+    return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache,
+                     host_waits=[f"decode {k}" for k in range(1, n_steps)])
 
 
 LOOPS = ("report", "cpu", "generate")
@@ -185,11 +186,7 @@ def run_loop(loop: str, model: torch.nn.Module, ids: torch.Tensor, n_steps: int,
     runners = {"report": report_run, "cpu": greedy_run, "generate": generate_run}
     if loop not in runners:
         raise ValueError(f"unknown loop {loop!r}; expected one of {LOOPS}")
-    run = runners[loop](model, ids, n_steps, cache=cache, **kw)
-    run.loop = loop
-    if loop == "cpu":
-        run.host_waits = [f"decode {k}" for k in range(1, n_steps)]
-    return run
+    return runners[loop](model, ids, n_steps, cache=cache, **kw)
 
 
 # --- comparisons ----------------------------------------------------------------------------------

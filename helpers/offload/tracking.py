@@ -124,8 +124,6 @@ def ordering_edge(cache: Any, device: str | torch.device | None = None) -> Itera
         yield cache
 
 
-
-
 @contextmanager
 def offload_event_edge(cache: Any) -> Iterator[Any]:
     """Host-buffer-only fix arm: an event recorded after each layer's offload copy (on the stream the

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ from typing import Any, Sequence
 
 from . import bisect_report, bisect_source
 from .bisect_search import Interrupted, Probe, Search, find_changes
+from .envs import child_env
 from .matrix_facts import notebook_facts
 from .matrix_report import DEFAULT_RELEASES
 from .paths import output_dir, repo_root
@@ -100,12 +100,6 @@ def value_of(data: dict[str, Any], claim: str | None, key: str | None) -> tuple[
         else hits, ""
 
 
-def _child_env(out: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env["KVKIT_OUTPUT_DIR"] = str(out)
-    return env
-
-
 class Bisect:
     """One bisect: the probe that runs the notebook on a release, and the envs it used (for the diff)."""
 
@@ -114,17 +108,20 @@ class Bisect:
         self.pythons: dict[str, str] = {}
         self.stop: Any = None
 
+    def _check_stop(self) -> None:
+        """Raise Interrupted once Ctrl-C (or a termination signal) has been received."""
+        if self.stop is not None and self.stop.signum is not None:
+            raise Interrupted()
+
     def probe(self, release: str) -> Probe:
         """Install (or reuse) the release's environment, run the notebook there, read the value."""
         from .envs import ensure_env
 
-        if self.stop is not None and self.stop.signum is not None:
-            raise Interrupted()
+        self._check_stop()
         start = time.perf_counter()
         self.log(f"[bisect] transformers {release}: preparing environment", flush=True)
         env = ensure_env(release, self.log)
-        if self.stop is not None and self.stop.signum is not None:
-            raise Interrupted()
+        self._check_stop()
         if not env.ok:
             self.log(f"[bisect] transformers {release}: not installable: {env.reason}", flush=True)
             return Probe(release, ok=False, reason=f"not installable: {env.reason}", seconds=round(time.perf_counter() - start, 1))
@@ -134,10 +131,9 @@ class Bisect:
         dest.mkdir(parents=True)
         cmd = [env.python, "-m", "helpers.pipeline.runner", "run-all", "--notebooks", self.notebook.stem, "--no-report"]
         ran = time.perf_counter()
-        rc = subprocess.call(cmd, cwd=str(repo_root()), env=_child_env(dest), stdout=subprocess.DEVNULL)
+        rc = subprocess.call(cmd, cwd=str(repo_root()), env=child_env(dest), stdout=subprocess.DEVNULL)
         seconds = round(time.perf_counter() - ran, 1)
-        if self.stop is not None and self.stop.signum is not None:
-            raise Interrupted()
+        self._check_stop()
         try:
             data = json.loads((dest / "results" / f"{self.notebook.stem}.json").read_text())
         except (OSError, ValueError):
@@ -152,7 +148,7 @@ class Bisect:
         out = {}
         for a, b in search.changes:
             if a in self.pythons and b in self.pythons:
-                read = {r: bisect_source.read_sources(self.pythons[r], names, _child_env(self.out), str(repo_root()))
+                read = {r: bisect_source.read_sources(self.pythons[r], names, child_env(self.out), str(repo_root()))
                         for r in (a, b)}
                 out[f"{a}..{b}"] = bisect_source.diff_sources(read[a], read[b], a, b, focus=focus)
         return out

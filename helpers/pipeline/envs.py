@@ -103,9 +103,17 @@ def _tail(text: str, n: int = 300) -> str:
     return " ".join((errors or lines)[-2:])[-n:]
 
 
-def _run(cmd: Sequence[str], timeout: float = 900) -> subprocess.CompletedProcess:
+def child_env(out: Path | None = None) -> dict[str, str]:
+    """This process's environment for another release's python: without this venv's path variables, and
+    with KVKIT_OUTPUT_DIR=`out` where given."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=env)
+    if out is not None:
+        env["KVKIT_OUTPUT_DIR"] = str(out)
+    return env
+
+
+def _run(cmd: Sequence[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=child_env())
 
 
 def _probe(python: str) -> dict[str, Any]:

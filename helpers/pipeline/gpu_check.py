@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
@@ -39,8 +38,9 @@ def releases_to_run(extra: list[str] | None) -> list[str]:
 def run_notebook(python: str, out: Path, timeout: float) -> int:
     """Notebook 05 with `-p device cuda`, then notebook 07 on CUDA in float16, under `python`, writing into `out`;
     the first non-zero exit status (0 when both ran)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env["KVKIT_OUTPUT_DIR"] = str(out)
+    from .envs import child_env
+
+    env = child_env(out)
     codes = []
     for nb, args in (("05", ("-p", "device", "cuda")), ("07", FLASH_ARGS)):
         cmd = [python, "-m", "helpers.pipeline.runner", "run", nb, *args]

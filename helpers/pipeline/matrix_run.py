@@ -3,7 +3,6 @@ papermill's kernel is that python too) with KVKIT_OUTPUT_DIR=outputs/matrix/<rel
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -11,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .envs import ReleaseEnv, ensure_env
+from .envs import ReleaseEnv, child_env, ensure_env
 from .matrix_report import DEFAULT_RELEASES, write_matrix
 from .paths import output_dir, repo_root
 from .report import scrub
@@ -38,10 +37,8 @@ def run_release(release: str, out_base: Path, notebooks: Sequence[str] | None = 
             cmd += ["--notebooks", *notebooks]
         if jobs:
             cmd += ["--jobs", str(jobs)]
-        child_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-        child_env["KVKIT_OUTPUT_DIR"] = str(dest)
         start = time.perf_counter()
-        rc = subprocess.call(cmd, cwd=str(repo_root()), env=child_env)
+        rc = subprocess.call(cmd, cwd=str(repo_root()), env=child_env(dest))
         info["rc"], info["run_seconds"] = rc, round(time.perf_counter() - start, 1)
         log(f"[matrix] transformers {release}: run-all exit {rc} in {info['run_seconds']:.0f}s", flush=True)
     (dest / "release.json").write_text(scrub(json.dumps(info, indent=2), out_base) + "\n")
