@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 
 from helpers.offload import gpu, replay
+from helpers.offload import gpu_decide as gd
+from helpers.offload.states import ATTENTION_KV, first_difference
 from helpers.offload.streams import StreamLog, join
 
 
@@ -172,22 +174,33 @@ def test_replay_decision_numbers():
 
 OFF = "offloading=True"
 EDGE = "offloading=True + 5.20.0 edge"
+KEY = ("report", "tiny hybrid", "bfloat16")
+TAGS = dict(zip(("loop", "model", "dtype"), KEY))
 
 
 def steps(off: list[float], edge: list[float] | None = None, threshold: float = 0.01) -> pd.DataFrame:
     rows = []
     for name, diffs in ((OFF, off), (EDGE, edge if edge is not None else [0.0] * len(off))):
-        rows += [{"variant": name, "step": i, "max_abs_diff": d, "noise_threshold": threshold, "bitwise_equal": d == 0.0,
+        rows += [{**TAGS, "variant": name, "step": i, "max_abs_diff": d, "noise_threshold": threshold, "bitwise_equal": d == 0.0,
                   "matches": d <= threshold, "differs": d > threshold, "argmax_match": True} for i, d in enumerate(diffs)]
     return pd.DataFrame(rows)
 
 
-def state(name: str, step: int, layer: int, kind: str, differs: bool = True) -> dict[str, Any]:
-    return {"variant": name, "call": f"decode {step}", "step": step, "tensor": f"layers[{layer}]", "layer": layer,
-            "kind": kind, "max_abs_diff": 0.5 if differs else 0.0, "noise_threshold": 0.01, "differs": differs}
+def steps3(off: list[float], fixes: dict[str, list[float]], threshold: float = 0.01) -> pd.DataFrame:
+    """steps() plus one arm per fix edge name."""
+    frame = steps(off, threshold=threshold)
+    extra = [{**TAGS, "variant": f"{OFF} + {edge}", "step": i, "max_abs_diff": d, "noise_threshold": threshold,
+              "bitwise_equal": d == 0.0, "matches": d <= threshold, "differs": d > threshold, "argmax_match": True}
+             for edge, diffs in fixes.items() for i, d in enumerate(diffs)]
+    return pd.concat([frame, pd.DataFrame(extra)], ignore_index=True)
 
 
-KV, LINEAR = gpu.ATTENTION_KV, "linear-attention state"
+def state(name: str, step: int, layer: int, kind: str, differs: bool = True, order: int | None = None) -> dict[str, Any]:
+    return {**TAGS, "variant": name, "call": f"decode {step}", "step": step, "tensor": f"layers[{layer}]", "layer": layer,
+            "kind": kind, "write_order": layer if order is None else order, "max_abs_diff": 0.5 if differs else 0.0, "noise_threshold": 0.01, "differs": differs}
+
+
+KV, LINEAR = ATTENTION_KV, "linear-attention state"
 
 
 def states(*rows: dict[str, Any]) -> pd.DataFrame:
@@ -195,35 +208,73 @@ def states(*rows: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(base + list(rows))
 
 
+def lead(variant: str, ms: float | None, cross: bool = False, pending: bool = False, busy: bool = True,
+         loop: str = "report") -> dict[str, Any]:
+    """One prefetch row of the timing table: its producing copy ends `ms` after the prefetch starts."""
+    return {**TAGS, "loop": loop, "variant": variant, "lead_ms": ms, "cross_forward": cross,
+            "overwrote_pending_read": pending, "default_busy_at_enqueue": busy}
+
+
+def timing(*rows: dict[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame(list(rows))
+
+
+def test_race_counts_split_same_and_earlier_forward_and_respect_the_resolution():
+    counts = gd.race_counts(timing(lead(OFF, 0.5), lead(OFF, 2.0, cross=True, pending=True), lead(OFF, gd.RESOLUTION_MS),
+                                   lead(OFF, None, busy=False), lead(EDGE, -0.2)))
+    off = counts[counts.variant == OFF].iloc[0]
+    assert (off.prefetches, off.started_before_producer_done, off.same_forward, off.earlier_forward) == (4, 2, 1, 1)
+    assert (off.max_lead_ms, off.overwrote_pending_read, off.default_busy_at_enqueue) == (2.0, 1, 3)
+    edge = counts[counts.variant == EDGE].iloc[0]
+    assert (edge.started_before_producer_done, edge.max_lead_ms) == (0, -0.2)
+    assert gd.race_counts(timing(lead(OFF, None))).max_lead_ms.iloc[0] is None
+
+
+def test_race_observed_numbers():
+    d = gd.decide_race_observed(gd.race_counts(timing(lead(OFF, 0.5), lead(OFF, -1.0), lead(EDGE, -0.1))))
+    assert d.deciding == {"prefetches started before their copy ended": 1, "same, with the 5.20.0 edge": 0}
+    assert d.evidence["per_arm"] == {"report/tiny hybrid/bfloat16": 1} and "1 of 2 prefetch copies" in d.why
+
+
 def test_first_difference_is_the_earliest_step_then_the_lowest_layer():
     s = states(state(OFF, 2, 0, LINEAR), state(OFF, 1, 3, KV), state(OFF, 1, 2, LINEAR))
-    first = gpu.first_difference(s[s.variant == OFF])
+    first = first_difference(s[s.variant == OFF])
     assert (first["call"], first["layer"], first["kind"]) == ("decode 1", 2, LINEAR)
-    assert set(first) == {"variant", "call", "tensor", "layer", "kind", "max_abs_diff", "noise_threshold"}
-    assert gpu.first_difference(states()) is None
+    assert set(first) == {"variant", "call", "tensor", "layer", "kind", "write_order", "max_abs_diff", "noise_threshold"}
+    assert first_difference(states()) is None
+
+
+def test_first_difference_follows_host_write_order_not_layer_index():
+    # layer 3's snapshot is written by the wrap prefetch in update(7): after layer 7's own update
+    s = states(state(OFF, 0, 3, KV, order=20), state(OFF, 0, 7, KV, order=15))
+    first = first_difference(s[s.variant == OFF])
+    assert (first["layer"], first["write_order"]) == (7, 15)
+    tie = states(state(OFF, 0, 5, KV, order=9), state(OFF, 0, 4, KV, order=9))
+    assert first_difference(tie[tie.variant == OFF])["layer"] == 4
 
 
 def test_gpu_decision_numbers():
-    d = gpu.decide_prefill_identical(steps([0.0, 2.1]))
+    d = gd.decide_prefill_identical(steps([0.0, 2.1]), KEY)
     assert d.deciding == {"prefill max |logit diff|": 0.0, "noise threshold": 0.01} and d.evidence["bitwise_equal"] is True
-    d = gpu.decide_decode_drifts(steps([0.0, 2.1, 1.0]))
+    d = gd.decide_decode_drifts(steps([0.0, 2.1, 1.0]), KEY)
     assert d.deciding == {"decode 1 max |logit diff|": 2.1, "noise threshold": 0.01}
     assert d.evidence["max_abs_diff"] == [2.1, 1.0] and d.evidence["argmax_match"] == [True, True]
-    assert gpu.decide_decode_drifts(steps([0.0])).deciding == {"decode 1 max |logit diff|": None, "noise threshold": None}
-    d = gpu.decide_first_tensor(states(state(OFF, 1, 0, KV)))
+    assert gd.decide_decode_drifts(steps([0.0]), KEY).deciding == {"decode 1 max |logit diff|": None, "noise threshold": None}
+    d = gd.decide_first_tensor(states(state(OFF, 1, 0, KV)), KEY)
     assert d.deciding == {"first differing tensor": "layers[0] after decode 1"} and d.evidence["first_differing_tensor"]["kind"] == KV
-    d = gpu.decide_edge_removes_drift(steps([0.0, 2.1], [0.0, 0.001]), states())
-    assert d.deciding == {"drift without the edge": True, "max |logit diff| with the edge": 0.001}
+    d = gd.decide_fix_removes_drift(steps([0.0, 2.1], [0.0, 0.001]), states(), KEY, "5.20.0 edge")
+    assert d.deciding == {"drift without the edge": True, "max |logit diff| with 5.20.0 edge": 0.001}
     assert d.evidence["fixed_first_differing_tensor"] is None and d.evidence["fixed_max_abs_diff"] == [0.0, 0.001]
-    assert gpu.decide_edge_removes_drift(steps([0.0, 0.0]), states()).why == "no drift without the edge: nothing to remove"
+    assert gd.decide_fix_removes_drift(steps([0.0, 0.0]), states(), KEY, "5.20.0 edge").why == "no drift without the edge: nothing to remove"
 
 
 def test_simulated_experiment_says_so_in_every_reason():
-    ex = gpu.GpuExperiment.__new__(gpu.GpuExperiment)
-    ex.steps, ex.states, ex.settings = steps([0.0, 2.1]), states(state(OFF, 1, 0, KV)), {"simulated_on_cpu": True}
+    counts = gd.race_counts(timing(lead(OFF, 0.5), lead(EDGE, -0.1)))
+    ex = gpu.GpuExperiment(steps([0.0, 2.1]), states(state(OFF, 1, 0, KV)), None, counts, [], [],
+                           {"simulated_on_cpu": True, "dtypes": ["bfloat16"], "models": ["tiny hybrid"]})
     out = gpu.decisions(ex)
     assert list(out) == list(gpu.CUDA_CLAIMS) and all(d.why.startswith("[simulated on CPU") for d in out.values())
-    ex.settings = {}
+    ex.settings = {"dtypes": ["bfloat16"], "models": ["tiny hybrid"]}
     assert not any(d.why.startswith("[simulated") for d in gpu.decisions(ex).values())
 
 
@@ -256,28 +307,44 @@ CASES: list[Case] = [
         table(CLEAN, variant("lag 1", 1, 1, 4, [0.0, 0.0, 0.0]), DRIFT)), True),
     ("replay: the table's first full lag decides (lag 3 listed first)", lambda: replay.replay_decision(
         table(variant("lag 3", 3, 4, 4, [0.0, 1.0, 1.0]), CLEAN, DRIFT)), True),
-    ("decode: one decode step, drifting", lambda: gpu.decide_decode_drifts(steps([0.0, 2.1])), True),
-    ("prefill: within the floor", lambda: gpu.decide_prefill_identical(steps([0.01, 2.1])), True),
-    ("prefill: past the floor", lambda: gpu.decide_prefill_identical(steps([0.0101, 2.1])), False),
-    ("decode: first decode step drifts", lambda: gpu.decide_decode_drifts(steps([0.0, 2.1, 0.0])), True),
-    ("decode: drift starts at the second decode step", lambda: gpu.decide_decode_drifts(steps([0.0, 0.0, 2.1])), False),
-    ("decode: at the threshold (edge)", lambda: gpu.decide_decode_drifts(steps([0.0, 0.01])), False),
-    ("decode: no decode step", lambda: gpu.decide_decode_drifts(steps([0.0])), False),
-    ("first tensor: attention K/V first", lambda: gpu.decide_first_tensor(
-        states(state(OFF, 1, 1, KV), state(OFF, 1, 2, LINEAR), state(OFF, 2, 0, LINEAR))), True),
-    ("first tensor: a lower layer's linear state first", lambda: gpu.decide_first_tensor(
-        states(state(OFF, 1, 1, KV), state(OFF, 1, 0, LINEAR))), False),
-    ("first tensor: an earlier step's linear state first", lambda: gpu.decide_first_tensor(
-        states(state(OFF, 2, 0, KV), state(OFF, 1, 3, LINEAR))), False),
-    ("first tensor: nothing differs", lambda: gpu.decide_first_tensor(states()), False),
-    ("first tensor: only the edge arm differs", lambda: gpu.decide_first_tensor(states(state(EDGE, 1, 0, KV))), False),
-    ("edge: drift removed", lambda: gpu.decide_edge_removes_drift(steps([0.0, 2.1]), states()), True),
-    ("edge: drift in the states only, removed", lambda: gpu.decide_edge_removes_drift(
-        steps([0.0, 0.0]), states(state(OFF, 1, 0, KV))), True),
-    ("edge: no drift to remove", lambda: gpu.decide_edge_removes_drift(steps([0.0, 0.0]), states()), False),
-    ("edge: the edge arm's logits still differ", lambda: gpu.decide_edge_removes_drift(steps([0.0, 2.1], [0.0, 0.02]), states()), False),
-    ("edge: the edge arm's state still differs", lambda: gpu.decide_edge_removes_drift(
-        steps([0.0, 2.1]), states(state(EDGE, 1, 0, KV))), False),
+    ("decode: one decode step, drifting", lambda: gd.decide_decode_drifts(steps([0.0, 2.1]), KEY), True),
+    ("prefill: within the floor", lambda: gd.decide_prefill_identical(steps([0.01, 2.1]), KEY), True),
+    ("prefill: past the floor", lambda: gd.decide_prefill_identical(steps([0.0101, 2.1]), KEY), False),
+    ("decode: first decode step drifts", lambda: gd.decide_decode_drifts(steps([0.0, 2.1, 0.0]), KEY), True),
+    ("decode: drift starts at the second decode step", lambda: gd.decide_decode_drifts(steps([0.0, 0.0, 2.1]), KEY), False),
+    ("decode: at the threshold (edge)", lambda: gd.decide_decode_drifts(steps([0.0, 0.01]), KEY), False),
+    ("decode: no decode step", lambda: gd.decide_decode_drifts(steps([0.0]), KEY), False),
+    ("first tensor: attention K/V first", lambda: gd.decide_first_tensor(
+        states(state(OFF, 1, 1, KV), state(OFF, 1, 2, LINEAR), state(OFF, 2, 0, LINEAR)), KEY), True),
+    ("first tensor: a lower layer's linear state first", lambda: gd.decide_first_tensor(
+        states(state(OFF, 1, 1, KV), state(OFF, 1, 0, LINEAR)), KEY), False),
+    ("first tensor: an earlier step's linear state first", lambda: gd.decide_first_tensor(
+        states(state(OFF, 2, 0, KV), state(OFF, 1, 3, LINEAR)), KEY), False),
+    ("first tensor: nothing differs", lambda: gd.decide_first_tensor(states(), KEY), False),
+    ("first tensor: only the edge arm differs", lambda: gd.decide_first_tensor(states(state(EDGE, 1, 0, KV)), KEY), False),
+    ("edge: drift removed", lambda: gd.decide_fix_removes_drift(steps([0.0, 2.1]), states(), KEY, "5.20.0 edge"), True),
+    ("edge: drift in the states only, removed", lambda: gd.decide_fix_removes_drift(
+        steps([0.0, 0.0]), states(state(OFF, 1, 0, KV)), KEY, "5.20.0 edge"), True),
+    ("edge: no drift to remove", lambda: gd.decide_fix_removes_drift(steps([0.0, 0.0]), states(), KEY, "5.20.0 edge"), False),
+    ("edge: the edge arm's logits still differ", lambda: gd.decide_fix_removes_drift(steps([0.0, 2.1], [0.0, 0.02]), states(), KEY, "5.20.0 edge"), False),
+    ("edge: the edge arm's state still differs", lambda: gd.decide_fix_removes_drift(
+        steps([0.0, 2.1]), states(state(EDGE, 1, 0, KV)), KEY, "5.20.0 edge"), False),    ("race: a prefetch started before its copy ended, none with the edge", lambda: gd.decide_race_observed(
+        gd.race_counts(timing(lead(OFF, 0.5), lead(EDGE, -0.1)))), True),
+    ("race: every prefetch started after its copy ended", lambda: gd.decide_race_observed(
+        gd.race_counts(timing(lead(OFF, -0.5), lead(EDGE, -0.1)))), False),
+    ("race: a lead within the event resolution", lambda: gd.decide_race_observed(
+        gd.race_counts(timing(lead(OFF, gd.RESOLUTION_MS), lead(EDGE, -0.1)))), False),
+    ("race: the edge arm also starts early (timing not trustworthy)", lambda: gd.decide_race_observed(
+        gd.race_counts(timing(lead(OFF, 0.5), lead(EDGE, 0.5)))), False),
+    ("race: no edge arm to check the timing against", lambda: gd.decide_race_observed(
+        gd.race_counts(timing(lead(OFF, 0.5)))), False),
+    ("race: only a fix arm starts early", lambda: gd.decide_race_observed(gd.race_counts(timing(
+        lead(OFF, -0.5), lead(EDGE, -0.1), lead("offloading=True + record_stream", 0.5)))), False),
+    ("narrow fix: the offload event removes the drift", lambda: gd.decide_fix_removes_drift(
+        steps3([0.0, 2.1], {"offload event": [0.0, 0.0]}), states(), KEY, "offload event"), True),
+    ("narrow fix: record_stream leaves the drift", lambda: gd.decide_fix_removes_drift(
+        steps3([0.0, 2.1], {"record_stream": [0.0, 1.9]}), states(), KEY, "record_stream"), False),
+    ("narrow fix: the arm did not run", lambda: gd.decide_fix_removes_drift(steps([0.0, 2.1]), states(), KEY, "record_stream"), False),
 ]
 
 

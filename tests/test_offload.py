@@ -134,66 +134,6 @@ def test_source_facts_match_the_recorded_schedule():
     assert "Cache.update" in names and "LinearAttentionCacheLayerMixin.offload" in names
 
 
-# --- the CUDA path, executed on CPU under the recording stand-ins ------------------------------------------------
-
-@pytest.fixture(scope="module")
-def simulated(tiny, ids) -> gpu.GpuExperiment:
-    return gpu.gpu_experiment(tiny.model, ids, n_steps=3, cycles=1000, simulate=True)
-
-
-@pytest.fixture(scope="module")
-def simulated_race(tiny, ids) -> gpu.GpuExperiment:
-    return gpu.gpu_experiment(tiny.model, ids, n_steps=3, cycles=1000, simulate=True, race_lag=16)
-
-
-def test_gpu_experiment_runs_on_cpu_without_a_race(simulated):
-    assert set(simulated.arms) == {"offloading=False", "offloading=False (again)", "offloading=True",
-                                   "offloading=True + 5.20.0 edge"}
-    assert all(len(a.states) == 3 for a in simulated.arms.values())
-    assert simulated.steps.bitwise_equal.all() and not simulated.states.differs.any()
-    assert (simulated.steps.noise_threshold > 0).all()  # never a floor of 0
-    kinds = set(simulated.states.kind)
-    assert kinds == {gpu.ATTENTION_KV, gpu.LINEAR_STATE}
-    verdicts = {cid: d.holds for cid, d in gpu.decisions(simulated).items()}
-    assert verdicts == {"offload.prefill_identical": True, "offload.decode_drifts": False,
-                        "offload.first_differing_tensor_is_attention_kv": False,
-                        "offload.ordering_edge_removes_drift": False}
-    assert streams.stand_ins_active() == []
-
-
-def test_gpu_experiment_on_cpu_with_the_replayed_race_names_layer_3_kv(simulated_race):
-    ex = simulated_race
-    assert ex.cost.set_index("variant").stale_reads_served.to_dict() == {
-        "offloading=False": 0, "offloading=False (again)": 0, "offloading=True": 3, "offloading=True + 5.20.0 edge": 0}
-    first = gpu.first_difference(ex.states[ex.states.variant == "offloading=True"])
-    assert (first["tensor"], first["call"], first["kind"]) == ("layer 3 keys", "prefill", gpu.ATTENTION_KV)
-    decisions = gpu.decisions(ex)
-    assert all(d.holds for d in decisions.values()), {k: d.why for k, d in decisions.items()}
-
-
-def test_gpu_decisions_reject_contradicting_measurements(simulated_race):
-    steps, states = simulated_race.steps.copy(), simulated_race.states.copy()
-    prefill = steps.index[(steps.variant == "offloading=True") & (steps.step == 0)]
-    steps.loc[prefill, ["max_abs_diff", "matches", "differs"]] = [1.0, False, True]
-    assert not gpu.decide_prefill_identical(steps).holds
-    linear_first = states.copy()
-    linear_first.loc[linear_first.kind == gpu.ATTENTION_KV, "differs"] = False
-    linear_first.loc[(linear_first.kind == gpu.LINEAR_STATE) & (linear_first.step == 1), "differs"] = True
-    assert not gpu.decide_first_tensor(linear_first).holds
-    fixed = simulated_race.steps.copy()
-    edge = fixed.variant == "offloading=True + 5.20.0 edge"
-    fixed.loc[edge & (fixed.step == 2), ["max_abs_diff", "matches", "differs"]] = [0.5, False, True]
-    assert not gpu.decide_edge_removes_drift(fixed, simulated_race.states).holds
-
-
-def test_device_lag_sleeps_on_the_default_stream_once_per_forward(tiny, ids):
-    with streams.recording_streams() as log, gpu.device_lag(tiny.model, 123):
-        loops.greedy_run(tiny.model, ids, n_steps=2)
-    sleeps = [e for e in log.events if e["op"] == "sleep"]
-    assert len(sleeps) == 2 and {e["stream"] for e in sleeps} == {"default"}
-    assert not tiny.model._forward_pre_hooks
-
-
 def test_gpu_check_refuses_without_cuda(capsys):
     assert gpu_check.main([], cuda_available=False) == gpu_check.NO_CUDA
     out = capsys.readouterr().out.strip().splitlines()
@@ -264,10 +204,14 @@ def test_notebook_cuda_sections_execute_on_cpu_under_stand_ins(tmp_path):
     claims = {c["id"]: c for c in data["claims"]}
     # no race without a GPU: the simulated experiment matches everywhere, and says it was simulated
     expected = {"offload.prefill_identical": "reproduced", "offload.decode_drifts": "not_reproduced",
-                "offload.first_differing_tensor_is_attention_kv": "not_reproduced",
-                "offload.ordering_edge_removes_drift": "not_reproduced"}
+                "offload.first_differing_tensor_is_attention_kv": "not_refuted",
+                "offload.ordering_edge_removes_drift": "fails", "offload.race_observed_on_device": "holds",
+                "offload.offload_event_removes_drift": "fails", "offload.record_stream_removes_drift": "fails"}
     assert {cid: claims[cid]["verdict"] for cid in expected} == expected
+    assert {cid: claims[cid]["kind"] for cid in gpu.CUDA_CLAIMS} == gpu.CLAIM_KINDS
     assert all(claims[cid]["reason"].startswith("[simulated on CPU") for cid in expected)
     assert claims["offload.decode_drifts"]["evidence"]["settings"]["simulated_on_cpu"] is True
-    assert data["measurements"]["report_experiment_per_step"] and data["measurements"]["gpu_per_step"]
+    m = data["measurements"]
+    assert m["report_experiment_per_step"] and m["gpu_per_step"] and m["gpu_race_counts"] and m["gpu_calibration"]
+    assert {r["explanation"][:3] for r in m["gpu_explanations"]} == {"(a)", "(b)", "(c)", "(d)"}
     assert (tmp_path / "figures" / "05_hybrid_offloading_drift-drift.png").exists()

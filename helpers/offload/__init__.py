@@ -1,6 +1,9 @@
 """Notebook 05 (transformers issue #48947): DynamicCache offloading on a hybrid model.
 
-loops: the greedy loops and comparisons; schedule: the offload/prefetch recorder; streams: the stream model;
-tracking: copies entered into the stream log, the 5.20.0 edge; replay: the race replay (a simulation);
-gpu: the CUDA experiment; source: the installed source; plots: the figures.
+loops: the greedy loops and comparisons; schedule: the offload/prefetch recorder; streams: the stream model and its
+stand-ins (with a modelled device timeline); tracking: copies entered into the stream log, the fix edges; ordering and
+hazards: the loops x models table and the second hazard; replay: the race replay (a simulation); gpu: the GPU arms and
+the plain module `python -m helpers.offload.gpu`, built from arms (one run), states (snapshots, comparisons),
+devicetiming (CUDA events around every copy), calibrate (the device lag) and gpu_decide (the decisions); signature:
+the report's signature; source: the installed source; plots: the figures.
 """

@@ -1,232 +1,228 @@
-"""Notebook 05's GPU experiment: the report's runs with a controlled device lag, every layer's state compared
-after every step, and the fix control (the 5.20.0 ordering edge added to the installed release).
+"""Notebook 05's GPU experiment (transformers issue #48947), also a plain module: `python -m helpers.offload.gpu`.
 
-On CUDA: real streams; `torch.cuda._sleep(cycles)` on the default stream at the start of every forward (a
-forward pre-hook, as PyTorch's own stream tests delay a stream), so the host runs ahead of the device
-deterministically even on a small model; `torch.cuda.synchronize()` after every step before the cache state is
-copied to the host. `simulate=True` runs the same code on CPU under helpers.offload.streams' recording stand-ins (the
-tests do), optionally serving the race replay's stale reads (`race_lag`), so none of it runs first on a GPU.
+Arms, per model (the tiny hybrid and its dense twin), dtype (float32, bfloat16) and loop (the report's `run()` with
+no host wait, the `.cpu()` loop, `generate()`): offloading=False twice (the noise floor), offloading=True, and
+offloading=True with each fix edge (the 5.20.0 edge, which closes both hazards; an event per offload, host-buffer
+only; `record_stream` on prefetched K/V, reuse only). Every arm runs under the same calibrated device lag
+(helpers.offload.calibrate) and, when offloading, with CUDA timing events around every copy
+(helpers.offload.devicetiming), so the race is observed on the device, not inferred from logits. The decisions are
+in helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
+`<out>/gpu-arms.json`; `make gpu-check` runs it per release; the notebook calls `experiment` and `decisions`.
+`simulate=True` (`--simulate`) runs the same code on CPU under the recording stand-ins: a simulation, never a GPU result.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+import argparse
+import copy
+import json
+import sys
+import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from pathlib import Path
+from typing import Any
 
 import torch
 
 from .. import compat
-from ..compare import noise_floor
-from .loops import Decision, GreedyRun, greedy_run, step_table
-from .replay import REPORT_VALUES
-from .tracking import ordering_edge, track
+from . import gpu_decide as gd
+from .arms import AGAIN, BASE, FIXES, OFF, Arm, run_arm, variant_name
+from .calibrate import busy_at_wrap, cycles_per_ms, host_ms_to_wrap, sleep_plan
+from .loops import LOOPS, Decision, random_ids
+from .states import compare_logits, compare_states
 from .streams import recording_streams
 
-ATTENTION_KV = "attention K/V"
-LINEAR_STATE = "linear conv/recurrent state"
-
-
-def state_tensors(cache: Any) -> dict[str, tuple[int, str, torch.Tensor]]:
-    """Every state tensor a cache holds: name -> (layer, kind, tensor), in layer order."""
-    out: dict[str, tuple[int, str, torch.Tensor]] = {}
-    for i, layer in enumerate(compat.cache_layers(cache) if cache is not None else []):
-        keys, values = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
-        for name, tensor in (("keys", keys), ("values", values)):
-            if isinstance(tensor, torch.Tensor) and tensor.numel() > 0:
-                out[f"layer {i} {name}"] = (i, ATTENTION_KV, tensor)
-        for kind in ("conv_states", "recurrent_states"):
-            states = getattr(layer, kind, None)
-            flags = getattr(layer, f"is_{kind}_initialized", None)
-            items = states.items() if isinstance(states, dict) else enumerate(states or [])
-            for j, tensor in items:
-                ready = flags[j] if isinstance(flags, (dict, list)) else True
-                if ready and isinstance(tensor, torch.Tensor) and tensor.numel() > 0:
-                    out[f"layer {i} {kind}[{j}]"] = (i, LINEAR_STATE, tensor)
-    return out
-
-
-def snapshot(cache: Any) -> dict[str, tuple[int, str, torch.Tensor]]:
-    """After torch.cuda.synchronize(): every state tensor copied to the host as float32."""
-    torch.cuda.synchronize()
-    return {k: (i, kind, t.detach().float().cpu().clone()) for k, (i, kind, t) in state_tensors(cache).items()}
-
-
-@contextmanager
-def device_lag(model: torch.nn.Module, cycles: int) -> Iterator[None]:
-    """`torch.cuda._sleep(cycles)` on the current (default) stream at the start of every forward."""
-    handle = model.register_forward_pre_hook(lambda module, args: torch.cuda._sleep(int(cycles))) if cycles > 0 else None
-    try:
-        yield
-    finally:
-        if handle is not None:
-            handle.remove()
-
-
-@dataclass
-class Arm:
-    """One greedy run of the experiment: its logits, its cache state after every step, its cost."""
-
-    name: str
-    run: GreedyRun
-    states: list[dict[str, tuple[int, str, torch.Tensor]]] = field(default_factory=list)
-    peak_gpu_mib: float | None = None
-    stale_reads: int = 0
-
-
-def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, name: str, offloading: bool, cycles: int,
-            fix: bool = False, simulate: bool = False, race_lag: int | None = None) -> Arm:
-    """The report's run (offloading or not), with the device lag, snapshots and (fix) the 5.20.0 edge."""
-    on_cuda = ids.device.type == "cuda"
-    if on_cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(ids.device)
-    states: list[dict[str, tuple[int, str, torch.Tensor]]] = []
-    with (recording_streams() if simulate else nullcontext()) as log:
-        cache = compat.dynamic_cache(model.config, offloading=True) if offloading else None
-        tracked = track(cache, log, lag=race_lag) if (simulate and cache is not None) else nullcontext()
-        edge = ordering_edge(cache, ids.device) if (fix and cache is not None) else nullcontext()
-        with tracked, edge, device_lag(model, cycles):
-            begin = (lambda label: log.begin(label, True)) if log is not None else None
-            run = greedy_run(model, ids, n_steps, cache=cache, before_call=begin,
-                             after_call=lambda label, c: states.append(snapshot(c)))
-    run.cache = None
-    peak = torch.cuda.max_memory_allocated(ids.device) / 2**20 if on_cuda else None
-    stale = sum(r["served_stale"] for r in log.reads()) if log is not None else 0
-    return Arm(name, run, states, peak, stale)
-
-
-def _floors(reference: GreedyRun, again: GreedyRun, dtype: torch.dtype) -> list[Any]:
-    return [noise_floor(r, [a], dtype, what="offloading=False run twice") for r, a in zip(reference.logits, again.logits)]
-
-
-def compare_logits(base: Arm, again: Arm, other: Arm, dtype: torch.dtype) -> Any:
-    """Per step: max |logit diff| of `other` vs offloading=False, the noise floor, matches/differs."""
-    steps = step_table(base.run, other.run, noise=again.run)
-    floors = _floors(base.run, again.run, dtype)
-    steps["noise_threshold"] = [f.threshold for f in floors]
-    steps["matches"] = [f.matches(v) for f, v in zip(floors, steps.max_abs_diff)]
-    steps["differs"] = [f.differs(v) for f, v in zip(floors, steps.max_abs_diff)]
-    steps.insert(0, "variant", other.name)
-    return steps
-
-
-def compare_states(base: Arm, again: Arm, other: Arm, dtype: torch.dtype) -> Any:
-    """Per step and state tensor: max |diff| vs offloading=False against that tensor's noise floor."""
-    import pandas as pd
-
-    rows = []
-    calls = ["prefill"] + [f"decode {k}" for k in range(1, len(base.states))]
-    for step, (ref, rep, oth) in enumerate(zip(base.states, again.states, other.states)):
-        for name, (layer, kind, tensor) in ref.items():
-            mine = oth.get(name)
-            floor = noise_floor(tensor, [rep[name][2]], dtype, what="offloading=False run twice")
-            same_shape = mine is not None and mine[2].shape == tensor.shape
-            diff = float((mine[2] - tensor).abs().max()) if same_shape and tensor.numel() else float("inf")
-            rows.append({"variant": other.name, "step": step, "call": calls[step], "tensor": name, "layer": layer,
-                         "kind": kind, "max_abs_diff": diff, "noise_threshold": floor.threshold,
-                         "differs": (not same_shape) or floor.differs(diff)})
-    return pd.DataFrame(rows)
-
-
-def first_difference(states: Any) -> dict[str, Any] | None:
-    """The first state tensor beyond its floor: earliest step, then lowest layer (data flows upwards)."""
-    bad = states[states.differs].sort_values(["step", "layer"], kind="stable")
-    return None if bad.empty else {k: bad.iloc[0][k] for k in ("variant", "call", "tensor", "layer", "kind", "max_abs_diff", "noise_threshold")}
+CUDA_CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
+               "offload.ordering_edge_removes_drift", "offload.race_observed_on_device",
+               "offload.offload_event_removes_drift", "offload.record_stream_removes_drift")
+CLAIM_TEXT = {
+    "offload.prefill_identical": "With DynamicCache(config=model.config, offloading=True) on CUDA, in the report's loop, the prefill logits equal offloading=False's within the noise floor (the same run twice without offloading).",
+    "offload.decode_drifts": "On CUDA, in the report's loop, from the first decode step that reuses the offloaded cache, offloading=True logits differ from offloading=False by more than the noise floor.",
+    "offload.first_differing_tensor_is_attention_kv": "On CUDA with a calibrated device lag, the first cache tensor that differs from offloading=False (earliest snapshot, then host write order) is an attention layer's K/V, not a linear-attention conv/recurrent state (refuting the report's hypothesis).",
+    "offload.ordering_edge_removes_drift": "On CUDA with a calibrated device lag, adding the 5.20.0 edge (prefetch_stream.wait_stream(default_stream)) to the installed Cache.update removes the drift: every step within the noise floor, no state tensor differs.",
+    "offload.race_observed_on_device": "On CUDA with a calibrated device lag, CUDA event timestamps show prefetch copies starting before the offload copy that fills their host buffer has ended (without a fix edge), and none with the 5.20.0 edge.",
+    "offload.offload_event_removes_drift": "On CUDA, the host-buffer-only fix (an event recorded after each offload, waited by the prefetch stream) removes the drift in the report's loop.",
+    "offload.record_stream_removes_drift": "On CUDA, the reuse-only fix (record_stream(default stream) on the prefetched K/V) removes the drift in the report's loop.",
+}
+CLAIM_KINDS = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
+               "offload.first_differing_tensor_is_attention_kv": "refutes", "offload.ordering_edge_removes_drift": "beyond",
+               "offload.race_observed_on_device": "beyond", "offload.offload_event_removes_drift": "beyond",
+               "offload.record_stream_removes_drift": "beyond"}
+MODELS = ("tiny hybrid", "tiny dense")
+SIMULATED = "[simulated on CPU under recording stream stand-ins, not a GPU measurement] "
 
 
 @dataclass
 class GpuExperiment:
-    """Four arms (offloading=False twice, offloading=True, offloading=True + the 5.20.0 edge) and their comparisons."""
+    """Every arm's tables, the calibration per model and dtype, and the settings."""
 
-    arms: dict[str, Arm]
     steps: Any
     states: Any
-    cost: Any
+    timing: Any
+    counts: Any
+    calibration: list[dict[str, Any]]
+    memory: list[dict[str, Any]]
     settings: dict[str, Any]
+    arms: list[Arm] = field(default_factory=list, repr=False)
+
+    def primary(self) -> gd.Key:
+        """The report's own arm: its loop, the hybrid, bfloat16 where it ran."""
+        dtypes = self.settings["dtypes"]
+        return ("report", self.settings["models"][0], "bfloat16" if "bfloat16" in dtypes else dtypes[0])
 
 
-def gpu_experiment(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cycles: int = 0,
-                   simulate: bool = False, race_lag: int | None = None) -> GpuExperiment:
-    """Run the arms and compare logits and every layer's state with offloading=False."""
+def _tag(frame: Any, **cols: Any) -> Any:
+    for i, (k, v) in enumerate(cols.items()):
+        frame.insert(i, k, v)
+    return frame
+
+
+def calibrate(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, rate: float, simulate: bool) -> dict[str, Any]:
+    """Two offloading `.cpu()` runs with no sleep (the first a warm-up, the same for every model and dtype): the host
+    time to the wrap prefetch in the second, and the sleep chosen from it."""
+    run_arm(model, ids, n_steps, "cpu", True, 0, simulate=simulate)
+    probe = run_arm(model, ids, n_steps, "cpu", True, 0, simulate=simulate)
+    return sleep_plan(host_ms_to_wrap(probe.timing), rate)
+
+
+def _loop_arms(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, cycles: int, fixes: tuple[str, ...],
+               simulate: bool, race_lag: int | None) -> list[Arm]:
+    kw = dict(model=model, ids=ids, n_steps=n_steps, loop=loop, cycles=cycles, simulate=simulate, race_lag=race_lag)
+    base, again = run_arm(offloading=False, **kw), run_arm(offloading=False, **kw)
+    again.name = AGAIN
+    return [base, again] + [run_arm(offloading=True, edge=e, **kw) for e in (None, *fixes)]
+
+
+def _compare(arms: list[Arm], dtype: torch.dtype, tags: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any]]:
+    base, again, tested = arms[0], arms[1], arms[2:]
+    steps = [_tag(compare_logits(base.run, again.run, a.run, dtype, a.name), **tags) for a in tested]
+    states = [_tag(compare_states(base.states, again.states, a.states, dtype, a.name, a.calls, a.order), **tags) for a in tested]
+    timing = [_tag(a.timing.copy(), **tags, variant=a.name) for a in tested if a.timing is not None and len(a.timing)]
+    return steps, states, timing
+
+
+def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tensor], dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+               loops: tuple[str, ...] = LOOPS, n_steps: int = 4, fixes: tuple[str, ...] = FIXES, simulate: bool = False,
+               race_lag: int | None = None, cycles: int | None = None) -> GpuExperiment:
+    """Every arm on every model, dtype and loop; `cycles` overrides the calibrated sleep."""
     import pandas as pd
 
-    dtype = next(model.parameters()).dtype
-    arm = dict(model=model, ids=ids, n_steps=n_steps, cycles=cycles, simulate=simulate, race_lag=race_lag)
-    arms = {a.name: a for a in (run_arm(name="offloading=False", offloading=False, **arm),
-                                run_arm(name="offloading=False (again)", offloading=False, **arm),
-                                run_arm(name="offloading=True", offloading=True, **arm),
-                                run_arm(name="offloading=True + 5.20.0 edge", offloading=True, fix=True, **arm))}
-    base, again = arms["offloading=False"], arms["offloading=False (again)"]
-    tested = [arms["offloading=True"], arms["offloading=True + 5.20.0 edge"]]
-    steps = pd.concat([compare_logits(base, again, a, dtype) for a in tested], ignore_index=True)
-    states = pd.concat([compare_states(base, again, a, dtype) for a in tested], ignore_index=True)
-    cost = pd.DataFrame([{"variant": a.name, "peak_gpu_mib": a.peak_gpu_mib, "prefill_s": a.run.prefill_s,
-                          "decode_s": a.run.decode_s, "stale_reads_served": a.stale_reads} for a in arms.values()])
-    settings = {"device": str(ids.device), "dtype": str(dtype).replace("torch.", ""), "sleep_cycles_per_forward": cycles,
-                "simulated_on_cpu": simulate, "race_lag": race_lag, "n_steps": n_steps, "input_shape": list(ids.shape)}
-    return GpuExperiment(arms, steps, states, cost, settings)
+    with recording_streams() if simulate else nullcontext():
+        rate = cycles_per_ms()
+    steps, states, timing, calibration, memory, kept = [], [], [], [], [], []
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        for name, model in models.items():
+            m = model if next(model.parameters()).dtype == dtype else copy.deepcopy(model).to(dtype)
+            ids = ids_of[name]
+            plan = calibrate(m, ids, n_steps, rate, simulate)
+            sleep = plan["sleep_cycles"] if cycles is None else int(cycles)
+            calibration.append({"model": name, "dtype": dtype_name, **plan, "sleep_cycles_used": sleep})
+            for loop in loops:
+                arms = _loop_arms(m, ids, n_steps, loop, sleep, fixes, simulate, race_lag)
+                tags = {"loop": loop, "model": name, "dtype": dtype_name}
+                s, st, t = _compare(arms, dtype, tags)
+                steps += s; states += st; timing += t
+                memory += [{**tags, "variant": a.name, **a.memory, "stale_reads_served": a.stale_reads,
+                            **({"wrap": busy_at_wrap(a.timing)} if a.timing is not None else {})} for a in arms]
+                kept += arms
+    counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else gd.race_counts(_empty_timing())
+    device = next(iter(ids_of.values())).device
+    settings = {"device": str(device), "dtypes": list(dtypes), "loops": list(loops), "models": list(models),
+                "fixes": list(fixes), "n_steps": n_steps, "input_shape": {k: list(v.shape) for k, v in ids_of.items()},
+                "simulated_on_cpu": simulate, "race_lag": race_lag, "cycles_override": cycles,
+                "empty_cache_between_arms": False, "event_resolution_ms": gd.RESOLUTION_MS}
+    return GpuExperiment(pd.concat(steps, ignore_index=True), pd.concat(states, ignore_index=True),
+                         pd.concat(timing, ignore_index=True) if timing else _empty_timing(), counts,
+                         calibration, memory, settings, kept)
 
 
-# --- decisions (pure functions of the tables: each has a test with a contradicting measurement) -------------
+def _empty_timing() -> Any:
+    import pandas as pd
 
-def _arm(table: Any, name: str) -> Any:
-    return table[table.variant == name]
-
-
-def decide_prefill_identical(steps: Any) -> Decision:
-    row = _arm(steps, "offloading=True").iloc[0]
-    ev = {"prefill_max_abs_diff": float(row.max_abs_diff), "noise_threshold": float(row.noise_threshold),
-          "bitwise_equal": bool(row.bitwise_equal)}
-    return Decision(bool(row.matches), ev, f"prefill max |diff| {row.max_abs_diff:.3g} vs noise threshold {row.noise_threshold:.3g}",
-                    deciding={"prefill max |logit diff|": float(row.max_abs_diff), "noise threshold": float(row.noise_threshold)},
-                    source={"prefill max |logit diff|": REPORT_VALUES["prefill max |logit diff|"]})
-
-
-def decide_decode_drifts(steps: Any) -> Decision:
-    decode = _arm(steps, "offloading=True")
-    decode = decode[decode.step > 0]
-    ev = {"max_abs_diff": decode.max_abs_diff.tolist(), "noise_threshold": decode.noise_threshold.tolist(),
-          "argmax_match": decode.argmax_match.tolist()}
-    holds = len(decode) > 0 and bool(decode.differs.iloc[0])
-    why = f"decode steps max |diff| {[round(v, 4) for v in decode.max_abs_diff]} vs thresholds {[float(f'{v:.3g}') for v in decode.noise_threshold]}"
-    first = {"decode 1 max |logit diff|": float(decode.max_abs_diff.iloc[0]) if len(decode) else None,
-             "noise threshold": float(decode.noise_threshold.iloc[0]) if len(decode) else None}
-    return Decision(holds, ev, why, deciding=first, source={"decode 1 max |logit diff|": REPORT_VALUES["decode 1 max |logit diff|"]})
-
-
-def decide_first_tensor(states: Any) -> Decision:
-    first = first_difference(_arm(states, "offloading=True"))
-    if first is None:
-        return Decision(False, {"first_differing_tensor": None}, "no state tensor differs from offloading=False beyond its floor",
-                        deciding={"first differing tensor": None})
-    return Decision(first["kind"] == ATTENTION_KV, {"first_differing_tensor": first},
-                    f"first differing: {first['tensor']} ({first['kind']}) after {first['call']}",
-                    deciding={"first differing tensor": f"{first['tensor']} after {first['call']}"},
-                    source={"suspected tensor": "linear-attention recurrent/conv state"})
-
-
-def decide_edge_removes_drift(steps: Any, states: Any) -> Decision:
-    off, fixed = _arm(steps, "offloading=True"), _arm(steps, "offloading=True + 5.20.0 edge")
-    drift = bool(off.differs.any()) or first_difference(_arm(states, "offloading=True")) is not None
-    fixed_first = first_difference(_arm(states, "offloading=True + 5.20.0 edge"))
-    clean = bool(fixed.matches.all()) and fixed_first is None
-    ev = {"drift_without_edge": drift, "fixed_max_abs_diff": fixed.max_abs_diff.tolist(),
-          "fixed_noise_threshold": fixed.noise_threshold.tolist(), "fixed_first_differing_tensor": fixed_first}
-    why = ("no drift without the edge: nothing to remove" if not drift else
-           f"with the 5.20.0 edge every step within the floor = {bool(fixed.matches.all())}, first differing tensor: {fixed_first}")
-    return Decision(drift and clean, ev, why, deciding={"drift without the edge": drift,
-                                                       "max |logit diff| with the edge": float(fixed.max_abs_diff.max())})
-
-
-CUDA_CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
-               "offload.ordering_edge_removes_drift")
+    return pd.DataFrame(columns=["loop", "model", "dtype", "variant", "lead_ms", "cross_forward", "overwrote_pending_read",
+                                 "default_busy_at_enqueue"])
 
 
 def decisions(ex: GpuExperiment) -> dict[str, Decision]:
-    """The four CUDA claims, decided from one experiment's tables (a simulated run says so in every reason)."""
-    out = dict(zip(CUDA_CLAIMS, (decide_prefill_identical(ex.steps), decide_decode_drifts(ex.steps),
-                                 decide_first_tensor(ex.states), decide_edge_removes_drift(ex.steps, ex.states))))
+    """The CUDA claims, decided from one experiment's tables (a simulated run says so in every reason)."""
+    key = ex.primary()
+    out = {"offload.prefill_identical": gd.decide_prefill_identical(ex.steps, key),
+           "offload.decode_drifts": gd.decide_decode_drifts(ex.steps, key),
+           "offload.first_differing_tensor_is_attention_kv": gd.decide_first_tensor(ex.states, ("cpu", *key[1:])),
+           "offload.ordering_edge_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, key, "5.20.0 edge"),
+           "offload.race_observed_on_device": gd.decide_race_observed(ex.counts),
+           "offload.offload_event_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, key, "offload event"),
+           "offload.record_stream_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, key, "record_stream")}
     if ex.settings.get("simulated_on_cpu"):
         for d in out.values():
-            d.why = f"[simulated on CPU under recording stream stand-ins, not a GPU measurement] {d.why}"
+            d.why = SIMULATED + d.why
     return out
+
+
+def default_models(seed: int = 0, batch_size: int = 2, seq_len: int = 64, device: str = "cuda") -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tiny hybrid and its dense twin (seeded, built from config) and their random ids, on `device`."""
+    from .. import hybrid
+
+    models = {name: hybrid.build_layout(name, seed).to(device) for name in MODELS}
+    return models, {name: random_ids(m, batch_size, seq_len, seed, device) for name, m in models.items()}
+
+
+def results_json(ex: GpuExperiment, seconds: float) -> dict[str, Any]:
+    """The plain module's results: claims with their kind and verdict, and the tables."""
+    from ..results import verdict_for
+
+    records = lambda f: json.loads(f.to_json(orient="records", default_handler=str))  # noqa: E731 - NaN -> null
+    claims = [{"id": cid, "kind": CLAIM_KINDS[cid], "verdict": verdict_for(CLAIM_KINDS[cid], d.holds), "reason": d.why,
+               "deciding": d.deciding, "source": d.source} for cid, d in decisions(ex).items()]
+    model, dtype = ex.primary()[1:]
+    return {"schema": "kvkit-gpu-arms/1", "release": compat.TRANSFORMERS_VERSION, "torch": torch.__version__,
+            "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (simulated)",
+            "seconds": round(seconds, 1), "settings": ex.settings, "claims": claims,
+            "tables": {"steps": records(ex.steps), "race_counts": records(ex.counts),
+                       "states_differing": records(ex.states[ex.states.differs]),
+                       "explanations": json.loads(json.dumps(gd.explanations(ex.steps, ex.states, ex.counts, model, dtype), default=str)),
+                       "calibration": ex.calibration, "memory": json.loads(json.dumps(ex.memory, default=str))}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m helpers.offload.gpu --out DIR [--dtypes ...] [--simulate]`: 0 ran, 2 refused (no CUDA), 1 error."""
+    from ..pipeline.params import cuda_status
+
+    p = argparse.ArgumentParser(prog="python -m helpers.offload.gpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=None, help="folder for gpu-arms.json (default outputs/gpu/<release>)")
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--loops", nargs="+", default=list(LOOPS), choices=list(LOOPS))
+    p.add_argument("--n-steps", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--simulate", action="store_true", help="CPU under the recording stand-ins (a simulation; tests)")
+    p.add_argument("--race-lag", type=int, default=None, help="with --simulate: serve stale reads this many cache-update calls")
+    args = p.parse_args(argv)
+    ok, why = cuda_status()
+    if not args.simulate and not (ok and torch.cuda.is_available()):
+        print(f"helpers.offload.gpu: refused, CUDA is not usable here ({why or 'torch.cuda.is_available() is False'}); nothing was run.")
+        return 2
+    out = Path(args.out) if args.out else _default_out()
+    start = time.perf_counter()
+    models, ids_of = default_models(args.seed, 2, args.seq_len, "cpu" if args.simulate else "cuda")
+    ex = experiment(models, ids_of, tuple(args.dtypes), tuple(args.loops), args.n_steps, simulate=args.simulate,
+                    race_lag=args.race_lag)
+    data = results_json(ex, time.perf_counter() - start)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu-arms.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
+    for c in data["claims"]:
+        print(f"{c['id']}: {c['verdict']} - {c['reason'][:200]}")
+    print(f"wrote {out.name}/gpu-arms.json in {data['seconds']} s")
+    return 0
+
+
+def _default_out() -> Path:
+    from ..pipeline.paths import output_dir
+
+    return output_dir("gpu", compat.TRANSFORMERS_VERSION)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

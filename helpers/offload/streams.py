@@ -18,6 +18,11 @@ enqueued during cache-update call u has landed by cache-update call u + L. A rea
 after its producing copy executes as soon as it is enqueued, so when it is enqueued fewer than L
 calls after the copy it sees what the host buffer held before the copy landed: zeros, as a freshly
 allocated pinned buffer. This is a simulation of the hypothesis, not a measurement of a GPU.
+
+Device timeline of the stand-ins (a model of the hardware, used only to run the GPU arms' event timing on CPU):
+every enqueued op starts when the host has enqueued it (the host spends STAND_IN_HOST_MS per enqueue) and its
+stream has finished earlier work (waits join stream times); `torch.cuda._sleep(c)` lasts c / STAND_IN_CYCLES_PER_MS
+ms, every other op takes no time. Stand-in events then give `elapsed_time` and `query()` from that timeline.
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ import torch
 Clock = dict[str, int]
 STREAM_API = ("torch.Stream", "torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.default_stream",
               "torch.cuda.current_stream", "torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda._sleep")
+STAND_IN_CYCLES_PER_MS = 1_000_000.0  # the stand-ins' clock: torch.cuda._sleep(c) lasts c / this ms
+STAND_IN_HOST_MS = 0.001  # host time per enqueued op in the stand-ins' timeline
 STALE_VALUE = "zeros (what a freshly allocated pinned host buffer holds in this replay)"
 
 
@@ -54,6 +61,8 @@ class StreamLog:
     update_index: int = -1
     update_layer: int = -1
     n_streams: int = 0
+    host_t: float = 0.0
+    ready: dict[str, float] = field(default_factory=dict)
 
     # --- streams and their clocks ---
     def new_stream(self, how: str, name: str | None = None) -> "RecStream":
@@ -78,29 +87,40 @@ class StreamLog:
         self.events.append(event)
         return event
 
-    def enqueue(self, stream: "RecStream", op: str, **fields: Any) -> dict[str, Any]:
-        """Work enqueued on `stream`: ticks its clock; the event keeps the clock it ran under."""
+    def enqueue(self, stream: "RecStream", op: str, duration_ms: float = 0.0, **fields: Any) -> dict[str, Any]:
+        """Work enqueued on `stream`: ticks its clock; the event keeps the clock it ran under and its modelled times."""
         clock = join(self.clocks[stream.name], self.host)
         clock[stream.name] = clock.get(stream.name, 0) + 1
         self.clocks[stream.name] = clock
-        return self._note(op, stream.name, clock=dict(clock), **fields)
+        start = self._tick(stream.name)
+        self.ready[stream.name] = start + duration_ms
+        return self._note(op, stream.name, clock=dict(clock), t_start=start, t_end=start + duration_ms, **fields)
+
+    def _tick(self, stream: str) -> float:
+        """The host enqueues one op: the modelled time it can start on `stream`."""
+        self.host_t += STAND_IN_HOST_MS
+        return max(self.host_t, self.ready.get(stream, 0.0))
 
     def wait_stream(self, waiter: "RecStream", waited: "RecStream") -> None:
         """Later work on `waiter` waits for everything enqueued on `waited` so far."""
         self.clocks[waiter.name] = join(self.clocks[waiter.name], self.clocks[waited.name])
+        self.ready[waiter.name] = max(self.ready.get(waiter.name, 0.0), self.ready.get(waited.name, 0.0))
         self._note("wait_stream", waiter.name, detail=f"waits for {waited.name}")
 
     def record_event(self, stream: "RecStream", event: "RecEvent") -> None:
         event.clock = join(self.clocks[stream.name], self.host)
+        event.t = self.ready[stream.name] = self._tick(stream.name)
         self._note("record_event", stream.name, detail=f"event {event.ident}")
 
     def wait_event(self, stream: "RecStream", event: "RecEvent") -> None:
         self.clocks[stream.name] = join(self.clocks[stream.name], event.clock)
+        self.ready[stream.name] = max(self.ready.get(stream.name, 0.0), event.t)
         self._note("wait_event", stream.name, detail=f"event {event.ident}")
 
-    def host_wait(self, clock: Clock, what: str, why: str = "") -> None:
-        """The host blocks until work up to `clock` is done: everything enqueued later is after it."""
+    def host_wait(self, clock: Clock, what: str, why: str = "", until: float = 0.0) -> None:
+        """The host blocks until work up to `clock` (modelled time `until`) is done: everything enqueued later is after it."""
         self.host = join(self.host, clock)
+        self.host_t = max(self.host_t, until)
         self._note("host_wait", what, detail=why)
 
     def synchronize(self, stream: "RecStream | None" = None, why: str = "synchronize") -> None:
@@ -108,9 +128,9 @@ class StreamLog:
             everything: Clock = {}
             for clock in self.clocks.values():
                 everything = join(everything, clock)
-            self.host_wait(everything, "all streams", why)
+            self.host_wait(everything, "all streams", why, max(self.ready.values(), default=0.0))
         else:
-            self.host_wait(self.clocks[stream.name], stream.name, why)
+            self.host_wait(self.clocks[stream.name], stream.name, why, self.ready.get(stream.name, 0.0))
 
     @staticmethod
     def ordered(first: dict[str, Any], then: dict[str, Any]) -> bool:
@@ -191,14 +211,15 @@ class RecStream:
         self.log.synchronize(self, f"{self.name}.synchronize()")
 
     def query(self) -> bool:
-        return True
+        """Whether the modelled stream has finished everything enqueued on it (the stand-ins' timeline)."""
+        return self.log.host_t >= self.log.ready.get(self.name, 0.0)
 
 
 class RecEvent:
     """Stand-in for torch.cuda.Event: record / wait / synchronize, recorded."""
 
     def __init__(self, log: StreamLog, *args: Any, **kwargs: Any) -> None:
-        self.log, self.clock = log, {}
+        self.log, self.clock, self.t = log, {}, 0.0
         self.ident = sum(e["op"] == "record_event" for e in log.events) + 1
 
     def record(self, stream: RecStream | None = None) -> None:
@@ -208,10 +229,14 @@ class RecEvent:
         self.log.wait_event(stream or self.log.current(), self)
 
     def synchronize(self) -> None:
-        self.log.host_wait(self.clock, f"event {self.ident}", "event.synchronize()")
+        self.log.host_wait(self.clock, f"event {self.ident}", "event.synchronize()", self.t)
 
     def query(self) -> bool:
-        return True
+        return self.log.host_t >= self.t
+
+    def elapsed_time(self, end: "RecEvent") -> float:
+        """Modelled ms from this event to `end` (the stand-ins' timeline, not a measurement)."""
+        return end.t - self.t
 
 
 class _StreamContext:
@@ -227,7 +252,7 @@ class _StreamContext:
 
 def _stand_ins(log: StreamLog) -> dict[str, Callable[..., Any]]:
     def sleep(cycles: int) -> None:
-        log.enqueue(log.current(), "sleep", detail=f"{int(cycles)} cycles")
+        log.enqueue(log.current(), "sleep", duration_ms=int(cycles) / STAND_IN_CYCLES_PER_MS, detail=f"{int(cycles)} cycles")
 
     return {
         "torch.Stream": lambda *a, **k: log.new_stream("torch.Stream()"),

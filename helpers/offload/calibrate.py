@@ -1,0 +1,60 @@
+"""The device lag of the GPU arms, calibrated: cycles per ms of `torch.cuda._sleep` (measured as PyTorch's own tests
+do), and a sleep chosen from the measured host time to reach the wrap prefetch of a forward.
+
+`torch.cuda._sleep(cycles)` spins the GPU for a number of clock cycles; its length in ms depends on the clock, so
+the kit measures it (the median of several timed sleeps between two CUDA events) instead of assuming a clock rate.
+The sleep per forward is then `factor` x the longest host time, from the start of a forward to the enqueue of its
+last (wrap) prefetch, measured in an uncalibrated run with no sleep: long enough that the default stream is still
+busy when the wrap prefetch is enqueued, which each arm checks and records (`default_busy_at_enqueue`).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+
+PROBE_CYCLES = 1_000_000
+SLEEP_FACTOR = 4.0
+MIN_SLEEP_MS = 1.0
+MAX_SLEEP_MS = 50.0  # a cap, so that a slow host (or a CPU simulation) cannot make the arms run for minutes
+
+
+def cycles_per_ms(repeats: int = 5, cycles: int = PROBE_CYCLES) -> float:
+    """Median cycles per ms of `torch.cuda._sleep` on the current stream (events with timing, synchronized)."""
+    rates = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        rates.append(cycles / max(float(start.elapsed_time(end)), 1e-9))
+    return float(statistics.median(rates))
+
+
+def host_ms_to_wrap(timing: Any) -> float | None:
+    """The longest host time (ms) from a forward's start to the enqueue of its last prefetch, over the forwards."""
+    if timing is None or len(timing) == 0:
+        return None
+    last = timing.sort_values("update_index").groupby("call_index").tail(1)
+    return float(last.host_ms_since_forward_start.max())
+
+
+def sleep_plan(host_ms: float | None, rate: float, factor: float = SLEEP_FACTOR, floor_ms: float = MIN_SLEEP_MS,
+               cap_ms: float = MAX_SLEEP_MS) -> dict[str, Any]:
+    """The sleep per forward: min(cap_ms, max(floor_ms, factor x host_ms)), in ms and in cycles at the measured rate."""
+    wanted = max(floor_ms, factor * (host_ms or 0.0))
+    ms = min(cap_ms, wanted)
+    shown = host_ms if host_ms is None else round(host_ms, 3)
+    return {"cycles_per_ms": rate, "host_ms_to_wrap": host_ms, "factor": factor, "floor_ms": floor_ms, "cap_ms": cap_ms,
+            "sleep_ms": ms, "sleep_cycles": int(round(ms * rate)), "capped": wanted > cap_ms,
+            "why": f"sleep = min({cap_ms} ms, max({floor_ms} ms, {factor} x {shown} ms host time to the wrap prefetch))"}
+
+
+def busy_at_wrap(timing: Any) -> dict[str, Any]:
+    """Per arm: how many wrap prefetches (the last of each forward) were enqueued while the default stream was busy."""
+    if timing is None or len(timing) == 0:
+        return {"wrap_prefetches": 0, "default_busy": 0}
+    last = timing.sort_values("update_index").groupby("call_index").tail(1)
+    return {"wrap_prefetches": int(len(last)), "default_busy": int(last.default_busy_at_enqueue.sum())}

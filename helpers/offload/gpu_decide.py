@@ -1,0 +1,155 @@
+"""The GPU arms' decisions, each a pure function of the experiment's tables (every one has a test that feeds it a
+contradicting measurement), and each explanation's prediction beside what the run showed.
+
+Tables (pandas, one row per ...): `steps` per arm and forward call (loop, model, dtype, variant, step, max_abs_diff,
+noise_threshold, matches, differs, bitwise_equal); `states` per arm, snapshot and state tensor (step, layer, kind,
+write_order, differs); `timing` per offloading arm and prefetch copy (lead_ms = producing copy's end minus the
+prefetch's start on the device clock, cross_forward, overwrote_pending_read, default_busy_at_enqueue).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .arms import OFF, variant_name
+from .loops import Decision
+from .replay import REPORT_VALUES
+from .states import ATTENTION_KV, first_difference
+
+RESOLUTION_MS = 0.001  # CUDA event timestamps resolve about 0.5 us: a lead below 1 us is not counted
+Key = tuple[str, str, str]  # (loop, model, dtype)
+
+
+def _arm(table: Any, key: Key, variant: str) -> Any:
+    loop, model, dtype = key
+    return table[(table.loop == loop) & (table.model == model) & (table.dtype == dtype) & (table.variant == variant)]
+
+
+def decide_prefill_identical(steps: Any, key: Key) -> Decision:
+    """`offload.prefill_identical`: the prefill logits of offloading=True are within the floor of offloading=False."""
+    row = _arm(steps, key, OFF).sort_values("step").iloc[0]
+    ev = {"arm": list(key), "prefill_max_abs_diff": float(row.max_abs_diff), "noise_threshold": float(row.noise_threshold),
+          "bitwise_equal": bool(row.bitwise_equal)}
+    return Decision(bool(row.matches), ev, f"{key[0]} loop, {key[1]}, {key[2]}: prefill max |diff| {row.max_abs_diff:.3g} "
+                    f"vs noise threshold {row.noise_threshold:.3g}",
+                    deciding={"prefill max |logit diff|": float(row.max_abs_diff), "noise threshold": float(row.noise_threshold)},
+                    source={"prefill max |logit diff|": REPORT_VALUES["prefill max |logit diff|"]})
+
+
+def decide_decode_drifts(steps: Any, key: Key) -> Decision:
+    """`offload.decode_drifts`: the first decode call of offloading=True differs beyond the floor."""
+    decode = _arm(steps, key, OFF).sort_values("step")
+    decode = decode[decode.step > 0]
+    ev = {"arm": list(key), "max_abs_diff": decode.max_abs_diff.tolist(), "noise_threshold": decode.noise_threshold.tolist(),
+          "argmax_match": decode.argmax_match.tolist()}
+    holds = len(decode) > 0 and bool(decode.differs.iloc[0])
+    first = {"decode 1 max |logit diff|": float(decode.max_abs_diff.iloc[0]) if len(decode) else None,
+             "noise threshold": float(decode.noise_threshold.iloc[0]) if len(decode) else None}
+    why = (f"{key[0]} loop, {key[1]}, {key[2]}: decode max |diff| {[round(v, 4) for v in decode.max_abs_diff]} "
+           f"vs thresholds {[float(f'{v:.3g}') for v in decode.noise_threshold]}")
+    return Decision(holds, ev, why, deciding=first, source={"decode 1 max |logit diff|": REPORT_VALUES["decode 1 max |logit diff|"]})
+
+
+def decide_first_tensor(states: Any, key: Key) -> Decision:
+    """`offload.first_differing_tensor_is_attention_kv` (refutes the report's hypothesis when it holds)."""
+    first = first_difference(_arm(states, key, OFF))
+    if first is None:
+        return Decision(False, {"arm": list(key), "first_differing_tensor": None},
+                        "no state tensor differs from offloading=False beyond its floor", deciding={"first differing tensor": None})
+    return Decision(first["kind"] == ATTENTION_KV, {"arm": list(key), "first_differing_tensor": first},
+                    f"{key[0]} loop: first differing (host write order): {first['tensor']} ({first['kind']}) after {first['call']}",
+                    deciding={"first differing tensor": f"{first['tensor']} after {first['call']}"},
+                    source={"suspected tensor": "linear-attention recurrent/conv state"})
+
+
+def drifts(steps: Any, states: Any, key: Key, variant: str) -> bool:
+    """Some step beyond the floor, or some state tensor beyond its floor."""
+    return bool(_arm(steps, key, variant).differs.any()) or first_difference(_arm(states, key, variant)) is not None
+
+
+def decide_fix_removes_drift(steps: Any, states: Any, key: Key, edge: str) -> Decision:
+    """The fix arm `edge` removes the drift: offloading=True drifts, offloading=True + edge has every step within the
+    floor and no state tensor beyond its floor."""
+    fixed_name = variant_name(edge)
+    drift = drifts(steps, states, key, OFF)
+    fixed = _arm(steps, key, fixed_name)
+    fixed_first = first_difference(_arm(states, key, fixed_name))
+    clean = len(fixed) > 0 and bool(fixed.matches.all()) and fixed_first is None
+    ev = {"arm": list(key), "edge": edge, "drift_without_edge": drift, "fixed_max_abs_diff": fixed.max_abs_diff.tolist(),
+          "fixed_noise_threshold": fixed.noise_threshold.tolist(), "fixed_first_differing_tensor": fixed_first}
+    why = ("no drift without the edge: nothing to remove" if not drift else
+           f"{key[0]} loop with {edge}: every step within the floor = {bool(fixed.matches.all())}, first differing tensor: {fixed_first}")
+    return Decision(drift and clean, ev, why, deciding={"drift without the edge": drift,
+                                                       f"max |logit diff| with {edge}": float(fixed.max_abs_diff.max()) if len(fixed) else None})
+
+
+def race_counts(timing: Any, resolution_ms: float = RESOLUTION_MS) -> Any:
+    """Per arm: prefetch copies, those that started before their producing copy ended (same / earlier forward),
+    the largest lead, blocks overwritten under a pending read, and wrap prefetches enqueued while the default stream was busy."""
+    import pandas as pd
+
+    rows = []
+    for (loop, model, dtype, variant), t in timing.groupby(["loop", "model", "dtype", "variant"], sort=False):
+        early = t[t.lead_ms.fillna(float("-inf")) > resolution_ms]
+        rows.append({"loop": loop, "model": model, "dtype": dtype, "variant": variant, "prefetches": int(len(t)),
+                     "started_before_producer_done": int(len(early)),
+                     "same_forward": int((~early.cross_forward).sum()), "earlier_forward": int(early.cross_forward.sum()),
+                     "max_lead_ms": float(t.lead_ms.max()) if t.lead_ms.notna().any() else None,
+                     "overwrote_pending_read": int(t.overwrote_pending_read.sum()),
+                     "default_busy_at_enqueue": int(t.default_busy_at_enqueue.sum())})
+    return pd.DataFrame(rows, columns=["loop", "model", "dtype", "variant", "prefetches", "started_before_producer_done",
+                                       "same_forward", "earlier_forward", "max_lead_ms", "overwrote_pending_read",
+                                       "default_busy_at_enqueue"])
+
+
+def decide_race_observed(counts: Any) -> Decision:
+    """`offload.race_observed_on_device`: without a fix edge some prefetch started before its producing copy ended
+    (device timestamps), and with the 5.20.0 edge none did (else the timing itself is not trustworthy)."""
+    plain = counts[counts.variant == OFF]
+    edged = counts[counts.variant == variant_name("5.20.0 edge")]
+    raced = int(plain.started_before_producer_done.sum())
+    edge_early = int(edged.started_before_producer_done.sum())
+    holds = raced > 0 and len(edged) > 0 and edge_early == 0
+    per_arm = {f"{r.loop}/{r.model}/{r.dtype}": int(r.started_before_producer_done) for r in plain.itertuples()}
+    why = (f"without a fix edge {raced} of {int(plain.prefetches.sum())} prefetch copies started before their producing "
+           f"copy ended (per arm {per_arm}); with the 5.20.0 edge {edge_early} of {int(edged.prefetches.sum())}")
+    return Decision(holds, {"per_arm": per_arm, "with_5_20_0_edge": edge_early, "resolution_ms": RESOLUTION_MS}, why,
+                    deciding={"prefetches started before their copy ended": raced, "same, with the 5.20.0 edge": edge_early})
+
+
+def _count(counts: Any, key: Key, column: str, variant: str = OFF) -> int:
+    rows = _arm(counts, key, variant)
+    return int(rows[column].sum()) if len(rows) else 0
+
+
+def explanations(steps: Any, states: Any, counts: Any, model: str, dtype: str) -> list[dict[str, Any]]:
+    """Each explanation's prediction on `model`/`dtype`, what the run showed, and whether it matched."""
+    cpu, rep = ("cpu", model, dtype), ("report", model, dtype)
+    first = first_difference(_arm(states, cpu, OFF))
+    prefill_bitwise = bool(_arm(steps, cpu, OFF).sort_values("step").bitwise_equal.iloc[0]) if len(_arm(steps, cpu, OFF)) else None
+    attention_first = first is not None and first["kind"] == ATTENTION_KV
+    event_fixes = {k: not drifts(steps, states, k, variant_name("offload event")) for k in (cpu, rep)}
+    reuse_fixes = {k: not drifts(steps, states, k, variant_name("record_stream")) for k in (cpu, rep)}
+    rows = [
+        ("(a) host-buffer race within a forward (wrap)",
+         "cpu loop: first offloaded layer differs at the prefill snapshot while prefill logits are bitwise equal; "
+         "same-forward prefetches start before their copy ends; the offload-event arm is clean",
+         {"first": first, "prefill_logits_bitwise": prefill_bitwise, "same_forward_early": _count(counts, cpu, "same_forward"),
+          "offload_event_clean": event_fixes[cpu]},
+         attention_first and first["call"] == "prefill" and prefill_bitwise is True
+         and _count(counts, cpu, "same_forward") > 0 and event_fixes[cpu]),
+        ("(b) host-buffer race across forwards (the report's loop)",
+         "report loop: decode-1 prefetches of the prefill's buffers start before their copies end; the offload-event arm is clean",
+         {"earlier_forward_early": _count(counts, rep, "earlier_forward"), "offload_event_clean": event_fixes[rep]},
+         _count(counts, rep, "earlier_forward") > 0 and event_fixes[rep] and drifts(steps, states, rep, OFF)),
+        ("(c) reuse of a released prefetched block",
+         "cpu loop: clean prefill snapshot, first offloaded layer differs at decode 1; a prefetch overwrites a block under a "
+         "pending read; the record_stream arm is clean and the offload-event arm is not",
+         {"first": first, "overwrote_pending_read": _count(counts, cpu, "overwrote_pending_read"),
+          "record_stream_clean": reuse_fixes[cpu], "offload_event_clean": event_fixes[cpu]},
+         attention_first and first["call"] == "decode 1" and _count(counts, cpu, "overwrote_pending_read") > 0
+         and reuse_fixes[cpu] and not event_fixes[cpu]),
+        ("(d) the report's hypothesis: linear-attention state does not round-trip",
+         "the first differing tensor is a linear-attention conv/recurrent state",
+         {"first": first}, first is not None and first["kind"] != ATTENTION_KV),
+    ]
+    return [{"explanation": e, "predicts": p, "observed": o, "matched": bool(m)} for e, p, o, m in rows]

@@ -1,0 +1,172 @@
+"""Notebook 05's GPU arms, executed on CPU under the recording stand-ins (a simulation): the arms, the device-event
+timing, the calibration, the narrow fix arms, the explanations' predictions, and the plain module's command line."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers.offload import arms, calibrate, devicetiming, gpu, loops, streams
+from helpers.offload import gpu_decide as gd
+from helpers.offload.states import ATTENTION_KV, LINEAR_STATE
+
+N_STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def small():
+    return gpu.default_models(seed=0, batch_size=2, seq_len=8, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def quiet(small) -> gpu.GpuExperiment:
+    models, ids = small
+    return gpu.experiment(models, ids, ("float32",), n_steps=N_STEPS, simulate=True)
+
+
+@pytest.fixture(scope="module")
+def raced(small) -> gpu.GpuExperiment:
+    models, ids = small
+    return gpu.experiment(models, ids, ("bfloat16",), n_steps=N_STEPS, simulate=True, race_lag=16)
+
+
+def test_every_arm_runs_on_cpu_and_without_stale_reads_nothing_drifts(quiet):
+    expected = {(loop, model) for loop in loops.LOOPS for model in gpu.MODELS}
+    assert set(zip(quiet.steps.loop, quiet.steps.model)) == expected
+    assert set(quiet.steps.variant) == {arms.OFF, *(arms.variant_name(e) for e in arms.FIXES)}
+    assert quiet.steps.bitwise_equal.all() and not quiet.states.differs.any()
+    assert set(quiet.states.kind) == {ATTENTION_KV, LINEAR_STATE}
+    # the report's loop is snapshotted once, at the end; the others after every call
+    per_arm = quiet.states.groupby(["loop", "model", "variant"]).step.nunique()
+    assert set(per_arm.xs("report", level="loop")) == {1} and set(per_arm.xs("cpu", level="loop")) == {N_STEPS}
+    verdicts = {cid: d.holds for cid, d in gpu.decisions(quiet).items()}
+    assert verdicts["offload.prefill_identical"] and not verdicts["offload.decode_drifts"]
+    assert verdicts["offload.race_observed_on_device"]  # the stand-ins' timeline: the lag makes prefetches start early
+    assert streams.stand_ins_active() == []
+    assert all(d.why.startswith(gpu.SIMULATED) for d in gpu.decisions(quiet).values())
+
+
+def test_the_timeline_orders_what_the_edges_order(quiet):
+    c = quiet.counts.set_index(["loop", "model", "variant"])
+    for loop in loops.LOOPS:
+        for model in gpu.MODELS:
+            assert c.loc[(loop, model, arms.variant_name("5.20.0 edge")), "started_before_producer_done"] == 0
+            assert c.loc[(loop, model, arms.OFF), "same_forward"] > 0  # the wrap prefetch in every loop, dense too
+    # only the report's loop has early reads of an earlier forward's copy; the offload event orders them all
+    assert c.loc[("report", "tiny hybrid", arms.OFF), "earlier_forward"] > 0
+    assert c.loc[("cpu", "tiny hybrid", arms.OFF), "earlier_forward"] == 0
+    assert c.loc[("generate", "tiny dense", arms.OFF), "earlier_forward"] == 0
+    assert c.loc[("report", "tiny hybrid", arms.variant_name("offload event")), "started_before_producer_done"] == 0
+    assert (c.default_busy_at_enqueue == c.prefetches).all()
+
+
+def test_calibration_is_measured_and_stated(quiet):
+    (cal_h, cal_d) = quiet.calibration
+    assert cal_h["cycles_per_ms"] == pytest.approx(streams.STAND_IN_CYCLES_PER_MS, rel=0.01)
+    assert cal_h["sleep_cycles_used"] == cal_h["sleep_cycles"] > 0 and "host time to the wrap" in cal_h["why"]
+    assert quiet.settings["empty_cache_between_arms"] is False
+    assert all(m["before"] == {"device": "not CUDA: no allocator counters"} for m in quiet.memory)
+
+
+def test_the_replayed_race_is_decided_and_matches_the_wrap_explanation(raced):
+    d = gpu.decisions(raced)
+    holds = {cid: x.holds for cid, x in d.items()}
+    assert holds == {"offload.prefill_identical": True, "offload.decode_drifts": True,
+                     "offload.first_differing_tensor_is_attention_kv": True, "offload.ordering_edge_removes_drift": True,
+                     "offload.race_observed_on_device": True, "offload.offload_event_removes_drift": True,
+                     "offload.record_stream_removes_drift": False}, {k: x.why for k, x in d.items()}
+    first = d["offload.first_differing_tensor_is_attention_kv"].evidence["first_differing_tensor"]
+    assert (first["tensor"], first["call"]) == ("layer 3 keys", "prefill")
+    rows = {r["explanation"][:3]: r["matched"] for r in gd.explanations(raced.steps, raced.states, raced.counts, "tiny hybrid", "bfloat16")}
+    assert rows == {"(a)": True, "(b)": True, "(c)": False, "(d)": False}
+
+
+def test_explanations_follow_contradicting_tables(raced):
+    steps, states, counts = raced.steps.copy(), raced.states.copy(), raced.counts.copy()
+    # the offload-event arm drifts too: neither host-buffer explanation matches any more
+    ev = (steps.variant == arms.variant_name("offload event")) & (steps.step == 1)
+    steps.loc[ev, ["max_abs_diff", "matches", "differs"]] = [1.0, False, True]
+    rows = {r["explanation"][:3]: r["matched"] for r in gd.explanations(steps, states, counts, "tiny hybrid", "bfloat16")}
+    assert rows["(a)"] is False and rows["(b)"] is False
+    # a linear state differs first: the report's hypothesis matches
+    lin = raced.states.copy()
+    lin.loc[lin.kind == ATTENTION_KV, "differs"] = False
+    lin.loc[(lin.kind == LINEAR_STATE) & (lin.loop == "cpu") & (lin.variant == arms.OFF), "differs"] = True
+    rows = {r["explanation"][:3]: r["matched"] for r in gd.explanations(raced.steps, lin, counts, "tiny hybrid", "bfloat16")}
+    assert rows["(d)"] is True and rows["(a)"] is False
+
+
+def test_device_lag_sleeps_on_the_default_stream_once_per_forward(tiny, ids):
+    with streams.recording_streams() as log, arms.device_lag(tiny.model, 123):
+        loops.greedy_run(tiny.model, ids, n_steps=2)
+    sleeps = [e for e in log.events if e["op"] == "sleep"]
+    assert len(sleeps) == 2 and {e["stream"] for e in sleeps} == {"default"}
+    assert not tiny.model._forward_pre_hooks
+
+
+def test_sleep_plan_floor_factor_and_cap():
+    assert calibrate.sleep_plan(None, 1000.0)["sleep_ms"] == calibrate.MIN_SLEEP_MS
+    plan = calibrate.sleep_plan(2.0, 1000.0)
+    assert (plan["sleep_ms"], plan["sleep_cycles"], plan["capped"]) == (8.0, 8000, False)
+    capped = calibrate.sleep_plan(100.0, 1000.0)
+    assert (capped["sleep_ms"], capped["capped"]) == (calibrate.MAX_SLEEP_MS, True)
+
+
+def test_host_time_to_the_wrap_is_the_last_prefetch_of_each_forward():
+    t = pd.DataFrame({"update_index": [0, 5, 6, 11], "call_index": [0, 0, 1, 1],
+                      "host_ms_since_forward_start": [0.1, 3.0, 0.2, 2.5], "default_busy_at_enqueue": [True, False, True, True]})
+    assert calibrate.host_ms_to_wrap(t) == 3.0
+    assert calibrate.busy_at_wrap(t) == {"wrap_prefetches": 2, "default_busy": 1}
+    assert calibrate.host_ms_to_wrap(None) is None and calibrate.busy_at_wrap(t.iloc[:0])["wrap_prefetches"] == 0
+
+
+def test_cycles_per_ms_reads_the_event_clock():
+    with streams.recording_streams():
+        assert calibrate.cycles_per_ms(repeats=3) == pytest.approx(streams.STAND_IN_CYCLES_PER_MS, rel=0.01)
+
+
+class _Ev:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def elapsed_time(self, end: "_Ev") -> float:
+        return end.t - self.t
+
+
+def test_copy_times_pair_each_prefetch_with_its_copy_and_pending_reads():
+    times = devicetiming.CopyTimes(origin=_Ev(0.0))
+    times.begin("prefill")
+    times.note("offload", 3, done=_Ev(5.0))
+    times.note("update", 4, done=_Ev(9.0), read_ptrs=[111])
+    times.note("prefetch", 3, start=_Ev(1.0), end=_Ev(2.0), default_busy=True, ptrs=[111])
+    times.begin("decode 1")
+    times.note("prefetch", 3, start=_Ev(20.0), end=_Ev(21.0), default_busy=False, ptrs=[222])
+    t = times.table()
+    first, second = t.iloc[0], t.iloc[1]
+    assert (first.lead_ms, first.cross_forward, first.overwrote_pending_read) == (4.0, False, True)
+    assert first.pending_read_of == ["prefill layer 4"] and first.reused_block_of == ["prefill layer 4"]
+    assert (second.lead_ms, second.cross_forward, second.overwrote_pending_read) == (-15.0, True, False)
+    assert devicetiming.write_order(times) == {(0, 4): 1, (0, 3): 2, (1, 3): 3}
+
+
+def test_plain_module_writes_its_results_json(tmp_path, capsys):
+    rc = gpu.main(["--simulate", "--out", str(tmp_path), "--n-steps", "2", "--seq-len", "8", "--dtypes", "float32",
+                   "--loops", "report", "cpu"])
+    assert rc == 0
+    data = json.loads((tmp_path / "gpu-arms.json").read_text())
+    assert data["schema"] == "kvkit-gpu-arms/1" and data["settings"]["simulated_on_cpu"] is True
+    assert [c["id"] for c in data["claims"]] == list(gpu.CUDA_CLAIMS)
+    assert all(c["reason"].startswith(gpu.SIMULATED) for c in data["claims"])
+    assert {c["kind"] for c in data["claims"]} == {"reproduces", "refutes", "beyond"}
+    assert set(data["tables"]) >= {"steps", "race_counts", "explanations", "calibration", "memory"}
+    assert "/" not in str(tmp_path.name) and str(tmp_path) not in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_plain_module_refuses_without_cuda_in_one_line(tmp_path, capsys):
+    assert gpu.main(["--out", str(tmp_path)]) == 2
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "CUDA is not usable here" in out[0] and "CPU-only build" in out[0]
+    assert not (tmp_path / "gpu-arms.json").exists()
