@@ -170,3 +170,28 @@ def test_plain_module_refuses_without_cuda_in_one_line(tmp_path, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and "CUDA is not usable here" in out[0] and "CPU-only build" in out[0]
     assert not (tmp_path / "gpu-arms.json").exists()
+
+
+BLOCK_JUPYTER = """
+import runpy, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("papermill", "nbformat", "nbconvert", "ipykernel", "IPython", "jupyter_client", "ipywidgets"):
+            raise ImportError("blocked " + name)
+sys.meta_path.insert(0, Block())
+sys.argv = ["helpers.offload.gpu", *sys.argv[1:]]
+runpy.run_module("helpers.offload.gpu", run_name="__main__")
+"""
+
+
+def test_plain_module_needs_no_jupyter(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers.pipeline.paths import repo_root
+
+    cmd = [sys.executable, "-c", BLOCK_JUPYTER, "--simulate", "--out", str(tmp_path), "--n-steps", "2", "--seq-len", "8",
+           "--dtypes", "float32", "--loops", "report"]
+    done = subprocess.run(cmd, cwd=str(repo_root()), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((tmp_path / "gpu-arms.json").read_text())["schema"] == "kvkit-gpu-arms/1"
