@@ -35,7 +35,7 @@ def raced(small) -> gpu.GpuExperiment:
 def test_every_arm_runs_on_cpu_and_without_stale_reads_nothing_drifts(quiet):
     expected = {(loop, model) for loop in loops.LOOPS for model in gpu.MODELS}
     assert set(zip(quiet.steps.loop, quiet.steps.model)) == expected
-    assert set(quiet.steps.variant) == {arms.OFF, *(arms.variant_name(e) for e in arms.FIXES)}
+    assert set(quiet.steps.variant) == {arms.OFF, arms.OFF_AGAIN, *(arms.variant_name(e) for e in arms.FIXES)}
     assert quiet.steps.bitwise_equal.all() and not quiet.states.differs.any()
     assert set(quiet.states.kind) == {ATTENTION_KV, LINEAR_STATE}
     # the report's loop is snapshotted once, at the end; the others after every call
@@ -195,3 +195,19 @@ def test_plain_module_needs_no_jupyter(tmp_path):
     done = subprocess.run(cmd, cwd=str(repo_root()), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads((tmp_path / "gpu-arms.json").read_text())["schema"] == "kvkit-gpu-arms/1"
+
+
+def test_the_report_loop_runs_twice_and_the_signature_takes_the_gpu_evidence(raced):
+    from helpers.offload import signature
+
+    assert {(r["loop"], r["step"]) for r in raced.repeat} == {("report", s) for s in range(N_STEPS)}
+    assert all(r["bitwise_equal"] for r in raced.repeat)  # the replay is deterministic
+    ev = signature.gpu_evidence(raced.steps, raced.repeat, raced.primary(), True)
+    assert ev["exactly reproducible"].startswith("SIMULATED") and "bitwise equal every step = True" in ev["exactly reproducible"]
+    assert "decode 1 beyond the floor = True" in ev["drift from decode 1"]
+    replay = pd.DataFrame([{"variant": "v", "step": i, "max_abs_diff": d, "differs": d > 0} for i, d in enumerate([0.0, 1.0, 2.0])])
+    row = {"unordered_earlier_forward": 2, "calls_since_producer": [1]}
+    rows = signature.signature_rows(row, True, replay, "v", gpu=ev)
+    assert [r["gpu_evidence"] for r in rows] == [ev[r["signature"]] for r in rows]
+    waiting = signature.signature_rows(row, True, replay, "v")
+    assert {r["gpu_evidence"] for r in waiting} == {signature.WAITS}

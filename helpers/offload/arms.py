@@ -22,6 +22,7 @@ from .streams import StreamLog, recording_streams
 from .tracking import EDGES, track
 
 BASE, AGAIN, OFF = "offloading=False", "offloading=False (again)", "offloading=True"
+OFF_AGAIN = "offloading=True (again)"  # the report's loop only: is the drift exactly reproducible run to run?
 FIXES = ("5.20.0 edge", "offload event", "record_stream")
 MEMORY_KEYS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "allocation.all.allocated",
                "num_alloc_retries")

@@ -26,7 +26,7 @@ import torch
 
 from .. import compat
 from . import gpu_decide as gd
-from .arms import AGAIN, BASE, FIXES, OFF, Arm, run_arm, variant_name
+from .arms import AGAIN, FIXES, OFF, OFF_AGAIN, Arm, run_arm
 from .calibrate import busy_at_wrap, cycles_per_ms, host_ms_to_wrap, sleep_plan
 from .loops import LOOPS, Decision, random_ids
 from .states import compare_logits, compare_states
@@ -64,6 +64,7 @@ class GpuExperiment:
     memory: list[dict[str, Any]]
     settings: dict[str, Any]
     arms: list[Arm] = field(default_factory=list, repr=False)
+    repeat: list[dict[str, Any]] = field(default_factory=list)
 
     def primary(self) -> gd.Key:
         """The report's own arm: its loop, the hybrid, bfloat16 where it ran."""
@@ -90,7 +91,22 @@ def _loop_arms(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: st
     kw = dict(model=model, ids=ids, n_steps=n_steps, loop=loop, cycles=cycles, simulate=simulate, race_lag=race_lag)
     base, again = run_arm(offloading=False, **kw), run_arm(offloading=False, **kw)
     again.name = AGAIN
-    return [base, again] + [run_arm(offloading=True, edge=e, **kw) for e in (None, *fixes)]
+    tested = [run_arm(offloading=True, edge=e, **kw) for e in (None, *fixes)]
+    if loop == "report":  # run to run: the report calls its numbers exactly reproducible
+        repeat = run_arm(offloading=True, **kw)
+        repeat.name = OFF_AGAIN
+        tested.append(repeat)
+    return [base, again] + tested
+
+
+def repeat_rows(arms: list[Arm], tags: dict[str, Any]) -> list[dict[str, Any]]:
+    """offloading=True against its own second run, per forward call: max |logit diff| and bitwise equality."""
+    by = {a.name: a for a in arms}
+    if OFF not in by or OFF_AGAIN not in by:
+        return []
+    pairs = zip(by[OFF].run.logits, by[OFF_AGAIN].run.logits)
+    return [{**tags, "step": i, "max_abs_diff": float((a - b).abs().max()), "bitwise_equal": bool(torch.equal(a, b))}
+            for i, (a, b) in enumerate(pairs)]
 
 
 def _compare(arms: list[Arm], dtype: torch.dtype, tags: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any]]:
@@ -109,7 +125,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
 
     with recording_streams() if simulate else nullcontext():
         rate = cycles_per_ms()
-    steps, states, timing, calibration, memory, kept = [], [], [], [], [], []
+    steps, states, timing, calibration, memory, kept, repeat = [], [], [], [], [], [], []
     for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
         for name, model in models.items():
@@ -122,6 +138,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
                 arms = _loop_arms(m, ids, n_steps, loop, sleep, fixes, simulate, race_lag)
                 tags = {"loop": loop, "model": name, "dtype": dtype_name}
                 s, st, t = _compare(arms, dtype, tags)
+                repeat += repeat_rows(arms, tags)
                 steps += s; states += st; timing += t
                 memory += [{**tags, "variant": a.name, **a.memory, "stale_reads_served": a.stale_reads,
                             **({"wrap": busy_at_wrap(a.timing)} if a.timing is not None else {})} for a in arms]
@@ -134,7 +151,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
                 "empty_cache_between_arms": False, "event_resolution_ms": gd.RESOLUTION_MS}
     return GpuExperiment(pd.concat(steps, ignore_index=True), pd.concat(states, ignore_index=True),
                          pd.concat(timing, ignore_index=True) if timing else _empty_timing(), counts,
-                         calibration, memory, settings, kept)
+                         calibration, memory, settings, kept, repeat)
 
 
 def _empty_timing() -> Any:
@@ -182,7 +199,8 @@ def results_json(ex: GpuExperiment, seconds: float) -> dict[str, Any]:
             "tables": {"steps": records(ex.steps), "race_counts": records(ex.counts),
                        "states_differing": records(ex.states[ex.states.differs]),
                        "explanations": json.loads(json.dumps(gd.explanations(ex.steps, ex.states, ex.counts, model, dtype), default=str)),
-                       "calibration": ex.calibration, "memory": json.loads(json.dumps(ex.memory, default=str))}}
+                       "calibration": ex.calibration, "memory": json.loads(json.dumps(ex.memory, default=str)),
+                       "run_to_run": ex.repeat}}
 
 
 def main(argv: list[str] | None = None) -> int:

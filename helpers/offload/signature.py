@@ -18,13 +18,37 @@ def _replay_rows(replay_table: Any, variant: str) -> Any:
     return replay_table[replay_table.variant == variant].sort_values("step")
 
 
-def signature_rows(report_row: dict[str, Any], linear_never_moved: bool, replay_table: Any, variant: str) -> list[dict[str, Any]]:
-    """Rows: signature, report's value, explanations predicting it, evidence from the records, what decides it."""
+WAITS = "waits for the GPU arms (section 5, make gpu-check)"
+
+
+def gpu_evidence(steps: Any, repeat: list[dict[str, Any]], key: tuple[str, str, str], simulated: bool) -> dict[str, str]:
+    """Per signature, what the GPU arms measured on the report's arm `key` (loop, model, dtype); a simulated run says so."""
+    loop, model, dtype = key
+    rows = steps[(steps.loop == loop) & (steps.model == model) & (steps.dtype == dtype) & (steps.variant == "offloading=True")]
+    rows = rows.sort_values("step")
+    diffs = [float(v) for v in rows.max_abs_diff]
+    again = [r for r in repeat if (r["loop"], r["model"], r["dtype"]) == key]
+    where = f"{'SIMULATED on CPU stand-ins' if simulated else 'GPU'}, {loop} loop, {model}, {dtype}"
+    return {
+        "prefill exactly 0.0": f"{where}: prefill max |diff| = {diffs[0] if diffs else None}, bitwise equal = "
+                               f"{bool(rows.bitwise_equal.iloc[0]) if len(rows) else None}",
+        "drift from decode 1": f"{where}: decode 1 beyond the floor = {bool(rows.differs.iloc[1]) if len(rows) > 1 else None}",
+        "compounding": f"{where}: max |diff| per decode step {[round(d, 4) for d in diffs[1:]]}",
+        "exactly reproducible": (f"{where}: offloading=True run twice, bitwise equal every step = "
+                                 f"{all(r['bitwise_equal'] for r in again)} (max |diff| {max((r['max_abs_diff'] for r in again), default=None)})"
+                                 if again else WAITS),
+    }
+
+
+def signature_rows(report_row: dict[str, Any], linear_never_moved: bool, replay_table: Any, variant: str,
+                   gpu: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """Rows: signature, report's value, explanations predicting it, evidence from the records (and, where the GPU
+    arms ran, from them: `gpu_evidence`), what decides it."""
     rows = _replay_rows(replay_table, variant)
     diffs = [float(v) for v in rows.max_abs_diff]
     first = rows[rows.differs].step
     compounding = len(diffs) > 2 and all(b > a for a, b in zip(diffs[1:], diffs[2:]))
-    return [
+    out = [
         {"signature": "prefill exactly 0.0", "report": REPORT_STEPS[0],
          "predicted_by": "(a) (b) (c): every stale read is consumed by a later forward; (d) predicts it only if the state is read back after the prefill",
          "evidence": f"replay ({variant}) prefill max |diff| = {diffs[0]}; linear layers never moved = {linear_never_moved}",
@@ -45,3 +69,6 @@ def signature_rows(report_row: dict[str, Any], linear_never_moved: bool, replay_
                      f"(calls since producer {report_row['calls_since_producer']}); run-to-run equality needs a GPU",
          "decided_on": "waits for the GPU arms (two runs of the report's loop)"},
     ]
+    for row in out:
+        row["gpu_evidence"] = (gpu or {}).get(row["signature"], WAITS)
+    return out
