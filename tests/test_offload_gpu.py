@@ -211,3 +211,26 @@ def test_the_report_loop_runs_twice_and_the_signature_takes_the_gpu_evidence(rac
     assert [r["gpu_evidence"] for r in rows] == [ev[r["signature"]] for r in rows]
     waiting = signature.signature_rows(row, True, replay, "v")
     assert {r["gpu_evidence"] for r in waiting} == {signature.WAITS}
+
+
+def test_narrow_fix_arms_are_decided_where_the_record_says_they_are_narrow(raced):
+    # on the tiny hybrid (two offloaded layers) the offload event also orders the reuse; on the dense twin it does not
+    assert gd.narrow_models(raced.edges) == ["tiny dense"]
+    assert gd.narrow_key(raced.primary(), raced.edges) == ("report", "tiny dense", "bfloat16")
+    d = gpu.decisions(raced)["offload.offload_event_removes_drift"]
+    assert d.evidence["arm"] == ["report", "tiny dense", "bfloat16"] and d.evidence["narrow_on_cpu_record"] == ["tiny dense"]
+    rows = gpu.explain(raced)
+    assert {(r["model"], r["fix_arms_narrow_on_cpu_record"]) for r in rows} == {("tiny hybrid", False), ("tiny dense", True)}
+
+
+def test_narrow_models_from_contradicting_records():
+    def rows(model, event, reuse):
+        return [{"model": model, "edge": "offload event", "closes_host_buffer": event[0], "closes_reuse": event[1]},
+                {"model": model, "edge": "record_stream", "closes_host_buffer": reuse[0], "closes_reuse": reuse[1]}]
+    both = pd.DataFrame(rows("a", (True, True), (False, True)) + rows("b", (True, False), (False, True)))
+    assert gd.narrow_models(both) == ["b"] and gd.narrow_key(("report", "a", "x"), both) == ("report", "b", "x")
+    neither = pd.DataFrame(rows("a", (True, True), (True, True)))
+    assert gd.narrow_models(neither) == [] and gd.narrow_key(("report", "a", "x"), neither) == ("report", "a", "x")
+    assert gd.narrow_models(pd.DataFrame(rows("a", (True, False), (True, True)))) == []
+    assert gd.narrow_models(pd.DataFrame(rows("a", (False, False), (False, True)))) == []
+    assert gd.narrow_models(None) == [] and gd.narrow_models(pd.DataFrame(rows("a", (True, False), (False, True))[:1])) == []

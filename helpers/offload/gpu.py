@@ -41,8 +41,8 @@ CLAIM_TEXT = {
     "offload.first_differing_tensor_is_attention_kv": "On CUDA with a calibrated device lag, the first cache tensor that differs from offloading=False (earliest snapshot, then host write order) is an attention layer's K/V, not a linear-attention conv/recurrent state (refuting the report's hypothesis).",
     "offload.ordering_edge_removes_drift": "On CUDA with a calibrated device lag, adding the 5.20.0 edge (prefetch_stream.wait_stream(default_stream)) to the installed Cache.update removes the drift: every step within the noise floor, no state tensor differs.",
     "offload.race_observed_on_device": "On CUDA with a calibrated device lag, CUDA event timestamps show prefetch copies starting before the offload copy that fills their host buffer has ended (without a fix edge), and none with the 5.20.0 edge.",
-    "offload.offload_event_removes_drift": "On CUDA, the host-buffer-only fix (an event recorded after each offload, waited by the prefetch stream) removes the drift in the report's loop.",
-    "offload.record_stream_removes_drift": "On CUDA, the reuse-only fix (record_stream(default stream) on the prefetched K/V) removes the drift in the report's loop.",
+    "offload.offload_event_removes_drift": "On CUDA, the host-buffer-only fix (an event recorded after each offload, waited by the prefetch stream) removes the drift in the report's loop, on the first model whose CPU record shows the fix arms narrow (the event closing only the host-buffer hazard, record_stream only the reuse one).",
+    "offload.record_stream_removes_drift": "On CUDA, the reuse-only fix (record_stream(default stream) on the prefetched K/V) removes the drift in the report's loop, on the first model whose CPU record shows the fix arms narrow.",
 }
 CLAIM_KINDS = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
                "offload.first_differing_tensor_is_attention_kv": "refutes", "offload.ordering_edge_removes_drift": "beyond",
@@ -65,6 +65,7 @@ class GpuExperiment:
     settings: dict[str, Any]
     arms: list[Arm] = field(default_factory=list, repr=False)
     repeat: list[dict[str, Any]] = field(default_factory=list)
+    edges: Any = None
 
     def primary(self) -> gd.Key:
         """The report's own arm: its loop, the hybrid, bfloat16 where it ran."""
@@ -144,6 +145,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
                             **({"wrap": busy_at_wrap(a.timing)} if a.timing is not None else {})} for a in arms]
                 kept += arms
     counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else gd.race_counts(_empty_timing())
+    edges = edge_record(models, ids_of, n_steps) if fixes else None
     device = next(iter(ids_of.values())).device
     settings = {"device": str(device), "dtypes": list(dtypes), "loops": list(loops), "models": list(models),
                 "fixes": list(fixes), "n_steps": n_steps, "input_shape": {k: list(v.shape) for k, v in ids_of.items()},
@@ -151,7 +153,27 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
                 "empty_cache_between_arms": False, "event_resolution_ms": gd.RESOLUTION_MS}
     return GpuExperiment(pd.concat(steps, ignore_index=True), pd.concat(states, ignore_index=True),
                          pd.concat(timing, ignore_index=True) if timing else _empty_timing(), counts,
-                         calibration, memory, settings, kept, repeat)
+                         calibration, memory, settings, kept, repeat, edges)
+
+
+RECORD_LIMIT = 50_000_000  # parameters: models up to this size also get the CPU record of which edge closes which hazard
+
+
+def edge_record(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tensor], n_steps: int) -> Any:
+    """Per model (a float32 CPU copy, tiny models only): which fix edge closes which hazard in the CPU record of the
+    report's loop (helpers.offload.hazards.edge_table); larger models are left out, with the reason."""
+    import pandas as pd
+
+    from .hazards import edge_table
+    from .tracking import EDGES
+
+    frames = []
+    for name, model in models.items():
+        if sum(p.numel() for p in model.parameters()) > RECORD_LIMIT:
+            continue
+        cpu = copy.deepcopy(model).float().cpu()
+        frames.append(edge_table(cpu, ids_of[name].cpu(), n_steps, name, tuple(EDGES), loop="report"))
+    return pd.concat(frames, ignore_index=True) if frames else None
 
 
 def _empty_timing() -> Any:
@@ -164,17 +186,28 @@ def _empty_timing() -> Any:
 def decisions(ex: GpuExperiment) -> dict[str, Decision]:
     """The CUDA claims, decided from one experiment's tables (a simulated run says so in every reason)."""
     key = ex.primary()
+    narrow = gd.narrow_key(key, ex.edges)  # the narrow arms are decided where the record says they are narrow
     out = {"offload.prefill_identical": gd.decide_prefill_identical(ex.steps, key),
            "offload.decode_drifts": gd.decide_decode_drifts(ex.steps, key),
            "offload.first_differing_tensor_is_attention_kv": gd.decide_first_tensor(ex.states, ("cpu", *key[1:])),
            "offload.ordering_edge_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, key, "5.20.0 edge"),
            "offload.race_observed_on_device": gd.decide_race_observed(ex.counts),
-           "offload.offload_event_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, key, "offload event"),
-           "offload.record_stream_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, key, "record_stream")}
+           "offload.offload_event_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, narrow, "offload event"),
+           "offload.record_stream_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, narrow, "record_stream")}
+    for cid in ("offload.offload_event_removes_drift", "offload.record_stream_removes_drift"):
+        out[cid].evidence["narrow_on_cpu_record"] = gd.narrow_models(ex.edges)
     if ex.settings.get("simulated_on_cpu"):
         for d in out.values():
             d.why = SIMULATED + d.why
     return out
+
+
+def explain(ex: GpuExperiment) -> list[dict[str, Any]]:
+    """Each explanation's prediction and whether the run matched it, per model in the primary dtype, with whether the
+    CPU record says the narrow fix arms are narrow on that model (where they are not, (c) cannot be told from (a))."""
+    dtype, narrow = ex.primary()[2], gd.narrow_models(ex.edges)
+    return [{"model": model, "dtype": dtype, "fix_arms_narrow_on_cpu_record": model in narrow, **row}
+            for model in ex.settings["models"] for row in gd.explanations(ex.steps, ex.states, ex.counts, model, dtype)]
 
 
 def default_models(seed: int = 0, batch_size: int = 2, seq_len: int = 64, device: str = "cuda") -> tuple[dict[str, Any], dict[str, Any]]:
@@ -192,13 +225,13 @@ def results_json(ex: GpuExperiment, seconds: float) -> dict[str, Any]:
     records = lambda f: json.loads(f.to_json(orient="records", default_handler=str))  # noqa: E731 - NaN -> null
     claims = [{"id": cid, "kind": CLAIM_KINDS[cid], "verdict": verdict_for(CLAIM_KINDS[cid], d.holds), "reason": d.why,
                "deciding": d.deciding, "source": d.source} for cid, d in decisions(ex).items()]
-    model, dtype = ex.primary()[1:]
     return {"schema": "kvkit-gpu-arms/1", "release": compat.TRANSFORMERS_VERSION, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (simulated)",
             "seconds": round(seconds, 1), "settings": ex.settings, "claims": claims,
             "tables": {"steps": records(ex.steps), "race_counts": records(ex.counts),
                        "states_differing": records(ex.states[ex.states.differs]),
-                       "explanations": json.loads(json.dumps(gd.explanations(ex.steps, ex.states, ex.counts, model, dtype), default=str)),
+                       "explanations": json.loads(json.dumps(explain(ex), default=str)),
+                       "edges_on_cpu_record": records(ex.edges) if ex.edges is not None else None,
                        "calibration": ex.calibration, "memory": json.loads(json.dumps(ex.memory, default=str)),
                        "run_to_run": ex.repeat}}
 

@@ -116,6 +116,27 @@ def decide_race_observed(counts: Any) -> Decision:
                     deciding={"prefetches started before their copy ended": raced, "same, with the 5.20.0 edge": edge_early})
 
 
+def narrow_models(edges: Any) -> list[str]:
+    """Models on whose CPU record the narrow fix arms are narrow: the offload event closes only the host-buffer hazard
+    and record_stream only the reuse one (on a model with two offloaded layers the event orders the reuse too)."""
+    if edges is None or len(edges) == 0:
+        return []
+    out = []
+    for model, rows in edges.groupby("model", sort=False):
+        by = {r["edge"]: r for r in rows.to_dict("records")}
+        event, reuse = by.get("offload event"), by.get("record_stream")
+        if event and reuse and event["closes_host_buffer"] and not event["closes_reuse"] \
+                and reuse["closes_reuse"] and not reuse["closes_host_buffer"]:
+            out.append(model)
+    return out
+
+
+def narrow_key(primary: Key, edges: Any) -> Key:
+    """The report's loop and dtype on the first model whose fix arms are narrow (the primary model if none is)."""
+    narrow = narrow_models(edges)
+    return (primary[0], primary[1] if primary[1] in narrow or not narrow else narrow[0], primary[2])
+
+
 def _count(counts: Any, key: Key, column: str, variant: str = OFF) -> int:
     rows = _arm(counts, key, variant)
     return int(rows[column].sum()) if len(rows) else 0
