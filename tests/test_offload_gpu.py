@@ -106,49 +106,9 @@ def test_device_lag_sleeps_on_the_default_stream_once_per_forward(tiny, ids):
     assert not tiny.model._forward_pre_hooks
 
 
-def test_sleep_plan_floor_factor_and_cap():
-    assert calibrate.sleep_plan(None, 1000.0)["sleep_ms"] == calibrate.MIN_SLEEP_MS
-    plan = calibrate.sleep_plan(2.0, 1000.0)
-    assert (plan["sleep_ms"], plan["sleep_cycles"], plan["capped"]) == (8.0, 8000, False)
-    capped = calibrate.sleep_plan(100.0, 1000.0)
-    assert (capped["sleep_ms"], capped["capped"]) == (calibrate.MAX_SLEEP_MS, True)
-
-
-def test_host_time_to_the_wrap_is_the_last_prefetch_of_each_forward():
-    t = pd.DataFrame({"update_index": [0, 5, 6, 11], "call_index": [0, 0, 1, 1],
-                      "host_ms_since_forward_start": [0.1, 3.0, 0.2, 2.5], "default_busy_at_enqueue": [True, False, True, True]})
-    assert calibrate.host_ms_to_wrap(t) == 3.0
-    assert calibrate.busy_at_wrap(t) == {"wrap_prefetches": 2, "default_busy": 1}
-    assert calibrate.host_ms_to_wrap(None) is None and calibrate.busy_at_wrap(t.iloc[:0])["wrap_prefetches"] == 0
-
-
 def test_cycles_per_ms_reads_the_event_clock():
     with streams.recording_streams():
         assert calibrate.cycles_per_ms(repeats=3) == pytest.approx(streams.STAND_IN_CYCLES_PER_MS, rel=0.01)
-
-
-class _Ev:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def elapsed_time(self, end: "_Ev") -> float:
-        return end.t - self.t
-
-
-def test_copy_times_pair_each_prefetch_with_its_copy_and_pending_reads():
-    times = devicetiming.CopyTimes(origin=_Ev(0.0))
-    times.begin("prefill")
-    times.note("offload", 3, done=_Ev(5.0))
-    times.note("update", 4, done=_Ev(9.0), read_ptrs=[111])
-    times.note("prefetch", 3, start=_Ev(1.0), end=_Ev(2.0), default_busy=True, ptrs=[111])
-    times.begin("decode 1")
-    times.note("prefetch", 3, start=_Ev(20.0), end=_Ev(21.0), default_busy=False, ptrs=[222])
-    t = times.table()
-    first, second = t.iloc[0], t.iloc[1]
-    assert (first.lead_ms, first.cross_forward, first.overwrote_pending_read) == (4.0, False, True)
-    assert first.pending_read_of == ["prefill layer 4"] and first.reused_block_of == ["prefill layer 4"]
-    assert (second.lead_ms, second.cross_forward, second.overwrote_pending_read) == (-15.0, True, False)
-    assert devicetiming.write_order(times) == {(0, 4): 1, (0, 3): 2, (1, 3): 3}
 
 
 def test_plain_module_writes_its_results_json(tmp_path, capsys):
@@ -221,16 +181,3 @@ def test_narrow_fix_arms_are_decided_where_the_record_says_they_are_narrow(raced
     assert d.evidence["arm"] == ["report", "tiny dense", "bfloat16"] and d.evidence["narrow_on_cpu_record"] == ["tiny dense"]
     rows = gpu.explain(raced)
     assert {(r["model"], r["fix_arms_narrow_on_cpu_record"]) for r in rows} == {("tiny hybrid", False), ("tiny dense", True)}
-
-
-def test_narrow_models_from_contradicting_records():
-    def rows(model, event, reuse):
-        return [{"model": model, "edge": "offload event", "closes_host_buffer": event[0], "closes_reuse": event[1]},
-                {"model": model, "edge": "record_stream", "closes_host_buffer": reuse[0], "closes_reuse": reuse[1]}]
-    both = pd.DataFrame(rows("a", (True, True), (False, True)) + rows("b", (True, False), (False, True)))
-    assert gd.narrow_models(both) == ["b"] and gd.narrow_key(("report", "a", "x"), both) == ("report", "b", "x")
-    neither = pd.DataFrame(rows("a", (True, True), (True, True)))
-    assert gd.narrow_models(neither) == [] and gd.narrow_key(("report", "a", "x"), neither) == ("report", "a", "x")
-    assert gd.narrow_models(pd.DataFrame(rows("a", (True, False), (True, True)))) == []
-    assert gd.narrow_models(pd.DataFrame(rows("a", (False, False), (False, True)))) == []
-    assert gd.narrow_models(None) == [] and gd.narrow_models(pd.DataFrame(rows("a", (True, False), (False, True))[:1])) == []

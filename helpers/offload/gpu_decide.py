@@ -21,7 +21,7 @@ Key = tuple[str, str, str]  # (loop, model, dtype)
 
 def _arm(table: Any, key: Key, variant: str) -> Any:
     loop, model, dtype = key
-    return table[(table.loop == loop) & (table.model == model) & (table.dtype == dtype) & (table.variant == variant)]
+    return table.loc[(table.loop == loop) & (table.model == model) & (table.dtype == dtype) & (table.variant == variant)]
 
 
 def decide_prefill_identical(steps: Any, key: Key) -> Decision:

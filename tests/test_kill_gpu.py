@@ -1,0 +1,144 @@
+"""Kill tests for the GPU arms' decision logic (make mutants: helpers/offload/gpu_decide.py, states.py, calibrate.py,
+devicetiming.py) on hand-made tables and events: no model runs."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from helpers.offload import calibrate, devicetiming
+from helpers.offload import gpu_decide as gd
+
+
+def test_sleep_plan_floor_factor_and_cap():
+    assert calibrate.sleep_plan(None, 1000.0)["sleep_ms"] == calibrate.MIN_SLEEP_MS
+    plan = calibrate.sleep_plan(2.0, 1000.0)
+    assert (plan["sleep_ms"], plan["sleep_cycles"], plan["capped"]) == (8.0, 8000, False)
+    capped = calibrate.sleep_plan(100.0, 1000.0)
+    assert (capped["sleep_ms"], capped["capped"]) == (calibrate.MAX_SLEEP_MS, True)
+
+
+def test_host_time_to_the_wrap_is_the_last_prefetch_of_each_forward():
+    t = pd.DataFrame({"update_index": [0, 5, 6, 11], "call_index": [0, 0, 1, 1],
+                      "host_ms_since_forward_start": [0.1, 3.0, 0.2, 2.5], "default_busy_at_enqueue": [True, False, True, True]})
+    assert calibrate.host_ms_to_wrap(t) == 3.0
+    assert calibrate.busy_at_wrap(t) == {"wrap_prefetches": 2, "default_busy": 1}
+    assert calibrate.host_ms_to_wrap(None) is None and calibrate.busy_at_wrap(t.iloc[:0])["wrap_prefetches"] == 0
+
+
+class _Ev:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def elapsed_time(self, end: "_Ev") -> float:
+        return end.t - self.t
+
+
+def test_copy_times_pair_each_prefetch_with_its_copy_and_pending_reads():
+    times = devicetiming.CopyTimes(origin=_Ev(0.0))
+    times.begin("prefill")
+    times.note("offload", 3, done=_Ev(5.0))
+    times.note("update", 4, done=_Ev(9.0), read_ptrs=[111])
+    times.note("prefetch", 3, start=_Ev(1.0), end=_Ev(2.0), default_busy=True, ptrs=[111])
+    times.begin("decode 1")
+    times.note("prefetch", 3, start=_Ev(20.0), end=_Ev(21.0), default_busy=False, ptrs=[222])
+    t = times.table()
+    first, second = t.iloc[0], t.iloc[1]
+    assert (first.lead_ms, first.cross_forward, first.overwrote_pending_read) == (4.0, False, True)
+    assert first.pending_read_of == ["prefill layer 4"] and first.reused_block_of == ["prefill layer 4"]
+    assert (second.lead_ms, second.cross_forward, second.overwrote_pending_read) == (-15.0, True, False)
+    assert devicetiming.write_order(times) == {(0, 4): 1, (0, 3): 2, (1, 3): 3}
+
+
+def test_narrow_models_from_contradicting_records():
+    def rows(model, event, reuse):
+        return [{"model": model, "edge": "offload event", "closes_host_buffer": event[0], "closes_reuse": event[1]},
+                {"model": model, "edge": "record_stream", "closes_host_buffer": reuse[0], "closes_reuse": reuse[1]}]
+    both = pd.DataFrame(rows("a", (True, True), (False, True)) + rows("b", (True, False), (False, True)))
+    assert gd.narrow_models(both) == ["b"] and gd.narrow_key(("report", "a", "x"), both) == ("report", "b", "x")
+    neither = pd.DataFrame(rows("a", (True, True), (True, True)))
+    assert gd.narrow_models(neither) == [] and gd.narrow_key(("report", "a", "x"), neither) == ("report", "a", "x")
+    assert gd.narrow_models(pd.DataFrame(rows("a", (True, False), (True, True)))) == []
+    assert gd.narrow_models(pd.DataFrame(rows("a", (False, False), (False, True)))) == []
+    assert gd.narrow_models(None) == [] and gd.narrow_models(pd.DataFrame(rows("a", (True, False), (False, True))[:1])) == []
+
+
+# --- each explanation's prediction on hand-made tables --------------------------------------------------------------
+
+M, DT = "m", "bfloat16"
+OFF = "offloading=True"
+EVENT, REUSE = "offloading=True + offload event", "offloading=True + record_stream"
+
+
+def _steps(loop: str, variant: str, drift: bool) -> list[dict[str, Any]]:
+    diffs = [0.0, 2.0 if drift else 0.0, 3.0 if drift else 0.0]
+    return [{"loop": loop, "model": M, "dtype": DT, "variant": variant, "step": i, "max_abs_diff": d, "noise_threshold": 0.01,
+             "matches": d <= 0.01, "differs": d > 0.01, "bitwise_equal": d == 0.0} for i, d in enumerate(diffs)]
+
+
+def _state(loop: str, variant: str, step: int, kind: str, differs: bool) -> dict[str, Any]:
+    return {"loop": loop, "model": M, "dtype": DT, "variant": variant, "step": step,
+            "call": "prefill" if step == 0 else f"decode {step}", "tensor": "layer 3 keys", "layer": 3, "kind": kind,
+            "write_order": 3, "max_abs_diff": 1.0 if differs else 0.0, "noise_threshold": 0.01, "differs": differs}
+
+
+def world(first_call: str = "prefill", first_kind: str = "attention K/V", event_clean: bool = True, reuse_clean: bool = False,
+          same_forward: int = 3, earlier_forward: int = 2, pending: int = 0) -> tuple[Any, Any, Any]:
+    """Tables of one run: the plain arm drifts (logits from decode 1; its first state difference at `first_call`)."""
+    steps, states, timing = [], [], []
+    step = 0 if first_call == "prefill" else int(first_call.split()[-1])
+    for loop in ("cpu", "report"):
+        steps += _steps(loop, OFF, True) + _steps(loop, EVENT, not event_clean) + _steps(loop, REUSE, not reuse_clean)
+        states += [_state(loop, OFF, s, first_kind, s >= step) for s in range(3)]
+        states += [_state(loop, EVENT, s, first_kind, not event_clean and s >= step) for s in range(3)]
+        states += [_state(loop, REUSE, s, first_kind, not reuse_clean and s >= step) for s in range(3)]
+        base = {"loop": loop, "model": M, "dtype": DT, "variant": OFF, "default_busy_at_enqueue": True}
+        timing += [{**base, "lead_ms": 1.0, "cross_forward": False, "overwrote_pending_read": k < pending} for k in range(same_forward)]
+        if loop == "report":
+            timing += [{**base, "lead_ms": 1.0, "cross_forward": True, "overwrote_pending_read": False} for _ in range(earlier_forward)]
+    return pd.DataFrame(steps), pd.DataFrame(states), gd.race_counts(pd.DataFrame(timing))
+
+
+def matched(tables: tuple[Any, Any, Any]) -> dict[str, bool]:
+    return {r["explanation"][:3]: r["matched"] for r in gd.explanations(*tables, M, DT)}
+
+
+def test_the_wrap_race_matches_a_and_b_only():
+    assert matched(world()) == {"(a)": True, "(b)": True, "(c)": False, "(d)": False}
+
+
+def test_each_prediction_of_the_wrap_race_is_needed():
+    assert matched(world(first_call="decode 1"))["(a)"] is False  # prefill snapshot clean
+    assert matched(world(same_forward=0))["(a)"] is False  # no same-forward prefetch started early
+    assert matched(world(event_clean=False))["(a)"] is False  # the host-buffer fix does not remove it
+    assert matched(world(first_kind="linear conv/recurrent state"))["(a)"] is False
+    assert matched(world(earlier_forward=0))["(b)"] is False
+    assert matched(world(event_clean=False))["(b)"] is False
+
+
+def test_the_reuse_race_matches_c_only():
+    reuse = world(first_call="decode 1", event_clean=False, reuse_clean=True, pending=1, earlier_forward=0)
+    assert matched(reuse) == {"(a)": False, "(b)": False, "(c)": True, "(d)": False}
+    assert matched(world(first_call="decode 1", event_clean=False, reuse_clean=True, pending=0))["(c)"] is False
+    assert matched(world(first_call="decode 1", event_clean=True, reuse_clean=True, pending=1))["(c)"] is False
+    assert matched(world(first_call="decode 1", event_clean=False, reuse_clean=False, pending=1))["(c)"] is False
+    assert matched(world(first_call="prefill", event_clean=False, reuse_clean=True, pending=1))["(c)"] is False
+    assert matched(world(first_call="decode 2", event_clean=False, reuse_clean=True, pending=1))["(c)"] is False
+
+
+def test_a_linear_state_first_matches_the_reports_hypothesis():
+    assert matched(world(first_kind="linear conv/recurrent state"))["(d)"] is True
+    steps, states, counts = world()
+    clean = states.assign(differs=False)
+    rows = matched((steps, clean, counts))
+    assert rows["(d)"] is False and rows["(a)"] is False
+
+
+def test_explanations_report_what_they_saw():
+    rows = gd.explanations(*world(), M, DT)
+    a = rows[0]["observed"]
+    assert a["first"]["call"] == "prefill" and a["prefill_logits_bitwise"] is True and a["same_forward_early"] == 3
+    assert rows[1]["observed"] == {"earlier_forward_early": 2, "offload_event_clean": True}
+    empty = gd.explanations(pd.DataFrame(columns=world()[0].columns), pd.DataFrame(columns=world()[1].columns),
+                            world()[2].iloc[:0], M, DT)
+    assert empty[0]["observed"]["prefill_logits_bitwise"] is None and not any(r["matched"] for r in empty)
