@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
+import pytest
 
 from helpers.offload import calibrate, devicetiming
 from helpers.offload import gpu_decide as gd
@@ -73,7 +74,7 @@ EVENT, REUSE = "offloading=True + offload event", "offloading=True + record_stre
 def _steps(loop: str, variant: str, drift: bool) -> list[dict[str, Any]]:
     diffs = [0.0, 2.0 if drift else 0.0, 3.0 if drift else 0.0]
     return [{"loop": loop, "model": M, "dtype": DT, "variant": variant, "step": i, "max_abs_diff": d, "noise_threshold": 0.01,
-             "matches": d <= 0.01, "differs": d > 0.01, "bitwise_equal": d == 0.0} for i, d in enumerate(diffs)]
+             "matches": d <= 0.01, "differs": d > 0.01, "bitwise_equal": d == 0.0, "argmax_match": True} for i, d in enumerate(diffs)]
 
 
 def _state(loop: str, variant: str, step: int, kind: str, differs: bool) -> dict[str, Any]:
@@ -142,3 +143,86 @@ def test_explanations_report_what_they_saw():
     empty = gd.explanations(pd.DataFrame(columns=world()[0].columns), pd.DataFrame(columns=world()[1].columns),
                             world()[2].iloc[:0], M, DT)
     assert empty[0]["observed"]["prefill_logits_bitwise"] is None and not any(r["matched"] for r in empty)
+
+
+# --- whole outputs ---------------------------------------------------------------------------------------------------
+
+def test_sleep_plan_whole_output():
+    assert calibrate.sleep_plan(2.00049, 1000.0, factor=3.0, floor_ms=0.5, cap_ms=6.0002) == {
+        "cycles_per_ms": 1000.0, "host_ms_to_wrap": 2.00049, "factor": 3.0, "floor_ms": 0.5, "cap_ms": 6.0002,
+        "sleep_ms": 6.0002, "sleep_cycles": 6000, "capped": True,
+        "why": "sleep = min(6.0002 ms, max(0.5 ms, 3.0 x 2.0 ms host time to the wrap prefetch))"}
+    at_cap = calibrate.sleep_plan(2.0, 1000.0, factor=3.0, cap_ms=6.0)
+    assert (at_cap["sleep_ms"], at_cap["capped"]) == (6.0, False)  # exactly the cap is not capped
+    none = calibrate.sleep_plan(None, 10.0)
+    assert none["why"].endswith("x None ms host time to the wrap prefetch))") and none["sleep_cycles"] == 10
+
+
+def test_wrap_helpers_on_one_row_and_on_nothing():
+    one = pd.DataFrame({"update_index": [4], "call_index": [0], "host_ms_since_forward_start": [1.5],
+                        "default_busy_at_enqueue": [True]})
+    assert calibrate.host_ms_to_wrap(one) == 1.5 and calibrate.busy_at_wrap(one) == {"wrap_prefetches": 1, "default_busy": 1}
+    empty = one.iloc[:0]
+    assert calibrate.host_ms_to_wrap(empty) is None
+    assert calibrate.busy_at_wrap(None) == calibrate.busy_at_wrap(empty) == {"wrap_prefetches": 0, "default_busy": 0}
+
+
+def test_copy_times_whole_rows(monkeypatch):
+    clock = iter([10.0, 10.002, 10.004, 10.005, 10.007, 10.010, 10.011])
+    monkeypatch.setattr(devicetiming.time, "perf_counter", lambda: next(clock))
+    times = devicetiming.CopyTimes(origin=_Ev(1.0))
+    times.begin("prefill")                                         # 10.0
+    times.note("state write", 1, method="update_conv_state")      # 10.002
+    times.note("update", 2, done=_Ev(3.0), read_ptrs=[])           # 10.004: read nothing (first call)
+    times.note("update", 4, done=_Ev(8.0), read_ptrs=[7, 8])       # 10.005
+    times.note("prefetch", 5, start=_Ev(2.0), end=_Ev(2.5), default_busy=False, ptrs=[9])  # 10.007: no producer
+    times.note("prefetch", 6, start=_Ev(8.0), end=_Ev(9.0), default_busy=True, ptrs=[8])   # 10.010
+    rows = times.table().to_dict("records")
+    assert rows[0] == {"call": "prefill", "call_index": 0, "update_index": -1, "layer": 5, "producer_call": None,
+                       "cross_forward": False, "prefetch_start_ms": 1.0, "prefetch_end_ms": 1.5, "producer_done_ms": None,
+                       "lead_ms": None, "default_busy_at_enqueue": False,
+                       "host_ms_since_forward_start": pytest.approx(7.0), "reused_block_of": [], "overwrote_pending_read": False,
+                       "pending_read_of": []}
+    assert rows[1]["reused_block_of"] == ["prefill layer 4"] and rows[1]["pending_read_of"] == []  # ends exactly at the start
+    assert rows[1]["overwrote_pending_read"] is False and rows[1]["host_ms_since_forward_start"] == pytest.approx(10.0)
+    assert times.rows[0]["host_ms"] == pytest.approx(2.0) and times.rows[0]["method"] == "update_conv_state"
+    assert devicetiming.write_order(times) == {(0, 1): 0, (0, 2): 1, (0, 4): 2, (0, 5): 3, (0, 6): 4}
+
+
+def test_race_counts_keep_the_arms_order_and_columns():
+    rows = [{"loop": "report", "model": "m", "dtype": "x", "variant": v, "lead_ms": ms, "cross_forward": False,
+             "overwrote_pending_read": False, "default_busy_at_enqueue": True}
+            for v, ms in (("z arm", 0.5), ("a arm", None), ("z arm", None))]
+    counts = gd.race_counts(pd.DataFrame(rows))
+    assert counts.variant.tolist() == ["z arm", "a arm"]
+    assert counts.started_before_producer_done.tolist() == [1, 0] and counts.max_lead_ms.tolist()[0] == 0.5
+    empty = gd.race_counts(pd.DataFrame(columns=list(rows[0])))
+    assert empty.columns.tolist() == ["loop", "model", "dtype", "variant", "prefetches", "started_before_producer_done",
+                                      "same_forward", "earlier_forward", "max_lead_ms", "overwrote_pending_read",
+                                      "default_busy_at_enqueue"] and empty.empty
+
+
+def _edge_rows(model: str, event: tuple[bool, bool], reuse: tuple[bool, bool]) -> list[dict[str, Any]]:
+    return [{"model": model, "edge": "offload event", "closes_host_buffer": event[0], "closes_reuse": event[1]},
+            {"model": model, "edge": "record_stream", "closes_host_buffer": reuse[0], "closes_reuse": reuse[1]}]
+
+
+def test_narrow_models_keep_the_experiments_order():
+    both = pd.DataFrame(_edge_rows("b", (True, False), (False, True)) + _edge_rows("a", (True, False), (False, True)))
+    assert gd.narrow_models(both) == ["b", "a"]
+    assert gd.narrow_key(("report", "a", "x"), both) == ("report", "a", "x")  # the primary model is narrow: kept
+    assert gd.narrow_key(("report", "c", "a"), both) == ("report", "b", "a")
+    assert gd.narrow_models(pd.DataFrame(columns=["model", "edge", "closes_host_buffer", "closes_reuse"])) == []
+
+
+def test_fix_decision_edge_cases():
+    steps = pd.DataFrame([_steps("report", OFF, True)[0] | {"step": s, "max_abs_diff": d, "matches": d <= 0.01,
+                                                            "differs": d > 0.01, "bitwise_equal": d == 0}
+                          for s, d in ((0, 0.0), (1, 2.123456))]
+                         + [_steps("report", EVENT, False)[0]])
+    states = pd.DataFrame(columns=["loop", "model", "dtype", "variant", "step", "write_order", "layer", "differs"])
+    d = gd.decide_fix_removes_drift(steps, states, ("report", M, DT), "offload event")
+    assert d.holds and d.deciding == {"drift without the edge": True, "max |logit diff| with offload event": 0.0}
+    missing = gd.decide_fix_removes_drift(steps, states, ("report", M, DT), "record_stream")
+    assert not missing.holds and missing.deciding["max |logit diff| with record_stream"] is None
+    assert "[2.1235]" in gd.decide_decode_drifts(steps, ("report", M, DT)).why

@@ -181,3 +181,11 @@ def test_narrow_fix_arms_are_decided_where_the_record_says_they_are_narrow(raced
     assert d.evidence["arm"] == ["report", "tiny dense", "bfloat16"] and d.evidence["narrow_on_cpu_record"] == ["tiny dense"]
     rows = gpu.explain(raced)
     assert {(r["model"], r["fix_arms_narrow_on_cpu_record"]) for r in rows} == {("tiny hybrid", False), ("tiny dense", True)}
+
+
+def test_a_gpu_without_bfloat16_runs_float32_only(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla T4")
+    kept, dropped = gpu.usable_dtypes(("float32", "bfloat16"), torch.device("cuda"))
+    assert kept == ("float32",) and "Tesla T4" in dropped["bfloat16"]
+    assert gpu.usable_dtypes(("float32", "bfloat16"), torch.device("cpu")) == (("float32", "bfloat16"), {})

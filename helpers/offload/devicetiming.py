@@ -59,7 +59,7 @@ class CopyTimes:
         for r in self.rows:
             if r["kind"] == "offload":
                 last_offload[r["layer"]] = r
-            elif r["kind"] == "update" and r.get("read_ptrs"):
+            elif r["kind"] == "update":
                 reads.append(r)
             elif r["kind"] == "prefetch":
                 rows.append(self._prefetch_row(r, last_offload.get(r["layer"]), reads))

@@ -118,12 +118,24 @@ def _compare(arms: list[Arm], dtype: torch.dtype, tags: dict[str, Any]) -> tuple
     return steps, states, timing
 
 
+def usable_dtypes(dtypes: tuple[str, ...], device: torch.device) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The dtypes this device runs, and the ones left out with the reason (bfloat16 on a GPU without it, e.g. a T4)."""
+    dropped: dict[str, str] = {}
+    if device.type == "cuda" and "bfloat16" in dtypes and not torch.cuda.is_bf16_supported():
+        dropped["bfloat16"] = f"{torch.cuda.get_device_name(device)}: torch.cuda.is_bf16_supported() is False"
+    return tuple(d for d in dtypes if d not in dropped), dropped
+
+
 def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tensor], dtypes: tuple[str, ...] = ("float32", "bfloat16"),
                loops: tuple[str, ...] = LOOPS, n_steps: int = 4, fixes: tuple[str, ...] = FIXES, simulate: bool = False,
                race_lag: int | None = None, cycles: int | None = None) -> GpuExperiment:
     """Every arm on every model, dtype and loop; `cycles` overrides the calibrated sleep."""
     import pandas as pd
 
+    device = next(iter(ids_of.values())).device
+    dtypes, dropped = usable_dtypes(tuple(dtypes), device)
+    if not dtypes:
+        raise ValueError(f"no dtype left to run: {dropped}")
     with recording_streams() if simulate else nullcontext():
         rate = cycles_per_ms()
     steps, states, timing, calibration, memory, kept, repeat = [], [], [], [], [], [], []
@@ -146,8 +158,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
                 kept += arms
     counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else gd.race_counts(_empty_timing())
     edges = edge_record(models, ids_of, n_steps) if fixes else None
-    device = next(iter(ids_of.values())).device
-    settings = {"device": str(device), "dtypes": list(dtypes), "loops": list(loops), "models": list(models),
+    settings = {"device": str(device), "dtypes": list(dtypes), "dtypes_left_out": dropped, "loops": list(loops), "models": list(models),
                 "fixes": list(fixes), "n_steps": n_steps, "input_shape": {k: list(v.shape) for k, v in ids_of.items()},
                 "simulated_on_cpu": simulate, "race_lag": race_lag, "cycles_override": cycles,
                 "empty_cache_between_arms": False, "event_resolution_ms": gd.RESOLUTION_MS}

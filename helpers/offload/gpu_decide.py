@@ -89,7 +89,7 @@ def race_counts(timing: Any, resolution_ms: float = RESOLUTION_MS) -> Any:
 
     rows = []
     for (loop, model, dtype, variant), t in timing.groupby(["loop", "model", "dtype", "variant"], sort=False):
-        early = t[t.lead_ms.fillna(float("-inf")) > resolution_ms]
+        early = t[pd.to_numeric(t.lead_ms) > resolution_ms]  # no producer (None/NaN): not early
         rows.append({"loop": loop, "model": model, "dtype": dtype, "variant": variant, "prefetches": int(len(t)),
                      "started_before_producer_done": int(len(early)),
                      "same_forward": int((~early.cross_forward).sum()), "earlier_forward": int(early.cross_forward.sum()),
@@ -119,14 +119,14 @@ def decide_race_observed(counts: Any) -> Decision:
 def narrow_models(edges: Any) -> list[str]:
     """Models on whose CPU record the narrow fix arms are narrow: the offload event closes only the host-buffer hazard
     and record_stream only the reuse one (on a model with two offloaded layers the event orders the reuse too)."""
-    if edges is None or len(edges) == 0:
+    if edges is None:
         return []
     out = []
     for model, rows in edges.groupby("model", sort=False):
-        by = {r["edge"]: r for r in rows.to_dict("records")}
+        by = {r.edge: r for r in rows.itertuples()}
         event, reuse = by.get("offload event"), by.get("record_stream")
-        if event and reuse and event["closes_host_buffer"] and not event["closes_reuse"] \
-                and reuse["closes_reuse"] and not reuse["closes_host_buffer"]:
+        if event is not None and reuse is not None and event.closes_host_buffer and not event.closes_reuse \
+                and reuse.closes_reuse and not reuse.closes_host_buffer:
             out.append(model)
     return out
 
@@ -139,7 +139,7 @@ def narrow_key(primary: Key, edges: Any) -> Key:
 
 def _count(counts: Any, key: Key, column: str, variant: str = OFF) -> int:
     rows = _arm(counts, key, variant)
-    return int(rows[column].sum()) if len(rows) else 0
+    return int(rows[column].sum())  # an empty arm sums to 0
 
 
 def explanations(steps: Any, states: Any, counts: Any, model: str, dtype: str) -> list[dict[str, Any]]:

@@ -86,7 +86,7 @@ def compare_states(base: list[State], again: list[State], other: list[State], dt
 def first_difference(states: Any) -> dict[str, Any] | None:
     """The first state tensor beyond its floor: earliest snapshot, then the earliest write in host order (the wrap
     prefetch of the first offloaded layer comes after the last layer's update), then the lower layer."""
-    bad = states.loc[states.differs.astype(bool)].sort_values(["step", "write_order", "layer"], kind="stable")
+    bad = states.loc[states.differs.astype(bool)].sort_values(["step", "write_order", "layer"])  # lexsort: stable
     keys = ("variant", "call", "tensor", "layer", "kind", "write_order", "max_abs_diff", "noise_threshold")
     if bad.empty:
         return None
