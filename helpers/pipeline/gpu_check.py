@@ -29,8 +29,9 @@ CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_d
           "offload.offload_event_removes_drift", "offload.record_stream_removes_drift", FLASH_CLAIM)
 NO_CUDA = 2
 TORCH_PROBE = "import torch; print(torch.version.cuda, torch.cuda.is_available())"
+SIMULATED = ("simulated", True, "")  # --simulate: torch_cuda's answer taken as given (tests only)
 Probe = Callable[[str], "tuple[str | None, bool, str]"]
-Step = Callable[[str, Path, float], "int | None"]
+Step = Callable[[str, Path, float], "int | str"]  # an exit status, or why the step was skipped
 
 
 def releases_to_run(extra: list[str] | None) -> list[str]:
@@ -82,19 +83,29 @@ def refusal_line(reason: str) -> str:
     return f"gpu-check: {reason}; the GPU arms need CUDA, nothing was run."
 
 
-def run_arms(python: str, out: Path, timeout: float) -> int:
+def run_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> int:
     """`python -m helpers.offload.gpu --out <out> --dtypes float32 bfloat16`; its exit status (2: it refused)."""
-    return _call([python, "-m", ARMS_MODULE, "--out", str(out), "--dtypes", *DTYPES], out, timeout)
+    return _call([python, "-m", ARMS_MODULE, "--out", str(out), "--dtypes", *DTYPES, *extra], out, timeout)
+
+
+def simulated_arms(python: str, out: Path, timeout: float) -> int:
+    """run_arms with --simulate: the arms on CPU under stand-ins (tests only)."""
+    return run_arms(python, out, timeout, ("--simulate",))
+
+
+def no_flash(python: str, out: Path, timeout: float) -> str:
+    return "skipped: simulated run (notebook 07's flash step needs CUDA)"
 
 
 def has_papermill(python: str) -> bool:
     return _call([python, "-c", "import papermill"], None, 300, capture_output=True) == 0
 
 
-def run_flash(python: str, out: Path, timeout: float) -> int | None:
-    """Notebook 07 on CUDA in float16 under `python`, writing into `out`; None where papermill does not import."""
+def run_flash(python: str, out: Path, timeout: float) -> int | str:
+    """Notebook 07 on CUDA in float16 under `python`, writing into `out`; FLASH_SKIPPED where papermill does not
+    import."""
     if not has_papermill(python):
-        return None
+        return FLASH_SKIPPED
     return _call([python, "-m", "helpers.pipeline.runner", "run", "07", *FLASH_ARGS], out, timeout)
 
 
@@ -120,7 +131,7 @@ def arms_facts(out: Path) -> dict[str, Any]:
     return {k: data.get(k) for k in ("schema", "release", "torch", "device_name", "seconds")}
 
 
-def _timed(step: Step, python: str, out: Path, timeout: float) -> tuple[int | None, float]:
+def _timed(step: Step, python: str, out: Path, timeout: float) -> tuple[int | str, float]:
     start = time.perf_counter()
     rc = step(python, out, timeout)
     return rc, round(time.perf_counter() - start, 1)
@@ -147,8 +158,8 @@ def check_release(release: str, timeout: float, run: Step = run_arms, flash: Ste
         row["flash_rc"], row["flash_seconds"] = _timed(flash, env.python, out, timeout)
     row["seconds"] = round(time.perf_counter() - start, 1)
     row["verdicts"] = verdicts(out)
-    if row["rc"] is not None and row["flash_rc"] is None:
-        row["verdicts"][FLASH_CLAIM] = FLASH_SKIPPED
+    if isinstance(row["flash_rc"], str):  # skipped, and why
+        row["verdicts"][FLASH_CLAIM], row["flash_rc"] = row["flash_rc"], None
     row["arms"] = arms_facts(out)
     row["results"] = f"outputs/gpu/{release}/{ARMS_FILE}"
     return row
@@ -193,7 +204,11 @@ def main(argv: list[str] | None = None, cuda: tuple[bool, str] | None = None, pr
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--releases", nargs="*", default=None, help="releases besides the pinned one and 5.20.0")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per step and release (default 600)")
+    parser.add_argument("--simulate", action="store_true",
+                        help="tests only: no CUDA refusal, the arms with --simulate (CPU stand-ins), no flash step")
     args = parser.parse_args(argv)
+    if args.simulate:
+        cuda, probe, run, flash = (True, ""), lambda python: SIMULATED, simulated_arms, no_flash
     why = refusal(cuda, probe)
     if why:
         print(refusal_line(why))
