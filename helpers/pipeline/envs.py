@@ -3,7 +3,9 @@ else with the environment running this code (torch above all: it is never downlo
 holds only transformers==<release> and whichever of its dependencies (tokenizers,
 huggingface-hub, ...) the shared ones do not satisfy. A `.pth` file in it adds the shared
 site-packages (and through them this kit's editable install) after its own. The pinned release
-reuses the running environment itself. Environments are kept and reused on the next run.
+reuses the running environment itself. Environments are kept and reused on the next run. Where wheels/
+(`make gpu-wheels`) holds the release's transformers wheel, pip installs from it alone (--no-index), for
+machines without network.
 """
 from __future__ import annotations
 
