@@ -13,12 +13,18 @@ ARGS ?=
 JOBS ?=
 RELEASES ?= 5.14.1 5.17.0 5.19.0 5.20.0 5.24.0
 RELEASES_GPU ?=
+# gpu-check's python: the kit's .venv where it exists, else python3 (a stock GPU image: CUDA torch, transformers,
+# pandas, matplotlib installed, no jupyter, no network). Another python whose torch imports runs without `env`.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+# gpu-wheels: what 5.20.0 needs offline. Its requirements differ from 5.17.0's only in huggingface-hub<3.0,>=1.31.0,
+# which the lent GPU machine's huggingface-hub 1.33.0 meets, so the transformers wheel alone is enough there.
+GPU_WHEELS ?= transformers==5.20.0
 CLAIM ?=
 KEY ?=
 GOOD ?=
 BAD ?=
 
-.PHONY: env run-all run test report matrix bisect gpu-check mutants clean
+.PHONY: env run-all run test report matrix bisect gpu-check gpu-wheels mutants clean
 
 env: $(ENV_STAMP)
 
@@ -59,9 +65,23 @@ matrix: env
 bisect: env
 	$(PY) -m helpers.pipeline.bisect --notebook "$(NB)" $(if $(CLAIM),--claim $(CLAIM)) $(if $(KEY),--key $(KEY)) $(if $(GOOD),--good $(GOOD)) $(if $(BAD),--bad $(BAD))
 
-# gpu-check: the CUDA-only claims on a machine with a GPU (RELEASES_GPU="5.17.0 5.24.0" to choose releases).
-gpu-check: env
-	$(PY) -m helpers.pipeline.gpu_check $(if $(RELEASES_GPU),--releases $(RELEASES_GPU))
+# gpu-check: the CUDA-only claims on a machine with a GPU (RELEASES_GPU="5.17.0 5.24.0" to choose releases), with
+# python -m helpers.offload.gpu (no jupyter). GPU_PY (other than the kit's .venv) runs as it is when its torch
+# imports; else the kit's .venv is built first, as for every other target. helpers imports from this checkout.
+GPU_CHECK_ARGS = -m helpers.pipeline.gpu_check $(if $(RELEASES_GPU),--releases $(RELEASES_GPU))
+gpu-check:
+	@if [ "$(GPU_PY)" != "$(PY)" ] && $(GPU_PY) -c "import torch" 2>/dev/null; then \
+		echo "PYTHONPATH=$(CURDIR) $(GPU_PY) $(GPU_CHECK_ARGS)"; \
+		PYTHONPATH="$(CURDIR)" $(GPU_PY) $(GPU_CHECK_ARGS); \
+	else \
+		$(MAKE) --no-print-directory env && $(PY) $(GPU_CHECK_ARGS); \
+	fi
+
+# gpu-wheels: the wheels gpu-check's second release installs from on a machine without network, into wheels/
+# (GPU_WHEELS= to add others); ensure_env installs from wheels/ alone (--no-index) when it holds the release.
+gpu-wheels:
+	$(GPU_PY) -m pip download -q --no-deps --only-binary=:all: -d wheels/ $(GPU_WHEELS)
+	@ls -l wheels/
 
 test: env
 	$(PY) -m pytest -q -n 2 --dist loadfile tests

@@ -1,5 +1,5 @@
-"""Notebook 05: the tiny hybrid, the offload/prefetch recorder, the GPU experiment executed on CPU under the
-recording stand-ins (with and without the replayed race), its decisions, and gpu-check."""
+"""Notebook 05: the tiny hybrid, the offload/prefetch recorder, the installed source, and the notebook on CPU (with its
+CUDA sections under the recording stand-ins). The GPU arms: tests/test_offload_gpu.py; gpu-check: tests/test_gpu_check.py."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import torch
 
 from helpers import hybrid
 from helpers.offload import gpu, loops, schedule, source, streams
-from helpers.pipeline import gpu_check, runner
+from helpers.pipeline import runner
 from helpers.pipeline.paths import repo_root
 
 NO_CUDA = not torch.cuda.is_available()
@@ -134,34 +134,6 @@ def test_source_facts_match_the_recorded_schedule():
     assert "Cache.update" in names and "LinearAttentionCacheLayerMixin.offload" in names
 
 
-def test_gpu_check_refuses_without_cuda(capsys):
-    assert gpu_check.main([], cuda_available=False) == gpu_check.NO_CUDA
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 1 and "CUDA" in out[0]
-
-
-def test_gpu_check_runs_notebook_05_on_the_pinned_release_and_520(monkeypatch, tmp_path, capsys):
-    from helpers.pipeline import release_matrix
-
-    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
-    monkeypatch.setattr(release_matrix, "ensure_env",
-                        lambda release, log=print: release_matrix.ReleaseEnv(release, True, python=f"/envs/{release}/python"))
-    calls = []
-
-    def fake_run(python, out, timeout):
-        calls.append((python, out))
-        (out / "results").mkdir(parents=True, exist_ok=True)
-        claims = [{"id": cid, "verdict": "reproduced"} for cid in gpu_check.CLAIMS]
-        (out / "results" / f"{gpu_check.NOTEBOOK}.json").write_text(json.dumps({"claims": claims}))
-        return 0
-
-    assert gpu_check.main(["--releases", "5.24.0", "5.20.0"], cuda_available=True, run=fake_run) == 0
-    pinned = release_matrix.pinned_release()
-    assert [c[0] for c in calls] == [f"/envs/{r}/python" for r in (pinned, "5.20.0", "5.24.0")]
-    assert [c[1] for c in calls] == [tmp_path / "gpu" / r for r in (pinned, "5.20.0", "5.24.0")]
-    summary = json.loads((tmp_path / "gpu" / "gpu-check.json").read_text())
-    assert summary[1]["verdicts"]["offload.ordering_edge_removes_drift"] == "reproduced"
-    assert "offload.decode_drifts: reproduced" in capsys.readouterr().out
 
 
 @pytest.mark.e2e

@@ -207,18 +207,3 @@ def test_flash_status_names_each_missing_piece(monkeypatch):
     ok, why = checks.flash_status("cuda", "float32")
     assert not ok and "float16 or bfloat16" in why
     assert checks.flash_status("cuda", "bfloat16") == (True, "")
-
-
-def test_gpu_check_runs_notebook_07_after_05(monkeypatch, tmp_path):
-    import subprocess
-
-    from helpers.pipeline import gpu_check
-
-    cmds = []
-    monkeypatch.setattr(subprocess, "call", lambda cmd, **kw: cmds.append(cmd) or (0 if len(cmds) == 1 else 3))
-    assert gpu_check.run_notebook("/env/python", tmp_path, 10) == 3  # 07's failure is reported
-    assert [c[4] for c in cmds] == ["05", "07"] and cmds[1][5:] == list(gpu_check.FLASH_ARGS)
-    (tmp_path / "results").mkdir()
-    (tmp_path / "results" / f"{gpu_check.FLASH_NOTEBOOK}.json").write_text(
-        '{"claims": [{"id": "regress.flash_attention_2_matches_sdpa", "verdict": "holds"}]}')
-    assert gpu_check.verdicts(tmp_path) == {"regress.flash_attention_2_matches_sdpa": "holds"}

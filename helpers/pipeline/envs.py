@@ -3,7 +3,9 @@ else with the environment running this code (torch above all: it is never downlo
 holds only transformers==<release> and whichever of its dependencies (tokenizers,
 huggingface-hub, ...) the shared ones do not satisfy. A `.pth` file in it adds the shared
 site-packages (and through them this kit's editable install) after its own. The pinned release
-reuses the running environment itself. Environments are kept and reused on the next run.
+reuses the running environment itself. Environments are kept and reused on the next run. Where wheels/
+(`make gpu-wheels`) holds the release's transformers wheel, pip installs from it alone (--no-index), for
+machines without network.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import fcntl
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import sysconfig
@@ -46,10 +49,13 @@ for name in sys.argv[1:]:
 print(json.dumps(unmet))
 """
 
+# Run inside a release environment: the versions it imports, after importing the modules named in argv.
 _PROBE = r"""
-import json, importlib.metadata as m
-import torch, transformers, helpers, papermill, nbconvert
-out = {"python_executable": __import__("sys").executable, "transformers": transformers.__version__,
+import importlib, json, sys, importlib.metadata as m
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+import torch, transformers, helpers
+out = {"python_executable": sys.executable, "transformers": transformers.__version__,
        "torch": torch.__version__, "helpers": helpers.__file__, "transformers_file": transformers.__file__}
 for name in ("tokenizers", "huggingface-hub", "safetensors"):
     try:
@@ -58,6 +64,10 @@ for name in ("tokenizers", "huggingface-hub", "safetensors"):
         out[name] = None
 print(json.dumps(out))
 """
+# What a release environment must import: to run notebooks (the matrix, bisect), or only gpu-check's GPU arms
+# (python -m helpers.offload.gpu: no jupyter).
+NOTEBOOK_MODULES = ("papermill", "nbconvert")
+GPU_MODULES = ("pandas", "matplotlib")
 
 
 @dataclass
@@ -88,9 +98,28 @@ def venvs_dir() -> Path:
     return Path(os.environ.get("KVKIT_RELEASE_VENVS") or repo_root() / ".venv-tf")
 
 
+def wheels_dir() -> Path:
+    """wheels/ of the checkout: the wheels `make gpu-wheels` downloaded, for machines without network."""
+    return repo_root() / "wheels"
+
+
+def wheel_args(release: str) -> list[str]:
+    """pip's options to install `release` offline from wheels/ when it holds that transformers wheel, else none."""
+    folder = wheels_dir()
+    if any(folder.glob(f"transformers-{release}-*.whl")):
+        return ["--no-index", "--find-links", str(folder)]
+    return []
+
+
 def shared_site_packages() -> list[str]:
+    """This environment's site-packages folders: its own, then the system's and the user's it also imports from."""
     paths = sysconfig.get_paths()
-    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+    found = [paths["purelib"], paths["platlib"]]
+    extra = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        extra.append(site.getusersitepackages())
+    found += [p for p in extra if p in sys.path and os.path.isdir(p)]
+    return list(dict.fromkeys(found))
 
 
 def _tail(text: str, n: int = 300) -> str:
@@ -104,20 +133,23 @@ def _tail(text: str, n: int = 300) -> str:
 
 
 def child_env(out: Path | None = None) -> dict[str, str]:
-    """This process's environment for another release's python: without this venv's path variables, and
-    with KVKIT_OUTPUT_DIR=`out` where given."""
+    """This process's environment for another release's python: without this venv's path variables, with
+    PYTHONPATH=the checkout (helpers imports from it where the kit is not installed), and with
+    KVKIT_OUTPUT_DIR=`out` where given."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(repo_root())
     if out is not None:
         env["KVKIT_OUTPUT_DIR"] = str(out)
     return env
 
 
 def _run(cmd: Sequence[str], timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=child_env())
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=child_env(),
+                          cwd=str(repo_root()))
 
 
-def _probe(python: str) -> dict[str, Any]:
-    res = _run([python, "-c", _PROBE], timeout=300)
+def _probe(python: str, modules: Sequence[str] = NOTEBOOK_MODULES) -> dict[str, Any]:
+    res = _run([python, "-c", _PROBE, *modules], timeout=300)
     if res.returncode != 0:
         raise RuntimeError(f"import failed: {_tail(res.stderr)}")
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -142,8 +174,9 @@ def _check_probe(release: str, versions: dict[str, Any]) -> str:
     return ""
 
 
-def ensure_env(release: str, log=print) -> ReleaseEnv:
-    """The python to run `release` under, creating .venv-tf/<release> if needed (never raises)."""
+def ensure_env(release: str, log=print, modules: Sequence[str] = NOTEBOOK_MODULES) -> ReleaseEnv:
+    """The python to run `release` under, creating .venv-tf/<release> if needed, that imports `modules` besides
+    torch, transformers and helpers (never raises). pip installs from wheels/ alone when it holds the release."""
     from packaging.version import InvalidVersion, Version
 
     start = time.perf_counter()
@@ -162,14 +195,14 @@ def ensure_env(release: str, log=print) -> ReleaseEnv:
     else:
         try:
             with _lock(venvs_dir() / f"{release}.lock"):
-                _build_env(release, env, log)
+                _build_env(release, env, log, modules)
         except Exception as exc:  # noqa: BLE001 - reported in the release's column
             env.reason = env.reason or f"{type(exc).__name__}: {exc}"[:400]
             env.ok = False
             env.seconds = round(time.perf_counter() - start, 1)
             return env
     try:
-        env.versions = _probe(env.python)
+        env.versions = _probe(env.python, modules)
         env.reason = _check_probe(release, env.versions)
     except Exception as exc:  # noqa: BLE001
         env.reason = f"{type(exc).__name__}: {exc}"[:400]
@@ -189,7 +222,7 @@ def _link_jupyter_data(path: Path) -> None:
         link.symlink_to(shared, target_is_directory=True)
 
 
-def _build_env(release: str, env: ReleaseEnv, log) -> None:
+def _build_env(release: str, env: ReleaseEnv, log, modules: Sequence[str] = NOTEBOOK_MODULES) -> None:
     path = venvs_dir() / release
     python = path / "bin" / "python"
     shared = shared_site_packages()
@@ -197,7 +230,7 @@ def _build_env(release: str, env: ReleaseEnv, log) -> None:
     if stamp.exists() and python.exists():
         try:
             recorded = json.loads(stamp.read_text())
-            if recorded.get("shared") == shared and not _check_probe(release, _probe(str(python))):
+            if recorded.get("shared") == shared and not _check_probe(release, _probe(str(python), modules)):
                 _link_jupyter_data(path)
                 env.python, env.reused, env.installed = str(python), True, recorded.get("installed", [])
                 return
@@ -214,10 +247,14 @@ def _build_env(release: str, env: ReleaseEnv, log) -> None:
     _link_jupyter_data(path)
     wanted = [f"transformers=={release}"]
     checked = ["transformers"]
+    offline = wheel_args(release)
+    if offline:
+        log(f"[matrix] {release}: installing from {wheels_dir().name}/ only (no index)", flush=True)
     for _ in range(5):
-        res = _run([str(python), *PIP, *wanted])
+        res = _run([str(python), *PIP, *offline, *wanted])
         if res.returncode != 0:
-            env.reason = f"pip could not install {' '.join(wanted)}: {_tail(res.stderr or res.stdout)}"
+            hint = f" (offline from {wheels_dir().name}/: add it with `make gpu-wheels`)" if offline else ""
+            env.reason = f"pip could not install {' '.join(wanted)}{hint}: {_tail(res.stderr or res.stdout)}"
             raise RuntimeError(env.reason)
         env.installed += wanted
         res = _run([str(python), "-c", _UNMET, *checked])

@@ -1,0 +1,257 @@
+"""`make gpu-check`: its one-line refusals (before any environment is built), the GPU arms per release with
+`python -m helpers.offload.gpu` (faked here), notebook 07's flash step only where papermill imports, the summary,
+and the release environments' GPU probe and offline install from wheels/."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers.pipeline import envs, gpu_check
+from helpers.pipeline.paths import repo_root
+
+REFUSALS = ("torch 2.13.0+cpu is a CPU-only build", "no GPU driver or device is present",
+            "CUDA_VISIBLE_DEVICES hides every GPU", "torch is not installed")
+
+
+def _no_work(*args, **kwargs):
+    raise AssertionError("gpu-check did work after it should have refused")
+
+
+@pytest.fixture()
+def no_env(monkeypatch):
+    monkeypatch.setattr(envs, "ensure_env", _no_work)
+
+
+@pytest.mark.parametrize("why", REFUSALS)
+def test_refuses_in_one_line_from_cuda_status_before_any_work(why, no_env, capsys):
+    assert gpu_check.main([], cuda=(False, why), probe=_no_work, run=_no_work, flash=_no_work) == gpu_check.NO_CUDA
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"gpu-check: {why}; the GPU arms need CUDA, nothing was run."]
+
+
+@pytest.mark.parametrize("probed, expected", [
+    ((None, False, ""), "is a CPU-only build (torch.version.cuda is None)"),
+    (("12.8", False, ""), "torch.cuda.is_available() is False in"),
+    ((None, False, "ModuleNotFoundError: No module named 'torch'"), "torch does not import in"),
+])
+def test_refuses_in_one_line_when_the_pythons_torch_has_no_cuda(probed, expected, no_env, capsys):
+    seen = []
+    code = gpu_check.main([], cuda=(True, ""), probe=lambda py: seen.append(py) or probed, run=_no_work, flash=_no_work)
+    assert code == gpu_check.NO_CUDA and seen == [sys.executable]
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and expected in out[0] and out[0].endswith("nothing was run.")
+
+
+def test_probe_refusal_passes_a_cuda_torch_with_a_device():
+    assert gpu_check.probe_refusal("py", ("12.8", True, "")) == ""
+    assert gpu_check.probe_refusal("py", ("12.8", False, "")) != ""
+
+
+def test_torch_cuda_reads_this_pythons_torch():
+    import torch
+
+    version, available, error = gpu_check.torch_cuda(sys.executable)
+    assert error == "" and version == torch.version.cuda and available == torch.cuda.is_available()
+    assert gpu_check.torch_cuda("/nonexistent/python")[2]
+
+
+def _arms(out: Path, verdict: str, seconds: float = 12.5) -> None:
+    claims = [{"id": cid, "kind": "reproduces", "verdict": verdict, "reason": "r"} for cid in gpu_check.CLAIMS[:5]]
+    (out / gpu_check.ARMS_FILE).write_text(json.dumps({
+        "schema": "kvkit-gpu-arms/1", "release": out.name, "torch": "2.11.0+cu128", "device_name": "Fake GPU",
+        "seconds": seconds, "settings": {}, "claims": claims, "tables": {}}))
+
+
+def test_runs_the_gpu_arms_per_release_and_writes_the_summary(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    asked = []
+    monkeypatch.setattr(envs, "ensure_env", lambda release, log=print, modules=(): asked.append((release, modules))
+                        or envs.ReleaseEnv(release, True, python=sys.executable))
+    runs, flashes = [], []
+
+    def fake_run(python, out, timeout):
+        runs.append(out)
+        _arms(out, "reproduced" if out.name == "5.20.0" else "not_reproduced")
+        return 0
+
+    def fake_flash(python, out, timeout):
+        flashes.append(out)
+        if out.name != "5.20.0":
+            return gpu_check.FLASH_SKIPPED  # papermill does not import there
+        (out / "results").mkdir(exist_ok=True)
+        (out / "results" / f"{gpu_check.FLASH_NOTEBOOK}.json").write_text(
+            json.dumps({"claims": [{"id": gpu_check.FLASH_CLAIM, "verdict": "holds"}]}))
+        return 0
+
+    stale = tmp_path / "gpu" / "5.24.0" / gpu_check.ARMS_FILE
+    stale.parent.mkdir(parents=True)
+    stale.write_text(json.dumps({"claims": [{"id": "offload.decode_drifts", "verdict": "stale"}]}))
+    assert gpu_check.main(["--releases", "5.24.0", "5.20.0"], cuda=(True, ""), probe=lambda py: ("12.8", True, ""),
+                          run=fake_run, flash=fake_flash) == 0
+    pinned = envs.pinned_release()
+    releases = [pinned, "5.20.0", "5.24.0"]
+    assert asked == [(r, envs.GPU_MODULES) for r in releases]
+    assert runs == flashes == [tmp_path / "gpu" / r for r in releases]
+    summary = json.loads((tmp_path / "gpu" / "gpu-check.json").read_text())
+    assert summary["schema"] == "kvkit-gpu-check/1" and summary["seconds"] >= 0
+    rows = {row["release"]: row for row in summary["releases"]}
+    assert rows["5.20.0"]["verdicts"]["offload.ordering_edge_removes_drift"] == "reproduced"
+    assert rows["5.20.0"]["verdicts"][gpu_check.FLASH_CLAIM] == "holds"
+    assert rows[pinned]["verdicts"][gpu_check.FLASH_CLAIM] == gpu_check.FLASH_SKIPPED
+    assert rows["5.24.0"]["verdicts"]["offload.decode_drifts"] == "not_reproduced"  # not the stale file
+    assert rows["5.20.0"]["arms"]["seconds"] == 12.5 and rows["5.20.0"]["arms"]["device_name"] == "Fake GPU"
+    assert all("seconds" in row and "arms_seconds" in row for row in rows.values())
+    assert str(tmp_path) not in json.dumps(summary)
+    out = capsys.readouterr().out
+    assert f"  {gpu_check.FLASH_CLAIM}: {gpu_check.FLASH_SKIPPED}" in out
+    assert "  offload.record_stream_removes_drift: no result" in out  # the fake wrote only five claims
+    assert "transformers 5.20.0: ok in" in out and "on Fake GPU -> outputs/gpu/5.20.0/gpu-arms.json" in out
+    assert "gpu-check: 3 release(s) in" in out
+
+
+def test_a_release_environment_without_cuda_torch_runs_nothing(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    monkeypatch.setattr(envs, "ensure_env", lambda release, log=print, modules=(): envs.ReleaseEnv(
+        release, True, python="/envs/other/python"))
+    row = gpu_check.check_release("5.20.0", 10, run=_no_work, flash=_no_work, probe=lambda py: (None, False, ""),
+                                  log=lambda *a, **k: None)
+    assert not row["environment_ok"] and "CPU-only build" in row["reason"] and row["rc"] is None
+    assert not gpu_check.release_ok(row) and "no result" not in row["verdicts"]
+
+
+def test_a_refusing_or_failing_arms_run_fails_gpu_check():
+    row = {"environment_ok": True, "rc": 0, "flash_rc": None, "reason": ""}
+    assert gpu_check.release_ok(row) and gpu_check._status(row) == "ok"
+    assert not gpu_check.release_ok({**row, "rc": 2}) and "refused" in gpu_check._status({**row, "rc": 2})
+    assert not gpu_check.release_ok({**row, "flash_rc": 1}) and "notebook 07 exit 1" in gpu_check._status({**row, "flash_rc": 1})
+
+
+def test_the_arms_and_flash_commands(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_run(cmd, cwd=None, env=None, timeout=None, **kw):
+        calls.append((cmd, cwd, env))
+        return subprocess.CompletedProcess(cmd, 0 if "import papermill" not in cmd else 1)
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    assert gpu_check.run_arms("/env/python", tmp_path, 10) == 0
+    cmd, cwd, env = calls[0]
+    assert cmd == ["/env/python", "-m", "helpers.offload.gpu", "--out", str(tmp_path), "--dtypes", "float32", "bfloat16"]
+    assert cwd == str(repo_root()) and env["PYTHONPATH"] == str(repo_root()) and env["KVKIT_OUTPUT_DIR"] == str(tmp_path)
+    assert gpu_check.run_flash("/env/python", tmp_path, 10) == gpu_check.FLASH_SKIPPED  # papermill does not import
+    monkeypatch.setattr(gpu_check, "has_papermill", lambda python: True)
+    assert gpu_check.run_flash("/env/python", tmp_path, 10) == 0
+    assert calls[-1][0] == ["/env/python", "-m", "helpers.pipeline.runner", "run", "07", *gpu_check.FLASH_ARGS]
+
+
+def test_makefile_gpu_check_needs_no_env_for_another_python():
+    text = (repo_root() / "Makefile").read_text()
+    assert "\ngpu-check:\n" in text and "GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)" in text
+    assert "pip download -q --no-deps --only-binary=:all: -d wheels/ $(GPU_WHEELS)" in text
+    assert "wheels/" in (repo_root() / ".gitignore").read_text().splitlines()
+
+
+def test_child_processes_import_helpers_from_this_checkout(monkeypatch):
+    monkeypatch.setenv("VIRTUAL_ENV", "/somewhere")
+    env = envs.child_env()
+    assert env["PYTHONPATH"] == str(repo_root()) and "VIRTUAL_ENV" not in env
+
+
+def test_the_gpu_probe_needs_no_jupyter():
+    assert not {"papermill", "nbconvert"} & set(envs.GPU_MODULES)
+    with pytest.raises(RuntimeError, match="no_such_module_kvkit"):
+        envs._probe(sys.executable, ("no_such_module_kvkit",))
+
+
+def test_wheels_folder_with_the_release_makes_pip_install_offline(monkeypatch, tmp_path):
+    monkeypatch.setattr(envs, "wheels_dir", lambda: tmp_path / "wheels")
+    assert envs.wheel_args("5.20.0") == []
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "transformers-5.24.0-py3-none-any.whl").write_bytes(b"")
+    assert envs.wheel_args("5.20.0") == []
+    (tmp_path / "wheels" / "transformers-5.20.0-py3-none-any.whl").write_bytes(b"")
+    assert envs.wheel_args("5.20.0") == ["--no-index", "--find-links", str(tmp_path / "wheels")]
+
+
+def test_build_env_passes_the_offline_options_to_every_pip_call(monkeypatch, tmp_path):
+    monkeypatch.setattr(envs, "wheels_dir", lambda: tmp_path / "wheels")
+    monkeypatch.setattr(envs, "venvs_dir", lambda: tmp_path / "venvs")
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "transformers-5.20.0-py3-none-any.whl").write_bytes(b"")
+    site = tmp_path / "site"
+    site.mkdir()
+    pips, unmet = [], iter(['[{"name": "huggingface-hub", "requirement": "huggingface-hub>=1.31", "have": "1.0", "by": "t"}]', "[]"])
+
+    def fake_run(cmd, timeout=900):
+        if "pip" in cmd:
+            pips.append(cmd)
+        out = str(site) if "sysconfig" in cmd[-1] else (next(unmet) if cmd[2] == envs._UNMET else "")
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(envs, "_run", fake_run)
+    env = envs.ReleaseEnv("5.20.0", ok=False)
+    envs._build_env("5.20.0", env, lambda *a, **k: None, envs.GPU_MODULES)
+    offline = ["--no-index", "--find-links", str(tmp_path / "wheels")]
+    assert len(pips) == 2 and all(c[len(envs.PIP) + 1:len(envs.PIP) + 4] == offline for c in pips)
+    assert env.installed == ["transformers==5.20.0", "huggingface-hub>=1.31"]
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not any((repo_root() / "wheels").glob("transformers-5.20.0-*.whl")),
+                    reason="needs `make gpu-wheels` (wheels/transformers-5.20.0-*.whl)")
+def test_release_environment_installs_offline_from_wheels(monkeypatch, tmp_path):
+    monkeypatch.setenv("KVKIT_RELEASE_VENVS", str(tmp_path))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):  # any network use fails at once
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    start = time.perf_counter()
+    env = envs.ensure_env("5.20.0", lambda *a, **k: None, modules=envs.GPU_MODULES)
+    seconds = time.perf_counter() - start
+    assert env.ok, env.reason
+    assert env.versions["transformers"] == "5.20.0" and env.python.startswith(str(tmp_path))
+    assert env.installed[0] == "transformers==5.20.0"
+    assert os.path.exists(os.path.join(tmp_path, "5.20.0", envs.STAMP))
+    print(f"\noffline 5.20.0 environment from wheels/: {seconds:.1f} s")
+
+
+def test_simulate_skips_the_refusal_and_passes_simulate_to_the_arms(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    monkeypatch.setattr(envs, "ensure_env", lambda release, log=print, modules=(): envs.ReleaseEnv(
+        release, True, python="/envs/other/python"))
+    cmds = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: cmds.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    assert gpu_check.main(["--simulate"], cuda=(False, "torch 2.13.0+cpu is a CPU-only build")) == 0
+    assert cmds and all(c[1:3] == ["-m", gpu_check.ARMS_MODULE] and c[-1] == "--simulate" for c in cmds)
+    assert "regress.flash_attention_2_matches_sdpa: skipped: simulated run" in capsys.readouterr().out
+
+
+def _arms_cli() -> bool:
+    """Whether `python -m helpers.offload.gpu` takes --out (the lead's module has landed)."""
+    res = subprocess.run([sys.executable, "-m", gpu_check.ARMS_MODULE, "--help"], capture_output=True, text=True,
+                         cwd=str(repo_root()), env=envs.child_env(), timeout=300)
+    return res.returncode == 0 and "--out" in res.stdout
+
+
+@pytest.mark.e2e
+def test_gpu_check_end_to_end_on_cpu_under_stand_ins(monkeypatch, tmp_path, capsys):
+    if not _arms_cli():
+        pytest.skip("python -m helpers.offload.gpu has no command line yet")
+    if not any((repo_root() / "wheels").glob("transformers-5.20.0-*.whl")):
+        pytest.skip("needs `make gpu-wheels`")
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path / "outputs"))
+    monkeypatch.setenv("KVKIT_RELEASE_VENVS", str(tmp_path / "venvs"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    start = time.perf_counter()
+    assert gpu_check.main(["--simulate"]) == 0, capsys.readouterr().out
+    summary = json.loads((tmp_path / "outputs" / "gpu" / "gpu-check.json").read_text())
+    assert [r["release"] for r in summary["releases"]] == [envs.pinned_release(), "5.20.0"]
+    for row in summary["releases"]:
+        assert row["arms"]["schema"] == "kvkit-gpu-arms/1" and row["arms"]["release"] == row["release"], row
+        assert row["verdicts"].get("offload.prefill_identical"), row
+    print(f"\ngpu-check --simulate: {time.perf_counter() - start:.0f} s")
