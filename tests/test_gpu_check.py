@@ -202,10 +202,24 @@ def test_build_env_passes_the_offline_options_to_every_pip_call(monkeypatch, tmp
     assert env.installed == ["transformers==5.20.0", "huggingface-hub>=1.31"]
 
 
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> str:
+    """A folder with transformers 5.20.0's wheel: wheels/ where `make gpu-wheels` filled it, else downloaded here
+    from PyPI as `make gpu-wheels` does (so CI runs the offline install path too)."""
+    if any((repo_root() / "wheels").glob("transformers-5.20.0-*.whl")):
+        return str(repo_root() / "wheels")
+    folder = tmp_path_factory.mktemp("wheels")
+    cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(folder),
+           "transformers==5.20.0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        pytest.skip(f"PyPI unreachable, no transformers 5.20.0 wheel: {done.stderr.strip()[-300:]}")
+    return str(folder)
+
+
 @pytest.mark.e2e
-@pytest.mark.skipif(not any((repo_root() / "wheels").glob("transformers-5.20.0-*.whl")),
-                    reason="needs `make gpu-wheels` (wheels/transformers-5.20.0-*.whl)")
-def test_release_environment_installs_offline_from_wheels(monkeypatch, tmp_path):
+def test_release_environment_installs_offline_from_wheels(monkeypatch, tmp_path, wheels):
+    monkeypatch.setenv("KVKIT_WHEELS", wheels)
     monkeypatch.setenv("KVKIT_RELEASE_VENVS", str(tmp_path))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):  # any network use fails at once
@@ -239,11 +253,9 @@ def _arms_cli() -> bool:
 
 
 @pytest.mark.e2e
-def test_gpu_check_end_to_end_on_cpu_under_stand_ins(monkeypatch, tmp_path, capsys):
-    if not _arms_cli():
-        pytest.skip("python -m helpers.offload.gpu has no command line yet")
-    if not any((repo_root() / "wheels").glob("transformers-5.20.0-*.whl")):
-        pytest.skip("needs `make gpu-wheels`")
+def test_gpu_check_end_to_end_on_cpu_under_stand_ins(monkeypatch, tmp_path, capsys, wheels):
+    assert _arms_cli(), "python -m helpers.offload.gpu has no --out"
+    monkeypatch.setenv("KVKIT_WHEELS", wheels)
     monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path / "outputs"))
     monkeypatch.setenv("KVKIT_RELEASE_VENVS", str(tmp_path / "venvs"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")

@@ -99,8 +99,8 @@ def venvs_dir() -> Path:
 
 
 def wheels_dir() -> Path:
-    """wheels/ of the checkout: the wheels `make gpu-wheels` downloaded, for machines without network."""
-    return repo_root() / "wheels"
+    """wheels/ of the checkout (KVKIT_WHEELS moves it): the wheels `make gpu-wheels` downloaded, for machines without network."""
+    return Path(os.environ.get("KVKIT_WHEELS") or repo_root() / "wheels")
 
 
 def wheel_args(release: str) -> list[str]:
