@@ -101,6 +101,10 @@ class StreamLog:
         self.host_t += STAND_IN_HOST_MS
         return max(self.host_t, self.ready.get(stream, 0.0))
 
+    def record_stream(self, stream: "RecStream", layer: int, detail: str) -> None:
+        """`tensor.record_stream(stream)` entered for a layer's block (no clock changes: it orders only the allocator)."""
+        self._note("record_stream", stream.name, layer=layer, detail=detail)
+
     def wait_stream(self, waiter: "RecStream", waited: "RecStream") -> None:
         """Later work on `waiter` waits for everything enqueued on `waited` so far."""
         self.clocks[waiter.name] = join(self.clocks[waiter.name], self.clocks[waited.name])

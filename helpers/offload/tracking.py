@@ -155,7 +155,7 @@ def _record_stream(tensor: torch.Tensor, stream: Any, layer: int) -> None:
     """`tensor.record_stream(stream)`; under the recording stand-ins, entered into the stream log instead."""
     log = getattr(stream, "log", None)
     if isinstance(log, StreamLog):
-        log._note("record_stream", stream.name, layer=layer, detail=f"{device_buffer(layer)} used on {stream.name}")
+        log.record_stream(stream, layer, f"{device_buffer(layer)} used on {stream.name}")
     else:
         tensor.record_stream(stream)
 
