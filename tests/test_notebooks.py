@@ -19,7 +19,8 @@ from helpers.pipeline.paths import repo_root
 
 ROOT = repo_root()
 CUDA_ONLY = {"offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
-             "offload.ordering_edge_removes_drift", "regress.flash_attention_2_matches_sdpa"}
+             "offload.ordering_edge_removes_drift", "offload.race_observed_on_device", "offload.offload_event_removes_drift",
+             "offload.record_stream_removes_drift", "regress.flash_attention_2_matches_sdpa"}
 CPU_ONLY = {"offload.cpu_reports_cuda_requirement"}  # decided only where CUDA is absent
 ENVIRONMENT_CHECKS = {"offload.cpu_reports_cuda_requirement"}  # facts about the machine, never findings
 EXPECTED_CLAIMS = {
