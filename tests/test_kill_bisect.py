@@ -94,3 +94,12 @@ def test_an_interrupt_at_the_second_end_keeps_the_first():
     search = find_changes(R, probe)
     assert search.interrupted and list(search.probes) == ["r0"] and search.changes == []
     assert not Search(["a"]).interrupted and Search(["a"]).tried() == []
+
+
+def test_changes_keep_release_order_not_name_order_and_values_need_not_be_json():
+    from pathlib import Path
+
+    names = ["5.8.0", "5.9.0", "5.10.0", "5.11.0", "5.12.0"]
+    values = {"5.8.0": 0, "5.9.0": 1, "5.10.0": 1, "5.11.0": 2, "5.12.0": 2}
+    assert find_changes(names, prober(values)[0]).changes == [("5.8.0", "5.9.0"), ("5.10.0", "5.11.0")]
+    assert same(Path("a"), Path("a")) and not same(Path("a"), Path("b")) and same({1, 2}, {1, 2})

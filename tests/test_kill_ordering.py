@@ -21,7 +21,7 @@ def _write(log: StreamLog, op: str, layer: int, update: tuple[int, int], reads: 
 
 def two_forwards(sync_between: bool = False, n_layers: int = 8) -> LoopRecord:
     """prefill: offload 3 (call 3), offload 7 (call 7), the wrap prefetch of 3 in update(7) (same forward);
-    decode 1: the prefetch of 7 in update(2) (call 10, reads the prefill's copy of 7), a compute read (not a prefetch)."""
+    decode 1: a compute read (not a prefetch), then the prefetch of 7 in update(2) (call 10, reads the prefill's copy of 7)."""
     log = StreamLog()
     default, side = log.default_stream(), log.new_stream("prefetch")
     log.begin("prefill")
@@ -29,8 +29,8 @@ def two_forwards(sync_between: bool = False, n_layers: int = 8) -> LoopRecord:
     _write(log, "offload copy (device->host)", 7, (7, 7), tracking.device_buffer(7), tracking.host_buffer(7), default)
     _write(log, PREFETCH, 3, (7, 7), tracking.host_buffer(3), tracking.device_buffer(3), side)
     log.begin("decode 1", host_synced=sync_between)
+    _write(log, "layer update (compute)", 3, (9, 1), tracking.device_buffer(3), tracking.device_buffer(3), default)
     _write(log, PREFETCH, 7, (10, 2), tracking.host_buffer(7), tracking.device_buffer(7), side)
-    _write(log, "layer update (compute)", 3, (11, 3), tracking.device_buffer(3), tracking.device_buffer(3), default)
     run = GreedyRun([], [], 0.0, 0.0, host_waits=["decode 1"] if sync_between else [])
     return LoopRecord("report", "m", log, run, n_layers, "none")
 
@@ -99,3 +99,31 @@ def test_generate_orders_cross_forward_reads_each_condition():
     assert not ordering.decide_generate_orders_cross_forward([ok[0], row("report", same=3)], "m")[0]  # nothing to order
     assert not ordering.decide_generate_orders_cross_forward([row("generate", same=3, waits=0), ok[1]], "m")[0]  # no wait
     assert ordering.decide_generate_orders_cross_forward([row("generate", waits=1), row("report", earlier=1)], "m")[0]
+
+
+def test_decisions_read_the_named_models_row_only():
+    other_first = [row("report", "other", same=0), row("generate", "other", earlier=5, waits=0),
+                   row("report", "m", same=2, earlier=1), row("generate", "m", same=2, waits=3)]
+    assert ordering.decide_unordered_on_report_loop(other_first, "m")[0] is True
+    assert ordering.decide_report_loop_reads_previous_forward(other_first, "m")[0] is True
+    assert ordering.decide_generate_orders_cross_forward(other_first, "m")[0] is True
+    cpu_first = [row("cpu", "m", same=4, earlier=3), row("report", "m"), row("generate", "m", waits=1)]
+    assert ordering.decide_unordered_on_report_loop(cpu_first, "m")[0] is False
+    assert ordering.decide_report_loop_reads_previous_forward(cpu_first, "m")[0] is False
+    assert ordering.decide_generate_orders_cross_forward([row("cpu", "m", earlier=2), row("generate", "m", earlier=1, waits=1),
+                                                          row("report", "m", earlier=1)], "m")[0] is False
+
+
+def test_a_producer_in_a_later_forward_than_the_first():
+    log = StreamLog()
+    default, side = log.default_stream(), log.new_stream("prefetch")
+    log.begin("prefill")
+    log.begin("decode 1")
+    _write(log, "offload copy (device->host)", 7, (7, 7), tracking.device_buffer(7), tracking.host_buffer(7), default)
+    log.begin("decode 2")
+    _write(log, PREFETCH, 7, (10, 2), tracking.host_buffer(7), tracking.device_buffer(7), side)
+    _write(log, "layer update (compute)", 7, (11, 7), tracking.device_buffer(7), tracking.device_buffer(7), default)
+    (read,) = ordering.prefetch_reads(LoopRecord("report", "m", log, GreedyRun([], [], 0.0, 0.0), 8, "none"))
+    assert (read["forwards_back"], read["layers_since_producer"]) == (1, 3)
+    with pytest.raises(LookupError, match=r"no dense model ran on this release: \['x'\]"):
+        ordering.decide_not_specific_to_hybrid([], ["x"])
