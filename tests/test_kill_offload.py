@@ -152,6 +152,12 @@ CLEAN = variant("lag 0", 0, 0, 4, [0.0, 0.0, 0.0])
 DRIFT = variant("lag 2", 2, 4, 4, [0.0, 2.1, 1.5])
 
 
+def test_replay_names_the_smallest_full_lag_whatever_the_row_order():
+    listed_late = replay.replay_decision(table(variant("lag 3", 3, 4, 4, [0.0, 1.0, 1.0]), CLEAN, DRIFT))
+    assert listed_late.deciding["smallest lag with every unordered read stale"] == 2
+    assert listed_late.deciding["decode 1 max |logit diff|"] == 2.1 and listed_late.why.startswith("lag 2 ")
+
+
 def test_replay_decision_numbers():
     d = replay.replay_decision(table(CLEAN, variant("lag 1", 1, 2, 4, [0.0, 0.5, 0.0]), DRIFT))
     assert d.holds and list(d.evidence["every_unordered_read_stale"]) == ["lag 2"]
@@ -305,7 +311,7 @@ CASES: list[Case] = [
         table(CLEAN, variant("lag 1", 1, 1, 1, [0.0, 2.1]))), True),
     ("replay: one of four reads stale beside a full lag", lambda: replay.replay_decision(
         table(CLEAN, variant("lag 1", 1, 1, 4, [0.0, 0.0, 0.0]), DRIFT)), True),
-    ("replay: the table's first full lag decides (lag 3 listed first)", lambda: replay.replay_decision(
+    ("replay: the smallest full lag is named whatever the row order (lag 3 listed first)", lambda: replay.replay_decision(
         table(variant("lag 3", 3, 4, 4, [0.0, 1.0, 1.0]), CLEAN, DRIFT)), True),
     ("decode: one decode step, drifting", lambda: gd.decide_decode_drifts(steps([0.0, 2.1]), KEY), True),
     ("prefill: within the floor", lambda: gd.decide_prefill_identical(steps([0.01, 2.1]), KEY), True),

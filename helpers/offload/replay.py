@@ -149,7 +149,9 @@ def replay_decision(table: Any) -> Decision:
                 "first_step_beyond_floor": int(first.step.iloc[0]) if len(first) else None,
                 "max_abs_diff": [float(v) for v in rows.max_abs_diff]}
 
-    variants = {v: summary(rows) for v, rows in table.groupby("variant", sort=False)}
+    lags = {v: int(rows.lag.iloc[0]) for v, rows in table.groupby("variant", sort=False)}
+    # the smallest lag first (ties in table order), so "smallest lag" is what the table holds, not its row order
+    variants = {v: summary(table[table.variant == v]) for v in sorted(lags, key=lags.__getitem__)}
     full = {v: s for v, s in variants.items() if s["stale_reads"] > 0 and s["stale_reads"] == s["unordered_reads"]}
     partial = {v: s for v, s in variants.items() if 0 < s["stale_reads"] < s["unordered_reads"]}
     clean = {v: s for v, s in variants.items() if s["stale_reads"] == 0}
@@ -166,7 +168,7 @@ def replay_decision(table: Any) -> Decision:
                f"every decode step beyond the floor = {s['decode_differs_every_step']} (max |diff| per step "
                f"{[round(x, 4) for x in s['max_abs_diff']]}); without stale reads ({', '.join(clean)}) bitwise equal = {clean_ok}")
     v, s = next(iter(full.items())) if full else (None, {"max_abs_diff": [None, None]})
-    lag = int(table[table.variant == v].lag.iloc[0]) if v else None
+    lag = lags[v] if v else None
     deciding = {"smallest lag with every unordered read stale": lag, "prefill max |logit diff|": s["max_abs_diff"][0],
                 "decode 1 max |logit diff|": s["max_abs_diff"][1] if len(s["max_abs_diff"]) > 1 else None}
     return Decision(drift_ok and clean_ok, evidence, why, deciding=deciding, source=REPORT_VALUES)
