@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from .. import compat
-from .tracking import UPDATE_METHODS, _holds_kv, _layer_arg, _patch, _patched
+from .tracking import _holds_kv, _layer_arg, instrument
 
 
 @dataclass
@@ -98,42 +98,30 @@ def time_copies(cache: Any, device: str | torch.device | None = None) -> Iterato
     device = torch.device(device) if device is not None else None
     times = CopyTimes(origin=_event(torch.cuda.default_stream(device)))
 
-    def counted(method: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                times.update_index += 1
-                if method != "update":
-                    times.note("state write", _layer_arg(method, args, kwargs), method=method)
-                return original(*args, **kwargs)
-            return wrapper
-        return wrapper_of
+    def on_update(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        times.update_index += 1
+        if method != "update":
+            times.note("state write", _layer_arg(method, args, kwargs), method=method)
 
-    def layer_op(idx: int, layer: Any, method: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                if method == "prefetch":
-                    busy = not torch.cuda.default_stream(device).query()
-                    start = _event(torch.cuda.current_stream(device))
-                    out = original(*args, **kwargs)
-                    times.note("prefetch", idx, start=start, end=_event(torch.cuda.current_stream(device)),
-                               default_busy=busy, ptrs=_ptrs(layer))
-                    return out
-                read = _ptrs(layer) if method == "update" else []
+    def layer_hook(idx: int, layer: Any, method: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if method == "prefetch":
+                busy = not torch.cuda.default_stream(device).query()
+                start = _event(torch.cuda.current_stream(device))
                 out = original(*args, **kwargs)
-                if method == "offload" and _holds_kv(layer):
-                    times.note("offload", idx, done=_event(torch.cuda.current_stream(device)))
-                elif method == "update":
-                    times.note("update", idx, done=_event(torch.cuda.current_stream(device)), read_ptrs=read)
+                times.note("prefetch", idx, start=start, end=_event(torch.cuda.current_stream(device)),
+                           default_busy=busy, ptrs=_ptrs(layer))
                 return out
-            return wrapper
-        return wrapper_of
+            read = _ptrs(layer) if method == "update" else []
+            out = original(*args, **kwargs)
+            if method == "offload" and _holds_kv(layer):
+                times.note("offload", idx, done=_event(torch.cuda.current_stream(device)))
+            elif method == "update":
+                times.note("update", idx, done=_event(torch.cuda.current_stream(device)), read_ptrs=read)
+            return out
+        return wrapper
 
-    with _patched() as undo:
-        for method in UPDATE_METHODS:
-            _patch(cache, method, counted(method), undo)
-        for idx, layer in enumerate(compat.cache_layers(cache)):
-            for method in ("offload", "prefetch", "update"):
-                _patch(layer, method, layer_op(idx, layer, method), undo)
+    with instrument(cache, on_update, layer_hook):
         yield times
 
 

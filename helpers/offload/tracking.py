@@ -64,39 +64,19 @@ def _patched() -> Iterator[list[tuple[Any, str, Any]]]:
                 setattr(obj, method, previous)
 
 
-@contextmanager
-def track(cache: Any, log: StreamLog, lag: int | None = None) -> Iterator[StreamLog]:
-    """Enter every copy/compute of the offloading path into `log`; with `lag`, serve stale reads."""
-    where: dict[int, str] = {}
+LayerHook = Callable[[int, Any, str, Callable[..., Any]], Callable[..., Any]]
 
+
+@contextmanager
+def instrument(cache: Any, on_update: Callable[[str, tuple[Any, ...], dict[str, Any]], None],
+               layer_hook: LayerHook) -> Iterator[None]:
+    """Shadow, on the cache instance only, its update methods (`on_update(method, args, kwargs)` runs before each) and
+    every layer's offload / prefetch / update (`layer_hook(idx, layer, method, original)` returns the wrapper)."""
     def counted(method: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
-                log.update_index += 1
-                log.update_layer = _layer_arg(method, args, kwargs)
+                on_update(method, args, kwargs)
                 return original(*args, **kwargs)
-            return wrapper
-        return wrapper_of
-
-    def layer_op(idx: int, layer: Any, method: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                if method == "update":
-                    reads = device_buffer(idx) if device_buffer(idx) in log.writers else None
-                    log.access("layer update (compute)", idx, reads, device_buffer(idx))
-                    where[idx] = "device"
-                    return original(*args, **kwargs)
-                out = original(*args, **kwargs)
-                if method == "offload" and _holds_kv(layer):
-                    log.access("offload copy (device->host)", idx, device_buffer(idx), host_buffer(idx))
-                    where[idx] = "host"
-                elif method == "prefetch" and _holds_kv(layer) and where.get(idx) == "host":
-                    event = log.access("prefetch copy (host->device)", idx, host_buffer(idx), device_buffer(idx))
-                    where[idx] = "device"
-                    if lag and event["read_ordered"] is False and event["calls_since_producer"] < lag:
-                        layer.keys, layer.values = torch.zeros_like(layer.keys), torch.zeros_like(layer.values)
-                        event["served_stale"] = True
-                return out
             return wrapper
         return wrapper_of
 
@@ -105,7 +85,40 @@ def track(cache: Any, log: StreamLog, lag: int | None = None) -> Iterator[Stream
             _patch(cache, method, counted(method), undo)
         for idx, layer in enumerate(compat.cache_layers(cache)):
             for method in ("offload", "prefetch", "update"):
-                _patch(layer, method, layer_op(idx, layer, method), undo)
+                _patch(layer, method, lambda original, i=idx, l=layer, m=method: layer_hook(i, l, m, original), undo)
+        yield
+
+
+@contextmanager
+def track(cache: Any, log: StreamLog, lag: int | None = None) -> Iterator[StreamLog]:
+    """Enter every copy/compute of the offloading path into `log`; with `lag`, serve stale reads."""
+    where: dict[int, str] = {}
+
+    def on_update(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        log.update_index += 1
+        log.update_layer = _layer_arg(method, args, kwargs)
+
+    def layer_hook(idx: int, layer: Any, method: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if method == "update":
+                reads = device_buffer(idx) if device_buffer(idx) in log.writers else None
+                log.access("layer update (compute)", idx, reads, device_buffer(idx))
+                where[idx] = "device"
+                return original(*args, **kwargs)
+            out = original(*args, **kwargs)
+            if method == "offload" and _holds_kv(layer):
+                log.access("offload copy (device->host)", idx, device_buffer(idx), host_buffer(idx))
+                where[idx] = "host"
+            elif method == "prefetch" and _holds_kv(layer) and where.get(idx) == "host":
+                event = log.access("prefetch copy (host->device)", idx, host_buffer(idx), device_buffer(idx))
+                where[idx] = "device"
+                if lag and event["read_ordered"] is False and event["calls_since_producer"] < lag:
+                    layer.keys, layer.values = torch.zeros_like(layer.keys), torch.zeros_like(layer.values)
+                    event["served_stale"] = True
+            return out
+        return wrapper
+
+    with instrument(cache, on_update, layer_hook):
         yield log
 
 
