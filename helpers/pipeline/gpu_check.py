@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .paths import output_dir, repo_root
+from .records import load_json
 
 ARMS_MODULE, ARMS_FILE, DTYPES = "helpers.offload.gpu", "gpu-arms.json", ("float32", "bfloat16")
 # Notebook 07's FlashAttention-2 column, run after the arms in the same release environment (float16, flash_attn).
@@ -109,25 +110,17 @@ def run_flash(python: str, out: Path, timeout: float) -> int | str:
     return _call([python, "-m", "helpers.pipeline.runner", "run", "07", *FLASH_ARGS], out, timeout)
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def verdicts(out: Path) -> dict[str, str]:
     """claim id -> verdict from a release's gpu-arms.json, then notebook 07's results (empty when there are none)."""
     found: dict[str, str] = {}
     for path in (out / ARMS_FILE, out / "results" / f"{FLASH_NOTEBOOK}.json"):
-        found.update({c["id"]: c["verdict"] for c in _read(path).get("claims", []) if "id" in c})
+        found.update({c["id"]: c["verdict"] for c in load_json(path).get("claims", []) if "id" in c})
     return found
 
 
 def arms_facts(out: Path) -> dict[str, Any]:
     """What gpu-arms.json says about its run: release, torch, device, seconds, schema."""
-    data = _read(out / ARMS_FILE)
+    data = load_json(out / ARMS_FILE)
     return {k: data.get(k) for k in ("schema", "release", "torch", "device_name", "seconds")}
 
 

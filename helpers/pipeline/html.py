@@ -9,7 +9,7 @@ from typing import Any, Iterable
 
 from .paste import one_line
 from .paths import output_dir
-from .records import _load_json
+from .records import load_json
 from .scrub import scrub
 
 ENV_KEYS = ("python", "torch", "transformers", "platform", "cuda_available", "device", "device_name", "dtype",
@@ -120,7 +120,7 @@ def write_html(out: Path | None = None, stems: Iterable[str] | None = None) -> t
         if wanted is not None and nb.stem not in wanted:
             continue
         try:
-            written.append(render_html(nb, out / "html", _load_json(out / "results" / f"{nb.stem}.json")))
+            written.append(render_html(nb, out / "html", load_json(out / "results" / f"{nb.stem}.json")))
         except Exception as exc:  # noqa: BLE001 - one unreadable notebook must not stop the others
             errors.append(scrub(f"{nb.stem}: {type(exc).__name__}: {exc}"[:300], out))
     return written, errors

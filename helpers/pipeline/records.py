@@ -8,7 +8,8 @@ from typing import Any
 from .paths import output_dir
 
 
-def _load_json(path: Path) -> dict[str, Any]:
+def load_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; {} when it is missing, unreadable or not an object."""
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
@@ -34,12 +35,12 @@ def load_results(out: Path | None = None) -> list[dict[str, Any]]:
 
 
 def load_timings(out: Path | None = None) -> dict[str, Any]:
-    return _load_json((Path(out) if out else output_dir()) / "timings.json")
+    return load_json((Path(out) if out else output_dir()) / "timings.json")
 
 
 def load_run(out: Path | None = None) -> dict[str, Any]:
     """outputs/run.json (the runner's record of the last run), {} when there is none."""
-    return _load_json((Path(out) if out else output_dir()) / "run.json")
+    return load_json((Path(out) if out else output_dir()) / "run.json")
 
 
 def run_id_of(data: dict[str, Any]) -> str | None:
