@@ -8,7 +8,7 @@ allocator's counters before and after (`torch.cuda.memory_stats`, and the pinned
 """
 from __future__ import annotations
 
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -98,8 +98,7 @@ def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, 
     states: list[State] = []
     calls: list[str] = []
     before = memory_counters(ids.device)
-    with (recording_streams() if simulate else ExitStack()) as log, ExitStack() as stack:
-        log = log if simulate else None
+    with (recording_streams() if simulate else nullcontext()) as log, ExitStack() as stack:
         cache = compat.dynamic_cache(model.config, offloading=True) if offloading else None
         if cache is not None and log is not None:
             stack.enter_context(track(cache, log, lag=race_lag))

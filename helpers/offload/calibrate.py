@@ -33,12 +33,17 @@ def cycles_per_ms(repeats: int = 5, cycles: int = PROBE_CYCLES) -> float:
     return float(statistics.median(rates))
 
 
-def host_ms_to_wrap(timing: Any) -> float | None:
-    """The longest host time (ms) from a forward's start to the enqueue of its last prefetch, over the forwards."""
+def wrap_prefetches(timing: Any) -> Any:
+    """The last prefetch of each forward (the wrap), from a timing table (None: no rows)."""
     if timing is None or len(timing) == 0:
         return None
-    last = timing.sort_values("update_index").groupby("call_index").tail(1)
-    return float(last.host_ms_since_forward_start.max())
+    return timing.sort_values("update_index").groupby("call_index").tail(1)
+
+
+def host_ms_to_wrap(timing: Any) -> float | None:
+    """The longest host time (ms) from a forward's start to the enqueue of its last prefetch, over the forwards."""
+    last = wrap_prefetches(timing)
+    return None if last is None else float(last.host_ms_since_forward_start.max())
 
 
 def sleep_plan(host_ms: float | None, rate: float, factor: float = SLEEP_FACTOR, floor_ms: float = MIN_SLEEP_MS,
@@ -54,7 +59,7 @@ def sleep_plan(host_ms: float | None, rate: float, factor: float = SLEEP_FACTOR,
 
 def busy_at_wrap(timing: Any) -> dict[str, Any]:
     """Per arm: how many wrap prefetches (the last of each forward) were enqueued while the default stream was busy."""
-    if timing is None or len(timing) == 0:
+    last = wrap_prefetches(timing)
+    if last is None:
         return {"wrap_prefetches": 0, "default_busy": 0}
-    last = timing.sort_values("update_index").groupby("call_index").tail(1)
     return {"wrap_prefetches": int(len(last)), "default_busy": int(last.default_busy_at_enqueue.sum())}

@@ -156,14 +156,14 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
                 memory += [{**tags, "variant": a.name, **a.memory, "stale_reads_served": a.stale_reads,
                             **({"wrap": busy_at_wrap(a.timing)} if a.timing is not None else {})} for a in arms]
                 kept += arms
-    counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else gd.race_counts(_empty_timing())
+    timing_frame = pd.concat(timing, ignore_index=True) if timing else _empty_timing()
     edges = edge_record(models, ids_of, n_steps) if fixes else None
     settings = {"device": str(device), "dtypes": list(dtypes), "dtypes_left_out": dropped, "loops": list(loops), "models": list(models),
                 "fixes": list(fixes), "n_steps": n_steps, "input_shape": {k: list(v.shape) for k, v in ids_of.items()},
                 "simulated_on_cpu": simulate, "race_lag": race_lag, "cycles_override": cycles,
                 "empty_cache_between_arms": False, "event_resolution_ms": gd.RESOLUTION_MS}
     return GpuExperiment(pd.concat(steps, ignore_index=True), pd.concat(states, ignore_index=True),
-                         pd.concat(timing, ignore_index=True) if timing else _empty_timing(), counts,
+                         timing_frame, gd.race_counts(timing_frame),
                          calibration, memory, settings, kept, repeat, edges)
 
 

@@ -88,7 +88,7 @@ SCOPE: list[Scope] = [
                                            "_count", "explanations"),
           DECISION_TESTS + ("tests/test_kill_offload.py", "tests/test_kill_gpu.py")),
     Scope("helpers/offload/states.py", ("first_difference",), DECISION_TESTS + ("tests/test_kill_offload.py",)),
-    Scope("helpers/offload/calibrate.py", ("sleep_plan", "host_ms_to_wrap", "busy_at_wrap"), ("tests/test_kill_gpu.py",)),
+    Scope("helpers/offload/calibrate.py", ("sleep_plan", "wrap_prefetches", "host_ms_to_wrap", "busy_at_wrap"), ("tests/test_kill_gpu.py",)),
     Scope("helpers/offload/devicetiming.py", ("CopyTimes.table", "CopyTimes._prefetch_row", "CopyTimes.note",
                                              "CopyTimes.begin", "CopyTimes.ms", "write_order"), ("tests/test_kill_gpu.py",)),
     Scope("helpers/offload/hazards.py", ("_next_allocation", "_record_stream_called", "released_blocks", "hazard_counts",
