@@ -41,23 +41,23 @@ endif
 # run-all: every notebook (NB="01 02" restricts it), in parallel, as one recorded run (outputs/run.json);
 # outputs of earlier runs are removed first. Ctrl-C stops it within seconds and the summary says so.
 run-all: env
-	$(PY) -m helpers.pipeline.runner run-all $(if $(JOBS),--jobs $(JOBS)) $(if $(NB),--notebooks $(NB)) $(ARGS)
+	$(PY) -m helpers.pipeline.run run-all $(if $(JOBS),--jobs $(JOBS)) $(if $(NB),--notebooks $(NB)) $(ARGS)
 
 # run: one notebook as its own recorded run; its earlier outputs are replaced, SUMMARY.md is refreshed
 # (other notebooks' results appear there as from an earlier run).
 run: env
 	@test -n "$(NB)" || (echo "usage: make run NB=02 [ARGS='-p model_id ...']" && exit 2)
-	$(PY) -m helpers.pipeline.runner run $(NB) $(ARGS)
+	$(PY) -m helpers.pipeline.run run $(NB) $(ARGS)
 
 # report: rebuild outputs/SUMMARY.md and outputs/html/ from what is on disk.
 report: env
-	$(PY) -m helpers.pipeline.runner html
-	$(PY) -m helpers.pipeline.runner report
+	$(PY) -m helpers.pipeline.run html
+	$(PY) -m helpers.pipeline.run report
 
 # matrix: every notebook (NB="01" restricts it) on each release in RELEASES, each in .venv-tf/<release>
 # sharing this environment's torch; results in outputs/matrix/<release>/, table in outputs/matrix.md.
 matrix: env
-	$(PY) -m helpers.pipeline.runner matrix --releases $(RELEASES) $(if $(NB),--notebooks $(NB)) $(if $(JOBS),--jobs $(JOBS))
+	$(PY) -m helpers.pipeline.run matrix --releases $(RELEASES) $(if $(NB),--notebooks $(NB)) $(if $(JOBS),--jobs $(JOBS))
 
 # bisect: the first release where one notebook's claim verdict (CLAIM=) or recorded value (KEY=) differs from
 # GOOD's (default 5.14.1; BAD default 5.24.0), by halving the releases pip lists between them, with the
@@ -68,7 +68,7 @@ bisect: env
 # gpu-check: the CUDA-only claims on a machine with a GPU (RELEASES_GPU="5.17.0 5.24.0" to choose releases), with
 # python -m helpers.offload.gpu (no jupyter). GPU_PY (other than the kit's .venv) runs as it is when its torch
 # imports; else the kit's .venv is built first, as for every other target. helpers imports from this checkout.
-GPU_CHECK_ARGS = -m helpers.pipeline.gpu_check $(if $(RELEASES_GPU),--releases $(RELEASES_GPU))
+GPU_CHECK_ARGS = -m helpers.pipeline.tools.gpu_check $(if $(RELEASES_GPU),--releases $(RELEASES_GPU))
 gpu-check:
 	@if [ "$(GPU_PY)" != "$(PY)" ] && $(GPU_PY) -c "import torch" 2>/dev/null; then \
 		echo "PYTHONPATH=$(CURDIR) $(GPU_PY) $(GPU_CHECK_ARGS)"; \
@@ -86,12 +86,12 @@ gpu-wheels:
 test: env
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
-# mutants: mutation testing (mutmut) of the decision functions listed in helpers/pipeline/mutants.py SCOPE, on the
+# mutants: mutation testing (mutmut) of the decision functions listed in helpers/pipeline/tools/mutants.py SCOPE, on the
 # fast tests only; prints killed/total per module and every survivor, fails below 90% killed in any module.
 # MODULES="compare tree" restricts it; not part of `make test` (see README for its time here).
 MODULES ?=
 mutants: env
-	$(PY) -m helpers.pipeline.mutants $(MODULES)
+	$(PY) -m helpers.pipeline.tools.mutants $(MODULES)
 
 clean:
 	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/bisect outputs/SUMMARY.md outputs/timings.json outputs/run.json

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from .pipeline.paths import output_dir
-from .pipeline.record import run_stamp
+from .pipeline.run.record import run_stamp
 
 # What each claim is, and the two verdicts a decision can give it (holds, does not hold):
 # reproduces  - the source states it; the kit reproduces it or fails to (the only kind counted as "reproduced");
@@ -126,7 +126,7 @@ class Results:
             verdict_for(claim.kind, True)  # pragma: no mutate (only the kind is checked here); an unknown kind is refused before any measurement
         self.extra: dict[str, Any] = {}
         self.warnings: list[str] = []  # transformers warnings captured by helpers.session, kept out of the cells
-        self.run = run_stamp()  # the runner's run id (nulls when run by hand): see helpers/pipeline/record.py
+        self.run = run_stamp()  # the runner's run id (nulls when run by hand): see helpers/pipeline/run/record.py
         self.path = path or output_dir("results") / f"{notebook}.json"
         self.write()
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.pipeline import bisect, bisect_report, bisect_source
-from helpers.pipeline.bisect_search import Interrupted, Probe, find_changes
+from helpers.pipeline.bisect import cli as bisect_cli
+from helpers.pipeline.bisect import report as bisect_report
+from helpers.pipeline.bisect import source as bisect_source
+from helpers.pipeline.bisect.search import Interrupted, Probe, find_changes
 
 RELEASES = ["5.14.1", "5.15.0", "5.15.1", "5.16.0", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.0", "5.20.1",
             "5.20.2", "5.21.0", "5.21.1", "5.22.0", "5.22.1", "5.22.2", "5.23.0", "5.24.0"]
@@ -128,12 +130,12 @@ def test_the_report_quotes_the_diff_of_the_change_point():
 def test_a_key_is_every_recorded_path_ending_in_it():
     data = {"claims": [{"id": "c", "verdict": "reproduced", "evidence": {"first_call_attention_mask": [[1, 82]]}}],
             "measurements": {"cells": [{"first_call_attention_mask": [1, 82]}]}}
-    assert bisect.value_of(data, None, "first_call_attention_mask") == (True, {
+    assert bisect_cli.value_of(data, None, "first_call_attention_mask") == (True, {
         "claims.c.evidence.first_call_attention_mask": [[1, 82]], "measurements.cells[0].first_call_attention_mask": [1, 82]}, "")
     data["claims"][0]["evidence"]["first_call_attention_mask"] = [1, 82]
-    assert bisect.value_of(data, None, "first_call_attention_mask") == (True, [1, 82], "")
-    assert bisect.value_of(data, "c", None) == (True, "reproduced", "")
-    assert not bisect.value_of(data, None, "nothing")[0]
+    assert bisect_cli.value_of(data, None, "first_call_attention_mask") == (True, [1, 82], "")
+    assert bisect_cli.value_of(data, "c", None) == (True, "reproduced", "")
+    assert not bisect_cli.value_of(data, None, "nothing")[0]
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -145,21 +147,21 @@ def test_a_key_is_every_recorded_path_ending_in_it():
     (["--notebook", "02", "--key", "x y"], "not a value name"),
 ])
 def test_bad_arguments_are_refused_in_one_line_before_any_install(argv, says, monkeypatch, capsys):
-    from helpers.pipeline import envs
+    from helpers.pipeline.matrix import envs
 
     monkeypatch.setattr(envs, "ensure_env", lambda *a, **k: pytest.fail("installed before refusing"))
-    assert bisect.main([*argv, "--releases", *RELEASES]) == 2
+    assert bisect_cli.main([*argv, "--releases", *RELEASES]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("refused: ") and says in err[0]
 
 
 def test_a_bisect_with_fake_releases_writes_both_files(tmp_path, monkeypatch):
     values = _step("5.20.0")
-    monkeypatch.setattr(bisect.Bisect, "probe", lambda self, r: Probe(r, values[r], seconds=1.0))
-    monkeypatch.setattr(bisect.Bisect, "diffs", lambda self, s: {"5.19.0..5.20.0": {"Cache.update": {
+    monkeypatch.setattr(bisect_cli.Bisect, "probe", lambda self, r: Probe(r, values[r], seconds=1.0))
+    monkeypatch.setattr(bisect_cli.Bisect, "diffs", lambda self, s: {"5.19.0..5.20.0": {"Cache.update": {
         "status": "changed", "diff": "--- a\n+++ b\n+        self.prefetch_stream.wait_stream(default)\n"}}})
     nb = next(p for p in (Path(__file__).parent.parent / "notebooks").glob("05_*.ipynb"))
-    data, md = bisect.run(nb, "offload.prefetch_reads_unordered_copy", None, RELEASES, "5.14.1", "5.24.0", out=tmp_path)
+    data, md = bisect_cli.run(nb, "offload.prefetch_reads_unordered_copy", None, RELEASES, "5.14.1", "5.24.0", out=tmp_path)
     assert md.name == "05-offload.prefetch_reads_unordered_copy.md"
     saved = json.loads((tmp_path / "05-offload.prefetch_reads_unordered_copy.json").read_text())
     assert saved["changes"][0]["first_different"] == "5.20.0" and saved["changes"][0]["last_same"] == "5.19.0"
@@ -204,15 +206,15 @@ def test_ctrl_c_during_a_bisect_writes_an_interrupted_report_with_what_was_measu
             raise Interrupted()
         calls.append(release)
         return Probe(release, values[release], seconds=1.0)
-    monkeypatch.setattr(bisect.Bisect, "probe", probe)
+    monkeypatch.setattr(bisect_cli.Bisect, "probe", probe)
     nb = next(p for p in (Path(__file__).parent.parent / "notebooks").glob("05_*.ipynb"))
-    data, md = bisect.run(nb, "offload.prefetch_reads_unordered_copy", None, RELEASES, "5.14.1", "5.24.0", out=tmp_path)
+    data, md = bisect_cli.run(nb, "offload.prefetch_reads_unordered_copy", None, RELEASES, "5.14.1", "5.24.0", out=tmp_path)
     assert data["status"] == "interrupted" and [r["release"] for r in data["tried"]] == ["5.14.1", "5.24.0"]
     assert "**Interrupted**" in md.read_text() and data["changes"] == []
 
 
 def test_good_and_bad_default_to_the_matrix_first_and_last_release():
-    from helpers.pipeline.matrix_report import DEFAULT_RELEASES
+    from helpers.pipeline.matrix.report import DEFAULT_RELEASES
 
-    assert (bisect.DEFAULT_GOOD, bisect.DEFAULT_BAD) == (DEFAULT_RELEASES[0], DEFAULT_RELEASES[-1]) == ("5.14.1", "5.24.0")
-    assert bisect.span(RELEASES + ["5.25.0"], bisect.DEFAULT_GOOD, bisect.DEFAULT_BAD) == RELEASES
+    assert (bisect_cli.DEFAULT_GOOD, bisect_cli.DEFAULT_BAD) == (DEFAULT_RELEASES[0], DEFAULT_RELEASES[-1]) == ("5.14.1", "5.24.0")
+    assert bisect_cli.span(RELEASES + ["5.25.0"], bisect_cli.DEFAULT_GOOD, bisect_cli.DEFAULT_BAD) == RELEASES

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers.pipeline import colab
+from helpers.pipeline.tools import colab
 from helpers.pipeline.paths import repo_root
-from helpers.pipeline.release_matrix import pinned_release
+from helpers.pipeline.matrix.envs import pinned_release
 from helpers.results import verdict_for
 
 ROOT = repo_root()
@@ -105,7 +105,7 @@ def colab_run(colab_machine) -> dict:
        env=env, timeout=1200)
     run_s = time.monotonic() - started
     after = probe(m["python"], tmp)
-    report = subprocess.run([str(m["python"]), "-m", "helpers.pipeline.runner", "report"], cwd=content,
+    report = subprocess.run([str(m["python"]), "-m", "helpers.pipeline.run", "report"], cwd=content,
                             capture_output=True, text=True, env=clean_env())
     print(f"\ncolab e2e: environment {m['setup_s']:.0f} s, first cell + notebook {run_s:.0f} s")
     return {**m, "before": before, "after": after, "opened": opened, "executed": executed, "report": report}

@@ -14,7 +14,7 @@ import pytest
 
 from helpers.results import verdict_for
 
-from helpers.pipeline import runner
+from helpers.pipeline.run import execute
 from helpers.pipeline.paths import repo_root
 
 NOTEBOOKS = repo_root() / "notebooks"
@@ -28,7 +28,7 @@ RUNS = [("02_mask_position_matrix", HALF_EAGER), ("03_rope_deltas_perturbation",
 def test_same_verdicts_in_every_dtype(tmp_path: Path, stem: str, params: dict):
     os.environ["KVKIT_OUTPUT_DIR"] = str(tmp_path)
     try:
-        result = runner.run_one(NOTEBOOKS / f"{stem}.ipynb", params)
+        result = execute.run_one(NOTEBOOKS / f"{stem}.ipynb", params)
     finally:
         del os.environ["KVKIT_OUTPUT_DIR"]
     assert result.ok, result.error

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.pipeline import envs, gpu_check
+from helpers.pipeline.matrix import envs
+from helpers.pipeline.tools import gpu_check
 from helpers.pipeline.paths import repo_root
 
 REFUSALS = ("torch 2.13.0+cpu is a CPU-only build", "no GPU driver or device is present",
@@ -147,7 +148,7 @@ def test_the_arms_and_flash_commands(monkeypatch, tmp_path):
     assert gpu_check.run_flash("/env/python", tmp_path, 10) == gpu_check.FLASH_SKIPPED  # papermill does not import
     monkeypatch.setattr(gpu_check, "has_papermill", lambda python: True)
     assert gpu_check.run_flash("/env/python", tmp_path, 10) == 0
-    assert calls[-1][0] == ["/env/python", "-m", "helpers.pipeline.runner", "run", "07", *gpu_check.FLASH_ARGS]
+    assert calls[-1][0] == ["/env/python", "-m", "helpers.pipeline.run", "run", "07", *gpu_check.FLASH_ARGS]
 
 
 def test_makefile_gpu_check_needs_no_env_for_another_python():

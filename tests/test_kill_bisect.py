@@ -1,8 +1,8 @@
-"""Kill tests for the bisect search (make mutants: helpers/pipeline/bisect_search.py) on fake per-release values: the
+"""Kill tests for the bisect search (make mutants: helpers/pipeline/bisect/search.py) on fake per-release values: the
 exact probe order, the run count, value identity, skipped releases at each end and in the middle, an interrupt."""
 from __future__ import annotations
 
-from helpers.pipeline.bisect_search import Interrupted, Probe, Search, find_changes, same
+from helpers.pipeline.bisect.search import Interrupted, Probe, Search, find_changes, same
 
 R = [f"r{i}" for i in range(9)]  # r0 .. r8, in release order
 

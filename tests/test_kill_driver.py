@@ -1,4 +1,4 @@
-"""make mutants' driver (helpers/pipeline/mutants.py): its SCOPE names real modules, functions and test files, so a
+"""make mutants' driver (helpers/pipeline/tools/mutants.py): its SCOPE names real modules, functions and test files, so a
 renamed decision cannot silently drop out of mutation testing; the generated mutmut config and the report."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.pipeline import mutants
+from helpers.pipeline.tools import mutants
 from helpers.pipeline.paths import repo_root
 
 ROOT = repo_root()

@@ -1,8 +1,9 @@
-"""Kill tests for SUMMARY.md's tally (make mutants: helpers/pipeline/claims_md.py counting, summary.missing_notebooks):
+"""Kill tests for SUMMARY.md's tally (make mutants: helpers/pipeline/report/claims_md.py counting, summary.missing_notebooks):
 a skipped finding, an error, a verdict foreign to its kind and a missing verdict each land where they belong."""
 from __future__ import annotations
 
-from helpers.pipeline import claims_md, summary
+from helpers.pipeline.report import claims_md
+from helpers.pipeline.report import summary
 
 
 def claim(verdict: str | None, kind: str | None = "reproduces", **kw) -> tuple[str, dict]:

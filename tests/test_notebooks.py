@@ -14,7 +14,8 @@ import pytest
 
 from helpers.results import verdict_for
 
-from helpers.pipeline import colab, runner
+from helpers.pipeline.run import batch, execute
+from helpers.pipeline.tools import colab
 from helpers.pipeline.paths import repo_root
 
 ROOT = repo_root()
@@ -50,10 +51,10 @@ KINDS_01_04 = {"rope.fresh_instance_diverges": "beyond", "rope.restored_state_ma
 SOURCES = sorted((ROOT / "notebooks").glob("*.ipynb"))
 
 
-def _run_all(out: Path, **params) -> list[runner.RunResult]:
+def _run_all(out: Path, **params) -> list[execute.RunResult]:
     os.environ["KVKIT_OUTPUT_DIR"] = str(out)
     try:
-        return runner.run_all(params or None)
+        return batch.run_all(params or None)
     finally:
         del os.environ["KVKIT_OUTPUT_DIR"]
 
@@ -71,9 +72,9 @@ def run(tmp_path_factory) -> Path:
 
 def test_every_notebook_is_run_by_run_all_and_by_this_test():
     assert SOURCES, "no notebooks"
-    assert [p.name for p in runner.notebooks()] == [p.name for p in SOURCES]
+    assert [p.name for p in execute.notebooks()] == [p.name for p in SOURCES]
     make = subprocess.run(["make", "-n", "run-all"], cwd=ROOT, capture_output=True, text=True).stdout
-    assert "helpers.pipeline.runner run-all" in make
+    assert "helpers.pipeline.run run-all" in make
     assert {p.stem for p in SOURCES} <= set(EXPECTED_CLAIMS), "a new notebook needs its expected claims here"
 
 
@@ -106,7 +107,7 @@ def test_two_cpu_runs_give_identical_numbers(run, tmp_path):
     os.environ["KVKIT_OUTPUT_DIR"] = str(again)
     try:
         for nb in SOURCES[:2]:
-            assert runner.run_one(nb).ok
+            assert execute.run_one(nb).ok
     finally:
         del os.environ["KVKIT_OUTPUT_DIR"]
     def same(data: dict) -> dict:  # the run record (id, times, commit) differs by design
@@ -120,7 +121,7 @@ def test_two_cpu_runs_give_identical_numbers(run, tmp_path):
 def test_failing_notebook_does_not_stop_the_others(tmp_path):
     os.environ["KVKIT_OUTPUT_DIR"] = str(tmp_path)
     try:
-        bad = runner.run_one(SOURCES[0], {"model_id": "tiny-does-not-exist"})
+        bad = execute.run_one(SOURCES[0], {"model_id": "tiny-does-not-exist"})
     finally:
         del os.environ["KVKIT_OUTPUT_DIR"]
     assert not bad.ok and "ModelUnavailableError" in bad.error
@@ -143,7 +144,7 @@ def test_text_only_model(tmp_path, stem):
     Qwen3ForCausalLM(config).save_pretrained(tmp_path / "text-lm")
     os.environ["KVKIT_OUTPUT_DIR"] = str(tmp_path / "out")
     try:
-        assert runner.run_one(ROOT / "notebooks" / f"{stem}.ipynb", {"model_id": str(tmp_path / "text-lm")}).ok
+        assert execute.run_one(ROOT / "notebooks" / f"{stem}.ipynb", {"model_id": str(tmp_path / "text-lm")}).ok
     finally:
         del os.environ["KVKIT_OUTPUT_DIR"]
     claims = _results(tmp_path / "out", stem)["claims"]
@@ -160,7 +161,7 @@ def test_notebook_shape(path):
     title = nb.cells[0].source
     assert "Source" in title and not re.search(r"Last run on", title), "the environment is printed, never typed"
     assert "shared/seeds" not in "\n".join(c.source for c in nb.cells), "cite sources by their public names"
-    assert code[0].source == colab.cell_source(), "the Colab cell: python -m helpers.pipeline.colab --write notebooks/*.ipynb"
+    assert code[0].source == colab.cell_source(), "the Colab cell: python -m helpers.pipeline.tools.colab --write notebooks/*.ipynb"
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and tagged[0] is code[1] and "model_id" in tagged[0].source
     text = "\n".join(c.source for c in code)
@@ -177,7 +178,7 @@ def test_colab_cell_and_badges_read_the_one_repository_address():
     assert "requirements-runtime.txt" in cell and '"--no-deps", kit' in cell and "requirements.txt" not in cell
     assert colab.cell_source("https://github.com/fork/kit") != cell  # the cell is rendered from the address
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert colab.render_readme(readme) == readme, "README badges: python -m helpers.pipeline.colab --write README.md"
+    assert colab.render_readme(readme) == readme, "README badges: python -m helpers.pipeline.tools.colab --write README.md"
     for path in SOURCES:
         row = next((line for line in readme.splitlines() if line.startswith(f"| [{path.stem}]")), "")
         assert colab.badge(path.stem, repo) in row, f"{path.stem}: its README row needs the Colab badge"

@@ -101,3 +101,68 @@ def test_runtime_requirements_leave_torch_and_jupyter_alone():
     assert "-r requirements-runtime.txt" in full
     assert {"papermill", "pytest", "nbconvert", "ipykernel"} <= set(requirement_names(ROOT / "requirements.txt"))
     assert not set(runtime) & set(requirement_names(ROOT / "requirements.txt")), "each package is listed once"
+
+
+# --------------------------------------------------------------------------- the layout of helpers/pipeline
+
+def _module_imports(path: Path, package: str) -> set[str]:
+    """The helpers.* modules a file imports at module level (absolute names)."""
+    import ast
+
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            mod = ".".join([*base, node.module] if node.module else base)
+            if mod.startswith("helpers"):
+                out.add(mod)
+                out.update(f"{mod}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("helpers"))
+    return out
+
+
+def _helpers_modules() -> dict[str, Path]:
+    """Every module under helpers/ by dotted name (packages by their __init__)."""
+    root = repo_root()
+    mods = {}
+    for path in sorted((root / "helpers").rglob("*.py")):
+        name = ".".join(path.relative_to(root).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+def test_pipeline_is_grouped_in_packages_that_say_what_they_hold():
+    pipeline = repo_root() / "helpers" / "pipeline"
+    entries = sorted(p.name for p in pipeline.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= 8, entries
+    for pkg in (p for p in pipeline.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        doc = (pkg / "__init__.py").read_text()
+        assert doc.startswith('"""') and "import" not in doc.split('"""')[2], f"{pkg.name}/__init__.py: a docstring, no re-exports"
+    for name in ("runner.py", "report.py", "release_matrix.py"):
+        assert not (pipeline / name).exists(), f"{name}: no re-export shims"
+
+
+def test_helpers_modules_stay_short_and_import_no_cycle():
+    mods = _helpers_modules()
+    long = {n: len(p.read_text().splitlines()) for n, p in mods.items() if n.startswith("helpers.pipeline")}
+    assert all(v <= 300 for v in long.values()), {n: v for n, v in long.items() if v > 300}
+    graph = {}
+    for name, path in mods.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        graph[name] = {m for m in _module_imports(path, package) if m in mods and m != name}
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, trail = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    return trail + [start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, trail + [nxt]))
+        return None
+
+    cycles = [c for c in map(cycle_from, graph) if c]
+    assert not cycles, " -> ".join(cycles[0])

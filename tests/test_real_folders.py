@@ -19,7 +19,7 @@ import torch
 import transformers
 
 from helpers import compat, continuation, inputs, models, processor
-from helpers.pipeline import runner
+from helpers.pipeline.run import execute
 from helpers.pipeline.paths import repo_root
 
 import fakeckpt  # tests/ is on sys.path (pytest's default rootdir-relative import)
@@ -176,7 +176,7 @@ def runs(folders, tmp_path_factory) -> dict[str, Path]:
         os.environ["KVKIT_OUTPUT_DIR"] = str(out[layout])
         try:
             for stem in NOTEBOOKS:
-                result = runner.run_one(repo_root() / "notebooks" / f"{stem}.ipynb", {"model_id": str(folder)})
+                result = execute.run_one(repo_root() / "notebooks" / f"{stem}.ipynb", {"model_id": str(folder)})
                 assert result.ok, (layout, stem, result.error)
         finally:
             del os.environ["KVKIT_OUTPUT_DIR"]

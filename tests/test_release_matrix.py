@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers.pipeline import release_matrix as rm
+from helpers.pipeline.matrix import envs
+from helpers.pipeline.matrix import facts as matrix_facts
+from helpers.pipeline.matrix import report as matrix_report
+from helpers.pipeline.matrix import run as matrix_run
+from helpers.pipeline import paths
 
 OTHER_RELEASE = "5.24.0"
 
@@ -32,7 +36,7 @@ def test_matrix_marks_changes_lists_differences_and_explains_missing_releases(tm
     _release(tmp_path, "2.0", claims={"c.same": "reproduced", "c.flip": "not_reproduced"},
              measurements={"rows": [{"mask": None}, {"mask": None}], "same": 1})
     _release(tmp_path, "3.0", ok=False, reason="pip could not install transformers==3.0")
-    text = rm.build_matrix(tmp_path, ["1.0", "2.0", "3.0"])
+    text = matrix_report.build_matrix(tmp_path, ["1.0", "2.0", "3.0"])
     assert "pip could not install transformers==3.0" in text
     flip = next(line for line in text.splitlines() if "`c.flip`" in line and line.startswith("|"))
     same = next(line for line in text.splitlines() if "`c.same`" in line and line.startswith("|"))
@@ -75,7 +79,7 @@ def _two_releases(base: Path) -> None:
 
 def test_change_section_leads_with_verdicts_then_behaviour_then_collapsed_floats(tmp_path):
     _two_releases(tmp_path)
-    text = rm.build_matrix(tmp_path, ["5.17.0", "5.24.0"])
+    text = matrix_report.build_matrix(tmp_path, ["5.17.0", "5.24.0"])
     section = text[text.index("## What changed between releases"): text.index("## Releases")]
     assert text.index("## What changed between releases") < text.index("## Releases") < text.index("## Differences")
     verdicts = section[section.index("### Verdicts"): section.index("### Behaviour")]
@@ -93,8 +97,8 @@ def test_change_section_leads_with_verdicts_then_behaviour_then_collapsed_floats
     error = next(ln for ln in lines if "`error`" in ln)
     assert "error type" in error and "IndexError" in error and "ValueError" in error
     assert any("count" in ln and "`default_stream`" in ln for ln in lines)
-    kinds = [next(k for k in rm.KINDS if f" · {k} · " in ln) for ln in lines]
-    assert kinds == sorted(kinds, key=rm.KINDS.index)  # shapes, None vs a value, booleans, error types, source facts...
+    kinds = [next(k for k in matrix_facts.KINDS if f" · {k} · " in ln) for ln in lines]
+    assert kinds == sorted(kinds, key=matrix_facts.KINDS.index)  # shapes, None vs a value, booleans, error types, source facts...
     assert not any("max_abs_diff" in ln or "logits" in ln or "cosine" in ln for ln in behaviour)
     assert not any("`transformers`" in ln for ln in behaviour)  # the release's own version number
 
@@ -113,44 +117,44 @@ def test_change_section_leads_with_verdicts_then_behaviour_then_collapsed_floats
 
 
 def test_classify_and_relative_size():
-    A = rm._ABSENT
-    assert rm.classify("m.attention_mask_shape", {"a": [1, 1], "b": None}) == "shape"
-    assert rm.classify("m.value", {"a": 1.5, "b": None}) == "None vs a value"
-    assert rm.classify("m.value", {"a": 1.5, "b": A}) == "None vs a value"
-    assert rm.classify("m.ok", {"a": True, "b": False}) == "boolean"
-    assert rm.classify("m.stage", {"a": "prefill", "b": "decode"}) == "error type"
-    assert rm.classify("m.exc", {"a": "TypeError: x", "b": "ValueError: y"}) == "error type"
-    assert rm.classify("m.source_facts.x", {"a": True, "b": False}) == "source fact"
-    assert rm.classify("m.where[0].line", {"a": 10, "b": 12}) == "source location"
-    assert rm.classify("m.n", {"a": 8, "b": 16}) == "count"
-    assert rm.classify("m.d", {"a": 0.5, "b": 0.50001}) == "float"
-    assert rm.classify("m.d", {"a": [0.5, 1.0], "b": [0.5, 1.5]}) == "float"
-    assert rm.classify("m.d", {"a": [0.5], "b": [0.5, 1.5]}) == "shape"
-    assert rm.classify("m.names", {"a": "DynamicCache", "b": "StaticCache"}) == "text"
-    assert rm.classify("environment.processor", {"a": "x", "b": "y"}) == "environment"
-    assert rm.relative_size([1.0, 1.5]) == pytest.approx(1 / 3)
-    assert rm.relative_size([[0.0, 2.0], [0.0, 1.0]]) == pytest.approx(0.5)
-    assert rm.relative_size([0.0, 0.0]) == 0.0 and rm.relative_size(["a", 1.0]) is None
+    A = matrix_facts._ABSENT
+    assert matrix_facts.classify("m.attention_mask_shape", {"a": [1, 1], "b": None}) == "shape"
+    assert matrix_facts.classify("m.value", {"a": 1.5, "b": None}) == "None vs a value"
+    assert matrix_facts.classify("m.value", {"a": 1.5, "b": A}) == "None vs a value"
+    assert matrix_facts.classify("m.ok", {"a": True, "b": False}) == "boolean"
+    assert matrix_facts.classify("m.stage", {"a": "prefill", "b": "decode"}) == "error type"
+    assert matrix_facts.classify("m.exc", {"a": "TypeError: x", "b": "ValueError: y"}) == "error type"
+    assert matrix_facts.classify("m.source_facts.x", {"a": True, "b": False}) == "source fact"
+    assert matrix_facts.classify("m.where[0].line", {"a": 10, "b": 12}) == "source location"
+    assert matrix_facts.classify("m.n", {"a": 8, "b": 16}) == "count"
+    assert matrix_facts.classify("m.d", {"a": 0.5, "b": 0.50001}) == "float"
+    assert matrix_facts.classify("m.d", {"a": [0.5, 1.0], "b": [0.5, 1.5]}) == "float"
+    assert matrix_facts.classify("m.d", {"a": [0.5], "b": [0.5, 1.5]}) == "shape"
+    assert matrix_facts.classify("m.names", {"a": "DynamicCache", "b": "StaticCache"}) == "text"
+    assert matrix_facts.classify("environment.processor", {"a": "x", "b": "y"}) == "environment"
+    assert matrix_facts.relative_size([1.0, 1.5]) == pytest.approx(1 / 3)
+    assert matrix_facts.relative_size([[0.0, 2.0], [0.0, 1.0]]) == pytest.approx(0.5)
+    assert matrix_facts.relative_size([0.0, 0.0]) == 0.0 and matrix_facts.relative_size(["a", 1.0]) is None
 
 
 def test_flatten_and_distinct_texts():
-    assert rm.flatten({"a": {"b": 1}, "l": [{"x": 2}], "v": [1, 2]}) == {"a.b": 1, "l[0].x": 2, "v": [1, 2]}
-    assert rm.distinct_texts([1.0, 0.99999994]) != ["1", "1"]
+    assert matrix_facts.flatten({"a": {"b": 1}, "l": [{"x": 2}], "v": [1, 2]}) == {"a.b": 1, "l[0].x": 2, "v": [1, 2]}
+    assert matrix_facts.distinct_texts([1.0, 0.99999994]) != ["1", "1"]
 
 
 def test_default_releases():
-    assert rm.DEFAULT_RELEASES == ("5.14.1", "5.17.0", "5.19.0", "5.20.0", "5.24.0")
+    assert matrix_report.DEFAULT_RELEASES == ("5.14.1", "5.17.0", "5.19.0", "5.20.0", "5.24.0")
 
 
 def test_unusable_release_gets_a_reason_without_touching_pip():
-    env = rm.ensure_env("not-a-release")
+    env = envs.ensure_env("not-a-release")
     assert not env.ok and "not a version" in env.reason
 
 
 @pytest.mark.e2e
 def test_matrix_end_to_end_on_a_non_pinned_release(tmp_path):
-    assert OTHER_RELEASE != rm.pinned_release()
-    path, infos = rm.run_matrix([OTHER_RELEASE, "nope"], notebooks=["01_identity_reconstruction"], out_base=tmp_path)
+    assert OTHER_RELEASE != envs.pinned_release()
+    path, infos = matrix_run.run_matrix([OTHER_RELEASE, "nope"], notebooks=["01_identity_reconstruction"], out_base=tmp_path)
     info = {i["release"]: i for i in infos}
     assert info[OTHER_RELEASE]["ok"] and info[OTHER_RELEASE]["rc"] == 0, info[OTHER_RELEASE]
     assert not info["nope"]["ok"]
@@ -172,7 +176,7 @@ def test_a_notebook_that_stopped_early_is_one_line_not_a_flood(tmp_path):
     for release, waits in (("5.17.0", False), ("5.24.0", True)):
         _results(tmp_path, release, "05_offload", {"offload.a": ("reproduced", {})},
                  {**facts, "source_facts": {"prefetch waits": waits}})
-    section = rm.build_matrix(tmp_path, ["5.14.1", "5.17.0", "5.24.0"]).split("## Releases")[0]
+    section = matrix_report.build_matrix(tmp_path, ["5.14.1", "5.17.0", "5.24.0"]).split("## Releases")[0]
     assert "05_offload: 30 value(s) not recorded where the notebook stopped early" in section
     line = next(ln for ln in section.split("## Changes by kind of value")[1].splitlines() if "`prefetch waits`" in ln)
     assert " · source fact · " in line and "5.17.0: `false` · 5.24.0: `true`" in line
@@ -185,16 +189,16 @@ def test_kit_versions_that_differ_are_flagged(tmp_path):
         path = tmp_path / "matrix" / release / "results" / "01_x.json"
         data = json.loads(path.read_text())
         path.write_text(json.dumps({**data, "run": {"run_id": "r", "kit_commit": commit, "kit_dirty": False}}))
-    text = rm.build_matrix(tmp_path, ["5.17.0", "5.24.0"])
+    text = matrix_report.build_matrix(tmp_path, ["5.17.0", "5.24.0"])
     assert "**The releases ran different versions of the kit**: 5.17.0: aaaa; 5.24.0: bbbb" in text
 
 
 def test_release_record_carries_no_machine_path(tmp_path, monkeypatch):
-    monkeypatch.setattr(rm, "ensure_env", lambda release, log=print: rm.ReleaseEnv(
-        release, ok=False, python=str(rm.repo_root() / ".venv-tf" / release / "bin" / "python"), reason="test"))
-    rm.run_release("9.9.9", tmp_path, log=lambda *a, **k: None)
+    monkeypatch.setattr(envs, "ensure_env", lambda release, log=print: envs.ReleaseEnv(
+        release, ok=False, python=str(paths.repo_root() / ".venv-tf" / release / "bin" / "python"), reason="test"))
+    matrix_run.run_release("9.9.9", tmp_path, log=lambda *a, **k: None)
     text = (tmp_path / "matrix" / "9.9.9" / "release.json").read_text()
-    assert str(rm.repo_root()) not in text and "{kit}/.venv-tf/9.9.9/bin/python" in text
+    assert str(paths.repo_root()) not in text and "{kit}/.venv-tf/9.9.9/bin/python" in text
 
 
 def test_matrix_names_its_run_and_says_loudly_when_it_did_not_finish(tmp_path):
@@ -202,7 +206,7 @@ def test_matrix_names_its_run_and_says_loudly_when_it_did_not_finish(tmp_path):
     (tmp_path / "matrix" / "run.json").write_text(json.dumps({
         "run_id": "20261202T210000Z-m001", "command": "matrix", "started": "2026-12-02T21:00:00Z", "finished": None,
         "status": "interrupted", "kit_commit": "abcdef1234567", "kit_dirty": False}))
-    head = rm.build_matrix(tmp_path, ["1.0"]).split("## What changed")[0]
+    head = matrix_report.build_matrix(tmp_path, ["1.0"]).split("## What changed")[0]
     assert "**Matrix run `20261202T210000Z-m001`** · ⚠️ **INTERRUPTED**" in head
     assert "`abcdef123456` (clean)" in head and "This matrix run is interrupted" in head
 
@@ -247,7 +251,7 @@ def _first_section(text: str) -> list[str]:
 
 def test_what_changed_is_one_line_per_notebook_and_release_boundary(tmp_path):
     _five_releases(tmp_path)
-    text = rm.build_matrix(tmp_path, list(FIVE))
+    text = matrix_report.build_matrix(tmp_path, list(FIVE))
     lines = _first_section(text)
     assert 1 <= len(lines) <= 12
     heads = [re.match(r"- \*\*(\S+) → (\S+)\*\* · (\S+): ", ln).groups() for ln in lines]
@@ -270,7 +274,7 @@ def test_what_changed_is_one_line_per_notebook_and_release_boundary(tmp_path):
 def test_what_changed_says_so_when_nothing_behaves_differently(tmp_path):
     for release in FIVE[:2]:
         _results(tmp_path, release, "01_x", {"c": ("reproduced", {})}, {"d": 1.0 + (release == FIVE[1]) * 1e-9})
-    text = rm.build_matrix(tmp_path, list(FIVE[:2]))
+    text = matrix_report.build_matrix(tmp_path, list(FIVE[:2]))
     assert _first_section(text) == [] and "No verdict and no behaviour value changes" in text
 
 
@@ -278,5 +282,5 @@ def test_pips_reason_is_its_last_error_line():
     said = ("Looking in indexes: https://pypi.org/simple\nERROR: Could not find a version that satisfies the requirement "
             "kernels<0.20,>=0.19.1 (from versions: " + ", ".join(f"0.{i}.0" for i in range(40)) + ")\n"
             "ERROR: No matching distribution found for kernels<0.20,>=0.19.1\n")
-    assert rm._tail(said) == "ERROR: No matching distribution found for kernels<0.20,>=0.19.1"
-    assert rm._tail("Traceback\nValueError: bad") == "ValueError: bad"
+    assert envs._tail(said) == "ERROR: No matching distribution found for kernels<0.20,>=0.19.1"
+    assert envs._tail("Traceback\nValueError: bad") == "ValueError: bad"

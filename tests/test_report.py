@@ -12,8 +12,12 @@ import zipfile
 
 import pytest
 
-from helpers.pipeline import report
-from helpers.pipeline import scrub as scrub_mod
+from helpers.pipeline.report import html as html_page
+from helpers.pipeline.report import paste
+from helpers.pipeline.report import records
+from helpers.pipeline.report import scrub
+from helpers.pipeline.report import summary
+from helpers.pipeline.report import scrub as scrub_mod
 from helpers.pipeline.paths import repo_root
 
 RUN_A = {"run_id": "20261202T203000Z-a1b2", "command": "run-all", "started": "2026-12-02T20:30:00Z",
@@ -58,24 +62,24 @@ def _section(text: str, heading: str) -> str:
 # --------------------------------------------------------------------------- formatting
 
 def test_pairs_show_whole_values_and_count_the_rest():
-    assert report.pairs({"comparisons": 6, "max_abs_diff": 0.0, "bitwise": True}) == "comparisons=6; max_abs_diff=0; bitwise=true"
-    assert report.pairs({"d": 1.23456e-7, "shape": [1, 0]}) == "d=1.23e-07; shape=[1, 0]"
-    assert report.pairs({"a": 1, "blob": {"x": [1, 2, 3]}, "long": list(range(9))}) == "a=1; +2 more in the results file"
-    assert report.pairs({"s": "word " * 20}) == "+1 more in the results file"  # never cut mid-word
-    assert report.pairs({}) == "" and report.pairs(None) == ""
+    assert paste.pairs({"comparisons": 6, "max_abs_diff": 0.0, "bitwise": True}) == "comparisons=6; max_abs_diff=0; bitwise=true"
+    assert paste.pairs({"d": 1.23456e-7, "shape": [1, 0]}) == "d=1.23e-07; shape=[1, 0]"
+    assert paste.pairs({"a": 1, "blob": {"x": [1, 2, 3]}, "long": list(range(9))}) == "a=1; +2 more in the results file"
+    assert paste.pairs({"s": "word " * 20}) == "+1 more in the results file"  # never cut mid-word
+    assert paste.pairs({}) == "" and paste.pairs(None) == ""
 
 
 def test_summary_is_truncated_under_the_limit_with_details_closed(tmp_path):
     _run(tmp_path)
     _write_results(tmp_path, "01_big", [{**_claim(f"c.{i}"), "statement": "long statement " * 20} for i in range(400)])
-    text = report.build_summary(tmp_path)
-    assert len(text) < report.MAX_CHARS < report.GITHUB_LIMIT and "**Truncated:**" in text
+    text = summary.build_summary(tmp_path)
+    assert len(text) < paste.MAX_CHARS < paste.GITHUB_LIMIT and "**Truncated:**" in text
     assert text.count("<details>") == text.count("</details>")
 
 
 def test_external_images_are_detected():
     html = '<img src="data:image/png;base64,AAAA"><img alt=x src="figures/a.png"><img src=\'b.png\'>'
-    assert report.external_images(html) == ["figures/a.png", "b.png"]
+    assert html_page.external_images(html) == ["figures/a.png", "b.png"]
 
 
 # --------------------------------------------------------------------------- the run record
@@ -83,7 +87,7 @@ def test_external_images_are_detected():
 def test_summary_names_the_run_at_the_top(tmp_path):
     _run(tmp_path)
     _write_results(tmp_path, "01_a", [_claim("a.one")])
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     top = text[: text.index("## Counts per kind")]
     for expected in ("20261202T203000Z-a1b2", "`run-all`", "✅ complete", "2026-12-02T20:30:00Z",
                      "2026-12-02T20:30:42Z", "`f3a57f9c0ffe` + uncommitted changes (dirty)", "`seq_len=16`"):
@@ -98,7 +102,7 @@ def test_interrupted_run_is_said_loudly_and_unfinished_notebooks_are_errors(tmp_
                     "03_c": {"status": "not_started", "seconds": None, "error": ""}})
     _write_results(tmp_path, "01_a", [_claim("a.one")])
     _write_results(tmp_path, "02_b", [{**_claim("b.one", "error"), "reason": "interrupted"}])
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     head = text[: text.index("## Counts per kind")]
     assert "**INTERRUPTED**" in head and "This run was interrupted before it finished**: 1 of 3 notebooks finished ok" in head
     claims = _section(text, "## The Qwen3-VL resume-contract control (transformers 5.14.1)")
@@ -110,7 +114,7 @@ def test_interrupted_run_is_said_loudly_and_unfinished_notebooks_are_errors(tmp_
 
 def test_no_run_record_presents_nothing_as_this_run(tmp_path):
     _write_results(tmp_path, "01_a", [_claim("a.one")], run_id=None, started=None)
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     assert "**No run record**" in text
     assert "`a.one`" not in text[: text.index("## From an earlier run")]
     assert "## From an earlier run (no run id" in text and "`a.one`" in text
@@ -121,7 +125,7 @@ def test_claims_table_shows_only_the_current_run(tmp_path):
     _write_results(tmp_path, "01_a", [_claim("a.one"), _claim("a.two", "not_reproduced", diff=0.5)])
     _write_results(tmp_path, "02_b", [_claim("b.stale")], run_id="20261201T100000Z-old0", started="2026-12-01T10:00:00Z")
     _write_results(tmp_path, "03_c", [_claim("c.byhand")], run_id=None, started=None)
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     claims = text[: text.index("## From an earlier run")]
     assert "`a.one`" in claims and "`a.two`" in claims
     assert "b.stale" not in claims and "c.byhand" not in claims
@@ -140,7 +144,7 @@ def test_environment_checks_are_listed_apart_and_never_counted(tmp_path):
     _run(tmp_path)
     _write_results(tmp_path, "01_a", [_claim("a.one"), _claim("env.cuda", "skipped", kind="environment_check"),
                                       _claim("env.flag", "reproduced", kind="environment_check")])
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     assert "1 of 1 source statement(s) reproduced" in text
     assert "| environment | a fact about this machine | 0 holds | 0 fails | 1 | 0 + 1 with a verdict foreign to the kind |" in text
     table = text[: text.index("## Environment checks")]
@@ -156,7 +160,7 @@ def test_deciding_values_beside_the_source_report(tmp_path):
                source={"max_abs_diff_none_vs_0": 17.13, "cosine": 0.306},
                none_vs_reference_max_abs_diff=0.451, zero_vs_reference_max_abs_diff=0.451),
         _claim("generic.fallback", comparisons=6, bitwise=True)])
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     assert "| nb | claim | kind | verdict | this run | source |" in text
     assert ("| 03 | `rope.none_equals_zero` | reproduces | ✅ reproduced | max_abs_diff_zero_vs_none=0; cosine=1 "
             "| max_abs_diff_none_vs_0=17.1; cosine=0.306 |") in text
@@ -170,10 +174,10 @@ def test_timings_only_from_the_same_run(tmp_path):
     timings = {"run_id": "someone-else", "total_seconds": 99.0, "jobs": 2,
                "notebooks": [{"notebook": "01_a", "seconds": 55.5}]}
     (tmp_path / "timings.json").write_text(json.dumps(timings))
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     assert "99" not in text and "55.5" not in text
     (tmp_path / "timings.json").write_text(json.dumps({**timings, "run_id": RUN_A["run_id"]}))
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     assert "| wall-clock | 99 s, 2 notebook(s) at a time |" in text and "| 01_a | ✅ ok | 55.5 |" in text
 
 
@@ -181,7 +185,7 @@ def test_environment_once_and_per_notebook_model(tmp_path):
     _run(tmp_path)
     _write_results(tmp_path, "01_a", [_claim("a.one")])
     _write_results(tmp_path, "02_b", [_claim("b.one", "skipped")], env={"model_id": "other", "model_revision": "r2"})
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     assert text.count("| torch | `2.13.0` |") == 1
     assert "Differs between notebooks" in text and "| 02_b | `other` | `r2` |" in text
     assert "| model_id | `" not in text
@@ -197,7 +201,7 @@ def test_no_links_and_one_archive_to_attach(tmp_path):
         (tmp_path / "figures" / name).write_bytes(b"\x89PNG")
     (tmp_path / "html").mkdir()
     (tmp_path / "html" / "01_a.html").write_text("<html></html>")
-    report.write_summary(tmp_path)
+    summary.write_summary(tmp_path)
     text = (tmp_path / "SUMMARY.md").read_text()
     assert not re.search(r"\]\(", text), "a Markdown link or image"
     assert not re.search(r"(src|href)=", text)
@@ -212,16 +216,16 @@ def test_scrub_replaces_machine_paths_but_not_lookalikes(monkeypatch):
     root, home = str(repo_root()), str(Path.home())
     text = (f"{root}/outputs/figures/a.png and {home}/.cache/hf and /tmp/xyz/f.txt; "
             f"{sys.prefix}/lib; https://example.org/tmp/x stays")
-    clean = report.scrub(text)
+    clean = scrub.scrub(text)
     assert "{kit}/outputs/figures/a.png" in clean and "~/.cache/hf" in clean and "{tmp}/xyz/f.txt" in clean
     assert "https://example.org/tmp/x stays" in clean
     assert root + "/" not in clean and home + "/" not in clean and " /tmp/" not in clean
-    assert report.scrub("/tmp/kit/out/results/a.json", Path("/tmp/kit/out")) == "{outputs}/results/a.json"
+    assert scrub.scrub("/tmp/kit/out/results/a.json", Path("/tmp/kit/out")) == "{outputs}/results/a.json"
     # The look-alike, built where no other placeholder reaches (a checkout under /tmp must not make it vacuous):
     fake = Path("/srv/kvkit-lookalike/kit")
     monkeypatch.setattr(scrub_mod, "repo_root", lambda: fake)
     out = fake / "outputs"
-    lookalike = report.scrub(f"{fake}/a.txt {fake}x/b.txt {fake}-old/c.txt {fake}.bak", out)
+    lookalike = scrub.scrub(f"{fake}/a.txt {fake}x/b.txt {fake}-old/c.txt {fake}.bak", out)
     assert lookalike == f"{{kit}}/a.txt {fake}x/b.txt {fake}-old/c.txt {fake}.bak", lookalike
 
 
@@ -232,7 +236,7 @@ def test_write_summary_scrubs_summary_results_timings_and_run_record(tmp_path):
                    env={"model_id": f"{root}/checkpoints/qwen"})
     (tmp_path / "timings.json").write_text(json.dumps({"run_id": RUN_A["run_id"], "notebooks": [
         {"notebook": "01_a", "output": str(tmp_path / "notebooks" / "01_a.ipynb")}]}))
-    report.write_summary(tmp_path)
+    summary.write_summary(tmp_path)
     with zipfile.ZipFile(tmp_path / "share.zip") as zf:
         archived = {name: zf.read(name).decode() for name in zf.namelist()}
     for path in [tmp_path / "SUMMARY.md", tmp_path / "run.json", tmp_path / "timings.json", *tmp_path.glob("results/*.json")]:
@@ -249,10 +253,10 @@ def test_scrub_file_cleans_a_timings_file_written_after_the_summary(tmp_path):
     timings = tmp_path / "timings.json"
     timings.write_text(json.dumps({"notebooks": [{"output": str(tmp_path / "notebooks" / "01_a.ipynb"),
                                                   "where": f"{repo_root()}/helpers"}]}))
-    assert report.scrub_file(timings) is True
+    assert scrub.scrub_file(timings) is True
     text = timings.read_text()
     assert "{outputs}/notebooks/01_a.ipynb" in text and "{kit}/helpers" in text and str(tmp_path) not in text
-    assert report.scrub_file(timings) is False  # already clean
+    assert scrub.scrub_file(timings) is False  # already clean
 
 
 def _machine_paths(text: str, out: Path) -> list[str]:
@@ -281,9 +285,9 @@ def real_run(tmp_path_factory) -> Path:
         pm.execute_notebook(str(nb), str(out / "notebooks" / nb.name), cwd=str(repo_root()), kernel_name="python3",
                             progress_bar=False)
         _run(out, run_id=run_id, command="run", notebooks={nb.stem: {"status": "ok", "seconds": 9.0, "error": ""}})
-        written, errors = report.write_html(out)
+        written, errors = html_page.write_html(out)
         assert written and not errors, errors
-        report.write_summary(out)
+        summary.write_summary(out)
     finally:
         mp.undo()
     return out
@@ -293,8 +297,8 @@ def real_run(tmp_path_factory) -> Path:
 def test_report_on_a_real_run(real_run):
     text = (real_run / "SUMMARY.md").read_text()
     data = json.loads((real_run / "results" / "01_identity_reconstruction.json").read_text())
-    assert data["claims"] and len(text) < report.MAX_CHARS
-    assert report.run_id_of(data) == "20261202T000000Z-e2e0", "the run id did not reach the results file"
+    assert data["claims"] and len(text) < paste.MAX_CHARS
+    assert records.run_id_of(data) == "20261202T000000Z-e2e0", "the run id did not reach the results file"
     assert "From an earlier run" not in text
     where = _section(text, "## The Qwen3-VL resume-contract control (transformers 5.14.1)")
     for claim in data["claims"]:
@@ -315,7 +319,7 @@ def test_html_is_self_contained_with_the_environment_at_the_top(real_run):
     html = (real_run / "html" / "01_identity_reconstruction.html").read_text()
     data = json.loads((real_run / "results" / "01_identity_reconstruction.json").read_text())
     assert "data:image/png;base64," in html
-    assert report.external_images(html) == []
+    assert html_page.external_images(html) == []
     assert not re.search(r"<img[^>]+src=[\"']?(?!data:)[^\"'\s>]", html)
     env_at = html.index("Environment this notebook ran with")
     body = html.index("<body")
@@ -326,7 +330,7 @@ def test_html_is_self_contained_with_the_environment_at_the_top(real_run):
     for cell in nb["cells"]:  # every cell rendered under its own id: a page that drops ids is not the notebook's
         assert f'id="cell-id={cell["id"]}"' in html, cell["id"]
     assert not re.search(r"""\b(?:src|href)\s*=\s*["']?(?:https?:)?//""", html), "loads something remote"
-    assert report.remote_references(html) == [] and "require.js" not in html and "MathJax.js" not in html
+    assert html_page.remote_references(html) == [] and "require.js" not in html and "MathJax.js" not in html
     assert "Last run on" not in html  # no typed environment that could contradict the measured one
 
 
@@ -415,7 +419,7 @@ def test_a_run_that_did_not_complete_says_so_at_the_top(tmp_path, status, says):
     _run(tmp_path, status=status, finished=None,
          notebooks={"01_a": {"status": "ok"}, "02_b": {"status": "failed", "error": "ValueError: bad"}})
     _write_results(tmp_path, "01_a", [_claim("a.one")])
-    head = report.build_summary(tmp_path).split("## Claims")[0]
+    head = summary.build_summary(tmp_path).split("## Claims")[0]
     assert says in head and "— (not finished)" in head
 
 
@@ -427,26 +431,24 @@ def test_remote_loaders_are_stripped_and_detected():
             '<script src="https://cdn.jsdelivr.net/npm/mathjax@2/MathJax.js?config=TeX-AMS_CHTML-full"> </script>\n'
             '<script type="text/x-mathjax-config">MathJax.Hub.Config({});</script>\n<!-- End of mathjax configuration -->\n'
             '<script type="module">/* inline */</script></head><body><img src="data:image/png;base64,AA"></body>')
-    assert len(report.remote_references(page)) == 3
-    clean = report.strip_remote(page)
-    assert report.remote_references(clean) == [] and "MathJax" not in clean and "require" not in clean
+    assert len(html_page.remote_references(page)) == 3
+    clean = html_page.strip_remote(page)
+    assert html_page.remote_references(clean) == [] and "MathJax" not in clean and "require" not in clean
     assert '<script type="module">/* inline */</script>' in clean and "data:image/png" in clean
 
 
 def test_widgets_become_a_static_line_and_their_state_is_dropped():
     import nbformat
 
-    from helpers.pipeline import html
-
     nb = nbformat.v4.new_notebook()
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
     cell = nbformat.v4.new_code_cell("display(slider)")
     cell.outputs = [nbformat.v4.new_output("display_data", data={
         "text/plain": "interactive(children=(IntSlider(value=0, description='offset', max=8, min=-8), Output()))",
-        html.WIDGET_MIME: {"model_id": "abc", "version_major": 2, "version_minor": 0}})]
+        html_page.WIDGET_MIME: {"model_id": "abc", "version_major": 2, "version_minor": 0}})]
     nb.cells.append(cell)
-    assert html.static_widgets(nb) == 1
+    assert html_page.static_widgets(nb) == 1
     data = nb.cells[0].outputs[0]["data"]
     assert data == {"text/plain": "[IntSlider offset = 0 (min -8, max 8): interactive only when the notebook is opened in Jupyter]"}
-    assert html.widget_value("Output()") == "a widget"
+    assert html_page.widget_value("Output()") == "a widget"
     assert "widgets" not in nb.metadata

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.pipeline import params, record, runner
+from helpers.pipeline.run import params
+from helpers.pipeline.run import batch, execute, procs, record
 from helpers.pipeline.paths import repo_root
 
 ROOT = repo_root()
@@ -23,7 +24,7 @@ NOISE = ("Traceback", "ZMQ", "zmq", "DeadKernelError", "KeyboardInterrupt", "IPK
 
 def _cli(out: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "KVKIT_OUTPUT_DIR": str(out)}
-    return subprocess.run([sys.executable, "-m", "helpers.pipeline.runner", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "helpers.pipeline.run", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -79,15 +80,15 @@ def test_bad_parameter_is_refused_in_one_line_before_any_kernel(tmp_path, args, 
 
 
 def test_parameters_go_only_to_the_notebooks_that_declare_them():
-    nb01, nb05 = runner.find_notebook("01"), runner.find_notebook("05")
+    nb01, nb05 = execute.find_notebook("01"), execute.find_notebook("05")
     per = params.check([nb01, nb05], {"seq_len": 8, "dtype": "bf16"})
     assert per[NB05] == {"seq_len": 8, "dtype": "bf16"} and per[NB01] == {"dtype": "bf16"}
     assert "model_id" in params.declared(nb01) and "sdpa" in params.attention_implementations()
 
 
 def test_parameter_check_is_cheap():
-    code = ("import sys, time; t = time.perf_counter(); from helpers.pipeline import params, runner; "
-            "params.check(runner.notebooks(), {'dtype': 'float16', 'attn_implementation': 'eager'}); "
+    code = ("import sys, time; t = time.perf_counter(); from helpers.pipeline.run import execute, params; "
+            "params.check(execute.notebooks(), {'dtype': 'float16', 'attn_implementation': 'eager'}); "
             "print(time.perf_counter() - t, 'torch' in sys.modules, 'transformers' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     assert out[1:] == ["False", "False"] and float(out[0]) < 2
@@ -100,8 +101,8 @@ def test_failure_line_names_the_notebooks_exception():
 
     exc = PapermillExecutionError(3, 3, "import torchvision", "ImportError", "No module named 'torchvision'\nmore",
                                   ["...", "Please note that you may need to restart your runtime after installation."])
-    assert runner.failure_line(exc) == "ImportError: No module named 'torchvision'"
-    assert runner.failure_line(ValueError("bad\nworse")) == "ValueError: bad"
+    assert execute.failure_line(exc) == "ImportError: No module named 'torchvision'"
+    assert execute.failure_line(ValueError("bad\nworse")) == "ValueError: bad"
 
 
 def test_interrupted_notebook_keeps_no_verdict(tmp_path):
@@ -138,7 +139,7 @@ def test_interrupted_run_all_stops_fast_and_says_so(tmp_path):
     out = tmp_path / "out"
     _stale_results(out, "03_rope_deltas_perturbation")
     env = {**os.environ, "KVKIT_OUTPUT_DIR": str(out)}
-    proc = subprocess.Popen([sys.executable, "-m", "helpers.pipeline.runner", "run-all", "--notebooks", "01", "05",
+    proc = subprocess.Popen([sys.executable, "-m", "helpers.pipeline.run", "run-all", "--notebooks", "01", "05",
                              "--jobs", "1"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
     results = out / "results" / f"{NB01}.json"
@@ -146,14 +147,14 @@ def test_interrupted_run_all_stops_fast_and_says_so(tmp_path):
     while not results.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)  # the first notebook's kernel has started once its results file exists
     assert proc.poll() is None, proc.communicate()
-    workers = runner.descendants(proc.pid)
+    workers = procs.descendants(proc.pid)
     os.killpg(proc.pid, signal.SIGINT)
     start = time.monotonic()
     stdout, stderr = proc.communicate(timeout=30)
     stopped_in = time.monotonic() - start
     assert proc.returncode == 128 + signal.SIGINT, stderr
     assert stopped_in < 10, f"took {stopped_in:.1f}s to stop"
-    assert not any(runner._alive(p) for p in workers), "a worker or kernel survived the interrupt"
+    assert not any(procs._alive(p) for p in workers), "a worker or kernel survived the interrupt"
     for noise in NOISE:
         assert noise not in stdout + stderr, (noise, stdout, stderr)
 
@@ -201,16 +202,16 @@ def test_failing_single_run_after_a_full_run_shows_no_stale_claims(tmp_path):
 
 
 def test_timings_are_handed_to_finish_timings_after_they_are_written(tmp_path, monkeypatch):
-    """timings.json is written after SUMMARY.md and share.zip: the run passes it to report.finish_timings
+    """timings.json is written after SUMMARY.md and share.zip: the run passes it to share.finish_timings
     (which scrubs it and adds it to share.zip), once, after writing it."""
-    from helpers.pipeline import report
+    from helpers.pipeline.report import share
 
     monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
     seen = []
-    monkeypatch.setattr(report, "finish_timings", lambda out=None: seen.append(json.loads((Path(out) / "timings.json").read_text())))
-    nb = runner.find_notebook("01")
-    run = runner.Run("run", [nb], {}, {}, 1)
-    run.results[nb.stem] = runner.RunResult(nb.stem, True, 1.0, str(tmp_path / "notebooks" / nb.name), "", "ok", {"cells_s": 1.0})
+    monkeypatch.setattr(share, "finish_timings", lambda out=None: seen.append(json.loads((Path(out) / "timings.json").read_text())))
+    nb = execute.find_notebook("01")
+    run = batch.Run("run", [nb], {}, {}, 1)
+    run.results[nb.stem] = execute.RunResult(nb.stem, True, 1.0, str(tmp_path / "notebooks" / nb.name), "", "ok", {"cells_s": 1.0})
     run.record.finish("complete")
     run._write_timings(2.0, 1.5, 0.1)
     assert len(seen) == 1 and seen[0]["run_id"] == run.record.run_id and seen[0]["notebooks"][0]["notebook"] == nb.stem

@@ -6,7 +6,8 @@ import json
 import zipfile
 from pathlib import Path
 
-from helpers.pipeline import report, share
+from helpers.pipeline.report import share
+from helpers.pipeline.report import summary as summary_md
 from helpers.pipeline.paths import repo_root
 
 RUN = {"run_id": "20261203T000000Z-zip0", "command": "run-all", "status": "complete", "notebooks": {"01_a": {"status": "ok"}}}
@@ -27,7 +28,7 @@ def _outputs(out: Path) -> None:
 
 def test_the_archive_holds_this_runs_files_only(tmp_path):
     _outputs(tmp_path)
-    report.write_summary(tmp_path)
+    summary_md.write_summary(tmp_path)
     with zipfile.ZipFile(tmp_path / share.ARCHIVE) as zf:
         names = zf.namelist()
         assert zf.testzip() is None
@@ -55,13 +56,13 @@ def test_members_of_a_figure_need_the_stem_and_a_dash(tmp_path):
 
 
 def test_timings_written_after_the_summary_are_scrubbed_and_archived(tmp_path):
-    """runner.py writes timings.json after SUMMARY.md; report.finish_timings(out) is its one call after that."""
+    """runner.py writes timings.json after SUMMARY.md; share.finish_timings(out) is its one call after that."""
     _outputs(tmp_path)
     (tmp_path / "timings.json").unlink()
-    report.write_summary(tmp_path)
+    summary_md.write_summary(tmp_path)
     assert "timings.json" not in zipfile.ZipFile(tmp_path / "share.zip").namelist()
     (tmp_path / "timings.json").write_text(json.dumps({"run_id": RUN["run_id"], "output": str(tmp_path / "notebooks")}))
-    report.finish_timings(tmp_path)
+    share.finish_timings(tmp_path)
     assert str(tmp_path) not in (tmp_path / "timings.json").read_text()
     with zipfile.ZipFile(tmp_path / "share.zip") as zf:
         assert "{outputs}/notebooks" in zf.read("timings.json").decode()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.pipeline import report, sources
+from helpers.pipeline.report import claims_md, paste, sources, summary
 from helpers.results import KINDS, VERDICTS
 
 RUN_ID = "20261203T000000Z-sum0"
@@ -53,13 +53,13 @@ def test_each_kind_is_counted_under_its_own_verdicts_and_only_reproduces_reads_r
                ("05_x", claim("refutes.mislabelled", "refutes", "reproduced")),  # a verdict foreign to its kind
                ("05_x", claim("sim.mislabelled", "simulation", "reproduced")),
                ("05_x", claim("env.skipped", "environment", "skipped")), ("05_x", claim("b.error", "beyond", "error"))]
-    counts = report.kind_counts(claims)
+    counts = claims_md.kind_counts(claims)
     assert counts["reproduces"] == {"reproduced": 2, "not_reproduced": 1}
     assert counts["refutes"] == {"refuted": 1, "not_refuted": 1, "other": 1}
     assert counts["simulation"] == {"holds": 1, "fails": 1, "other": 1}
     assert counts["environment"] == {"holds": 2, "fails": 1, "skipped": 1}
     assert counts["beyond"] == {"holds": 1, "fails": 1, "error": 1}
-    assert report.reproduced_count(counts) == 2  # the legacy finding and the reproduces claim, nothing else
+    assert claims_md.reproduced_count(counts) == 2  # the legacy finding and the reproduces claim, nothing else
 
 
 @pytest.mark.parametrize("kind", ["refutes", "beyond", "simulation", "environment"])
@@ -67,7 +67,7 @@ def test_no_other_kind_is_ever_counted_as_reproduced(tmp_path, kind):
     run_record(tmp_path, "05_x")
     holds = KINDS[kind][0]
     write(tmp_path, "05_x", [claim("a.claim", kind, holds), claim("b.claim", kind, "reproduced")])
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     assert "0 of 0 source statement(s) reproduced" in text
     assert f"| {kind} |" in section(text, "## Counts per kind")
     assert f"1 {holds}" in section(text, "## Counts per kind") and "1 with a verdict foreign to the kind" in text
@@ -78,9 +78,9 @@ def test_any_verdict_of_any_kind_renders(tmp_path):
     run_record(tmp_path, "09_new")
     write(tmp_path, "09_new", [claim(f"c.{k}.{v}", k, v) for k in [*KINDS, "finding", "environment_check", "novel"]
                                for v in VERDICTS])
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     assert "## Other notebooks (no source mapped)" in text and "| novel | unknown kind |" in text
-    assert len(text) < report.MAX_CHARS
+    assert len(text) < paste.MAX_CHARS
 
 
 # --------------------------------------------------------------------------- one section per source
@@ -92,7 +92,7 @@ def test_one_section_per_source_each_opening_with_three_lines_and_the_setup_gap(
                              {**claim("b.cuda", "reproduces", "skipped"), "reason": LONG_REASON}])
     write(tmp_path, "06_c", [claim("c.tree", "beyond", "holds")])
     write(tmp_path, "07_d", [claim("d.reg", "reproduces", "not_reproduced")])
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     heads = re.findall(r"^## (.+)$", text, re.M)
     control, issue, triage = (h for h in heads if h.startswith(("The Qwen3-VL", "transformers issue", "Triage")))
     assert heads.index(control) < heads.index(issue) < heads.index(triage)
@@ -109,7 +109,7 @@ def test_one_section_per_source_each_opening_with_three_lines_and_the_setup_gap(
     assert "- **Reproduced:** 0 of 1" in b and "1 refutes (1 refuted); 1 simulation (1 holds)" in b
     assert "| release | 5.17.0 | 5.17.0 | same |" in b and "| dtype | bfloat16 | float32 | differs |" in b
     assert "1 claim(s) skipped or in error (reasons below)" in b
-    assert f"- `b.cuda` ⏭️ skipped: {report.code_refs(LONG_REASON)}" in b  # the reason whole, never cut
+    assert f"- `b.cuda` ⏭️ skipped: {paste.code_refs(LONG_REASON)}" in b  # the reason whole, never cut
     assert "`c.tree`" in section(text, f"## {triage}")
 
 
@@ -127,7 +127,7 @@ def test_notes_and_captured_warnings_are_listed_once(tmp_path):
     write(tmp_path, "01_a", [claim("a.one", "reproduces", "reproduced", notes=["6 = 3 caches x 2 argument sets"])],
           warnings=[warning])
     write(tmp_path, "05_b", [claim("b.one", "reproduces", "reproduced")], warnings=[warning])
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     assert "- `a.one`: 6 = 3 caches x 2 argument sets" in text
     assert "| 01 | `a.one` | reproduces | ✅ reproduced | value=1.5 (see the note below) | value=7.66 |" in text
     assert text.count("causal_conv1d_fn") == 1 and "_(notebooks 01, 05)_" in section(text, "## Environment")
@@ -136,11 +136,11 @@ def test_notes_and_captured_warnings_are_listed_once(tmp_path):
 # --------------------------------------------------------------------------- paste safety, rendered as GFM
 
 def test_code_refs_puts_references_mentions_and_urls_in_code_spans():
-    assert report.code_refs("see #35168, NVIDIA/kvpress#16 and PR #39843.") == \
+    assert paste.code_refs("see #35168, NVIDIA/kvpress#16 and PR #39843.") == \
         "see `#35168`, `NVIDIA/kvpress#16` and PR `#39843`."
-    assert report.code_refs("cc @Cyrilvallez (and @a-b)") == "cc `@Cyrilvallez` (and `@a-b`)"
-    assert report.code_refs("at https://x.org/a and www.x.org") == "at `https://x.org/a` and `www.x.org`"
-    assert report.code_refs("already `#1` and `@x`; 3 # 4; a#b") == "already `#1` and `@x`; 3 # 4; a#b"
+    assert paste.code_refs("cc @Cyrilvallez (and @a-b)") == "cc `@Cyrilvallez` (and `@a-b`)"
+    assert paste.code_refs("at https://x.org/a and www.x.org") == "at `https://x.org/a` and `www.x.org`"
+    assert paste.code_refs("already `#1` and `@x`; 3 # 4; a#b") == "already `#1` and `@x`; 3 # 4; a#b"
 
 
 def _gfm(text: str) -> str:
@@ -167,7 +167,7 @@ def test_the_summary_renders_as_gfm_with_no_link_no_mention_no_cut_cell(tmp_path
                               "reason": f"r {refs}", "deciding": {"see": "#36151", "who": "@rocket", "list": [1, 0],
                                                                   "blob": {"a": {"b": [1, 2, 3]}}, "long": "word " * 30}}])
     write(tmp_path, "05_b", [{**claim("b.one", "reproduces", "skipped"), "reason": f"{LONG_REASON} {refs}"}])
-    text = report.build_summary(tmp_path)
+    text = summary.build_summary(tmp_path)
     html = _gfm(text)
     assert "<a " not in html, re.findall(r"<a [^>]*>[^<]*</a>", html)
     outside_code = re.sub(r"<code>.*?</code>", "", html, flags=re.S)
@@ -184,18 +184,18 @@ def test_the_summary_renders_as_gfm_with_no_link_no_mention_no_cut_cell(tmp_path
     assert html.count("<details>") == text.count("<details>") == text.count("</details>") >= 2
     assert "<summary>" in html
     assert LONG_REASON.split(";")[0] in text and "(this sentence is long on purpose)." in text
-    assert len(text) < report.MAX_CHARS <= report.GITHUB_LIMIT - 5000
+    assert len(text) < paste.MAX_CHARS <= paste.GITHUB_LIMIT - 5000
 
 
 def test_a_value_close_to_an_integer_is_not_rounded_onto_it():
-    assert report.fmt_scalar(0.9997308850288391) == "0.999731" and report.fmt_scalar(1.0) == "1"
-    assert report.fmt_scalar(0.5218) == "0.522" and report.fmt_scalar(4.17e-07) == "4.17e-07"
+    assert paste.fmt_scalar(0.9997308850288391) == "0.999731" and paste.fmt_scalar(1.0) == "1"
+    assert paste.fmt_scalar(0.5218) == "0.522" and paste.fmt_scalar(4.17e-07) == "4.17e-07"
 
 
 def test_the_gap_names_this_runs_logit_scale(tmp_path):
     run_record(tmp_path, "04_a")
     write(tmp_path, "04_a", [{**claim("a.one", "reproduces", "reproduced"), "evidence": {"noise_scale": 0.9312}}])
-    assert "The largest |logit| in this run is 0.931: raw differences are on that scale." in report.build_summary(tmp_path)
+    assert "The largest |logit| in this run is 0.931: raw differences are on that scale." in summary.build_summary(tmp_path)
 
 
 def test_text_set_in_code_spans_cannot_break_out_of_them(tmp_path):
@@ -203,7 +203,7 @@ def test_text_set_in_code_spans_cannot_break_out_of_them(tmp_path):
     data = json.loads((tmp_path / "run.json").read_text())
     (tmp_path / "run.json").write_text(json.dumps({**data, "parameters": {"rebuild": "`x` @mallory #99 a|b"}}))
     write(tmp_path, "01_a", [claim("odd.`id`#7", "reproduces", "skipped")])
-    html = _gfm(report.build_summary(tmp_path))
+    html = _gfm(summary.build_summary(tmp_path))
     outside_code = re.sub(r"<code>.*?</code>", "", html, flags=re.S)
     assert "@mallory" not in outside_code and "#99" not in outside_code and "#7" not in outside_code
     assert "<a " not in html

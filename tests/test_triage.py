@@ -12,7 +12,7 @@ from helpers import compat
 from helpers.triage import rebuilds
 from helpers.triage import tree as triage
 from helpers.compare import NoiseFloor
-from helpers.pipeline import runner
+from helpers.pipeline.run import execute
 from helpers.pipeline.paths import repo_root
 from helpers.results import Results
 
@@ -244,9 +244,9 @@ def test_controls_on_the_tiny_model_name_the_branches(bundle, prompt):
 
 # --- end to end ----------------------------------------------------------------------------------
 
-def _run(tmp_path: Path, monkeypatch, **params) -> tuple[runner.RunResult, dict]:
+def _run(tmp_path: Path, monkeypatch, **params) -> tuple[execute.RunResult, dict]:
     monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
-    result = runner.run_one(ROOT / "notebooks" / "06_rebuild_triage.ipynb", params)
+    result = execute.run_one(ROOT / "notebooks" / "06_rebuild_triage.ipynb", params)
     return result, json.loads((tmp_path / "results" / "06_rebuild_triage.json").read_text())
 
 
@@ -379,7 +379,7 @@ def test_new_parameters_are_refused_before_any_kernel(tmp_path, args, words):
     import sys
 
     env = {**__import__("os").environ, "KVKIT_OUTPUT_DIR": str(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "helpers.pipeline.runner", "run", "06", *args], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "helpers.pipeline.run", "run", "06", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=60)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("refused: "), proc.stderr
@@ -388,7 +388,7 @@ def test_new_parameters_are_refused_before_any_kernel(tmp_path, args, words):
 
 
 def test_prompt_text_and_prompt_ids_together_are_refused(tmp_path):
-    from helpers.pipeline import params
+    from helpers.pipeline.run import params
 
     ids = tmp_path / "ids.json"
     ids.write_text("[1, 2, 3]")

@@ -249,7 +249,7 @@ def results_json(ex: GpuExperiment, seconds: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m helpers.offload.gpu --out DIR [--dtypes ...] [--simulate]`: 0 ran, 2 refused (no CUDA), 1 error."""
-    from ..pipeline.params import cuda_status
+    from ..pipeline.run.params import cuda_status
 
     p = argparse.ArgumentParser(prog="python -m helpers.offload.gpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)

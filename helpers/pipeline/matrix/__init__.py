@@ -1,0 +1,2 @@
+"""Every notebook on several transformers releases: release environments (envs), the runner (run), what differs
+(facts, diff, kinds) and matrix.md (report). Called by `make matrix` through run/cli, and by bisect/ and tools/gpu_check."""

@@ -1,0 +1,278 @@
+"""Release environments: Each release gets its own small virtual environment, .venv-tf/<release>, that shares everything
+else with the environment running this code (torch above all: it is never downloaded again). It
+holds only transformers==<release> and whichever of its dependencies (tokenizers,
+huggingface-hub, ...) the shared ones do not satisfy. A `.pth` file in it adds the shared
+site-packages (and through them this kit's editable install) after its own. The pinned release
+reuses the running environment itself. Environments are kept and reused on the next run. Where wheels/
+(`make gpu-wheels`) holds the release's transformers wheel, pip installs from it alone (--no-index), for
+machines without network.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import sysconfig
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from ..paths import repo_root
+
+STAMP = ".kvkit-ready"
+PIP = ["-m", "pip", "--disable-pip-version-check", "--no-input", "install", "--no-deps", "--no-compile", "-q"]
+
+# Run inside a release environment: requirements of the named distributions that are not met.
+_UNMET = r"""
+import json, sys
+from importlib import metadata
+from packaging.requirements import Requirement
+unmet = []
+for name in sys.argv[1:]:
+    for text in metadata.requires(name) or []:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            have = metadata.version(req.name)
+        except metadata.PackageNotFoundError:
+            have = None
+        if have is None or (req.specifier and not req.specifier.contains(have, prereleases=True)):
+            unmet.append({"name": req.name, "requirement": f"{req.name}{req.specifier}", "have": have, "by": name})
+print(json.dumps(unmet))
+"""
+
+# Run inside a release environment: the versions it imports, after importing the modules named in argv.
+_PROBE = r"""
+import importlib, json, sys, importlib.metadata as m
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+import torch, transformers, helpers
+out = {"python_executable": sys.executable, "transformers": transformers.__version__,
+       "torch": torch.__version__, "helpers": helpers.__file__, "transformers_file": transformers.__file__}
+for name in ("tokenizers", "huggingface-hub", "safetensors"):
+    try:
+        out[name] = m.version(name)
+    except m.PackageNotFoundError:
+        out[name] = None
+print(json.dumps(out))
+"""
+# What a release environment must import: to run notebooks (the matrix, bisect), or only gpu-check's GPU arms
+# (python -m helpers.offload.gpu: no jupyter).
+NOTEBOOK_MODULES = ("papermill", "nbconvert")
+GPU_MODULES = ("pandas", "matplotlib")
+
+
+@dataclass
+class ReleaseEnv:
+    release: str
+    ok: bool
+    python: str | None = None
+    reason: str = ""
+    versions: dict[str, Any] = field(default_factory=dict)
+    installed: list[str] = field(default_factory=list)
+    reused: bool = False
+    seconds: float = 0.0
+
+
+def pinned_release() -> str | None:
+    """The transformers version requirements-runtime.txt pins (requirements.txt includes it)."""
+    for name in ("requirements-runtime.txt", "requirements.txt"):
+        try:
+            for line in (repo_root() / name).read_text().splitlines():
+                if line.strip().startswith("transformers=="):
+                    return line.split("==", 1)[1].split("#")[0].strip()
+        except OSError:
+            pass
+    return None
+
+
+def venvs_dir() -> Path:
+    return Path(os.environ.get("KVKIT_RELEASE_VENVS") or repo_root() / ".venv-tf")
+
+
+def wheels_dir() -> Path:
+    """wheels/ of the checkout (KVKIT_WHEELS moves it): the wheels `make gpu-wheels` downloaded, for machines without network."""
+    return Path(os.environ.get("KVKIT_WHEELS") or repo_root() / "wheels")
+
+
+def wheel_args(release: str) -> list[str]:
+    """pip's options to install `release` offline from wheels/ when it holds that transformers wheel, else none."""
+    folder = wheels_dir()
+    if any(folder.glob(f"transformers-{release}-*.whl")):
+        return ["--no-index", "--find-links", str(folder)]
+    return []
+
+
+def shared_site_packages() -> list[str]:
+    """This environment's site-packages folders: its own, then the system's and the user's it also imports from."""
+    paths = sysconfig.get_paths()
+    found = [paths["purelib"], paths["platlib"]]
+    extra = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        extra.append(site.getusersitepackages())
+    found += [p for p in extra if p in sys.path and os.path.isdir(p)]
+    return list(dict.fromkeys(found))
+
+
+def _tail(text: str, n: int = 300) -> str:
+    """What a failed command said, in one short line: pip's last `ERROR:` line, else its last error lines."""
+    lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
+    pip_errors = [ln.strip() for ln in lines if ln.lstrip().startswith("ERROR:")]
+    if pip_errors:
+        return pip_errors[-1][:n]
+    errors = [ln for ln in lines if "ERROR" in ln or "Error" in ln]
+    return " ".join((errors or lines)[-2:])[-n:]
+
+
+def child_env(out: Path | None = None) -> dict[str, str]:
+    """This process's environment for another release's python: without this venv's path variables, with
+    PYTHONPATH=the checkout (helpers imports from it where the kit is not installed), and with
+    KVKIT_OUTPUT_DIR=`out` where given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = str(repo_root())
+    if out is not None:
+        env["KVKIT_OUTPUT_DIR"] = str(out)
+    return env
+
+
+def _run(cmd: Sequence[str], timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, env=child_env(),
+                          cwd=str(repo_root()))
+
+
+def _probe(python: str, modules: Sequence[str] = NOTEBOOK_MODULES) -> dict[str, Any]:
+    res = _run([python, "-c", _PROBE, *modules], timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(f"import failed: {_tail(res.stderr)}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@contextmanager
+def _lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _check_probe(release: str, versions: dict[str, Any]) -> str:
+    if versions.get("transformers") != release:
+        return f"imports transformers {versions.get('transformers')} instead of {release}"
+    if not str(versions.get("helpers", "")).startswith(str(repo_root())):
+        return f"imports helpers from {versions.get('helpers')}, not this checkout"
+    return ""
+
+
+def ensure_env(release: str, log=print, modules: Sequence[str] = NOTEBOOK_MODULES) -> ReleaseEnv:
+    """The python to run `release` under, creating .venv-tf/<release> if needed, that imports `modules` besides
+    torch, transformers and helpers (never raises). pip installs from wheels/ alone when it holds the release."""
+    from packaging.version import InvalidVersion, Version
+
+    start = time.perf_counter()
+    env = ReleaseEnv(release, ok=False)
+    try:
+        Version(release)
+    except InvalidVersion:
+        env.reason = f"{release!r} is not a version number"
+        return env
+    try:
+        current = metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        current = None
+    if current == release:  # the pinned release: the running environment itself
+        env.python, env.reused = sys.executable, True
+    else:
+        try:
+            with _lock(venvs_dir() / f"{release}.lock"):
+                _build_env(release, env, log, modules)
+        except Exception as exc:  # noqa: BLE001 - reported in the release's column
+            env.reason = env.reason or f"{type(exc).__name__}: {exc}"[:400]
+            env.ok = False
+            env.seconds = round(time.perf_counter() - start, 1)
+            return env
+    try:
+        env.versions = _probe(env.python, modules)
+        env.reason = _check_probe(release, env.versions)
+    except Exception as exc:  # noqa: BLE001
+        env.reason = f"{type(exc).__name__}: {exc}"[:400]
+    env.ok = not env.reason
+    env.seconds = round(time.perf_counter() - start, 1)
+    return env
+
+
+def _link_jupyter_data(path: Path) -> None:
+    """share/jupyter (nbconvert templates, kernelspecs) of the shared environment, linked in:
+    jupyter looks for it under sys.prefix, which is the release environment's own."""
+    shared = Path(sys.prefix) / "share" / "jupyter"
+    link = path / "share" / "jupyter"
+    if shared.is_dir() and not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.unlink(missing_ok=True)  # a dangling link
+        link.symlink_to(shared, target_is_directory=True)
+
+
+def _build_env(release: str, env: ReleaseEnv, log, modules: Sequence[str] = NOTEBOOK_MODULES) -> None:
+    path = venvs_dir() / release
+    python = path / "bin" / "python"
+    shared = shared_site_packages()
+    stamp = path / STAMP
+    if stamp.exists() and python.exists():
+        try:
+            recorded = json.loads(stamp.read_text())
+            if recorded.get("shared") == shared and not _check_probe(release, _probe(str(python), modules)):
+                _link_jupyter_data(path)
+                env.python, env.reused, env.installed = str(python), True, recorded.get("installed", [])
+                return
+        except Exception:  # noqa: BLE001 - a broken environment is rebuilt
+            pass
+    log(f"[matrix] creating {path} for transformers {release}", flush=True)
+    shutil.rmtree(path, ignore_errors=True)
+    res = _run([sys.executable, "-m", "venv", "--without-pip", str(path)])
+    if res.returncode != 0:
+        raise RuntimeError(f"venv creation failed: {_tail(res.stderr)}")
+    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    site.joinpath("_kvkit_shared.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in shared))
+    _link_jupyter_data(path)
+    wanted = [f"transformers=={release}"]
+    checked = ["transformers"]
+    offline = wheel_args(release)
+    if offline:
+        log(f"[matrix] {release}: installing from {wheels_dir().name}/ only (no index)", flush=True)
+    for _ in range(5):
+        res = _run([str(python), *PIP, *offline, *wanted])
+        if res.returncode != 0:
+            hint = f" (offline from {wheels_dir().name}/: add it with `make gpu-wheels`)" if offline else ""
+            env.reason = f"pip could not install {' '.join(wanted)}{hint}: {_tail(res.stderr or res.stdout)}"
+            raise RuntimeError(env.reason)
+        env.installed += wanted
+        res = _run([str(python), "-c", _UNMET, *checked])
+        if res.returncode != 0:
+            raise RuntimeError(f"dependency check failed: {_tail(res.stderr)}")
+        unmet = json.loads(res.stdout.strip().splitlines()[-1])
+        if not unmet:
+            break
+        heavy = [u for u in unmet if u["name"].lower() in ("torch", "torchvision")]
+        if heavy:
+            env.reason = (f"needs {heavy[0]['requirement']} (shared {heavy[0]['name']} is {heavy[0]['have']}); "
+                          "torch is never downloaded per release")
+            raise RuntimeError(env.reason)
+        wanted = sorted({u["requirement"] for u in unmet})
+        checked = sorted({u["name"] for u in unmet})
+        log(f"[matrix] {release}: installing {' '.join(wanted)} (shared: "
+            + ", ".join(f"{u['name']} {u['have']}" for u in unmet) + ")", flush=True)
+    else:
+        raise RuntimeError(f"dependencies still unmet after 5 rounds: {unmet}")
+    stamp.write_text(json.dumps({"release": release, "shared": shared, "installed": env.installed}) + "\n")
+    env.python = str(python)

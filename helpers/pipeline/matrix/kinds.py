@@ -1,0 +1,120 @@
+"""matrix.md's "Changes by kind of value": verdict changes, behaviour differences one line per kind of
+value (shape, None vs a value, boolean, ...), floats and source locations collapsed to one line per notebook."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Sequence
+
+from .facts import _ABSENT, KINDS, LARGE_FLOAT, _leaf, classify, differences, distinct_texts, group_differences, relative_size
+from ..report.paste import VERDICT_MARK, cell, fmt_compact
+
+
+def _verdict_changes(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], releases: Sequence[str]) -> list[str]:
+    lines = []
+    rows: dict[tuple[str, str], dict[str, str]] = {}
+    for rel in releases:
+        for nb, data in loaded[rel][1].items():
+            for claim in data.get("claims", []):
+                rows.setdefault((nb, claim.get("id")), {})[rel] = claim.get("verdict", "error")
+    for (nb, cid), verdicts in rows.items():
+        if len(set(verdicts.values())) > 1:
+            steps = " → ".join(f"{rel}: {VERDICT_MARK.get(v, '')} {v}" for rel, v in verdicts.items())
+            lines.append(f"- `{cell(cid)}` ({cell(nb)}): {steps}")
+    return lines
+
+
+def _incomplete(ran: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
+    """notebook -> releases on which it stopped early (some claim left `error`)."""
+    out: dict[str, set[str]] = {}
+    for rel, res in ran.items():
+        for nb, data in res.items():
+            if any(c.get("verdict") == "error" for c in data.get("claims", [])):
+                out.setdefault(nb, set()).add(rel)
+    return out
+
+
+def _not_recorded(values: dict[str, Any], stopped: set[str]) -> bool:
+    """Absent only where the notebook stopped early, and the same wherever it was recorded."""
+    absent = {rel for rel, v in values.items() if v is _ABSENT}
+    present = {json.dumps(v, sort_keys=True, default=str) for v in values.values() if v is not _ABSENT}
+    return bool(absent) and absent <= stopped and len(present) <= 1
+
+
+def sort_differences(ran: dict[str, dict[str, Any]]) -> tuple[dict, dict, dict]:
+    """(behaviour {(kind, nb, leaf): rows}, floats {nb: [(relative size, key)]}, collapsed {nb: {what: [keys]}})."""
+    behaviour: dict[tuple[str, str, str], list[tuple[str, dict[str, Any]]]] = {}
+    floats: dict[str, list[tuple[float, str]]] = {}
+    collapsed: dict[str, dict[str, list[str]]] = {}
+    stopped = _incomplete(ran)
+    for nb, items in differences(ran).items():
+        for key, values in items:
+            if all(v == rel for rel, v in values.items()) or re.fullmatch(r"claims\..*\.verdict", key):
+                continue  # the release's own version number; a verdict (listed above)
+            halted = stopped.get(nb, set())
+            # releases where the notebook stopped early say nothing about a value they never reached
+            judged = {rel: v for rel, v in values.items() if not (v is _ABSENT and rel in halted)}
+            kind = "not recorded" if _not_recorded(values, halted) else classify(key, judged)
+            shown = {t for v, t in zip(judged.values(), distinct_texts(list(judged.values()))) if v is not _ABSENT}
+            if kind != "not recorded" and len(shown) == 1 and _ABSENT not in judged.values():
+                continue  # the same text on every release: never listed as a difference
+            if kind == "float":
+                floats.setdefault(nb, []).append((relative_size([v for v in judged.values() if v is not _ABSENT]) or 0.0, key))
+            elif kind in COLLAPSED:
+                collapsed.setdefault(nb, {}).setdefault(kind, []).append(key)
+            else:
+                behaviour.setdefault((kind, nb, _leaf(key)), []).append((key, values))
+    return behaviour, floats, collapsed
+
+
+COLLAPSED = {"source location": "source line number(s) in transformers moved",
+             "environment": "environment value(s) differ",
+             "not recorded": "value(s) not recorded where the notebook stopped early (see Verdicts)"}
+
+
+def _behaviour_line(kind: str, nb: str, leaf: str, rows: list[tuple[str, dict[str, Any]]], per: int = 4) -> str:
+    per_release: dict[str, list[Any]] = {}
+    for _, values in rows:
+        for rel, value in values.items():
+            seen = per_release.setdefault(rel, [])
+            if not any(json.dumps(value, default=str) == json.dumps(v, default=str) for v in seen):
+                seen.append(value)
+    texts = " · ".join(f"{rel}: " + ", ".join(f"`{t}`" for t in distinct_texts(vals[:per]))
+                       + (f" (+{len(vals) - per})" if len(vals) > per else "") for rel, vals in per_release.items())
+    groups = group_differences(rows)
+    where = ", ".join(f"`{k}`" for k, _ in groups[:2]) + (f" and {len(groups) - 2} more" if len(groups) > 2 else "")
+    return f"- **{cell(nb)}** · {kind} · `{cell(leaf)}` — {texts} (in {where})"
+
+
+def detail_section(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], releases: Sequence[str],
+                   max_lines: int = 40) -> list[str]:
+    """"Changes by kind of value": verdict changes, then behaviour differences (one line per value,
+    grouped by what it is), then float and source-location differences collapsed to one line per notebook."""
+    ran = {rel: res for rel, (_, res) in loaded.items() if res}
+    if len(ran) < 2:
+        return []
+    lines = ["## Changes by kind of value", ""]
+    verdicts = _verdict_changes(loaded, [r for r in releases if r in ran])
+    lines += ["### Verdicts", ""] + (verdicts or ["No claim changes verdict between the releases that ran it."]) + [""]
+    behaviour, floats, collapsed = sort_differences(ran)
+    lines += ["### Behaviour", "",
+              "Values that are not float noise: shapes, None vs a value, booleans, error types, source facts, counts, text.", ""]
+    ordered = sorted(behaviour.items(), key=lambda kv: (KINDS.index(kv[0][0]), kv[0][1]))
+    lines += [_behaviour_line(*head, rows) for head, rows in ordered[:max_lines]] or ["None."]
+    if len(ordered) > max_lines:
+        lines.append(f"- … and {len(ordered) - max_lines} more (see Differences below)")
+    lines += ["", "### Float differences (one line per notebook)", ""]
+    for nb, found in floats.items():
+        worst, key = max(found)
+        large = sum(1 for size, _ in found if size > LARGE_FLOAT)
+        note = f"; {large} of them above {LARGE_FLOAT:g} relative (see Differences)" if large else ""
+        lines.append(f"- {cell(nb)}: {len(found)} float value(s) differ; largest relative difference "
+                     f"{fmt_compact(worst)} (`{cell(key)}`){note}")
+    lines += [] if floats else ["None."]
+    if collapsed:
+        lines += ["", "### Also different (collapsed)", ""]
+        for nb, kinds in collapsed.items():
+            for kind, keys in kinds.items():
+                names = ", ".join(list(dict.fromkeys(f"`{_leaf(k)}`" for k in keys))[:6])
+                lines.append(f"- {cell(nb)}: {len(keys)} {COLLAPSED[kind]} ({names})")
+    return lines + [""]

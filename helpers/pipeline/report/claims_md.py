@@ -1,0 +1,170 @@
+"""The claims of one run as Markdown: counts per kind, one section per source (three opening lines, the
+source's setup beside this run's, the rows, notes, undecided claims with whole reasons, statements)."""
+from __future__ import annotations
+
+from typing import Any
+
+from ...results import KINDS
+from .paste import cell, code, code_refs, fmt_scalar, one_line, pairs
+from .sources import OTHER, SOURCES, Source, kind_of, setup_rows, source_of
+
+MARK = {"skipped": "⏭️", "error": "⚠️"}
+KIND_TEXT = {"reproduces": "the source states it", "refutes": "a hypothesis the source puts forward, tested",
+             "beyond": "a control the source proposed but did not run, or the kit's own",
+             "simulation": "a model of the hardware or a race, run here", "environment": "a fact about this machine"}
+
+
+def mark(kind: str, verdict: str) -> str:
+    """✅ for a kind's holding verdict, ❌ for its other one, ⏭️ skipped, ⚠️ error or a verdict foreign to the kind."""
+    pair = KINDS.get(kind)
+    if pair and verdict == pair[0]:
+        return "✅"
+    if pair and verdict == pair[1]:
+        return "❌"
+    return MARK.get(verdict, "⚠️")
+
+
+def all_claims(results: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]]:
+    return [(r["notebook"], c) for r in results for c in (r.get("claims") or []) if isinstance(c, dict)]
+
+
+def kind_counts(claims: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, int]]:
+    """{kind: {verdict: n}} with legacy kinds mapped; a verdict not of its kind is counted under 'other'."""
+    counts: dict[str, dict[str, int]] = {}
+    for _, c in claims:
+        kind, verdict = kind_of(c), c.get("verdict", "error")
+        allowed = KINDS.get(kind, ()) + ("skipped", "error")
+        key = verdict if verdict in allowed else "other"
+        counts.setdefault(kind, {}).setdefault(key, 0)
+        counts[kind][key] += 1
+    return counts
+
+
+def reproduced_count(counts: dict[str, dict[str, int]]) -> int:
+    """Only claims of kind `reproduces` with verdict `reproduced` count as reproduced."""
+    return counts.get("reproduces", {}).get("reproduced", 0)
+
+
+def counts_table(counts: dict[str, dict[str, int]]) -> list[str]:
+    """Per kind: holding verdict, other verdict, skipped, error (and verdicts foreign to the kind)."""
+    lines = ["| kind | what it is | holds | does not hold | skipped | error |", "|---|---|---|---|---|---|"]
+    for kind in list(KINDS) + sorted(set(counts) - set(KINDS)):
+        got = counts.get(kind, {})
+        if not got and kind not in ("reproduces",):
+            continue
+        yes, no = KINDS.get(kind, ("?", "?"))
+        other = f" + {got['other']} with a verdict foreign to the kind" if got.get("other") else ""
+        lines.append(f"| {cell(kind)} | {cell(KIND_TEXT.get(kind, 'unknown kind'))} | {got.get(yes, 0)} {yes} "
+                     f"| {got.get(no, 0)} {no} | {got.get('skipped', 0)} | {got.get('error', 0)}{other} |")
+    return lines
+
+
+def headline(counts: dict[str, dict[str, int]], n_notebooks: int) -> str:
+    total = sum(sum(v.values()) for v in counts.values())
+    rep = counts.get("reproduces", {})
+    und = sum(v.get("skipped", 0) + v.get("error", 0) for v in counts.values())
+    return (f"**{n_notebooks} notebook(s), {total} claim(s): {reproduced_count(counts)} of "
+            f"{sum(rep.values())} source statement(s) reproduced; {und} claim(s) skipped or in error. "
+            "Only kind `reproduces` counts as reproduced.**")
+
+
+def claim_row(nb: str, c: dict[str, Any]) -> str:
+    kind, verdict = kind_of(c), c.get("verdict", "error")
+    measured = pairs(c.get("deciding"))
+    if not measured:
+        measured = "see below" if verdict in ("skipped", "error") else "in the results file"
+    if c.get("notes"):
+        measured += " (see the note below)"
+    return (f"| {cell(nb.split('_', 1)[0])} | {code(c.get('id', '?'))} | {cell(kind)} | {mark(kind, verdict)} "
+            f"{cell(verdict)} | {cell(measured)} | {cell(pairs(c.get('source')) or '—')} |")
+
+
+def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The three lines: what reproduced, what is new, what was not tested here and why."""
+    rep = [c for _, c in claims if kind_of(c) == "reproduces"]
+    done = [c for c in rep if c.get("verdict") == "reproduced"]
+    missed = [c.get("id") for c in rep if c.get("verdict") == "not_reproduced"]
+    line1 = (f"- **Reproduced:** {len(done)} of {len(rep)} of the source's statements tested here"
+             + (f"; not reproduced: {', '.join(code(m) for m in missed)}" if missed else "") + "."
+             if rep else "- **Reproduced:** nothing here is a statement of the source (see the kinds below).")
+    new = {}
+    for _, c in claims:
+        kind = kind_of(c)
+        if kind in ("refutes", "beyond", "simulation"):
+            new.setdefault(kind, []).append(c)
+    parts = []
+    for kind, cs in new.items():
+        yes = KINDS[kind][0]
+        parts.append(f"{len(cs)} {kind} ({sum(c.get('verdict') == yes for c in cs)} {yes})")
+    line2 = "- **New here:** " + ("; ".join(parts) if parts else "nothing beyond the source's own statements") + "."
+    skipped = [c for _, c in claims if c.get("verdict") in ("skipped", "error")]
+    why = f"{len(skipped)} claim(s) skipped or in error (reasons below); " if skipped else ""
+    line3 = f"- **Not tested here:** {why}{code_refs(source.not_tested) or 'nothing declared.'}"
+    return [line1, line2, line3]
+
+
+def source_section(source: Source, results: list[dict[str, Any]]) -> list[str]:
+    """One source: the three opening lines, setups side by side, the claims, notes, undecided, statements."""
+    claims = [(nb, c) for nb, c in all_claims(results) if kind_of(c) != "environment"]
+    lines = [f"## {code_refs(source.title)}", "", *_opening(source, claims), ""]
+    if source.setup:
+        rows, gap = setup_rows(source, [r.get("environment") or {} for r in results])
+        scale = logit_scale(claims)
+        if scale is not None:
+            gap += f" The largest |logit| in this run is {fmt_scalar(scale)}: raw differences are on that scale."
+        lines += ["| setup | source | this run | |", "|---|---|---|---|",
+                  *[f"| {k} | {cell(a)} | {cell(b)} | {s} |" for k, a, b, s in rows], "", code_refs(gap), ""]
+    lines += ["| nb | claim | kind | verdict | this run | source |", "|---|---|---|---|---|---|",
+              *[claim_row(nb, c) for nb, c in claims], ""]
+    notes = [(c.get("id"), n) for _, c in claims for n in (c.get("notes") or [])]
+    if notes:
+        lines += ["Notes on the rows:", "", *[f"- {code(cid)}: {code_refs(one_line(n))}" for cid, n in notes], ""]
+    lines += undecided(claims)
+    return lines + statements(claims, "Statements and reasons")
+
+
+def logit_scale(claims: list[tuple[str, dict[str, Any]]]) -> float | None:
+    """The largest |logit| the claims' noise floors were measured at (evidence noise_scale), None if none says."""
+    scales = [c["evidence"]["noise_scale"] for _, c in claims if isinstance(c.get("evidence"), dict)
+              and isinstance(c["evidence"].get("noise_scale"), (int, float))]
+    return max(scales) if scales else None
+
+
+def undecided(claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Skipped and error claims with their reasons, whole."""
+    rows = [c for _, c in claims if c.get("verdict") in ("skipped", "error")]
+    if not rows:
+        return []
+    return ["Not decided in this run:", "",
+            *[f"- {code(c.get('id'))} {MARK.get(c.get('verdict'), '⚠️')} {c.get('verdict')}: "
+              f"{code_refs(one_line(c.get('reason', '')))}" for c in rows], ""]
+
+
+def statements(claims: list[tuple[str, dict[str, Any]]], title: str) -> list[str]:
+    """Each claim's statement and the reason of its verdict, in a collapsed block."""
+    if not claims:
+        return []
+    lines = [f"<details><summary>{title} ({len(claims)} claims)</summary>", ""]
+    for nb, c in claims:
+        lines.append(f"- {code(c.get('id'))} ({cell(kind_of(c))}, {cell(c.get('verdict'))}): "
+                     f"{code_refs(one_line(c.get('statement', '')))} _Why:_ {code_refs(one_line(c.get('reason', '')))}")
+    return lines + ["", "</details>", ""]
+
+
+def by_source(results: list[dict[str, Any]]) -> list[tuple[Source, list[dict[str, Any]]]]:
+    """The results grouped by the source their notebook answers, in SOURCES order (unmapped last)."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault(source_of(r["notebook"]).key, []).append(r)
+    order = list(SOURCES) + [OTHER.key]
+    return [((SOURCES.get(k) or OTHER), groups[k]) for k in order if k in groups]
+
+
+def environment_checks(results: list[dict[str, Any]]) -> list[str]:
+    checks = [(nb, c) for nb, c in all_claims(results) if kind_of(c) == "environment"]
+    if not checks:
+        return []
+    return ["## Environment checks", "",
+            "Facts about the machine that ran the kit, not findings of a source: never counted as reproduced.", "",
+            "| nb | claim | kind | verdict | this run | source |", "|---|---|---|---|---|---|",
+            *[claim_row(nb, c) for nb, c in checks], "", *undecided(checks)]

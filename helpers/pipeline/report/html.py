@@ -1,0 +1,126 @@
+"""outputs/html/: one self-contained HTML page per executed notebook: figures embedded, the environment
+from its results file at the top, no remote script or style (nbconvert's require.js / MathJax / widget
+loaders removed), widgets shown as a static line, machine paths scrubbed."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from .paste import one_line
+from ..paths import output_dir
+from .records import load_json
+from .scrub import scrub
+
+ENV_KEYS = ("python", "torch", "transformers", "platform", "cuda_available", "device", "device_name", "dtype",
+            "attn_implementation", "model_id", "model_revision", "processor", "seed")
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+_IMG_SRC = re.compile(r"<img\b[^>]*?\bsrc\s*=\s*[\"']?(?!data:)([^\"'\s>]+)", re.IGNORECASE)
+_REMOTE_SCRIPT = re.compile(r"<script\b[^>]*\bsrc\s*=\s*[\"']?(?:https?:)?//[^>]*>\s*</script>", re.IGNORECASE)
+_REMOTE_LINK = re.compile(r"<link\b[^>]*\bhref\s*=\s*[\"']?(?:https?:)?//[^>]*>", re.IGNORECASE)
+_MATHJAX_CONFIG = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.IGNORECASE | re.DOTALL)
+_REMOTE_ATTR = re.compile(r"<(?!a\b)(\w+)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//", re.IGNORECASE)
+
+
+def external_images(html: str) -> list[str]:
+    """src of every <img> that is not an embedded data: URI."""
+    return _IMG_SRC.findall(html)
+
+
+def remote_references(html: str) -> list[str]:
+    """Tags (other than plain <a> links) whose src or href loads something from the network."""
+    return [m.group(0) for m in _REMOTE_ATTR.finditer(html)]
+
+
+def strip_remote(html: str) -> str:
+    """nbconvert's remote loaders removed: require.js, MathJax (and its config), widget managers, CDN styles."""
+    html = _MATHJAX_CONFIG.sub("", html)
+    html = _REMOTE_SCRIPT.sub("", html)
+    return _REMOTE_LINK.sub("", html)
+
+
+def static_widgets(nb: Any) -> int:
+    """Replace every widget view output by a static line naming it; drop the widget state. Returns the count."""
+    nb.metadata.pop("widgets", None)
+    n = 0
+    for c in nb.cells:
+        for output in c.get("outputs", []):
+            data = output.get("data") or {}
+            if WIDGET_MIME in data:
+                output["data"] = {"text/plain": f"[{widget_value(data.get('text/plain', ''))}: interactive only when "
+                                                "the notebook is opened in Jupyter]"}
+                n += 1
+    return n
+
+
+_CONTROL = re.compile(r"\b(\w+(?:Slider|Text|Dropdown|Checkbox|ToggleButton)\w*)\(([^()]*)\)")
+_FIELD = re.compile(r"(\w+)=('[^']*'|-?[\w.]+)")
+
+
+def widget_value(text: str) -> str:
+    """A widget's repr as a static line: 'IntSlider offset = 0 (min -8, max 8)'; 'a widget' when it names no control."""
+    found = []
+    for kind, args in _CONTROL.findall(text):
+        fields = {k: v.strip("'") for k, v in _FIELD.findall(args)}
+        label = fields.get("description") or kind
+        bounds = ", ".join(f"{k} {fields[k]}" for k in ("min", "max") if k in fields)
+        found.append(f"{kind} {label} = {fields.get('value', '?')}" + (f" ({bounds})" if bounds else ""))
+    return "; ".join(found) or "a widget"
+
+
+def environment_markdown(results: dict[str, Any], source: str) -> str:
+    """The environment a notebook ran with (from its results file), as a Markdown block for the HTML's top."""
+    from .summary import commit_text
+
+    env = results.get("environment") or {}
+    run = results.get("run") if isinstance(results.get("run"), dict) else {}
+    keys = [k for k in ENV_KEYS if k in env] + sorted(set(env) - set(ENV_KEYS))
+    lines = [f"**Environment this notebook ran with** (from `{source}`, written by the notebook itself)", ""]
+    if run.get("run_id"):
+        lines += [f"Run `{run['run_id']}`, started {run.get('started') or '?'}, kit commit {commit_text(run)}", ""]
+    else:
+        lines += ["Not run by the kit's runner (no run id).", ""]
+    lines += ["| | |", "|---|---|", *[f"| {k} | `{one_line(env.get(k))[:120]}` |" for k in keys]]
+    warnings = results.get("warnings") or []
+    if warnings:
+        lines += ["", "transformers warnings captured during the run (kept out of the cells below):", "",
+                  *[f"- `{one_line(w).replace('`', chr(39))}`" for w in warnings]]
+    return "\n".join(lines)
+
+
+def render_html(notebook: Path, dest_dir: Path, results: dict[str, Any] | None = None) -> Path:
+    """One executed notebook -> a self-contained HTML file, the environment from its results file at the top."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(notebook), as_version=4)
+    static_widgets(nb)
+    if results is not None:
+        at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
+        env_cell = nbformat.v4.new_markdown_cell(environment_markdown(results, f"results/{notebook.stem}.json"))
+        env_cell["id"] = "kvkit-environment"  # a fixed id: the same run renders to the same HTML
+        nb.cells.insert(at, env_cell)
+    exporter = HTMLExporter(embed_images=True)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(notebook.parent), "name": notebook.stem}})
+    body = strip_remote(body)
+    for src in external_images(body):  # an image nbconvert could not embed: say so rather than ship a broken link
+        body = body.replace(f'src="{src}"', f'src="" alt="not embedded: {src}"')
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    path = dest_dir / f"{notebook.stem}.html"
+    path.write_text(scrub(body, dest_dir.parent), encoding="utf-8")
+    return path
+
+
+def write_html(out: Path | None = None, stems: Iterable[str] | None = None) -> tuple[list[Path], list[str]]:
+    """Render every executed notebook in notebooks/ to html/; returns (written, errors)."""
+    out = Path(out) if out else output_dir()
+    wanted = set(stems) if stems is not None else None
+    written, errors = [], []
+    for nb in sorted((out / "notebooks").glob("*.ipynb")):
+        if wanted is not None and nb.stem not in wanted:
+            continue
+        try:
+            written.append(render_html(nb, out / "html", load_json(out / "results" / f"{nb.stem}.json")))
+        except Exception as exc:  # noqa: BLE001 - one unreadable notebook must not stop the others
+            errors.append(scrub(f"{nb.stem}: {type(exc).__name__}: {exc}"[:300], out))
+    return written, errors

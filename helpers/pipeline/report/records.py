@@ -1,0 +1,60 @@
+"""Reading what a run left on disk: run.json, timings.json and results/*.json, split into this run's and others'."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..paths import output_dir
+
+
+def load_json(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; {} when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def load_results(out: Path | None = None) -> list[dict[str, Any]]:
+    """Every results/*.json under `out` (default outputs/), sorted by notebook."""
+    out = Path(out) if out else output_dir()
+    rows = []
+    for path in sorted((out / "results").glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            data = {"notebook": path.stem, "environment": {}, "claims": [], "measurements": {},
+                    "load_error": f"{type(exc).__name__}: {exc}"}
+        if not isinstance(data, dict):
+            data = {"notebook": path.stem, "claims": [], "load_error": "not a JSON object"}
+        data.setdefault("notebook", path.stem)
+        rows.append(data)
+    return rows
+
+
+def load_timings(out: Path | None = None) -> dict[str, Any]:
+    return load_json((Path(out) if out else output_dir()) / "timings.json")
+
+
+def load_run(out: Path | None = None) -> dict[str, Any]:
+    """outputs/run.json (the runner's record of the last run), {} when there is none."""
+    return load_json((Path(out) if out else output_dir()) / "run.json")
+
+
+def run_id_of(data: dict[str, Any]) -> str | None:
+    """The run id a results or timings file belongs to (top-level "run": {"run_id"} or "run_id")."""
+    run = data.get("run")
+    rid = run.get("run_id") if isinstance(run, dict) else None
+    return rid or data.get("run_id") or None
+
+
+def split_by_run(results: list[dict[str, Any]], run_id: str | None) -> tuple[list[dict[str, Any]], dict[str | None, list[dict[str, Any]]]]:
+    """(results of run `run_id`, {other run id or None: their results}); no run id -> nothing is current."""
+    current = [r for r in results if run_id and run_id_of(r) == run_id]
+    others: dict[str | None, list[dict[str, Any]]] = {}
+    for r in results:
+        if not (run_id and run_id_of(r) == run_id):
+            others.setdefault(run_id_of(r), []).append(r)
+    return current, others

@@ -1,0 +1,66 @@
+"""Machine paths out of everything a user shares: this machine's absolute paths become placeholders
+({kit}, {outputs}, ~, {tmp}, {python-env}) in SUMMARY.md, the HTML, the results, run.json and timings.json."""
+from __future__ import annotations
+
+import re
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+from ..paths import output_dir, repo_root
+
+
+def _inside(path: Path, parent: Path) -> bool:
+    try:
+        path.resolve().relative_to(parent.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
+    """(absolute path, placeholder) pairs for this machine, most specific first."""
+    out = Path(out) if out else output_dir()
+    root = repo_root()
+    pairs = [(root, "{kit}"), (Path.home(), "~"), (Path(tempfile.gettempdir()), "{tmp}"), (Path("/tmp"), "{tmp}"),
+             (Path(sysconfig.get_paths()["stdlib"]), "{python-lib}"), (Path(sys.prefix), "{python-env}")]
+    if not _inside(out, root):
+        pairs.insert(0, (out, "{outputs}"))
+    found: dict[str, str] = {}
+    for path, label in pairs:
+        for variant in {str(path), str(path.resolve())}:
+            if variant.count("/") >= 1 and len(variant) > 1 and variant not in found:
+                found[variant] = label
+    if _inside(Path(sys.prefix), root):  # the kit's own .venv reads better as {kit}/.venv
+        found.pop(str(Path(sys.prefix)), None)
+        found.pop(str(Path(sys.prefix).resolve()), None)
+    return sorted(found.items(), key=lambda kv: -len(kv[0]))
+
+
+def scrub(text: str, out: Path | None = None) -> str:
+    """`text` with this machine's absolute paths replaced by placeholders ({kit}/outputs/..., ~/..., {tmp}/...)."""
+    for path, label in machine_paths(out):
+        text = re.sub(r"(?<![\w./-])" + re.escape(path) + r"(?![\w.-])", lambda _m, lb=label: lb, text)
+    return text
+
+
+def scrub_file(path: Path | str, out: Path | None = None) -> bool:
+    """Rewrite one text file (e.g. timings.json) with machine paths scrubbed; True if it changed."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+    clean = scrub(text, out if out is not None else path.parent)
+    if clean != text:
+        path.write_text(clean, encoding="utf-8")
+    return clean != text
+
+
+def scrub_outputs(out: Path | None = None) -> list[Path]:
+    """Scrub run.json, timings.json, SUMMARY.md, results/*.json, html/*.html and the executed notebooks under `out`."""
+    out = Path(out) if out else output_dir()
+    paths = [out / "run.json", out / "timings.json", out / "SUMMARY.md", *sorted((out / "results").glob("*.json")),
+             *sorted((out / "html").glob("*.html")), *sorted((out / "notebooks").glob("*.ipynb"))]
+    return [p for p in paths if p.is_file() and scrub_file(p, out)]

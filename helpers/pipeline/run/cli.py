@@ -1,0 +1,157 @@
+"""The command line of the headless notebook runs: `run-all` (parallel, timed, never stops at a failure), `run` (one notebook),
+`report` (outputs/SUMMARY.md), `html` (outputs/html/) and `matrix` (every notebook on several
+transformers releases: outputs/matrix/<release>/ and outputs/matrix.md).
+
+Every run-all / run / matrix is one recorded run (outputs/run.json, see record.py). A run-all first
+removes the outputs of earlier runs; a run removes its notebook's. Parameters (`-p NAME VALUE`) are
+checked against each notebook's `parameters` cell before any kernel starts (params.py). Each notebook
+runs in a child process of its own (`_exec`, its own process group), so Ctrl-C or SIGTERM stops the
+run within seconds: no further notebook starts, kernels are shut down, unfinished notebooks are
+recorded as interrupted, and the summary says so. `--notebooks 01 02` (or NOTEBOOKS="01 02")
+restricts a run-all. Kernels are forked from one warm process that imported torch, transformers and
+the helpers once (see "warm kernels" below; KVKIT_WARM_KERNELS=0 starts plain ipykernels instead).
+timings.json says where the time went: per notebook kernel_start_s (until the first cell ran: the
+warm process's imports for the first notebooks), imports_s, model_build_s, experiments_s, html_s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import params as params_mod
+from . import record as rec
+from .execute import _exec_main, find_notebook, notebooks, parse_parameters, select
+from ..paths import output_dir
+from .procs import Stop
+from .batch import Run
+from .warm import _kernel_main, _zygote_main
+
+
+def _recorded(command: str, paths: list[Path], pairs: list[list[str]] | None, jobs: int | None,
+              report: bool) -> int:
+    """run-all / run: check parameters (one line, exit 2), run, summarise; 130/143 when interrupted."""
+    given = parse_parameters(pairs)
+    try:
+        per_notebook = params_mod.check(paths, given)
+    except params_mod.ParameterError as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return 2
+    run = Run(command, paths, per_notebook, given, jobs)
+    signum = run.execute(report=report)
+    if signum is not None:
+        nbs = run.record.data["notebooks"].values()
+        counts = {s: sum(1 for n in nbs if n["status"] == s) for s in rec.NB_STATUSES}
+        print(f"interrupted: {counts['ok'] + counts['failed']} finished, {counts['interrupted']} interrupted, "
+              f"{counts['not_started']} not started; run.json and SUMMARY.md say so", file=sys.stderr)
+        return 128 + signum
+    failed = [r.notebook for r in run.results.values() if not r.ok]
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> int:
+    """Every release in turn, as one recorded run (outputs/matrix/run.json); each release's run-all
+    records itself in outputs/matrix/<release>/run.json with this matrix's id as KVKIT_MATRIX_RUN_ID."""
+    from tqdm import tqdm
+
+    from ..matrix import report as matrix_report
+    from ..matrix import run as matrix_run
+
+    out_base = output_dir()
+    record = rec.RunRecord(output_dir("matrix"), "matrix", {"releases": releases}, {s: {} for s in stems or
+                                                                                    [nb.stem for nb in notebooks()]})
+    record.write()
+    record.data["environment"]["transformers"] = list(releases)
+    record.write()
+    os.environ["KVKIT_MATRIX_RUN_ID"] = record.run_id
+    record.data["releases"], infos = {}, []
+    with Stop(forward=True) as stop:
+        for release in tqdm(releases, desc="releases", unit="release", disable=None, file=sys.stderr):
+            if stop.signum is not None:
+                break
+            info = matrix_run.run_release(release, out_base, stems, jobs, log=lambda *a, **k: tqdm.write(" ".join(map(str, a))))
+            infos.append(info)
+            try:
+                sub_data = json.loads((out_base / "matrix" / release / "run.json").read_text())
+            except (OSError, ValueError):
+                sub_data = {}
+            record.data["releases"][release] = {"run_id": sub_data.get("run_id"), "status": sub_data.get("status")
+                                                or ("not_installed" if not info.get("ok") else "failed"), "rc": info.get("rc")}
+            for stem, nb in (sub_data.get("notebooks") or {}).items():
+                mine = record.data["notebooks"].setdefault(stem, {"status": "ok", "seconds": 0.0, "error": None, "parameters": {}})
+                if mine["status"] in ("ok", "not_started") and nb.get("status") != "ok":
+                    mine.update(status=nb.get("status"), error=f"{release}: {nb.get('error')}")
+                elif mine["status"] == "not_started":
+                    mine["status"] = "ok"
+                mine["seconds"] = round((mine.get("seconds") or 0.0) + (nb.get("seconds") or 0.0), 2)
+            record.write()
+        path = matrix_report.write_matrix(out_base, releases)
+        bad = [i["release"] for i in infos if not i.get("ok") or i.get("rc") != 0]
+        record.finish("interrupted" if stop.signum is not None else "failed" if bad else "complete")
+    print(f"matrix: {path.name}")
+    if bad and stop.signum is None:
+        print(f"releases not installed or with failed notebooks: {', '.join(bad)}", file=sys.stderr)
+    return 128 + stop.signum if stop.signum is not None else 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_exec"]:
+        return _exec_main(argv[1:])
+    if argv[:1] == ["_zygote"]:
+        return _zygote_main(argv[1:])
+    if argv[:1] == ["_kernel"]:
+        return _kernel_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="kvkit", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_all = sub.add_parser("run-all", help="execute every notebook, then write SUMMARY.md and html/")
+    p_all.add_argument("-j", "--jobs", type=int, default=None)
+    p_all.add_argument("--notebooks", nargs="*", default=None, help="only these (default: $NOTEBOOKS, else all)")
+    p_all.add_argument("--no-report", action="store_true", help="skip SUMMARY.md")
+    p_one = sub.add_parser("run", help="execute one notebook (its outputs replace its earlier ones), then SUMMARY.md")
+    p_one.add_argument("notebook")
+    p_one.add_argument("--no-report", action="store_true", help="skip SUMMARY.md")
+    for p in (p_all, p_one):
+        p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
+    sub.add_parser("report", help="write outputs/SUMMARY.md from the results on disk")
+    sub.add_parser("html", help="render outputs/notebooks/*.ipynb to self-contained outputs/html/*.html")
+    p_mx = sub.add_parser("matrix", help="run the notebooks on several transformers releases")
+    p_mx.add_argument("--releases", nargs="+", default=None, help="default: $RELEASES, else matrix.report.DEFAULT_RELEASES")
+    p_mx.add_argument("--notebooks", nargs="*", default=None, help="only these (default: $NOTEBOOKS, else all)")
+    p_mx.add_argument("-j", "--jobs", type=int, default=None)
+    p_mx.add_argument("--no-run", action="store_true", help="only rebuild matrix.md from outputs/matrix/")
+    args = parser.parse_args(argv)
+
+    if args.command == "report":
+        from ..report import summary
+
+        path = summary.write_summary()
+        print(f"{path.name} ({len(path.read_text()):,} chars)")
+        return 0
+    if args.command == "html":
+        from ..report import html
+
+        written, errors = html.write_html()
+        for path in written:
+            print(f"html/{path.name}")
+        for err in errors:
+            print(err, file=sys.stderr)
+        return 1 if errors else 0
+    if args.command == "matrix":
+        from ..matrix import report as matrix_report
+
+        releases = args.releases or os.environ.get("RELEASES", "").split() or list(matrix_report.DEFAULT_RELEASES)
+        keys = args.notebooks if args.notebooks is not None else os.environ.get("NOTEBOOKS", "").split()
+        if args.no_run:
+            print(matrix_report.write_matrix(releases=releases))
+            return 0
+        return _matrix(releases, [nb.stem for nb in select(keys)] if keys else None, args.jobs)
+    if args.command == "run":
+        return _recorded("run", [find_notebook(args.notebook)], args.parameter, 1, not args.no_report)
+    keys = args.notebooks if args.notebooks is not None else os.environ.get("NOTEBOOKS", "").split()
+    return _recorded("run-all", select(keys), args.parameter, args.jobs, not args.no_report)

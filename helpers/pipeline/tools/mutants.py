@@ -1,0 +1,227 @@
+"""`make mutants`: mutation testing (mutmut) of the functions that decide verdicts, with a kill ratio per module.
+
+SCOPE lists (module, function patterns, fast test files). The driver copies the kit into outputs/mutants/work,
+writes mutmut's config there (setup.cfg [mutmut], generated from SCOPE), runs mutmut on the mutants of the
+scoped functions only (mutmut's per-function test selection then runs only the listed tests that call the
+function), prints killed/total per module and every survivor with its file:line and diff, and exits 1 when a
+module has fewer than THRESHOLD of its mutants killed. A mutant that cannot change behaviour is marked in the
+source with `# pragma: no mutate` and a one-line reason. Not part of `make test`.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..paths import repo_root
+
+THRESHOLD = 0.90
+KILLED = {1, 3, 36, 37, -24, 24, 152, 255}  # mutmut's exit codes for killed, timeout, caught by type check
+STATUS = {0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious", -11: "segfault",
+          -9: "segfault", None: "not checked"}
+CLASS_SEP = "ǁ"  # mutmut's separator in the mangled names of methods
+COPY = ("helpers", "tests", "examples", "notebooks", "pyproject.toml")
+ALSO_COPY = ("examples", "notebooks")  # besides tests/ and the config files, what the tests read from the working directory
+
+
+@dataclass(frozen=True)
+class Scope:
+    """One mutated module: which of its functions ("name", "Class.method", fnmatch patterns) and the tests run."""
+
+    module: str
+    functions: tuple[str, ...]
+    tests: tuple[str, ...]
+
+    @property
+    def dotted(self) -> str:
+        return self.module[:-3].replace("/", ".").removesuffix(".__init__")
+
+    def patterns(self) -> list[str]:
+        """mutmut mutant-name globs for the scoped functions."""
+        out = []
+        for f in self.functions:
+            cls, _, meth = f.rpartition(".")
+            name = f"x{CLASS_SEP}{cls}{CLASS_SEP}{meth}" if cls else f"x_{f}"
+            out.append(f"{self.dotted}.{name}__mutmut_*")
+        return out
+
+    def covers(self, mutant: str) -> bool:
+        return any(fnmatch.fnmatchcase(mutant, p) for p in self.patterns())
+
+
+# tests/test_decisions.py pins every case's whole output (tests/golden/decision_outputs.json) of its own tables and of
+# the CASES tables in tests/test_kill_{tree,offload,regress}.py, so it is listed for every deciding module.
+DECISION_TESTS = ("tests/test_decisions.py",)
+TREE_TESTS = ("every_leaf_is_reached", "leaf_cases_cover_every_leaf", "the_floor_decides_not_a_fixed_number",
+              "a_failure_only_for_the_rebuilt_cache_is_not_the_contract",
+              "lengths_changed_without_a_matching_identity_control_is_not_compression_positions",
+              "compression_is_split_by_the_explicit_position_control", "every_leaf_says_what_to_do_next",
+              "render_marks_the_taken_path", "branch_claims_and_their_contradiction",
+              "retained_length_claim_and_its_contradictions", "per_layer_claim_outcomes_and_contradictions",
+              "per_layer_backend_prediction_and_its_contradictions")  # the tree's tests, not the notebook runs
+SCOPE: list[Scope] = [
+    Scope("helpers/compare.py", ("NoiseFloor.*", "tensors_bitwise_equal", "ulp", "dtype_eps", "noise_floor",
+                                 "max_abs_diff", "logit_metrics", "last_logits"),
+          DECISION_TESTS + ("tests/test_kill_compare.py",)),
+    Scope("helpers/results.py", ("verdict_for", "Results.__init__", "Results.decide", "Results.record",
+                                 "Results.skip", "Results.guard"),
+          ("tests/test_kinds.py", "tests/test_kill_compare.py")),
+    Scope("helpers/identity.py", ("decide_*", "_rebuilt"), DECISION_TESTS),
+    Scope("helpers/mask_matrix.py", ("decide_*", "_dropped", "_unique", "_first_calls", "_one"), DECISION_TESTS),
+    Scope("helpers/rope.py", ("decide_*", "_ran", "ratio"), DECISION_TESTS),
+    Scope("helpers/boundary.py", ("decide_*", "_worked", "_smallest"), DECISION_TESTS),
+    Scope("helpers/regress/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_regress.py",)),
+    Scope("helpers/triage/tree.py", ("consistent", "identical", "lengths_changed", "_step", "choose_branch",
+                                     "decide_*", "per_layer_outcome", "backend_outcome"),
+          DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
+    Scope("helpers/offload/streams.py", ("join", "StreamLog.*"), ("tests/test_streams.py", "tests/test_kill_offload.py")),
+    Scope("helpers/offload/replay.py", ("ordering_decision", "replay_decision"), DECISION_TESTS + ("tests/test_kill_offload.py",)),
+    Scope("helpers/offload/gpu_decide.py", ("decide_*", "_arm", "drifts", "race_counts", "narrow_models", "narrow_key",
+                                           "_count", "explanations"),
+          DECISION_TESTS + ("tests/test_kill_offload.py", "tests/test_kill_gpu.py")),
+    Scope("helpers/offload/states.py", ("first_difference",), DECISION_TESTS + ("tests/test_kill_offload.py",)),
+    Scope("helpers/offload/calibrate.py", ("sleep_plan", "wrap_prefetches", "host_ms_to_wrap", "busy_at_wrap"), ("tests/test_kill_gpu.py",)),
+    Scope("helpers/offload/devicetiming.py", ("CopyTimes.table", "CopyTimes._prefetch_row", "CopyTimes.note",
+                                             "CopyTimes.begin", "CopyTimes.ms", "write_order"), ("tests/test_kill_gpu.py",)),
+    Scope("helpers/offload/hazards.py", ("_next_allocation", "_record_stream_called", "released_blocks", "hazard_counts",
+                                        "decide_*"), ("tests/test_kill_hazards.py", "tests/test_offload_hazards.py")),
+    Scope("helpers/offload/ordering.py", ("prefetch_reads", "summary_row", "_rows", "decide_*"), ("tests/test_kill_ordering.py",)),
+    Scope("helpers/pipeline/bisect/search.py", ("same", "_value", "_usable", "_end", "_halve", "find_changes", "Search.*"),
+          ("tests/test_kill_bisect.py", "tests/test_bisect.py")),
+    Scope("helpers/pipeline/report/claims_md.py", ("kind_counts", "reproduced_count", "headline", "counts_table", "undecided"),
+          ("tests/test_summary.py", "tests/test_kill_summary.py")),
+    Scope("helpers/pipeline/report/summary.py", ("missing_notebooks",), ("tests/test_summary.py", "tests/test_kill_summary.py")),
+]
+
+
+def work_dir() -> Path:
+    return repo_root() / "outputs" / "mutants" / "work"
+
+
+def mutmut_config(scope: list[Scope]) -> str:
+    """setup.cfg [mutmut] for these modules and their tests (fast tests only: -m "not e2e")."""
+    tests = sorted({t for s in scope for t in s.tests})
+    lines = ["[mutmut]", "source_paths = helpers", "only_mutate =", *(f"    {s.module}" for s in scope),
+             "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests),
+             "pytest_add_cli_args =", "    -m", "    not e2e", "    -p", "    no:cacheprovider",
+             "also_copy =", *(f"    {a}" for a in ALSO_COPY), "use_setproctitle = false", "timeout_multiplier = 10.0", ""]
+    return "\n".join(lines)
+
+
+def prepare(root: Path, work: Path, scope: list[Scope]) -> None:
+    """A fresh copy of the kit in `work` with the generated mutmut config."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in COPY:
+        src = root / name
+        (shutil.copytree(src, work / name, ignore=ignore) if src.is_dir() else shutil.copy2(src, work / name))
+    if "[tool.mutmut]" in (work / "pyproject.toml").read_text():
+        raise SystemExit("pyproject.toml has a [tool.mutmut] section: mutmut would ignore the generated config")
+    (work / "setup.cfg").write_text(mutmut_config(scope))
+
+
+def run_mutmut(work: Path, scope: list[Scope], children: int) -> int:
+    """`mutmut run` on the scoped functions' mutants in `work`; mutmut's own exit status."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MUTANT_UNDER_TEST")}
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", KVKIT_OUTPUT_DIR=str(work / "kit-outputs"))
+    mutmut = Path(sys.executable).with_name("mutmut")
+    cmd = [str(mutmut), "run", "--max-children", str(children), *[p for s in scope for p in s.patterns()]]
+    return subprocess.run(cmd, cwd=work, env=env).returncode
+
+
+def results(work: Path, s: Scope) -> dict[str, int | None]:
+    """{mutant name: exit code} of the scoped functions of one module."""
+    meta = work / "mutants" / (s.module + ".meta")
+    if not meta.exists():
+        return {}
+    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    return {k: v for k, v in codes.items() if s.covers(k)}
+
+
+def diff_of(work: Path, s: Scope, mutant: str) -> tuple[int | None, str]:
+    """The line (in the original module) a mutant changes, and its diff's changed lines."""
+    old = os.getcwd()
+    try:
+        os.chdir(work)
+        from mutmut.mutation.diff_apply import get_diff_for_mutant
+
+        diff = get_diff_for_mutant(mutant, path=Path(s.module))
+    except Exception as exc:  # noqa: BLE001 - a survivor is still listed without its diff
+        return None, f"(no diff: {type(exc).__name__}: {exc})"
+    finally:
+        os.chdir(old)
+    changed = [ln for ln in diff.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    removed = [ln[1:].strip() for ln in changed if ln.startswith("-")]
+    return _line_of(work / s.module, mutant, removed[0] if removed else ""), "\n".join(changed)
+
+
+def _line_of(path: Path, mutant: str, text: str) -> int | None:
+    """First line at or after the mutated function's def that reads `text`."""
+    func = mutant.rpartition(".")[2].partition("__mutmut_")[0].split(CLASS_SEP)[-1].removeprefix("x_")
+    lines = path.read_text().splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith(f"def {func}(")), 0)
+    return next((i + 1 for i in range(start, len(lines)) if text and lines[i].strip() == text), None)
+
+
+def report(work: Path, scope: list[Scope]) -> tuple[bool, list[dict[str, Any]]]:
+    """Print the kill ratio per module and every survivor; whether every module reaches THRESHOLD."""
+    ok, rows = True, []
+    for s in scope:
+        codes = results(work, s)
+        killed = sum(1 for c in codes.values() if c in KILLED)
+        total = len(codes)
+        ratio = killed / total if total else 0.0
+        passed = total > 0 and ratio >= THRESHOLD
+        ok &= passed
+        rows.append({"module": s.module, "killed": killed, "total": total, "ratio": round(ratio, 4)})
+        print(f"{'ok  ' if passed else 'FAIL'} {s.module}: {killed}/{total} killed ({100 * ratio:.1f}%)")
+        left = [(name, code, *diff_of(work, s, name)) for name, code in codes.items() if code not in KILLED]
+        for name, code, line, diff in sorted(left, key=lambda x: (x[2] or 0, x[0])):
+            print(f"    {STATUS.get(code, 'suspicious')}: {s.module}:{line or '?'} {name.rpartition('.')[2]}")
+            print("\n".join(f"        {d}" for d in diff.splitlines()))
+    return ok, rows
+
+
+def select(names: list[str] | None) -> list[Scope]:
+    """The SCOPE entries whose module path contains one of `names` (all when none given)."""
+    if not names:
+        return SCOPE
+    chosen = [s for s in SCOPE if any(n in s.module for n in names)]
+    if not chosen:
+        raise SystemExit(f"no scoped module matches {names}; scoped: {[s.module for s in SCOPE]}")
+    return chosen
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("modules", nargs="*", help="restrict to scoped modules whose path contains these")
+    parser.add_argument("--children", type=int, default=1, help="mutmut worker processes (default 1)")
+    parser.add_argument("--report-only", action="store_true", help="report the last run without running mutmut")
+    args = parser.parse_args(argv)
+    scope, root, work = select(args.modules), repo_root(), work_dir()
+    start = time.monotonic()
+    if not args.report_only:
+        prepare(root, work, scope)
+        rc = run_mutmut(work, scope, args.children)
+        if rc != 0:
+            print(f"mutmut run exited {rc}", file=sys.stderr)
+            return rc
+    ok, rows = report(work, scope)
+    elapsed = time.monotonic() - start
+    (work.parent / "kill_ratios.json").write_text(json.dumps({"modules": rows, "seconds": round(elapsed)}, indent=2) + "\n")
+    print(f"{'all modules' if ok else 'NOT all modules'} at >= {THRESHOLD:.0%} killed ({elapsed:.0f} s)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
