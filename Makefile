@@ -24,9 +24,13 @@ KEY ?=
 GOOD ?=
 BAD ?=
 
-.PHONY: env run-all run test report matrix bisect gpu-check gpu-wheels mutants clean
+.PHONY: help env run-all run test report matrix bisect gpu-check gpu-wheels mutants clean
+.DEFAULT_GOAL := help
 
-env: $(ENV_STAMP)
+help: ## this list: every target with one line
+	@awk -F ':.*## ' '/^[a-z][a-z-]*:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(firstword $(MAKEFILE_LIST))
+
+env: $(ENV_STAMP) ## set up .venv (torch 2.13.0 CPU + requirements.txt); other targets do it on first use
 
 $(ENV_STAMP): requirements.txt requirements-runtime.txt pyproject.toml
 ifndef COLAB_RELEASE_TAG
@@ -40,36 +44,36 @@ endif
 
 # run-all: every notebook (NB="01 02" restricts it), in parallel, as one recorded run (outputs/run.json);
 # outputs of earlier runs are removed first. Ctrl-C stops it within seconds and the summary says so.
-run-all: env
+run-all: env ## every notebook as one recorded run (NB="01 02" restricts it, JOBS=, ARGS="-p NAME VALUE")
 	$(PY) -m helpers.pipeline.run run-all $(if $(JOBS),--jobs $(JOBS)) $(if $(NB),--notebooks $(NB)) $(ARGS)
 
 # run: one notebook as its own recorded run; its earlier outputs are replaced, SUMMARY.md is refreshed
 # (other notebooks' results appear there as from an earlier run).
-run: env
+run: env ## one notebook as its own recorded run: NB=02 [ARGS="-p NAME VALUE ..."]
 	@test -n "$(NB)" || (echo "usage: make run NB=02 [ARGS='-p model_id ...']" && exit 2)
 	$(PY) -m helpers.pipeline.run run $(NB) $(ARGS)
 
 # report: rebuild outputs/SUMMARY.md and outputs/html/ from what is on disk.
-report: env
+report: env ## rebuild outputs/SUMMARY.md, outputs/html/ and outputs/share.zip from what is on disk
 	$(PY) -m helpers.pipeline.run html
 	$(PY) -m helpers.pipeline.run report
 
 # matrix: every notebook (NB="01" restricts it) on each release in RELEASES, each in .venv-tf/<release>
 # sharing this environment's torch; results in outputs/matrix/<release>/, table in outputs/matrix.md.
-matrix: env
+matrix: env ## every notebook (NB= restricts) on each release in RELEASES; outputs/matrix.md
 	$(PY) -m helpers.pipeline.run matrix --releases $(RELEASES) $(if $(NB),--notebooks $(NB)) $(if $(JOBS),--jobs $(JOBS))
 
 # bisect: the first release where one notebook's claim verdict (CLAIM=) or recorded value (KEY=) differs from
 # GOOD's (default 5.14.1; BAD default 5.24.0), by halving the releases pip lists between them, with the
 # source diff of the notebook's relevant transformers functions: outputs/bisect/<nb>-<claim or key>.md/.json.
-bisect: env
+bisect: env ## the first release where NB's CLAIM= verdict or KEY= value differs from GOOD's (BAD=), with the source diff
 	$(PY) -m helpers.pipeline.bisect --notebook "$(NB)" $(if $(CLAIM),--claim $(CLAIM)) $(if $(KEY),--key $(KEY)) $(if $(GOOD),--good $(GOOD)) $(if $(BAD),--bad $(BAD))
 
 # gpu-check: the CUDA-only claims on a machine with a GPU (RELEASES_GPU="5.17.0 5.24.0" to choose releases), with
 # python -m helpers.offload.gpu (no jupyter). GPU_PY (other than the kit's .venv) runs as it is when its torch
 # imports; else the kit's .venv is built first, as for every other target. helpers imports from this checkout.
 GPU_CHECK_ARGS = -m helpers.pipeline.tools.gpu_check $(if $(RELEASES_GPU),--releases $(RELEASES_GPU))
-gpu-check:
+gpu-check: ## notebook 05's CUDA-only claims on a GPU machine (RELEASES_GPU=, GPU_PY=); refuses in one line without CUDA
 	@if [ "$(GPU_PY)" != "$(PY)" ] && $(GPU_PY) -c "import torch" 2>/dev/null; then \
 		echo "PYTHONPATH=$(CURDIR) $(GPU_PY) $(GPU_CHECK_ARGS)"; \
 		PYTHONPATH="$(CURDIR)" $(GPU_PY) $(GPU_CHECK_ARGS); \
@@ -79,19 +83,19 @@ gpu-check:
 
 # gpu-wheels: the wheels gpu-check's second release installs from on a machine without network, into wheels/
 # (GPU_WHEELS= to add others); ensure_env installs from wheels/ alone (--no-index) when it holds the release.
-gpu-wheels:
+gpu-wheels: ## download the wheels gpu-check's second release installs offline into wheels/ (GPU_WHEELS=)
 	$(GPU_PY) -m pip download -q --no-deps --only-binary=:all: -d wheels/ $(GPU_WHEELS)
 	@ls -l wheels/
 
-test: env
+test: env ## the whole test suite (CI's command): unit, kill and end-to-end notebook tests
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # mutants: mutation testing (mutmut) of the decision functions listed in helpers/pipeline/tools/mutants.py SCOPE, on the
 # fast tests only; prints killed/total per module and every survivor, fails below 90% killed in any module.
 # MODULES="compare tree" restricts it; not part of `make test` (see README for its time here).
 MODULES ?=
-mutants: env
+mutants: env ## mutation testing of the decision functions (MODULES= restricts it); not part of make test
 	$(PY) -m helpers.pipeline.tools.mutants $(MODULES)
 
-clean:
+clean: ## remove everything a run left in outputs/
 	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/bisect outputs/SUMMARY.md outputs/timings.json outputs/run.json

@@ -1,0 +1,91 @@
+"""docs/parameters.md: every notebook's `parameters` cell as a table (name, default, the cell's own comment),
+rendered from the notebooks so the page cannot fall behind them.
+
+    python -m helpers.pipeline.tools.paramdoc --write   # rewrite docs/parameters.md
+    python -m helpers.pipeline.tools.paramdoc --check   # exit 1 when it differs from the notebooks
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import io
+import json
+import sys
+import tokenize
+from pathlib import Path
+
+from ..paths import repo_root
+from ..report.paste import cell, code
+
+PAGE = Path("docs") / "parameters.md"
+HEAD = """# Notebook parameters
+
+Every notebook's `parameters` cell, rendered from the notebooks (`python -m helpers.pipeline.tools.paramdoc --write`).
+Pass any of them as `make run NB=.. ARGS="-p NAME VALUE"` (or `make run-all ARGS=...`: a parameter only some
+notebooks declare goes only to those); values are checked before any kernel starts
+([running.md](running.md)). In Colab, edit the `parameters` cell itself.
+"""
+
+# What the parameters every notebook shares mean, where a notebook's cell says nothing more.
+COMMON = {
+    "model_id": "a tiny default, a hub name or a local folder (loaded with from_pretrained)",
+    "revision": "the hub revision (commit) of model_id; None for the tiny defaults",
+    "dtype": "float32, float16 or bfloat16 (the noise floor is measured in the same dtype)",
+    "attn_implementation": "sdpa, eager, or another implementation transformers knows",
+    "device": "cpu, cuda or auto (refused where CUDA is absent)",
+    "seed": "the seed of the tiny defaults' weights and inputs",
+    "trust_remote_code": "off unless you pass True",
+}
+
+
+def parameter_rows(path: Path) -> list[tuple[str, str, str]]:
+    """(name, default as written, the line's comment) for each assignment in the cell tagged `parameters`."""
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    cells = [c for c in nb.get("cells", []) if "parameters" in (c.get("metadata", {}).get("tags") or [])]
+    if not cells:
+        return []
+    source = "".join(cells[0]["source"]) if isinstance(cells[0]["source"], list) else cells[0]["source"]
+    comments = {t.start[0]: t.string.lstrip("# ").strip()
+                for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT}
+    rows = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            rows.append((node.targets[0].id, ast.get_source_segment(source, node.value) or "",
+                         comments.get(node.lineno) or COMMON.get(node.targets[0].id, "")))
+    return rows
+
+
+def render(root: Path | None = None) -> str:
+    """The whole page: one section per notebook with a parameters cell."""
+    root = root or repo_root()
+    out = [HEAD]
+    for path in sorted((root / "notebooks").glob("*.ipynb")):
+        rows = parameter_rows(path)
+        if not rows:
+            continue
+        out += [f"## {path.stem}", "", "| parameter | default | what it is |", "|---|---|---|"]
+        out += [f"| `{name}` | {code(default)} | {cell(note)} |" for name, default, note in rows]
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """--write or --check docs/parameters.md."""
+    ap = argparse.ArgumentParser(prog="python -m helpers.pipeline.tools.paramdoc", description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true")
+    mode.add_argument("--check", action="store_true")
+    args = ap.parse_args(argv)
+    path, wanted = repo_root() / PAGE, render()
+    if args.write:
+        path.write_text(wanted, encoding="utf-8")
+        return 0
+    same = path.exists() and path.read_text(encoding="utf-8") == wanted
+    if not same:
+        print(f"{PAGE} differs from the notebooks' parameters cells: python -m helpers.pipeline.tools.paramdoc --write",
+              file=sys.stderr)
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
