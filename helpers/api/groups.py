@@ -1,0 +1,132 @@
+"""The kit's own resume calls, as notebook 08's cells: 02's matrix, 04's boundary, 06's one-token case, 07's families.
+
+Each group builds its calls with the helpers of the notebook it comes from (caches.build_variants,
+continuation.generation_kwargs, boundary.run_all, triage.controls.arg_kwargs, regress.checks.Runner) and judges
+every plain call against that notebook's reference with a noise floor measured in the same run. The caller's
+processed length given to the guard is what the caller of that notebook knows: the tokens before the suffix.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import boundary, caches, compat
+from ..compare import NoiseFloor, noise_floor
+from ..continuation import (GENERATION_VARIANTS, current_position_ids, generation_kwargs, other_attention_logits,
+                            prefill)
+from ..inputs import Prompt
+from ..regress import checks, families, rebuilds
+from ..triage import controls as triage_controls
+from ..triage import run as triage_run
+from .cells import Cell, run_cell
+
+
+def group_02(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
+    """02's four cache variants x four argument sets, against the full forward (floor: sdpa vs eager)."""
+    reference, _ = prefill(model, prompt, end=None)
+    other, kernel = other_attention_logits(model, prompt)
+    floor = noise_floor(reference, [other], dtype, what=f"full forward vs the {kernel} kernel's")
+    _, prefix = prefill(model, prompt)
+    positions = current_position_ids(model, prompt)
+    variants = {n: v for n, v in caches.build_variants(prefix, model.config).items() if v.cache is not None}
+    processed = prompt.length - 1
+    cells = [run_cell("02", f"{name} · {g}", model, prompt.last_token, v.cache, generation_kwargs(g, prompt, positions),
+                      reference, floor, processed) for g in GENERATION_VARIANTS for name, v in variants.items()]
+    return cells, floor.evidence()
+
+
+def _boundary_kwargs(run: boundary.Run, prompt: Prompt, positions: torch.Tensor) -> dict[str, Any]:
+    """The arguments 04's generate() run was given (its `args` label read back)."""
+    length = prompt.length + (1 if run.boundary == "double processing" else 0)
+    kwargs: dict[str, Any] = {}
+    if "mask" in run.args and run.args != "no mask":
+        kwargs["attention_mask"] = torch.ones(prompt.attention_mask.shape[0], length, dtype=prompt.attention_mask.dtype,
+                                              device=prompt.attention_mask.device)
+    if "positions" in run.args:
+        kwargs["position_ids"] = positions
+    return kwargs
+
+
+def group_04(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
+    """04's generate() runs (valid split; prompt[-1] re-fed to a cache of the whole prompt), the plain outcomes 04's own."""
+    reference, runs, _ = boundary.run_all(model, prompt)
+    valid = [r.outcome.logits for r in runs if r.boundary == "valid split" and r.outcome.ok]
+    floor = noise_floor(reference, valid, dtype, what="valid split vs full forward")
+    _, full_cache = prefill(model, prompt, end=None)
+    _, prefix = prefill(model, prompt)  # the model-side state of the valid split's prefill, as 04 leaves it
+    cache_of = {"original": full_cache, "rebuilt_update": caches.rebuild_by_update(full_cache, compat.text_config(model.config))}
+    positions = current_position_ids(model, prompt)
+    cells = []
+    for r in runs:
+        if r.call != "generate":
+            continue
+        cache = prefix if r.boundary == "valid split" else cache_of[r.cache]
+        cells.append(run_cell("04", f"{r.boundary} · {r.cache} · {r.args}", model, prompt.last_token, cache,
+                              _boundary_kwargs(r, prompt, positions), reference, floor, prompt.length - 1, plain=r.outcome))
+    return cells, floor.evidence()
+
+
+def _put_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
+    """The model-side position state the prefix prefill left (Qwen3-VL), put back before a call."""
+    if compat.rope_state_owner(model) is not None:
+        compat.set_rope_state(model, None if value is None else value.clone())
+
+
+def group_06(bundle: Any, prompt: Prompt, sink: int = 4, window: int = 16) -> tuple[list[Cell], dict[str, Any]]:
+    """06's one-token case: each built-in rebuild x the four argument sets, against that rebuild's explicit-position
+    forward (logical positions, full mask: an engine's resume of the same cache), 06's floor."""
+    base = triage_run.prepare(bundle, prompt)
+    applied = triage_run.apply_all(base, triage_run.load_specs("all", sink, window))
+    model, processed = base.model, prompt.length - 1
+    cells = []
+    for name, a in applied.items():
+        cache = a.rebuilt.cache
+        logical = a.rebuilt.processed_length if a.rebuilt.processed_length is not None else processed
+        _put_state(model, base.saved_state)
+        explicit = triage_controls.explicit_step(model, prompt, cache, triage_controls.logical_positions(model, prompt, logical))
+        reference = explicit.logits if explicit.ok else None
+        physical = int(cache.get_seq_length())
+        for arg_set in triage_controls.ARG_SETS:
+            kwargs = triage_controls.arg_kwargs(arg_set, prompt, physical, base.positions)
+            _put_state(model, base.saved_state)
+            cell = run_cell("06", f"{name} · {arg_set}", model, prompt.last_token, cache, kwargs, reference, base.floor, logical)
+            if reference is None and cell.plain != "raised":
+                cell.undecided = f"no reference: the explicit-position forward raised ({explicit.error_type})"
+            cells.append(cell)
+    return cells, base.floor.evidence()
+
+
+def family_cells(run: checks.Runner) -> tuple[list[Cell], NoiseFloor]:
+    """One family: the original cache under the four argument sets, the rebuilds (full mask), the padded masks."""
+    fam = run.family
+    reference = families.reference(fam)
+    full = {"attention_mask": fam.full_mask}
+    agreeing = [checks.other_attention_reference(fam)]
+    floor = noise_floor(reference, agreeing, fam.bundle.dtype, what="full forward vs the other attention kernel's")
+    processed, model = fam.processed_length, fam.model
+
+    def cell(name: str, cache: Any, kwargs: dict[str, Any]) -> Cell:
+        run._restore(model)
+        plain = run.generate(cache, **kwargs)
+        run._restore(model)
+        return run_cell("07", f"{fam.name} · {name}", model, fam.suffix, cache, kwargs, reference, floor, processed, plain=plain)
+
+    out = [cell(f"original · {v}", run.cache, run.arg_kwargs(v)) for v in GENERATION_VARIANTS]
+    try:
+        out.append(cell("control_rebuild · mask_only", rebuilds.control_rebuild(run.cache), full))
+    except AttributeError:
+        pass  # a hybrid cache: the control's loop cannot read linear layers (07's finding); no resume call to guard
+    if any(l is None for l in checks.layers.widths(run.cache)):
+        out.append(cell("attention_only_rebuild · mask_only", rebuilds.attention_only_rebuild(run.cache, model.config), full))
+    out.append(cell("family_rebuild · mask_only", rebuilds.family_rebuild(run.cache, model.config), full))
+    if fam.padded:
+        masks = checks.resume_masks(fam.full_mask)
+        out += [cell(f"original · {label} mask", run.cache, {"attention_mask": masks[label]}) for label in ("suffix_only", "all_ones")]
+    return out, floor
+
+
+def group_07(runs: dict[str, checks.Runner]) -> tuple[list[Cell], dict[str, NoiseFloor]]:
+    """07's families (one Runner each: its prefix cache), each through `family_cells`; cells and each family's floor."""
+    measured = {name: family_cells(run) for name, run in runs.items()}
+    return [c for cells, _ in measured.values() for c in cells], {name: floor for name, (_, floor) in measured.items()}
