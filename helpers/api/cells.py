@@ -122,3 +122,15 @@ def counts(cells: list[Cell]) -> dict[str, int]:
             "false_alarms": sum(c.plain == "worked" and c.guard == "raised" for c in decided),
             "raised_plain": sum(c.plain == "raised" for c in decided),
             "raised_plain_guard_raised": sum(c.plain == "raised" and c.guard == "raised" for c in decided)}
+
+
+VERDICT = {("worked", "passed"): "passed", ("worked", "raised"): "false alarm", ("silently_wrong", "passed"): "missed",
+           ("silently_wrong", "raised"): "caught", ("raised", "passed"): "not caught", ("raised", "raised"): "clearer error"}
+
+
+def confusion_grid(cells: list[Cell]) -> tuple[list[str], list[str], list[list[str]], list[list[str]]]:
+    """(rows, cols, status, text) for plots.status_grid: plain outcome x guard outcome, each cell its count."""
+    table = confusion(cells)
+    status = [[VERDICT[(p, g)] for g in GUARDED] for p in PLAIN]
+    text = [[f"{table[p][g]} cells" for g in GUARDED] for p in PLAIN]
+    return [f"plain {p}" for p in PLAIN], [f"guard {g}" for g in GUARDED], status, text

@@ -46,6 +46,7 @@ NOTEBOOK_SOURCE = {
     "05": "48947",
     "06": "triage",
     "07": "control",
+    "08": "control",
 }
 
 
