@@ -45,6 +45,9 @@ EXPECTED_CLAIMS = {
                                "regress.sliding_rebuild_depends_on_kernel",
                                "regress.hybrid_update_rebuild_drops_linear_state", "regress.left_padded_resume_needs_padded_mask",
                                "regress.mask_contract_holds_across_families", "regress.flash_attention_2_matches_sdpa"},
+    "08_resume_api": {"api.guard_catches_every_silent_case", "api.guard_passes_every_valid_call",
+                      "api.factory_matches_original_every_family", "api.factory_refuses_malformed_inputs",
+                      "api.resume_state_portable_to_fresh_instance"},
 }
 # Kinds declared by notebooks 01-04 (every other claim of theirs is `reproduces`: a statement of the control).
 KINDS_01_04 = {"rope.fresh_instance_diverges": "beyond", "rope.restored_state_matches": "beyond"}

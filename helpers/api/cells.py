@@ -56,7 +56,7 @@ def plain_status(outcome: Outcome, reference: torch.Tensor | None, floor: NoiseF
 
 
 def guard_message(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, kwargs: dict[str, Any],
-                  processed_length: int | None) -> str:
+                  processed_length: Any) -> str:
     """The guard's ResumeInputError message for these arguments ('' when it passes)."""
     try:
         check_resume_inputs(cache, input_ids, kwargs.get("attention_mask"), kwargs.get("position_ids"), processed_length,
@@ -67,7 +67,7 @@ def guard_message(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, k
 
 
 @torch.no_grad()
-def guarded_step(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, processed_length: int | None,
+def guarded_step(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, processed_length: Any,
                  **kwargs: Any) -> tuple[str, Outcome | None]:
     """(guard message, outcome): `guarded_generate`'s one greedy step; no generate() when the guard raises."""
     from .guard import guarded_generate
@@ -89,7 +89,7 @@ def guarded_step(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, pr
 
 def run_cell(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor, cache: Any,
              kwargs: dict[str, Any], reference: torch.Tensor | None, floor: NoiseFloor,
-             processed_length: int | None, plain: Outcome | None = None) -> Cell:
+             processed_length: Any, plain: Outcome | None = None) -> Cell:
     """Plain generate() (or the kit's own recorded `plain` outcome) and the guarded call, judged."""
     if plain is None:
         plain = generate_first_step(model, input_ids, copy.deepcopy(cache), **kwargs)

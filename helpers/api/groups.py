@@ -104,7 +104,9 @@ def family_cells(run: checks.Runner) -> tuple[list[Cell], NoiseFloor]:
     full = {"attention_mask": fam.full_mask}
     agreeing = [checks.other_attention_reference(fam)]
     floor = noise_floor(reference, agreeing, fam.bundle.dtype, what="full forward vs the other attention kernel's")
-    processed, model = fam.processed_length, fam.model
+    # the caller's processed length; a left-padded batch's caller knows each row's own (unpadded) count
+    processed: Any = [int(r.numel()) - 1 for r in fam.rows] if fam.padded else fam.processed_length
+    model = fam.model
 
     def cell(name: str, cache: Any, kwargs: dict[str, Any]) -> Cell:
         run._restore(model)

@@ -69,29 +69,48 @@ def _first_positions(position_ids: torch.Tensor, rope_deltas: torch.Tensor | Non
 
 
 def _check_positions(cached: int, n: int, mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-                     processed_length: int, rope_deltas: torch.Tensor | None) -> None:
-    """Explicit positions, or those generate() derives from the mask, start at the processed length (less padding)."""
-    pads = (mask[:, :-n] == 0).sum(-1).long() if mask is not None and int(mask.shape[-1]) > n else None
-    want = processed_length - (pads if pads is not None else 0)
+                     processed: int, rows: torch.Tensor | None, rope_deltas: torch.Tensor | None) -> None:
+    """Explicit positions, or those generate() derives from the mask, start at the processed length: per row where
+    `rows` gives each row's processed (unpadded) tokens, else the processed length less the row's padding."""
+    prefix = mask[:, :-n] if mask is not None and int(mask.shape[-1]) > n else None
+    pads = (prefix == 0).sum(-1).long() if prefix is not None else None
+    want = rows if rows is not None else processed - (pads if pads is not None else 0)
     if position_ids is None:
-        if mask is not None and cached != processed_length:
-            raise ResumeInputError(f"no position_ids: the mask accounts for {cached} cached columns but {processed_length} "
+        if mask is None:
+            return
+        derived = (prefix != 0).sum(-1).long() if prefix is not None else torch.zeros(mask.shape[0], dtype=torch.long)
+        if rows is not None and not torch.equal(derived, rows.to(derived.device)):
+            raise ResumeInputError(f"the mask marks {derived.tolist()} cached tokens per row but the rows processed "
+                                   f"{rows.tolist()}: generate() would attend to and position from the wrong slots; pass the "
+                                   f"prefix's own mask (zeros on padding) + the suffix's")
+        if rows is None and cached != processed:
+            raise ResumeInputError(f"no position_ids: the mask accounts for {cached} cached columns but {processed} "
                                    f"tokens were processed, so generate() places the suffix at position {cached}; "
-                                   f"pass position_ids starting at {processed_length}")
+                                   f"pass position_ids starting at {processed}")
         return
     got = _first_positions(position_ids, rope_deltas)
     if got is None:
         return
     want_t = torch.as_tensor(want, device=got.device).expand_as(got)
     if not torch.equal(got, want_t):
-        raise ResumeInputError(f"position_ids start at {got.tolist()} but the suffix follows {processed_length} processed "
+        raise ResumeInputError(f"position_ids start at {got.tolist()} but the suffix follows {processed} processed "
                                f"tokens (expected {want_t.tolist()}): pass positions starting at the processed length")
 
 
+def _processed(processed_length: int | torch.Tensor | list[int] | None) -> tuple[int | None, torch.Tensor | None]:
+    """(the processed length, per-row processed tokens or None): a batch's rows may give one count each."""
+    if processed_length is None or isinstance(processed_length, int):
+        return processed_length, None
+    rows = torch.as_tensor(processed_length, dtype=torch.long).reshape(-1)
+    return int(rows.max()), rows
+
+
 def check_resume_inputs(past_key_values: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                        position_ids: torch.Tensor | None = None, processed_length: int | None = None, *,
-                        rope_deltas: torch.Tensor | None = None) -> None:
-    """Raise ResumeInputError (what to pass instead) for resume inputs that generate() would mishandle silently."""
+                        position_ids: torch.Tensor | None = None, processed_length: int | torch.Tensor | list[int] | None = None,
+                        *, rope_deltas: torch.Tensor | None = None) -> None:
+    """Raise ResumeInputError (what to pass instead) for resume inputs that generate() would mishandle silently.
+
+    `processed_length`: tokens before the suffix (one int), or per row of a left-padded batch its unpadded count."""
     if past_key_values is None:
         return
     past, widest = cache_lengths(past_key_values)
@@ -101,6 +120,7 @@ def check_resume_inputs(past_key_values: Any, input_ids: torch.Tensor, attention
     if n == 0:
         raise ResumeInputError("input_ids is empty: pass the unprocessed suffix (at least one token)")
     _check_linear_layers(past_key_values, widest)
+    processed_length, rows = _processed(processed_length)
     if processed_length is not None and past > processed_length:
         extra = past - processed_length
         raise ResumeInputError(f"the cache already holds {past} tokens but processed_length is {processed_length}: the first "
@@ -108,10 +128,11 @@ def check_resume_inputs(past_key_values: Any, input_ids: torch.Tensor, attention
                                f"tokens after position {past - 1} (or a cache of the first {processed_length} tokens)")
     cached = _check_mask(past, widest, n, attention_mask)
     _check_positions(cached, n, attention_mask, position_ids, processed_length if processed_length is not None else widest,
-                     rope_deltas)
+                     rows, rope_deltas)
 
 
-def guarded_generate(model: torch.nn.Module, processed_length: int | None = None, **kwargs: Any) -> Any:
+def guarded_generate(model: torch.nn.Module, processed_length: int | torch.Tensor | list[int] | None = None,
+                     **kwargs: Any) -> Any:
     """check_resume_inputs on generate()'s own arguments, then `model.generate(**kwargs)` unchanged."""
     cache = compat.cache_from_kwargs(kwargs)
     if cache is not None and kwargs.get("input_ids") is not None:

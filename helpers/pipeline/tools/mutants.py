@@ -79,6 +79,8 @@ SCOPE: list[Scope] = [
     Scope("helpers/rope.py", ("decide_*", "_ran", "ratio"), DECISION_TESTS),
     Scope("helpers/boundary.py", ("decide_*", "_worked", "_smallest"), DECISION_TESTS),
     Scope("helpers/regress/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_regress.py",)),
+    Scope("helpers/api/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_api.py",)),
+    Scope("helpers/api/guard.py", ("cache_lengths", "check_resume_inputs", "_check_*", "_first_positions"), ("tests/test_api.py",)),
     Scope("helpers/triage/tree.py", ("consistent", "identical", "lengths_changed", "_step", "choose_branch",
                                      "decide_*", "per_layer_outcome", "backend_outcome"),
           DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
