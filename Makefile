@@ -24,7 +24,7 @@ KEY ?=
 GOOD ?=
 BAD ?=
 
-.PHONY: help env run-all run test report matrix bisect gpu-check gpu-wheels mutants clean
+.PHONY: help env run-all run test report matrix bisect gpu-check gpu-wheels mutants upstream-tests clean
 .DEFAULT_GOAL := help
 
 help: ## this list: every target with one line
@@ -97,5 +97,12 @@ MODULES ?=
 mutants: env ## mutation testing of the decision functions (MODULES= restricts it); not part of make test
 	$(PY) -m helpers.pipeline.tools.mutants $(MODULES)
 
+# upstream-tests: outputs/upstream/test_resume_equivalence.py, a standalone pytest file (torch, transformers, pytest only)
+# of the control's generation-equivalence list, expectations measured on the installed release (and on each of
+# UPSTREAM_RELEASES="5.14.1 5.24.0", from .venv-tf/<release>), then run with pytest on each of them.
+UPSTREAM_RELEASES ?=
+upstream-tests: env ## write outputs/upstream/test_resume_equivalence.py (standalone) and run it (UPSTREAM_RELEASES= adds releases)
+	$(PY) -m helpers.api.upstream $(if $(UPSTREAM_RELEASES),--releases $(UPSTREAM_RELEASES))
+
 clean: ## remove everything a run left in outputs/
-	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/bisect outputs/SUMMARY.md outputs/timings.json outputs/run.json
+	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/bisect outputs/SUMMARY.md outputs/timings.json outputs/run.json outputs/upstream
