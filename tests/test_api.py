@@ -163,3 +163,24 @@ def test_guarded_generate_is_generate_unchanged_and_patches_nothing(runs):
     assert type(model).generate is before and GenerationMixin.generate is before
     with pytest.raises(ResumeInputError):
         guarded_generate(model, n, past_key_values=copy.deepcopy(cache), input_ids=suffix)
+
+
+# --- the upstream file ---------------------------------------------------------------------------
+
+def test_the_upstream_file_is_standalone_and_marks_measured_failures():
+    import re
+
+    from helpers.api import upstream
+
+    text = upstream.render({"5.14.1": {"arg_set[dense-neither]": ["raises", "RuntimeError: cannot reshape"]}, "5.24.0": {}})
+    imports = re.findall(r"^(?:from|import) ([\w.]+)", text, flags=re.M)
+    assert set(imports) <= {"__future__", "copy", "functools", "inspect", "typing", "torch", "transformers", "pytest"}, imports
+    assert "from ." not in text and "/work" not in text
+    ns: dict = {}
+    exec(compile(text, "test_resume_equivalence.py", "exec"), ns)
+    assert ns["expected_failure"]("arg_set[dense-neither]", "5.14.1") == (
+        True, "measured on transformers 5.14.1: raises (RuntimeError: cannot reshape)")
+    assert ns["expected_failure"]("arg_set[dense-neither]", "5.24.0") is None  # measured there: it must match
+    assert ns["expected_failure"]("arg_set[dense-neither]", "9.9.9")[0] is False  # not measured: not strict
+    assert ns["expected_failure"]("backend[sdpa]", "5.14.1") is None
+    assert len(ns["CASES"]) == 23
