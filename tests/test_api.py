@@ -93,12 +93,51 @@ def test_each_silent_case_raises_saying_what_to_pass(runs, case, match):
         check_resume_inputs(cache, *args)
 
 
+def test_the_messages_say_exactly_what_to_pass(runs):
+    run, cache, suffix, mask, n = _dense(runs)  # 23 cached tokens, one suffix token
+    cases = [((suffix, None, None, n), r"input_ids 1; .* slices off its first 23 tokens, .* Pass attention_mask with 24 columns"),
+             ((suffix, mask[:, -1:], None, n), r"covers only the suffix \(1 columns\) while the cache holds 23 tokens: "
+                                                r"pass the full mask of 24 columns"),
+             ((suffix, mask[:, :22], None, n), r"has 22 columns; .* needs 24 \(cached \+ suffix\)"),
+             ((suffix, mask, None, n - 2), r"already holds 23 tokens but processed_length is 21: the first 2 suffix token\(s\) "
+                                           r".* after position 22 \(or a cache of the first 21 tokens\)"),
+             ((suffix, mask, torch.tensor([[n + 1]]), n), r"start at \[24\] .* follows 23 processed tokens \(expected \[23\]\)"),
+             ((suffix[:, :0], mask, None, n), r"^input_ids is empty: pass the unprocessed suffix \(at least one token\)$")]
+    for args, match in cases:
+        with pytest.raises(ResumeInputError, match=match):
+            check_resume_inputs(cache, *args)
+
+
+def test_the_boundaries_of_the_whole_sequence_form(runs):
+    run, cache, suffix, mask, n = _dense(runs)
+    ids = run.family.prompt.input_ids  # 24 tokens: the 23 cached + the suffix
+    check_resume_inputs(cache, ids, None, None, n)  # whole sequence, no mask: generate() slices the suffix itself
+    check_resume_inputs(cache, ids, None, torch.arange(24).view(1, -1), n)  # ... with its own positions
+    with pytest.raises(ResumeInputError, match="position_ids start at"):
+        check_resume_inputs(cache, ids, None, torch.arange(1, 25).view(1, -1), n)
+    with pytest.raises(ResumeInputError, match="no attention_mask"):
+        check_resume_inputs(cache, ids[:, :23], None, None, n)  # exactly the cached length: nothing left to feed
+    with pytest.raises(ResumeInputError, match="covers only the suffix"):
+        check_resume_inputs(cache, ids[:, :23], mask[:, :23], None, n)
+    check_resume_inputs(cache, ids, mask, None, n)  # whole sequence with its whole mask
+    with pytest.raises(ResumeInputError, match="has 22 columns"):
+        check_resume_inputs(cache, suffix, mask[:, :22], None, None)
+    check_resume_inputs(cache, suffix, mask, torch.tensor([[n]]), None)  # no processed length: the cache's
+
+
+def test_an_empty_cache_is_not_checked():
+    from transformers import DynamicCache
+
+    check_resume_inputs(DynamicCache(), torch.ones(1, 1, dtype=torch.long))
+
+
 def test_a_compressed_cache_needs_positions_at_the_processed_length(runs):
     run, cache, suffix, _, n = _dense(runs)
     pairs, _, _ = export_tensors(cache)
     short = kv_cache_from_tensors([(k[:, :, -8:], v[:, :, -8:]) for k, v in pairs], run.family.model.config, processed_length=n)
     mask = torch.ones(1, 9, dtype=torch.long)
-    with pytest.raises(ResumeInputError, match="places the suffix at position 8"):
+    with pytest.raises(ResumeInputError, match="accounts for 8 cached columns but 23 tokens were processed, so generate\\(\\) "
+                                               "places the suffix at position 8; pass position_ids starting at 23"):
         check_resume_inputs(short, suffix, mask, None, n)
     check_resume_inputs(short, suffix, mask, torch.tensor([[n]]), n)
 
@@ -126,9 +165,9 @@ def test_multimodal_positions_are_read_less_rope_deltas(runs):
     fam, deltas = run.family, run.state
     positions = fam.current_positions()
     check_resume_inputs(run.cache, fam.suffix, fam.full_mask, positions, fam.processed_length, rope_deltas=deltas)
-    with pytest.raises(ResumeInputError, match="position_ids start at"):
-        check_resume_inputs(run.cache, fam.suffix, fam.full_mask, positions - deltas.view(1, -1, 1), fam.processed_length,
-                            rope_deltas=deltas)
+    for bad in (positions - deltas.view(1, -1, 1), positions + torch.tensor([0, 1, 0]).view(3, 1, 1)):
+        with pytest.raises(ResumeInputError, match="position_ids start at"):  # any of the three M-RoPE rows
+            check_resume_inputs(run.cache, fam.suffix, fam.full_mask, bad, fam.processed_length, rope_deltas=deltas)
     check_resume_inputs(run.cache, fam.suffix, fam.full_mask, positions + 5, fam.processed_length)  # no deltas: not checkable
 
 
@@ -136,7 +175,8 @@ def test_a_hybrid_cache_without_linear_state_raises_and_with_it_passes(runs):
     run = runs["hybrid"]
     fam = run.family
     bare = rebuilds.attention_only_rebuild(run.cache, fam.model.config)
-    with pytest.raises(ResumeInputError, match="linear attention"):
+    with pytest.raises(ResumeInputError, match=r"^layer 0 \(linear attention\) holds no conv/recurrent state while the "
+                                               r"attention layers hold 23 tokens"):
         check_resume_inputs(bare, fam.suffix, fam.full_mask, None, fam.processed_length)
     check_resume_inputs(run.cache, fam.suffix, fam.full_mask, None, fam.processed_length)
 

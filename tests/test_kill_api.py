@@ -59,6 +59,11 @@ CASES: list[Case] = [
     ("api portable: restored failed", lambda: decisions.decide_portable(port(1, restored_ok=False)), False),
     ("api portable: the hook made no difference", lambda: decisions.decide_portable(port(1, bare_vs_same=1e-7)), False),
     ("api portable: no hooked model", lambda: decisions.decide_portable(PORT[:1]), False),
+    ("api portable: restored exactly at the threshold matches", lambda: decisions.decide_portable(
+        port(0, restored_vs_same=1e-6)), True),
+    ("api portable: without the hook exactly at the threshold is no difference", lambda: decisions.decide_portable(
+        port(1, bare_vs_same=1e-6)), False),
+    ("api portable: nothing measured", lambda: decisions.decide_portable([]), False),
     ("api portable: without the hook it raised", lambda: decisions.decide_portable(port(1, bare_ok=False, bare_vs_same=None)), True),
 ]
 

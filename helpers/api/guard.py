@@ -31,7 +31,7 @@ def cache_lengths(cache: Any) -> tuple[int, int]:
 def _check_linear_layers(cache: Any, filled: int) -> None:
     """A linear-attention layer with no conv/recurrent state beside attention layers that hold tokens."""
     for i, layer in enumerate(compat.cache_layers(cache)):
-        if layers.has_linear_state(layer) and not layers.has_kv(layer) and filled > 0:
+        if layers.has_linear_state(layer):
             states = [v for v in list(layer.conv_states.values()) + list(layer.recurrent_states.values()) if v is not None]
             if not states:
                 raise ResumeInputError(f"layer {i} (linear attention) holds no conv/recurrent state while the attention "
@@ -39,19 +39,22 @@ def _check_linear_layers(cache: Any, filled: int) -> None:
                                        f"(kv_cache_from_tensors(..., linear_states={{{i}: ...}}))")
 
 
-def _check_mask(past: int, widest: int, n: int, mask: torch.Tensor | None) -> int:
-    """The cached columns the mask accounts for; raises where generate() would drop or misplace the suffix."""
+def _suffix_length(past: int, widest: int, n: int, mask: torch.Tensor | None) -> int:
+    """How many tokens of input_ids generate() will feed; raises where it would drop or misplace them.
+
+    input_ids is the suffix (with a mask over cached + suffix), or the whole sequence (no mask, or a mask of its own
+    length): then generate() slices off the first `past` tokens itself."""
     if mask is None:
         if n <= past:
             raise ResumeInputError(f"no attention_mask: the cache holds {past} tokens and input_ids {n}; generate() reads "
                                    f"input_ids as the whole sequence and slices off its first {past} tokens, so no token "
                                    f"reaches the model. Pass attention_mask with {past + n} columns (cached + suffix)")
-        return past
+        return n - past
     m = int(mask.shape[-1])
     if m in (past + n, widest + n):
-        return m - n
+        return n
     if m == n and n > past:
-        return past  # the whole sequence passed with its mask: generate() slices the suffix itself
+        return n - past
     if m == n:
         raise ResumeInputError(f"attention_mask covers only the suffix ({m} columns) while the cache holds {past} tokens: "
                                f"pass the full mask of {past + n} columns (the cached prefix's mask + the suffix's)")
@@ -60,41 +63,42 @@ def _check_mask(past: int, widest: int, n: int, mask: torch.Tensor | None) -> in
 
 
 def _first_positions(position_ids: torch.Tensor, rope_deltas: torch.Tensor | None) -> torch.Tensor | None:
-    """Per row: the text position of the first suffix token (3-D M-RoPE ids less rope_deltas; None: not checkable)."""
+    """The text position of the first fed token: [batch] (1-D ids), [3, batch] (M-RoPE ids less rope_deltas), or None
+    where M-RoPE ids come without rope_deltas (not checkable)."""
+    first = position_ids[..., 0].long()
     if position_ids.dim() == 3:
         if rope_deltas is None:
             return None
-        return position_ids[0, :, 0].long() - rope_deltas.reshape(-1).to(position_ids.device).long()
-    return position_ids.reshape(-1, position_ids.shape[-1])[:, 0].long()
+        return first - rope_deltas.reshape(1, -1).to(first.device).long()  # pragma: no mutate (CPU: one device)
+    return first.reshape(-1)
 
 
-def _check_positions(cached: int, n: int, mask: torch.Tensor | None, position_ids: torch.Tensor | None,
-                     processed: int, rows: torch.Tensor | None, rope_deltas: torch.Tensor | None) -> None:
+def _check_positions(n: int, mask: torch.Tensor | None, position_ids: torch.Tensor | None, processed: int,
+                     rows: torch.Tensor | None, rope_deltas: torch.Tensor | None) -> None:
     """Explicit positions, or those generate() derives from the mask, start at the processed length: per row where
     `rows` gives each row's processed (unpadded) tokens, else the processed length less the row's padding."""
-    prefix = mask[:, :-n] if mask is not None and int(mask.shape[-1]) > n else None
-    pads = (prefix == 0).sum(-1).long() if prefix is not None else None
-    want = rows if rows is not None else processed - (pads if pads is not None else 0)
+    prefix = None if mask is None else mask[:, :-n]
     if position_ids is None:
-        if mask is None:
+        if prefix is None:
             return
-        derived = (prefix != 0).sum(-1).long() if prefix is not None else torch.zeros(mask.shape[0], dtype=torch.long)
-        if rows is not None and not torch.equal(derived, rows.to(derived.device)):
+        derived = (prefix != 0).sum(-1).long()  # pragma: no mutate (2-D: dim -1 and 1 are one axis)
+        if rows is not None and not torch.equal(derived, rows):
             raise ResumeInputError(f"the mask marks {derived.tolist()} cached tokens per row but the rows processed "
                                    f"{rows.tolist()}: generate() would attend to and position from the wrong slots; pass the "
                                    f"prefix's own mask (zeros on padding) + the suffix's")
-        if rows is None and cached != processed:
-            raise ResumeInputError(f"no position_ids: the mask accounts for {cached} cached columns but {processed} "
-                                   f"tokens were processed, so generate() places the suffix at position {cached}; "
-                                   f"pass position_ids starting at {processed}")
+        if rows is None and int(prefix.shape[-1]) != processed:
+            raise ResumeInputError(f"no position_ids: the mask accounts for {prefix.shape[-1]} cached columns but "
+                                   f"{processed} tokens were processed, so generate() places the suffix at position "
+                                   f"{prefix.shape[-1]}; pass position_ids starting at {processed}")
         return
-    got = _first_positions(position_ids, rope_deltas)
+    got = _first_positions(position_ids[..., -n:], rope_deltas)
     if got is None:
         return
-    want_t = torch.as_tensor(want, device=got.device).expand_as(got)
-    if not torch.equal(got, want_t):
+    pads = 0 if prefix is None else (prefix == 0).sum(-1).long()  # pragma: no mutate (2-D: dim -1 and 1 are one axis)
+    want = torch.as_tensor(rows if rows is not None else processed - pads).expand_as(got)
+    if not torch.equal(got, want):
         raise ResumeInputError(f"position_ids start at {got.tolist()} but the suffix follows {processed} processed "
-                               f"tokens (expected {want_t.tolist()}): pass positions starting at the processed length")
+                               f"tokens (expected {want.tolist()}): pass positions starting at the processed length")
 
 
 def _processed(processed_length: int | torch.Tensor | list[int] | None) -> tuple[int | None, torch.Tensor | None]:
@@ -114,7 +118,7 @@ def check_resume_inputs(past_key_values: Any, input_ids: torch.Tensor, attention
     if past_key_values is None:
         return
     past, widest = cache_lengths(past_key_values)
-    if past == 0 and widest == 0:
+    if widest == 0:
         return
     n = int(input_ids.shape[-1])
     if n == 0:
@@ -122,12 +126,12 @@ def check_resume_inputs(past_key_values: Any, input_ids: torch.Tensor, attention
     _check_linear_layers(past_key_values, widest)
     processed_length, rows = _processed(processed_length)
     if processed_length is not None and past > processed_length:
-        extra = past - processed_length
         raise ResumeInputError(f"the cache already holds {past} tokens but processed_length is {processed_length}: the first "
-                               f"{extra} suffix token(s) are cached already and would be processed twice; pass only the "
-                               f"tokens after position {past - 1} (or a cache of the first {processed_length} tokens)")
-    cached = _check_mask(past, widest, n, attention_mask)
-    _check_positions(cached, n, attention_mask, position_ids, processed_length if processed_length is not None else widest,
+                               f"{past - processed_length} suffix token(s) are cached already and would be processed "
+                               f"twice; pass only the tokens after position {past - 1} (or a cache of the first "
+                               f"{processed_length} tokens)")
+    fed = _suffix_length(past, widest, n, attention_mask)
+    _check_positions(fed, attention_mask, position_ids, processed_length if processed_length is not None else widest,
                      rows, rope_deltas)
 
 
