@@ -153,7 +153,7 @@ def test_the_arms_and_flash_commands(monkeypatch, tmp_path):
 
 def test_makefile_gpu_check_needs_no_env_for_another_python():
     text = (repo_root() / "Makefile").read_text()
-    assert "\ngpu-check:\n" in text and "GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)" in text
+    assert "\ngpu-check: ##" in text and "GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)" in text
     assert "pip download -q --no-deps --only-binary=:all: -d wheels/ $(GPU_WHEELS)" in text
     assert "wheels/" in (repo_root() / ".gitignore").read_text().splitlines()
 
