@@ -34,8 +34,9 @@ NEXT = {
                                     "remains (explicit_vs_full_forward) is the compression's own loss: compare it with "
                                     "the identity control's and change what is kept",
     "compression_unresolved": "read control 3: the explicit-position step failed (its error and stage are shown) or "
-                              "differs from generate() at the same position; with per-layer lengths under eager "
-                              "attention keep one length per attention layer or use sdpa, then run the tree again",
+                              "differs from generate() at the same position; per-layer lengths the mask (sized from layer 0) "
+                              "cannot cover (eager attention, or a multi-token suffix) need one length per attention "
+                              "layer; then run the tree again",
     "reconstruction_copy": "compare the rebuilt K/V with the original's per layer (control 1): the copy/convert path changed the values",
     "cache_metadata": "build the cache with DynamicCache(config=model.config.get_text_config()) so layer classes and lengths "
                       "match the original's",
