@@ -77,7 +77,7 @@ def new_cache(cache_class: str, model: torch.nn.Module, length: int) -> Any:
         return None
     if cache_class == "static":
         return StaticCache(config=compat.text_config(model.config), max_cache_len=length + STATIC_ROOM)
-    raise ValueError(f"cache_class {cache_class!r}; valid: {', '.join(CACHE_CLASSES)}")
+    raise ValueError(f"cache_class {cache_class!r}; valid: {', '.join(CACHE_CLASSES)}")  # pragma: no cover - build checks first
 
 
 @torch.no_grad()
@@ -158,7 +158,10 @@ def _batched(bundle: ModelBundle, prompt: Prompt, cache_class: str) -> Case:
 
 
 def build(bundle: ModelBundle, prompt: Prompt, pattern: str, cache_class: str, options: dict[str, Any]) -> Case:
-    """The pattern's resume and prefix cache for this prompt (ValueError for an unknown pattern)."""
+    """The pattern's resume and prefix cache for this prompt (ValueError for an unknown pattern or cache class)."""
+    if pattern not in PATTERNS or cache_class not in CACHE_CLASSES:
+        raise ValueError(f"pattern {pattern!r}, cache_class {cache_class!r}; valid: {', '.join(PATTERNS)} and "
+                         f"{', '.join(CACHE_CLASSES)}")
     model = bundle.model
     if pattern == "one_token":
         resume = resume_of(prompt, prompt.length - 1)
@@ -178,9 +181,7 @@ def build(bundle: ModelBundle, prompt: Prompt, pattern: str, cache_class: str, o
         return Case(pattern, cache_class, resume, prefix_cache(model, resume, cache_class), notes, second)
     if pattern == "continue_generate":
         return _continue_generate(bundle, prompt, cache_class, options)
-    if pattern == "batched":
-        return _batched(bundle, prompt, cache_class)
-    raise ValueError(f"pattern {pattern!r}; valid: {', '.join(PATTERNS)}")
+    return _batched(bundle, prompt, cache_class)
 
 
 def facts(case: Case) -> dict[str, Any]:
