@@ -50,3 +50,17 @@ def probe_then_copy(cache, model, prompt):
 def my_rebuild(cache, model, prompt):
     """The example to start from: the bfloat16 save-and-reload of `rebuild`, on the prompt the notebook was given."""
     return rebuild(cache, model, prompt)
+
+
+def keep_first_last(cache, model, prompt, first: int = 8, last: int = 16):
+    """An eviction as a user writes it: keep the first 8 and the last 16 cached tokens of every layer, return the cache."""
+    new = DynamicCache()
+    for i, (keys, values) in enumerate(_layers(cache)):
+        new.update(torch.cat([keys[..., :first, :], keys[..., -last:, :]], dim=-2),
+                   torch.cat([values[..., :first, :], values[..., -last:, :]], dim=-2), i)
+    return new
+
+
+def keep_first_last_resume(cache, model, prompt, first: int = 8, last: int = 16):
+    """The same eviction returning a resume state: the cache and how many tokens were processed before it."""
+    return {"past_key_values": keep_first_last(cache, model, prompt, first, last), "processed_length": cache.get_seq_length()}

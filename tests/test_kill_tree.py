@@ -91,18 +91,42 @@ def test_the_path_records_each_answer_and_its_numbers():
 EVICT = dict(arg_sets=sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None)
 
 
+def pos(step: float | None, full: float | None, gen: int | None = 18, logical: int | None = 80) -> dict:
+    return {"generate_position": gen, "logical_position": logical, "explicit_vs_generate": step, "explicit_vs_full_forward": full}
+
+
 def test_compression_leaves_through_each_condition():
-    assert branch(ctl(**EVICT, extra={"explicit_vs_full_forward": T})) == "compression_positions"
-    assert branch(ctl(**EVICT, extra={"explicit_vs_full_forward": ABOVE})) == "compression_information_loss"
-    assert branch(ctl(**EVICT, extra={})) == "compression_information_loss"
-    assert branch(ctl(**EVICT, identity_identical=None, extra={"explicit_vs_full_forward": 0.0})) == "reconstruction_copy"
-    assert branch(ctl(**EVICT, identity_identical=False, extra={"explicit_vs_full_forward": 0.0})) == "reconstruction_copy"
+    assert branch(ctl(**EVICT, extra=pos(0.36, T))) == "compression_positions"
+    assert branch(ctl(**EVICT, extra=pos(0.36, ABOVE))) == "compression_positions_and_loss"
+    assert branch(ctl(**EVICT, extra=pos(ABOVE, 0.0))) == "compression_positions", "explicit_vs_generate just past the floor"
+    assert branch(ctl(**EVICT, extra=pos(T, ABOVE))) == "compression_information_loss", "explicit_vs_generate at the floor"
+    assert branch(ctl(**EVICT, extra=pos(T, T))) == "compression_unresolved", "neither question says yes"
+    assert branch(ctl(**EVICT, extra=pos(0.36, ABOVE, gen=80))) == "compression_unresolved", "same position, steps differ"
+    assert branch(ctl(**EVICT, extra=pos(0.0, ABOVE, gen=80))) == "compression_information_loss"
+    assert branch(ctl(**EVICT, extra=pos(0.36, ABOVE, gen=None))) == "compression_positions_and_loss"
+    assert branch(ctl(**EVICT, extra=pos(0.36, ABOVE, logical=None))) == "compression_positions_and_loss"
+    assert branch(ctl(**EVICT, extra=pos(None, ABOVE))) == "compression_unresolved"
+    assert branch(ctl(**EVICT, extra=pos(0.0, None))) == "compression_unresolved"
+    assert branch(ctl(**EVICT, extra={})) == "compression_unresolved"
+    assert branch(ctl(**EVICT, identity_identical=None, extra=pos(0.36, 0.0))) == "reconstruction_copy"
+    assert branch(ctl(**EVICT, identity_identical=False, extra=pos(0.36, 0.0))) == "reconstruction_copy"
     same_length = {**EVICT, "rebuilt_lengths": [82] * 4}
-    assert branch(ctl(**same_length, extra={"explicit_vs_full_forward": 0.0})) == "reconstruction_copy"
-    v = tree.choose_branch(ctl(**EVICT, extra={"explicit_vs_full_forward": ABOVE, "logical_position": 81}))
-    assert v["path"][-1] == {"node": "information_lost", "question": tree.NODES[6][2], "answer": True,
-                             "numbers": {"explicit_vs_full_forward": ABOVE, "noise_threshold": T}}
-    assert v["path"][-2]["numbers"]["logical_position"] == 81 and v["path"][-2]["answer"] is False
+    assert branch(ctl(**same_length, extra=pos(0.36, 0.0))) == "reconstruction_copy"
+    assert tree.position_shift(ctl(extra=pos(ABOVE, 0.0))) and not tree.position_shift(ctl(extra=pos(T, 0.0)))
+    assert not tree.position_shift(ctl(extra=pos(None, 0.0))) and not tree.position_shift(ctl(extra=pos(0.36, 0.0, gen=80)))
+    assert tree.information_loss(ctl(extra=pos(0.0, ABOVE))) and not tree.information_loss(ctl(extra=pos(0.0, T)))
+    assert not tree.information_loss(ctl(extra=pos(0.0, None)))
+    v = tree.choose_branch(ctl(**EVICT, extra=pos(T, ABOVE)))
+    assert v["path"][-1] == {"node": "information_lost", "question": tree.NODES[8][2], "answer": True,
+                             "numbers": {**pos(T, ABOVE), "noise_threshold": T}}
+    assert v["path"][-2]["node"] == "positions_shift" and v["path"][-2]["answer"] is False
+    assert v["path"][-3]["numbers"]["logical_position"] == 80
+    v = tree.choose_branch(ctl(**EVICT, extra=pos(0.36, T)))
+    assert [(d["node"], d["answer"]) for d in v["path"][-3:]] == [("positions_shift", True), ("positions_and_loss", False),
+                                                                 ("positions_restore", True)]
+    v = tree.choose_branch(ctl(**EVICT, extra=pos(T, T)))
+    assert [(d["node"], d["answer"]) for d in v["path"][-3:]] == [("positions_shift", False), ("information_lost", False),
+                                                                 ("unresolved", True)]
 
 
 def test_metadata_and_state_leaves_through_each_condition():
@@ -221,10 +245,11 @@ def test_a_floor_change_alone_moves_a_leaf():
 
 
 def test_the_report_text_carries_every_measured_number():
-    v = tree.choose_branch(ctl(**EVICT, extra={"explicit_vs_full_forward": 0.0, "generate_position": 18, "logical_position": 80}))
+    v = tree.choose_branch(ctl(**EVICT, extra=pos(0.36, 0.0)))
     lengths, explicit = v["path"][2], v["path"][3]
     assert lengths["numbers"]["generate_position"] == 18 and lengths["numbers"]["explicit_vs_full_forward"] == 0.0
     assert explicit["numbers"]["generate_position"] == 18 and explicit["numbers"]["logical_position"] == 80
+    assert explicit["numbers"]["explicit_vs_generate"] == 0.36
     v = tree.choose_branch(ctl(arg_sets=sets(0.3), state_changed=True, restored_diff=1e-7))
     assert v["path"][-1]["numbers"] == {"state_changed_by_rebuild": True, "state_restored_max_abs_diff": 1e-7}
     mech = {"past_length_reported": 20, "generate_position": 20, "attention_mask_shape": [1, 83], "attention_masks": [[1, 83]]}

@@ -42,14 +42,24 @@ def controls(**kw) -> triage.Controls:
     return triage.Controls(**base)
 
 
+EVICTED = dict(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None)
+
+
+def numbers(explicit_vs_generate: float | None, explicit_vs_full_forward: float | None, generate: int | None = -22,
+            logical: int | None = 39) -> dict:
+    """Control 3's numbers as run() records them (positions with Qwen3-VL's rope_deltas, as in the default run)."""
+    return {"generate_position": generate, "logical_position": logical, "explicit_vs_generate": explicit_vs_generate,
+            "explicit_vs_full_forward": explicit_vs_full_forward}
+
+
 LEAF_CASES = {
     "resume_contract": controls(),
     "model_side_state (fresh instance)": controls(resume_on="fresh_instance", fresh_bare_diff=0.45, fresh_restored_diff=0.0),
     "model_side_state (state changed by the rebuild)": controls(arg_sets=arg_sets(0.45), state_changed=True, restored_diff=0.0),
-    "compression_positions": controls(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None,
-                                      extra={"explicit_vs_full_forward": 1e-6}),
-    "compression_information_loss": controls(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False,
-                                             kv_max_abs_diff=None, extra={"explicit_vs_full_forward": 0.5}),
+    "compression_positions": controls(**EVICTED, extra=numbers(0.36, 1e-6)),
+    "compression_positions_and_loss": controls(**EVICTED, extra=numbers(0.36, 0.81)),
+    "compression_information_loss": controls(**EVICTED, extra=numbers(0.0, 0.94, generate=39)),
+    "compression_unresolved": controls(**EVICTED, extra=numbers(None, None)),
     "reconstruction_copy": controls(arg_sets=arg_sets(1.6e-3), kv_bitwise_equal=False, kv_max_abs_diff=0.013),
     "cache_metadata": controls(arg_sets=arg_sets(0.3), classes_equal=False),
     "unexplained": controls(arg_sets=arg_sets(0.3)),
@@ -88,11 +98,42 @@ def test_lengths_changed_without_a_matching_identity_control_is_not_compression_
 
 
 def test_compression_is_split_by_the_explicit_position_control():
-    """The same eviction numbers land in positions or information loss by the explicit step alone (and no number: loss)."""
-    for explicit, leaf in ((1e-6, "compression_positions"), (2.1e-6, "compression_information_loss"),
-                           (None, "compression_information_loss")):
-        c = replace(LEAF_CASES["compression_positions"], extra={"explicit_vs_full_forward": explicit})
-        assert triage.choose_branch(c)["branch"] == leaf, explicit
+    """(a) positions and (b) information loss are two questions: each leaf, fed the numbers that contradict it, moves."""
+    leaf = lambda **kw: triage.choose_branch(controls(**EVICTED, extra=numbers(**kw)))["branch"]  # noqa: E731
+    # the issue's numbers: generate at the retained length, explicit step 0.36 from generate's, 0.81 from the full forward
+    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=0.81) == "compression_positions_and_loss"
+    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=1e-6) == "compression_positions"
+    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=2e-6) == "compression_positions", "at the threshold: matches"
+    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=2.1e-6) == "compression_positions_and_loss"
+    # positions: generate continues at the logical position (a resume state) -> information loss only
+    assert leaf(explicit_vs_generate=0.0, explicit_vs_full_forward=0.94, generate=39) == "compression_information_loss"
+    assert leaf(explicit_vs_generate=2e-6, explicit_vs_full_forward=0.94) == "compression_information_loss", "within the floor"
+    assert leaf(explicit_vs_generate=2.1e-6, explicit_vs_full_forward=0.94) == "compression_positions_and_loss"
+    # the same position but the steps differ: not information loss (the next line would say positions are right)
+    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=0.94, generate=39) == "compression_unresolved"
+    # a position not captured: the step difference decides (a)
+    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=0.94, generate=None) == "compression_positions_and_loss"
+    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=0.94, logical=None) == "compression_positions_and_loss"
+    # the explicit step did not run (per-layer lengths under eager): neither question answered
+    assert leaf(explicit_vs_generate=None, explicit_vs_full_forward=None) == "compression_unresolved"
+    assert leaf(explicit_vs_generate=None, explicit_vs_full_forward=0.94) == "compression_unresolved"
+    assert leaf(explicit_vs_generate=0.0, explicit_vs_full_forward=1e-7, generate=39) == "compression_unresolved"
+
+
+def test_no_compression_leaf_says_positions_do_not_matter_when_they_do():
+    """Every leaf reached with explicit_vs_generate beyond the floor tells the reporter to pass the processed length."""
+    for step, full in ((0.36, 0.81), (0.36, 1e-6), (0.36, 0.94)):
+        for generate in (-22, 39, None):
+            c = controls(**EVICTED, extra=numbers(step, full, generate=generate))
+            branch = triage.choose_branch(c)["branch"]
+            assert branch != "compression_information_loss", (step, full, generate)
+            assert "positions will not" not in triage.NEXT[branch] and "not the cause" not in triage.NEXT[branch]
+    assert "processed length" in triage.NEXT["compression_positions"]
+    assert "processed length" in triage.NEXT["compression_positions_and_loss"]
+    assert "own loss" in triage.NEXT["compression_positions_and_loss"] and "own loss" in triage.NEXT["compression_information_loss"]
+    v = triage.choose_branch(LEAF_CASES["compression_positions_and_loss"])
+    assert [d["node"] for d in v["path"]][-2:] == ["positions_shift", "positions_and_loss"]
+    assert v["path"][-1]["numbers"] == {**numbers(0.36, 0.81), "noise_threshold": FLOOR.threshold}
 
 
 def test_every_leaf_says_what_to_do_next():
@@ -106,8 +147,10 @@ def test_render_marks_the_taken_path():
     text = triage.render("streaming", triage.choose_branch(LEAF_CASES["compression_positions"]))
     assert text.splitlines()[0].startswith("rebuild 'streaming'  ->  compression_positions")
     assert "[x] the identity rebuild matches and this rebuild changes cache lengths" in text
-    assert "[x] a step at explicit logical positions restores the full forward within the floor  -> compression_positions" in text
-    assert text.splitlines()[1] == "decided by: explicit_vs_full_forward=1e-06; noise_threshold=2e-06; logical_position=None; generate_position=None"
+    assert "[ ] (b) at the processed length the step still differs from the full forward" in text
+    assert "[x] (b) at the processed length the step matches the full forward within the floor  -> compression_positions" in text
+    assert text.splitlines()[1] == ("decided by: generate_position=-22; logical_position=39; explicit_vs_generate=0.36; "
+                                    "explicit_vs_full_forward=1e-06; noise_threshold=2e-06")
     assert text.splitlines()[2].startswith("next: continue at the processed length")
     assert "[ ] original and rebuilt behave identically" in text
     assert "rebuilt_lengths=[20, 20, 20, 20]" in text
@@ -259,8 +302,8 @@ def test_notebook_06_decides_its_claims(tmp_path, monkeypatch):
         "triage.streaming_generate_uses_retained_length": ("beyond", "holds"),
         "triage.per_layer_lengths_outcome": ("beyond", "holds"), "triage.per_layer_lengths_by_backend": ("beyond", "holds")}
     assert {n: v["branch"] for n, v in data["measurements"]["triage"].items()} == {
-        "identity": "resume_contract", "streaming": "compression_information_loss", "int8": "reconstruction_copy",
-        "per_layer": "compression_information_loss"}
+        "identity": "resume_contract", "streaming": "compression_positions_and_loss", "int8": "reconstruction_copy",
+        "per_layer": "compression_positions_and_loss"}
     positions = {r["rebuild"]: r for r in data["measurements"]["control3_logical_positions"]}
     assert positions["streaming"]["positions_include_rope_deltas"] and positions["streaming"]["rope_deltas"] == -42
     assert positions["streaming"]["explicit_position_logical"] == 81
@@ -302,7 +345,8 @@ def test_per_layer_lengths_under_eager_attention_raise_at_an_identified_stage():
     results = triage_run.triage_all(base, triage_run.apply_all(base, triage_run.load_specs("per_layer", 4, 16)))
     t = results["per_layer"]
     holds, why, evidence, deciding = triage.decide_per_layer(t.controls, triage_tables.full_arg_set(t), triage_tables.per_layer_mechanism(t))
-    assert holds and deciding["outcome"] == "error" and t.verdict["branch"] == "compression_information_loss"
+    assert holds and deciding["outcome"] == "error" and t.verdict["branch"] == "compression_unresolved"
+    assert t.controls.extra["explicit_vs_full_forward"] is None  # the explicit step raises there too
     assert evidence["stage"].endswith("eager_attention_forward") and evidence["error_layer"] == 1
     assert evidence["attention_masks"][1][-1] == 21 and evidence["layer_lengths_at_call"] == [20, 16, 12, 8]
 

@@ -19,8 +19,7 @@ import torch
 from .. import compat
 from ..capture import describe_call
 from ..compare import logit_metrics
-from ..continuation import current_position_ids
-from ..inputs import Prompt
+from .patterns import Resume, mask_positions
 from ..regress import layers
 
 ARG_SETS = ("neither", "position_only", "mask_only", "both")  # the seed's generation variants
@@ -46,9 +45,10 @@ def _text_modules(model: torch.nn.Module, suffix: str) -> list[tuple[str, torch.
 
 
 def _last_position(pos: Any) -> int | None:
+    """The last column's position of the first row (batched: row 0, the unpadded one; M-RoPE: its first component)."""
     if not isinstance(pos, torch.Tensor) or pos.numel() == 0:
         return None
-    return int(pos.reshape(-1, pos.shape[-1])[-1, -1])
+    return int(pos.reshape(-1, pos.shape[-1])[0, -1])
 
 
 def _values(value: Any) -> list | None:
@@ -122,19 +122,29 @@ def _clean(rec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def full_mask(prompt: Prompt, physical_length: int) -> torch.Tensor:
-    """The full mask of a resume: one column per cached slot plus the unprocessed suffix."""
+def full_mask(prompt: Resume, physical_length: int) -> torch.Tensor:
+    """The full mask of a resume: the prompt's own mask (padding included) when the cache holds every processed
+    column; otherwise one column per cached slot plus the suffix's mask."""
     mask = prompt.attention_mask
-    return torch.ones(mask.shape[0], physical_length + prompt.last_token.shape[1], dtype=mask.dtype, device=mask.device)
+    if physical_length == prompt.processed:
+        return mask
+    suffix = mask[:, prompt.processed:]
+    return torch.cat([torch.ones(mask.shape[0], physical_length, dtype=mask.dtype, device=mask.device), suffix], dim=1)
 
 
-def logical_positions(model: torch.nn.Module, prompt: Prompt, processed_length: int) -> torch.Tensor:
-    """Explicit positions of the suffix token at logical position `processed_length` (M-RoPE offset included)."""
-    base = current_position_ids(model, prompt)  # position of prompt[-1] in the full forward pass
-    return base + (processed_length - (prompt.length - 1))
+def logical_positions(model: torch.nn.Module, prompt: Resume, processed_length: int) -> torch.Tensor:
+    """Explicit positions of the suffix tokens when `processed_length` tokens have passed: M-RoPE [3, batch, k] with
+    the model's offset for a multimodal prompt, else the mask's positions [batch, k] (what generate() derives)."""
+    shift = processed_length - prompt.processed
+    delta = compat.get_rope_state(model) if prompt.is_multimodal else None
+    if delta is None:
+        return mask_positions(prompt.attention_mask)[:, prompt.processed:] + shift
+    device = prompt.input_ids.device
+    cols = torch.arange(prompt.processed, prompt.length, device=device) + shift
+    return cols.view(1, 1, -1).expand(3, 1, -1) + delta.view(1, -1, 1).to(device)
 
 
-def arg_kwargs(name: str, prompt: Prompt, physical_length: int, positions: torch.Tensor) -> dict[str, Any]:
+def arg_kwargs(name: str, prompt: Resume, physical_length: int, positions: torch.Tensor) -> dict[str, Any]:
     """The seed's argument sets for a cache holding `physical_length` slots (identical rule for every cache)."""
     mask = full_mask(prompt, physical_length)
     return {"neither": {}, "position_only": {"position_ids": positions}, "mask_only": {"attention_mask": mask},
@@ -146,21 +156,25 @@ STEP_KWARGS = {"max_new_tokens": 1, "do_sample": False, "return_dict_in_generate
 
 
 @torch.no_grad()
-def generate_step(model: torch.nn.Module, prompt: Prompt, cache: Any, extra: dict[str, Any] | None = None, **kwargs: Any) -> Step:
-    """generate(max_new_tokens=1, greedy) from a copy of `cache` with the suffix token; first-step logits.
+def generate_step(model: torch.nn.Module, prompt: Resume, cache: Any, extra: dict[str, Any] | None = None,
+                  copy_cache: bool = True, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Step:
+    """generate(max_new_tokens=1, greedy) from a copy of `cache` (copy_cache=False: the object itself, as a reuse
+    without deepcopy does) with the suffix (or `input_ids`); first-step logits.
 
     `extra`: the reporter's generate_kwargs, passed to this (and every) control's generate()."""
     options = {**STEP_KWARGS, **(extra or {}), **kwargs}
+    ids = prompt.last_token if input_ids is None else input_ids
 
     def call() -> torch.Tensor:
-        out = model.generate(input_ids=prompt.last_token, **{compat.generate_cache_kwarg(model): copy.deepcopy(cache)}, **options)
+        given = copy.deepcopy(cache) if copy_cache else cache
+        out = model.generate(input_ids=ids, **{compat.generate_cache_kwarg(model): given}, **options)
         return compat.generate_logits(out)[0].detach().clone()
 
     return run_step(model, call)
 
 
 @torch.no_grad()
-def explicit_step(model: torch.nn.Module, prompt: Prompt, cache: Any, positions: torch.Tensor) -> Step:
+def explicit_step(model: torch.nn.Module, prompt: Resume, cache: Any, positions: torch.Tensor) -> Step:
     """A direct forward from a copy of `cache` with explicit logical positions and the full mask (an engine's resume)."""
     physical = int(cache.get_seq_length())
 
@@ -172,7 +186,7 @@ def explicit_step(model: torch.nn.Module, prompt: Prompt, cache: Any, positions:
     return run_step(model, call)
 
 
-def arg_set_steps(model: torch.nn.Module, prompt: Prompt, cache: Any, positions: torch.Tensor,
+def arg_set_steps(model: torch.nn.Module, prompt: Resume, cache: Any, positions: torch.Tensor,
                   extra: dict[str, Any] | None = None) -> dict[str, Step]:
     """generate() from `cache` under each of the seed's argument sets (`extra`: the reporter's generate_kwargs)."""
     physical = int(cache.get_seq_length())

@@ -106,3 +106,15 @@ def generate_options(value: Any) -> dict[str, Any]:
     if clash:
         raise ValueError(f"generate_kwargs may not set {clash}: the controls set them (argument sets, one greedy step)")
     return value
+
+
+def record(prompt_text: str, prompt_ids: str, how: str, ids: torch.Tensor) -> dict[str, Any]:
+    """The prompt as the results file keeps it: the text given, or the ids file's name and its ids, and the ids
+    of the sequence that ran (a pattern may extend the prompt: a second turn, generated tokens, a padded batch)."""
+    source = "prompt_ids" if prompt_ids else "prompt_text" if prompt_text else "synthetic"
+    out: dict[str, Any] = {"source": source, "how": how}
+    if prompt_ids:
+        out |= {"ids_file": Path(prompt_ids).name, "ids": read_ids(prompt_ids)}
+    if prompt_text:
+        out["text"] = prompt_text
+    return out | {"sequence_ids": ids.tolist()}

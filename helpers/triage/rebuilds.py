@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .. import caches, compat
+from . import patterns
 from ..regress import layers
 from ..regress import rebuilds as family
 
@@ -45,6 +46,7 @@ class Rebuilt:
     processed_length: int | None = None
     kept: list[list[int]] | None = None  # per layer: the original positions of the tokens kept
     info: dict[str, Any] = field(default_factory=dict)
+    resume: bool = False  # returned as a resume state: generate() is given positions at processed_length
 
 
 def _check_layers(cache: Any) -> None:
@@ -59,6 +61,9 @@ def _rebuild(cache: Any, model: torch.nn.Module, transform: Any = None) -> Any:
     """`helpers.regress.rebuilds.layer_aware`: K/V `update()`d (through `transform`), sliding layers' processed length
     and linear layers' conv/recurrent states carried through transformers' own layer classes."""
     _check_layers(cache)
+    if patterns.is_static(cache):  # a StaticCache in, a StaticCache of the same size out (through its filled slots)
+        size = int(compat.cache_layers(cache)[0].max_cache_len)
+        return patterns.as_static(_rebuild(patterns.as_dynamic(cache, model.config), model, transform), model.config, size)
     return family.layer_aware(cache, model.config, transform) if transform else family.layer_aware(cache, model.config)
 
 
@@ -198,12 +203,12 @@ def as_rebuilt(result: Any, model: torch.nn.Module) -> Rebuilt:
         return result
     if hasattr(result, "kv") and hasattr(result, "processed_length"):  # helpers.resume.ResumeState
         cache = caches.cache_from_pairs([(k.clone(), v.clone()) for k, v in result.kv], compat.text_config(model.config))
-        return Rebuilt(cache, int(result.processed_length))
+        return Rebuilt(cache, int(result.processed_length), resume=True)
     if isinstance(result, dict):
         cache = result.get("past_key_values", result.get("cache"))
         length = result.get("processed_length", result.get("logical_length"))
         if cache is not None:
-            return Rebuilt(cache, None if length is None else int(length))
+            return Rebuilt(cache, None if length is None else int(length), resume=length is not None)
     if hasattr(result, "get_seq_length") and hasattr(result, "layers"):
         return Rebuilt(result)
     raise RebuildError(f"the rebuild returned {type(result).__name__}; expected a cache (with .layers) "

@@ -14,9 +14,9 @@ import pandas as pd
 import torch
 
 from .. import compat
-from . import rebuilds
+from . import patterns, rebuilds
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import current_position_ids, prefill
+from ..continuation import prefill
 from ..inputs import Prompt
 from ..regress import layers
 from .tree import ArgSet, Controls, choose_branch, identical
@@ -29,7 +29,7 @@ class Baseline:
     """What every rebuild is compared with, measured once on the same instance."""
 
     model: torch.nn.Module
-    prompt: Prompt
+    prompt: patterns.Resume
     reference: torch.Tensor  # last-position logits of one forward over the whole prompt
     prefix_cache: Any  # prompt[:-1]
     saved_state: torch.Tensor | None  # model-side position state after the prefix prefill (None: model keeps none)
@@ -39,6 +39,7 @@ class Baseline:
     floor: NoiseFloor
     fresh: torch.nn.Module | None = None
     generate_kwargs: dict[str, Any] = field(default_factory=dict)  # the reporter's, passed to every generate()
+    case: Any = None  # the pattern's patterns.Case
 
 
 @dataclass
@@ -55,23 +56,27 @@ class Triaged:
     verdict: dict[str, Any] = field(default_factory=dict)
 
 
-def prepare(bundle: Any, prompt: Prompt, generate_kwargs: dict[str, Any] | None = None) -> Baseline:
+def prepare(bundle: Any, case: Prompt | patterns.Case, generate_kwargs: dict[str, Any] | None = None) -> Baseline:
     """Reference, prefix cache, original-cache steps and the noise floor (same run, same dtype).
 
-    `generate_kwargs`: passed to every generate() the controls make."""
+    `case`: a pattern's resume and prefix cache (`patterns.build`); a plain prompt is the one_token pattern on a
+    dynamic cache. `generate_kwargs`: passed to every generate() the controls make."""
     model, extra = bundle.model, dict(generate_kwargs or {})
-    reference, _ = prefill(model, prompt, end=None)
-    _, prefix = prefill(model, prompt)
-    saved = compat.get_rope_state(model)
+    if not isinstance(case, patterns.Case):
+        case = patterns.build(bundle, case, "one_token", "dynamic", extra)
+    prompt, prefix = case.resume, case.prefix_cache
+    saved = compat.get_rope_state(model)  # as the prefix prefill (or the first generate) left it
     saved = None if saved is None else saved.clone()
-    positions = current_position_ids(model, prompt)
+    reference, _ = prefill(model, prompt, end=None)
+    _set_state(model, saved)
+    positions = logical_positions(model, prompt, prompt.processed)
     original = arg_set_steps(model, prompt, prefix, positions, extra)
     explicit = explicit_step(model, prompt, prefix, positions)
     agreeing = [s.logits for s in (original[FULL], explicit) if s.ok]
     floor = noise_floor(reference, agreeing, bundle.dtype,
                         what="full forward vs original cache: generate(full mask) and explicit-position forward")
     fresh = bundle.fresh_instance() if saved is not None else None
-    return Baseline(model, prompt, reference, prefix, saved, positions, original, explicit, floor, fresh, extra)
+    return Baseline(model, prompt, reference, prefix, saved, positions, original, explicit, floor, fresh, extra, case)
 
 
 def _set_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
@@ -130,16 +135,18 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     _set_state(model, base.saved_state)
     restored = (generate_step(model, prompt, rebuilt.cache, base.generate_kwargs, **_full(prompt, rebuilt.cache))
                 if applied.state_changed else None)
-    processed = prompt.length - 1
+    processed = prompt.processed
     logical = rebuilt.processed_length if rebuilt.processed_length is not None else processed
     explicit = explicit_step(model, prompt, rebuilt.cache, logical_positions(model, prompt, logical))
+    resumed = resume_step(base, rebuilt, steps, logical)
     fresh = _fresh_steps(base, rebuilt.cache)
     _set_state(model, base.saved_state)
     delta = None if base.saved_state is None or not prompt.is_multimodal else int(base.saved_state.reshape(-1)[0])
     extra = {"positions_include_rope_deltas": delta if delta is not None else "no (text positions)",
-             "generate_position": steps[FULL].call.get("rotary_position"),
+             "generate_args": RESUME_ARGS if rebuilt.resume else FULL,
+             "generate_position": resumed.call.get("rotary_position"),
              "logical_position": explicit.call.get("rotary_position"),
-             "explicit_vs_generate": diff(explicit, steps[FULL]),
+             "explicit_vs_generate": diff(explicit, resumed),
              "explicit_vs_full_forward": diff(explicit, Step(True, base.reference))}
     controls = Controls(
         rebuild=name, floor=base.floor, arg_sets=arg_sets(base, steps), processed_length=processed,
@@ -156,6 +163,19 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     out = Triaged(name, rebuilt, controls, kv, steps, explicit, fresh)
     out.verdict = choose_branch(controls)
     return out
+
+
+RESUME_ARGS = "mask_only + position_ids at processed_length (the rebuild returned a resume state)"
+
+
+def resume_step(base: Baseline, rebuilt: rebuilds.Rebuilt, steps: dict[str, Step], logical: int) -> Step:
+    """generate() as the kit resumes this rebuild: the full mask alone (a cache), or with positions at the processed
+    length (a resume state: {'past_key_values': ..., 'processed_length': n})."""
+    if not rebuilt.resume:
+        return steps[FULL]
+    positions = logical_positions(base.model, base.prompt, logical)
+    return generate_step(base.model, base.prompt, rebuilt.cache, base.generate_kwargs, position_ids=positions,
+                         **_full(base.prompt, rebuilt.cache))
 
 
 def _full(prompt: Prompt, cache: Any) -> dict[str, Any]:

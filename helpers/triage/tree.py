@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..compare import NoiseFloor
+from .leaves import MEANING, NEXT  # noqa: F401 - the leaves' texts, re-exported
 
-LEAVES = ("resume_contract", "model_side_state", "compression_positions", "compression_information_loss",
-          "reconstruction_copy", "cache_metadata", "unexplained")
+LEAVES = ("resume_contract", "model_side_state", "compression_positions", "compression_positions_and_loss",
+          "compression_information_loss", "compression_unresolved", "reconstruction_copy", "cache_metadata", "unexplained")
 
 # (node id, depth, question, leaf reached when the answer is yes)
 NODES = (
@@ -24,44 +25,21 @@ NODES = (
     ("fails_for_both", 1, "what fails, fails for both; the full mask works for both", "resume_contract"),
     ("only_rebuilt", 0, "only the rebuilt cache differs", None),
     ("lengths_changed", 1, "the identity rebuild matches and this rebuild changes cache lengths", None),
-    ("explicit_restores", 2, "a step at explicit logical positions restores the full forward within the floor",
+    ("positions_shift", 2, "(a) generate() continues at a position other than the processed length, and the step at "
+     "explicit logical positions changes the result beyond the floor (explicit_vs_generate)", None),
+    ("positions_and_loss", 3, "(b) at the processed length the step still differs from the full forward "
+     "(explicit_vs_full_forward)", "compression_positions_and_loss"),
+    ("positions_restore", 3, "(b) at the processed length the step matches the full forward within the floor",
      "compression_positions"),
-    ("information_lost", 2, "even at explicit logical positions the step differs from the full forward",
-     "compression_information_loss"),
+    ("information_lost", 2, "(a) no: generate() already continues at the processed length (its step matches the explicit "
+     "one); (b) the step differs from the full forward (explicit_vs_full_forward)", "compression_information_loss"),
+    ("unresolved", 2, "neither question answered: the explicit-position step did not run, or differs from generate()'s "
+     "at the same position", "compression_unresolved"),
     ("kv_differ", 1, "its K/V tensors differ from the original's", "reconstruction_copy"),
     ("metadata_differ", 1, "K/V identical, layer classes or lengths differ", "cache_metadata"),
     ("state_restores", 1, "K/V and metadata match; restoring the model-side state makes it match", "model_side_state"),
     ("nothing_visible", 1, "K/V and visible cache metadata match", "unexplained"),
 )
-MEANING = {
-    "resume_contract": "the mask/input contract of resuming generate() (notebook 02), not the rebuild",
-    "model_side_state": "state outside the K/V tensors (Qwen3-VL's multimodal positions: notebook 03)",
-    "compression_positions": "logical positions after compression: generate() continues at the retained length",
-    "compression_information_loss": "information removed by the compression itself (positions are not the cause)",
-    "reconstruction_copy": "the reconstruction/copy path changed the K/V values",
-    "cache_metadata": "config/cache-layer metadata (layer classes, lengths)",
-    "unexplained": "a hidden state or a generation branch that tells the objects apart",
-}
-
-
-# One line per leaf: what the reporter does next.
-NEXT = {
-    "resume_contract": "pass generate() the full attention mask (cached prefix + suffix, padding included); the rebuild is not the cause",
-    "model_side_state": "carry the model-side state with the cache (Qwen3-VL: save rope_deltas after the prefill and set it on "
-                        "the instance that resumes, notebook 03)",
-    "compression_positions": "continue at the processed length: return a resume state {'past_key_values': cache, "
-                             "'processed_length': n} from the rebuild, or pass position_ids = processed length "
-                             "(+ rope_deltas for Qwen3-VL) with a mask sized to the stored slots",
-    "compression_information_loss": "the compression dropped information (expected for eviction): compare its difference with "
-                                    "the identity control's and change what is kept; passing positions will not fix it",
-    "reconstruction_copy": "compare the rebuilt K/V with the original's per layer (control 1): the copy/convert path changed the values",
-    "cache_metadata": "build the cache with DynamicCache(config=model.config.get_text_config()) so layer classes and lengths "
-                      "match the original's",
-    "unexplained": "report it with this tree: K/V and visible metadata match, so a hidden state or a generate() branch "
-                   "tells the two objects apart",
-}
-
-
 @dataclass
 class ArgSet:
     """One argument set (the seed's neither/position_only/mask_only/both): both caches' outcomes."""
@@ -145,13 +123,7 @@ def choose_branch(c: Controls) -> dict[str, Any]:
     if _step(path, "lengths_changed", lengths_changed(c) and bool(c.identity_identical),
              processed_length=c.processed_length, rebuilt_lengths=c.rebuilt_lengths,
              identity_matches=c.identity_identical, identity_worst_max_abs_diff=c.identity_worst, **c.extra):
-        explicit = c.extra.get("explicit_vs_full_forward")
-        restores = explicit is not None and c.floor.matches(explicit)
-        if _step(path, "explicit_restores", restores, explicit_vs_full_forward=explicit, noise_threshold=c.floor.threshold,
-                 logical_position=c.extra.get("logical_position"), generate_position=c.extra.get("generate_position")):
-            return {"branch": "compression_positions", "path": path}
-        _step(path, "information_lost", True, explicit_vs_full_forward=explicit, noise_threshold=c.floor.threshold)
-        return {"branch": "compression_information_loss", "path": path}
+        return {"branch": _compression_leaf(c, path), "path": path}
     if _step(path, "kv_differ", not c.kv_bitwise_equal, kv_max_abs_diff=c.kv_max_abs_diff):
         return {"branch": "reconstruction_copy", "path": path}
     if _step(path, "metadata_differ", not c.classes_equal or c.rebuilt_lengths != c.original_lengths,
@@ -162,6 +134,40 @@ def choose_branch(c: Controls) -> dict[str, Any]:
         return {"branch": "model_side_state", "path": path}
     _step(path, "nothing_visible", True, kv_bitwise_equal=c.kv_bitwise_equal, classes_equal=c.classes_equal)
     return {"branch": "unexplained", "path": path}
+
+
+def position_shift(c: Controls) -> bool:
+    """(a): the explicit-position step differs from generate()'s beyond the floor, and generate()'s position is not the
+    logical one (both captured at the rotary embedding; a position not captured leaves the step difference to decide)."""
+    gen, logical = c.extra.get("generate_position"), c.extra.get("logical_position")
+    moved = gen is None or logical is None or gen != logical
+    step = c.extra.get("explicit_vs_generate")
+    return bool(moved and step is not None and c.floor.differs(step))
+
+
+def information_loss(c: Controls) -> bool:
+    """(b): at explicit logical positions the step still differs from the full forward beyond the floor."""
+    explicit = c.extra.get("explicit_vs_full_forward")
+    return explicit is not None and c.floor.differs(explicit)
+
+
+def _compression_leaf(c: Controls, path: list[dict[str, Any]]) -> str:
+    """The two compression questions, (a) positions and (b) information loss, each with its numbers."""
+    gen, logical = c.extra.get("generate_position"), c.extra.get("logical_position")
+    step, explicit = c.extra.get("explicit_vs_generate"), c.extra.get("explicit_vs_full_forward")
+    numbers = {"generate_position": gen, "logical_position": logical, "explicit_vs_generate": step,
+               "explicit_vs_full_forward": explicit, "noise_threshold": c.floor.threshold}
+    loss = information_loss(c)
+    if _step(path, "positions_shift", position_shift(c), **numbers):
+        if _step(path, "positions_and_loss", loss, **numbers):
+            return "compression_positions_and_loss"
+        _step(path, "positions_restore", True, **numbers)  # (a) needs the explicit step, so (b) was measured
+        return "compression_positions"
+    settled = step is not None and c.floor.matches(step)
+    if _step(path, "information_lost", loss and settled, **numbers):
+        return "compression_information_loss"
+    _step(path, "unresolved", True, **numbers)
+    return "compression_unresolved"
 
 
 def _fmt(value: Any) -> str:

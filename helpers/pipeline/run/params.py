@@ -67,6 +67,17 @@ def declared(path: Path) -> dict[str, Any]:
     return out
 
 
+CHOICE = re.compile(r"^(\w+)\s*=.*#\s*one of:\s*([\w.-]+(?:\|[\w.-]+)+)", re.MULTILINE)
+
+
+def declared_choices(path: Path) -> dict[str, tuple[str, ...]]:
+    """{name: valid values} of the parameters whose line in the `parameters` cell ends "# one of: a|b|c"."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    cells = [c for c in nb.get("cells", []) if "parameters" in (c.get("metadata", {}).get("tags") or [])]
+    source = cells[0]["source"] if cells else ""
+    return {m[1]: tuple(m[2].split("|")) for m in CHOICE.finditer("".join(source) if isinstance(source, list) else source)}
+
+
 def cuda_status() -> tuple[bool, str]:
     """(CUDA usable?, why not) without importing torch: a CUDA/ROCm build of torch and a driver device."""
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
@@ -216,8 +227,11 @@ def check(notebooks: list[Path], given: dict[str, Any]) -> dict[str, dict[str, A
     per_notebook: dict[str, dict[str, Any]] = {}
     for stem, names in decl.items():
         mine = {k: v for k, v in given.items() if k in names}
+        choices = declared_choices(next(nb for nb in notebooks if nb.stem == stem))
         for name, value in mine.items():
             where = f" (notebook {stem})" if len(decl) > 1 else ""
+            if name in choices and value not in choices[name]:
+                raise ParameterError(f"unknown {name} {value!r}{where}; valid: {', '.join(choices[name])}")
             _check_value(name, value, names[name], where)
         if mine.get("prompt_text") and mine.get("prompt_ids"):
             raise ParameterError(f"prompt_text and prompt_ids given together (notebook {stem}): pass one of them")

@@ -82,6 +82,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/api/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_api.py",)),
     Scope("helpers/api/guard.py", ("cache_lengths", "check_resume_inputs", "_check_*", "_first_positions"), ("tests/test_api.py",)),
     Scope("helpers/triage/tree.py", ("consistent", "identical", "lengths_changed", "_step", "choose_branch",
+                                     "position_shift", "information_loss", "_compression_leaf",
                                      "decide_*", "per_layer_outcome", "backend_outcome"),
           DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
     Scope("helpers/offload/streams.py", ("join", "StreamLog.*"), ("tests/test_streams.py", "tests/test_kill_offload.py")),
