@@ -19,6 +19,42 @@ from ..paths import output_dir, repo_root
 from .procs import Stop, _alive, descendants, stop_processes
 from .warm import warm_enabled
 
+# The kernels' OpenMP threads sleep rather than spin while they wait (the thread count, and so every number,
+# is unchanged): with two kernels (and anything else) on two cores, spinning threads steal the core the other
+# kernel's threads need, which made notebook 05 up to 10x slower. An OMP_WAIT_POLICY already set is kept.
+CHILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+# The expected seconds of each notebook when no earlier timings.json names it (longest first); others: 5 s.
+STATIC_ESTIMATE_S = {"05": 14.0, "07": 9.0, "06": 7.0, "08": 6.0}
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """os.environ for a notebook's worker or the warm process: CHILD_ENV where not already set, then `extra`."""
+    return {**CHILD_ENV, **os.environ, **extra}
+
+
+def expected_seconds(paths: list[Path], timings: Path | None) -> dict[str, float]:
+    """Each notebook's expected time: its `seconds` in the last run's timings.json where that names it
+    (and it finished ok), else STATIC_ESTIMATE_S by its number, else 5 s."""
+    last: dict[str, float] = {}
+    try:
+        for row in json.loads(timings.read_text()).get("notebooks") or [] if timings else []:
+            if row.get("ok") and isinstance(row.get("seconds"), (int, float)):
+                last[row["notebook"]] = float(row["seconds"])
+    except (OSError, ValueError, AttributeError):
+        last = {}
+    return {nb.stem: last.get(nb.stem, STATIC_ESTIMATE_S.get(nb.stem.split("_")[0], 5.0)) for nb in paths}
+
+
+def longest_first(paths: list[Path], expected: dict[str, float]) -> list[Path]:
+    """The start order: longest expected first, ties in notebook order (so both cores end busy)."""
+    return sorted(paths, key=lambda nb: -expected.get(nb.stem, 0.0))
+
+
+def floor_seconds(warm_imports_s: float | None, phases_summed: dict[str, float], cores: int) -> float:
+    """The run's floor: warm imports + (experiments + HTML summed over notebooks) / cores."""
+    work = phases_summed.get("experiments_s", 0.0) + phases_summed.get("html_s", 0.0)
+    return round((warm_imports_s or 0.0) + work / max(1, cores), 2)
+
 
 @dataclass
 class _Job:
@@ -43,6 +79,8 @@ class Run:
         self.command, self.paths, self.per_notebook = command, paths, per_notebook
         self.jobs = jobs or max(1, min(len(paths), os.cpu_count() or 1))
         self.out = output_dir()
+        self.expected = expected_seconds(paths, self.out / "timings.json")  # read before the outputs are removed
+        self.order = longest_first(paths, self.expected)
         if command == "run-all":
             rec.clean_run_all(self.out)
         else:
@@ -61,7 +99,7 @@ class Run:
             return {}
         path = self.tmp / "warm.sock"
         self.zygote = subprocess.Popen([sys.executable, "-m", "helpers.pipeline.run", "_zygote", str(path)],
-                                       cwd=str(repo_root()), env={**os.environ, "KVKIT_OUTPUT_DIR": str(self.out)},
+                                       cwd=str(repo_root()), env=child_env(KVKIT_OUTPUT_DIR=str(self.out)),
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                        start_new_session=True)
         deadline = time.monotonic() + 5
@@ -77,10 +115,10 @@ class Run:
 
     def _start(self, path: Path) -> _Job:
         result_file, log_file = self.tmp / f"{path.stem}.json", self.tmp / f"{path.stem}.log"
-        env = {**os.environ, **self.record.env_vars(), **self.warm, "KVKIT_OUTPUT_DIR": str(self.out)}
+        env = child_env(**self.record.env_vars(), **self.warm, KVKIT_OUTPUT_DIR=str(self.out))
         began = time.time()
         cmd = [sys.executable, "-m", "helpers.pipeline.run", "_exec", str(path), "--out-json", str(result_file),
-               "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began)]
+               "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began), "--no-html"]
         with open(log_file, "wb") as log:
             proc = subprocess.Popen(cmd, cwd=str(repo_root()), env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
@@ -97,6 +135,8 @@ class Run:
                     + (f": {tail[0].strip()[:200]}" if tail else ""), "phases": {}}
         res = RunResult(job.path.stem, data["status"] == "ok", seconds, str(self.out / "notebooks" / job.path.name),
                         data.get("error") or "", data["status"], data.get("phases") or {})
+        if (self.out / "notebooks" / job.path.name).exists():
+            self.html.submit(job.path.stem, res.phases)
         self.record.notebook(res.notebook, res.status, seconds, res.error)
         return res
 
@@ -121,7 +161,8 @@ class Run:
         started = time.perf_counter()
         self.warm = self._start_zygote()
         ready = Path(self.warm["KVKIT_ZYGOTE"] + ".ready") if self.warm else None
-        pending, running = list(self.paths), []
+        pending, running = list(self.order), []
+        self.html = HtmlRenderer(self.out)
         with Stop() as stop, tqdm(total=len(pending), desc=_label(), unit="nb", disable=None, file=sys.stderr,
                                    leave=False) as bar:
             tqdm.write(f"{self.command} {self.record.run_id}: {len(pending)} notebook(s), {self.jobs} at a time",
@@ -141,6 +182,7 @@ class Run:
             if stop.signum is not None:
                 self._interrupt(running)
             self._stop_zygote()
+            self.html.close()
             notebooks_s = time.perf_counter() - started
             for nb in pending:
                 self.results[nb.stem] = RunResult(nb.stem, False, 0.0, "", "not started: the run was interrupted",
@@ -181,11 +223,18 @@ class Run:
     def _write_timings(self, total: float, notebooks_s: float, report_s: float | None) -> None:
         rows = [self.results[nb.stem] for nb in self.paths if nb.stem in self.results]
         keys = sorted({k for r in rows for k in r.phases})
+        summed = {k: round(sum(r.phases.get(k, 0.0) for r in rows), 2) for k in keys}
+        cores = min(self.jobs, os.cpu_count() or 1)
+        floor = floor_seconds(self.warm_s, summed, cores)
         timings = {
             "run_id": self.record.run_id, "command": self.command, "status": self.record.data["status"],
             "total_seconds": round(total, 2), "jobs": self.jobs, "cpu_count": os.cpu_count(),
             "run": {"warm_imports_s": self.warm_s, "notebooks_s": round(notebooks_s, 2), "summary_s": report_s},
-            "phases_summed_over_notebooks": {k: round(sum(r.phases.get(k, 0.0) for r in rows), 2) for k in keys},
+            "phases_summed_over_notebooks": summed,
+            "floor": {"seconds": floor, "cores": cores, "ratio": round(total / floor, 3) if floor else None,
+                      "formula": "warm_imports_s + (experiments_s + html_s summed over notebooks) / cores",
+                      "start_order": [nb.stem for nb in self.order],
+                      "expected_seconds": self.expected},
             "notebooks": [{"notebook": r.notebook, "status": r.status, "ok": r.ok, "seconds": r.seconds, "error": r.error,
                            "output": f"notebooks/{r.notebook}.ipynb" if r.output else None, "phases": r.phases}
                           for r in rows],
@@ -198,6 +247,53 @@ class Run:
         except Exception as exc:  # noqa: BLE001 - the run is recorded; only share.zip lacks its timings
             print(f"timings not added to share.zip: {failure_line(exc)}", file=sys.stderr)
         print(f"{len(rows)} notebook(s) in {total:.1f}s ({self.record.data['status']})", flush=True)
+
+
+class HtmlRenderer:
+    """outputs/html/ rendered in this process, one notebook at a time in a thread, by one warm nbconvert
+    exporter (report.html.render_html reuses it): each page costs its rendering only, not nbconvert's
+    start-up, and is rendered while the other core still runs notebooks. `html_s` joins the notebook's phases."""
+
+    def __init__(self, out: Path) -> None:
+        import queue
+        import threading
+
+        self.out, self.errors = out, []
+        self.jobs: "queue.Queue[tuple[str, dict[str, float]] | None]" = queue.Queue()
+        self.thread = threading.Thread(target=self._work, name="kvkit-html", daemon=True)
+        self.thread.start()
+
+    def submit(self, stem: str, phases: dict[str, float]) -> None:
+        self.jobs.put((stem, phases))
+
+    def _work(self) -> None:
+        try:  # load the exporter's templates while the first kernels start (a page's first render pays it)
+            import nbformat
+
+            from ..report import html
+
+            html._exporter().from_notebook_node(nbformat.v4.new_notebook(cells=[
+                nbformat.v4.new_markdown_cell("# warm"), nbformat.v4.new_code_cell("1")]))
+        except Exception:  # noqa: BLE001 - the first page then pays it (and reports any real error)
+            pass
+        while (job := self.jobs.get()) is not None:
+            stem, phases = job
+            start = time.perf_counter()
+            try:
+                from ..report import html
+
+                _, errors = html.write_html(self.out, stems=[stem])
+                self.errors += errors
+            except Exception as exc:  # noqa: BLE001 - the summary still lists the notebook
+                self.errors.append(f"{stem}: {failure_line(exc)}")
+            phases["html_s"] = round(time.perf_counter() - start, 2)
+
+    def close(self) -> None:
+        """Wait for the pages already submitted."""
+        self.jobs.put(None)
+        self.thread.join()
+        for err in self.errors:
+            print(f"html: {err}", file=sys.stderr)
 
 
 def run_all(parameters: dict[str, Any] | None = None, jobs: int | None = None, paths: list[Path] | None = None,
