@@ -270,7 +270,7 @@ class HtmlRenderer:
         try:  # load the exporter's templates while the first kernels start (a page's first render pays it)
             import nbformat
 
-            from ..report import html
+            from ..report import html, summary  # noqa: F401 - environment_markdown's import (torch, via results)
 
             html._exporter().from_notebook_node(nbformat.v4.new_notebook(cells=[
                 nbformat.v4.new_markdown_cell("# warm"), nbformat.v4.new_code_cell("1")]))
