@@ -24,7 +24,7 @@ KEY ?=
 GOOD ?=
 BAD ?=
 
-.PHONY: env run-all run test report matrix bisect gpu-check gpu-wheels mutants clean
+.PHONY: env run-all run test test-fast report matrix bisect gpu-check gpu-wheels mutants clean
 
 env: $(ENV_STAMP)
 
@@ -85,6 +85,10 @@ gpu-wheels:
 
 test: env
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+## test-fast: the unit and kill tests that need no notebook run (pytest -m "not e2e"); run it after every edit.
+test-fast: env
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not e2e" tests
 
 # mutants: mutation testing (mutmut) of the decision functions listed in helpers/pipeline/tools/mutants.py SCOPE, on the
 # fast tests only; prints killed/total per module and every survivor, fails below 90% killed in any module.
