@@ -138,6 +138,8 @@ def test_results_carry_the_run_stamp(tmp_path, monkeypatch):
 def test_interrupted_run_all_stops_fast_and_says_so(tmp_path):
     out = tmp_path / "out"
     _stale_results(out, "03_rope_deltas_perturbation")
+    # the last run's timings make 01 the longest, so it starts first (longest first) and 05 waits
+    (out / "timings.json").write_text(json.dumps({"notebooks": [{"notebook": NB01, "ok": True, "seconds": 100.0}]}))
     env = {**os.environ, "KVKIT_OUTPUT_DIR": str(out)}
     proc = subprocess.Popen([sys.executable, "-m", "helpers.pipeline.run", "run-all", "--notebooks", "01", "05",
                              "--jobs", "1"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
