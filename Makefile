@@ -24,7 +24,7 @@ KEY ?=
 GOOD ?=
 BAD ?=
 
-.PHONY: help env run-all run test report matrix bisect gpu-check gpu-wheels mutants upstream-tests clean
+.PHONY: help env run-all run test test-fast report matrix bisect gpu-check gpu-wheels mutants upstream-tests clean
 .DEFAULT_GOAL := help
 
 help: ## this list: every target with one line
@@ -89,6 +89,9 @@ gpu-wheels: ## download the wheels gpu-check's second release installs offline i
 
 test: env ## the whole test suite (CI's command): unit, kill and end-to-end notebook tests
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+test-fast: env ## the unit and kill tests that need no notebook run (pytest -m "not e2e"): run it after every edit
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not e2e" tests
 
 # mutants: mutation testing (mutmut) of the decision functions listed in helpers/pipeline/tools/mutants.py SCOPE, on the
 # fast tests only; prints killed/total per module and every survivor, fails below 90% killed in any module.

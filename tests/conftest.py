@@ -1,9 +1,16 @@
 """Shared fixtures: the tiny model and its prompt are built once per test worker."""
 from __future__ import annotations
 
-import pytest
+import os
 
-from helpers import continuation, inputs, models
+# Set before torch is imported (OpenMP reads it once): waiting OpenMP threads sleep instead of spinning, so two
+# test workers on two cores do not steal each other's cores (thread count and numbers unchanged; the runner's
+# kernels get the same, helpers.pipeline.run.batch.CHILD_ENV).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+
+from helpers import continuation, inputs, models  # noqa: E402
 
 
 @pytest.fixture(scope="session")

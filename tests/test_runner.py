@@ -138,6 +138,8 @@ def test_results_carry_the_run_stamp(tmp_path, monkeypatch):
 def test_interrupted_run_all_stops_fast_and_says_so(tmp_path):
     out = tmp_path / "out"
     _stale_results(out, "03_rope_deltas_perturbation")
+    # the last run's timings make 01 the longest, so it starts first (longest first) and 05 waits
+    (out / "timings.json").write_text(json.dumps({"notebooks": [{"notebook": NB01, "ok": True, "seconds": 100.0}]}))
     env = {**os.environ, "KVKIT_OUTPUT_DIR": str(out)}
     proc = subprocess.Popen([sys.executable, "-m", "helpers.pipeline.run", "run-all", "--notebooks", "01", "05",
                              "--jobs", "1"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -216,3 +218,56 @@ def test_timings_are_handed_to_finish_timings_after_they_are_written(tmp_path, m
     run._write_timings(2.0, 1.5, 0.1)
     assert len(seen) == 1 and seen[0]["run_id"] == run.record.run_id and seen[0]["notebooks"][0]["notebook"] == nb.stem
     run.tmp.rmdir()
+
+
+def test_floor_is_warm_imports_plus_experiments_and_html_over_the_cores():
+    from helpers.pipeline.run import schedule
+
+    assert schedule.floor_seconds(5.3, {"experiments_s": 35.9, "html_s": 17.6, "kernel_start_s": 9.0}, 2) == 32.05
+    assert schedule.floor_seconds(None, {"experiments_s": 3.0}, 1) == 3.0
+
+
+def test_timings_state_the_floor_and_its_ratio(tmp_path, monkeypatch):
+    from helpers.pipeline.report import share
+
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    monkeypatch.setattr(share, "finish_timings", lambda out=None: None)
+    nbs = [execute.find_notebook("01"), execute.find_notebook("05")]
+    run = batch.Run("run-all", nbs, {}, {}, 2)
+    for nb, (exp, html) in zip(nbs, [(1.0, 0.5), (9.0, 1.5)]):
+        run.results[nb.stem] = execute.RunResult(nb.stem, True, exp + html, "", "", "ok",
+                                                 {"kernel_start_s": 1.0, "experiments_s": exp, "html_s": html})
+    run.warm_s = 4.0
+    run.record.finish("complete")
+    run._write_timings(12.0, 11.0, 0.1)
+    floor = _json(tmp_path / "timings.json")["floor"]
+    assert floor["seconds"] == 4.0 + (1.0 + 9.0 + 0.5 + 1.5) / 2 == 10.0 and floor["cores"] == 2
+    assert floor["ratio"] == 1.2 and floor["start_order"][0] == "05_hybrid_offloading_drift"
+    run.tmp.rmdir()
+
+
+def test_longest_first_from_the_last_timings_else_the_static_estimate(tmp_path):
+    from helpers.pipeline.run import schedule
+
+    nbs = execute.notebooks()
+    static = schedule.longest_first(nbs, schedule.expected_seconds(nbs, tmp_path / "missing.json"))
+    assert static[0].stem.startswith("05") and static[1].stem.startswith("07")
+    rows = [{"notebook": nb.stem, "ok": True, "seconds": 1.0} for nb in nbs]
+    rows[0]["seconds"] = 99.0
+    rows[1].update(ok=False, seconds=500.0)  # a failed notebook's time says nothing: the estimate stands
+    (tmp_path / "timings.json").write_text(json.dumps({"notebooks": rows}))
+    expected = schedule.expected_seconds(nbs, tmp_path / "timings.json")
+    order = schedule.longest_first(nbs, expected)
+    assert order[0] == nbs[0] and expected[nbs[1].stem] == 5.0
+    assert [nb for nb in order if expected[nb.stem] == 1.0] == [nb for nb in nbs if expected[nb.stem] == 1.0]  # ties: in order
+    (tmp_path / "timings.json").write_text("not json")
+    assert schedule.expected_seconds(nbs, tmp_path / "timings.json") == schedule.expected_seconds(nbs, None)
+
+
+def test_workers_get_passive_openmp_waits_unless_set(monkeypatch):
+    from helpers.pipeline.run import schedule
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert schedule.child_env(A="1")["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert schedule.child_env()["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -88,10 +88,20 @@ def environment_markdown(results: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+_EXPORTER: list[Any] = []  # one HTMLExporter per process: its templates are loaded once, not per page
+
+
+def _exporter() -> Any:
+    from nbconvert import HTMLExporter
+
+    if not _EXPORTER:
+        _EXPORTER.append(HTMLExporter(embed_images=True))
+    return _EXPORTER[0]
+
+
 def render_html(notebook: Path, dest_dir: Path, results: dict[str, Any] | None = None) -> Path:
     """One executed notebook -> a self-contained HTML file, the environment from its results file at the top."""
     import nbformat
-    from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(notebook), as_version=4)
     static_widgets(nb)
@@ -100,8 +110,7 @@ def render_html(notebook: Path, dest_dir: Path, results: dict[str, Any] | None =
         env_cell = nbformat.v4.new_markdown_cell(environment_markdown(results, f"results/{notebook.stem}.json"))
         env_cell["id"] = "kvkit-environment"  # a fixed id: the same run renders to the same HTML
         nb.cells.insert(at, env_cell)
-    exporter = HTMLExporter(embed_images=True)
-    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(notebook.parent), "name": notebook.stem}})
+    body, _ = _exporter().from_notebook_node(nb, resources={"metadata": {"path": str(notebook.parent), "name": notebook.stem}})
     body = strip_remote(body)
     for src in external_images(body):  # an image nbconvert could not embed: say so rather than ship a broken link
         body = body.replace(f'src="{src}"', f'src="" alt="not embedded: {src}"')

@@ -17,8 +17,8 @@ from . import record as rec
 from .execute import RunResult, failure_line, notebooks
 from ..paths import output_dir, repo_root
 from .procs import Stop, _alive, descendants, stop_processes
+from .schedule import HtmlRenderer, child_env, expected_seconds, floor_seconds, longest_first
 from .warm import warm_enabled
-
 
 @dataclass
 class _Job:
@@ -43,6 +43,8 @@ class Run:
         self.command, self.paths, self.per_notebook = command, paths, per_notebook
         self.jobs = jobs or max(1, min(len(paths), os.cpu_count() or 1))
         self.out = output_dir()
+        self.expected = expected_seconds(paths, self.out / "timings.json")  # read before the outputs are removed
+        self.order = longest_first(paths, self.expected)
         if command == "run-all":
             rec.clean_run_all(self.out)
         else:
@@ -61,7 +63,7 @@ class Run:
             return {}
         path = self.tmp / "warm.sock"
         self.zygote = subprocess.Popen([sys.executable, "-m", "helpers.pipeline.run", "_zygote", str(path)],
-                                       cwd=str(repo_root()), env={**os.environ, "KVKIT_OUTPUT_DIR": str(self.out)},
+                                       cwd=str(repo_root()), env=child_env(KVKIT_OUTPUT_DIR=str(self.out)),
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                        start_new_session=True)
         deadline = time.monotonic() + 5
@@ -77,10 +79,10 @@ class Run:
 
     def _start(self, path: Path) -> _Job:
         result_file, log_file = self.tmp / f"{path.stem}.json", self.tmp / f"{path.stem}.log"
-        env = {**os.environ, **self.record.env_vars(), **self.warm, "KVKIT_OUTPUT_DIR": str(self.out)}
+        env = child_env(**self.record.env_vars(), **self.warm, KVKIT_OUTPUT_DIR=str(self.out))
         began = time.time()
         cmd = [sys.executable, "-m", "helpers.pipeline.run", "_exec", str(path), "--out-json", str(result_file),
-               "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began)]
+               "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began), "--no-html"]
         with open(log_file, "wb") as log:
             proc = subprocess.Popen(cmd, cwd=str(repo_root()), env=env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
@@ -97,6 +99,8 @@ class Run:
                     + (f": {tail[0].strip()[:200]}" if tail else ""), "phases": {}}
         res = RunResult(job.path.stem, data["status"] == "ok", seconds, str(self.out / "notebooks" / job.path.name),
                         data.get("error") or "", data["status"], data.get("phases") or {})
+        if (self.out / "notebooks" / job.path.name).exists():
+            self.html.submit(job.path.stem, res.phases)
         self.record.notebook(res.notebook, res.status, seconds, res.error)
         return res
 
@@ -121,7 +125,8 @@ class Run:
         started = time.perf_counter()
         self.warm = self._start_zygote()
         ready = Path(self.warm["KVKIT_ZYGOTE"] + ".ready") if self.warm else None
-        pending, running = list(self.paths), []
+        pending, running = list(self.order), []
+        self.html = HtmlRenderer(self.out)
         with Stop() as stop, tqdm(total=len(pending), desc=_label(), unit="nb", disable=None, file=sys.stderr,
                                    leave=False) as bar:
             tqdm.write(f"{self.command} {self.record.run_id}: {len(pending)} notebook(s), {self.jobs} at a time",
@@ -141,6 +146,7 @@ class Run:
             if stop.signum is not None:
                 self._interrupt(running)
             self._stop_zygote()
+            self.html.close()
             notebooks_s = time.perf_counter() - started
             for nb in pending:
                 self.results[nb.stem] = RunResult(nb.stem, False, 0.0, "", "not started: the run was interrupted",
@@ -181,11 +187,18 @@ class Run:
     def _write_timings(self, total: float, notebooks_s: float, report_s: float | None) -> None:
         rows = [self.results[nb.stem] for nb in self.paths if nb.stem in self.results]
         keys = sorted({k for r in rows for k in r.phases})
+        summed = {k: round(sum(r.phases.get(k, 0.0) for r in rows), 2) for k in keys}
+        cores = min(self.jobs, os.cpu_count() or 1)
+        floor = floor_seconds(self.warm_s, summed, cores)
         timings = {
             "run_id": self.record.run_id, "command": self.command, "status": self.record.data["status"],
             "total_seconds": round(total, 2), "jobs": self.jobs, "cpu_count": os.cpu_count(),
             "run": {"warm_imports_s": self.warm_s, "notebooks_s": round(notebooks_s, 2), "summary_s": report_s},
-            "phases_summed_over_notebooks": {k: round(sum(r.phases.get(k, 0.0) for r in rows), 2) for k in keys},
+            "phases_summed_over_notebooks": summed,
+            "floor": {"seconds": floor, "cores": cores, "ratio": round(total / floor, 3) if floor else None,
+                      "formula": "warm_imports_s + (experiments_s + html_s summed over notebooks) / cores",
+                      "start_order": [nb.stem for nb in self.order],
+                      "expected_seconds": self.expected},
             "notebooks": [{"notebook": r.notebook, "status": r.status, "ok": r.ok, "seconds": r.seconds, "error": r.error,
                            "output": f"notebooks/{r.notebook}.ipynb" if r.output else None, "phases": r.phases}
                           for r in rows],
