@@ -18,6 +18,7 @@ from ..continuation import (GENERATION_VARIANTS, current_position_ids, generatio
 from ..inputs import Prompt
 from ..regress import checks, families, rebuilds
 from ..triage import controls as triage_controls
+from ..triage import patterns as triage_patterns
 from ..triage import run as triage_run
 from .cells import Cell, run_cell
 
@@ -76,6 +77,7 @@ def _put_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
 def group_06(bundle: Any, prompt: Prompt, sink: int = 4, window: int = 16) -> tuple[list[Cell], dict[str, Any]]:
     """06's one-token case: each built-in rebuild x the four argument sets, against that rebuild's explicit-position
     forward (logical positions, full mask: an engine's resume of the same cache), 06's floor."""
+    prompt = triage_patterns.resume_of(prompt, prompt.length - 1)  # 06's one_token pattern on a dynamic cache
     base = triage_run.prepare(bundle, prompt)
     applied = triage_run.apply_all(base, triage_run.load_specs("all", sink, window))
     model, processed = base.model, prompt.length - 1
