@@ -20,6 +20,7 @@ from .procs import Stop, _alive, descendants, stop_processes
 from .schedule import HtmlRenderer, child_env, expected_seconds, floor_seconds, longest_first
 from .warm import warm_enabled
 
+
 @dataclass
 class _Job:
     path: Path

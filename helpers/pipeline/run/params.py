@@ -45,14 +45,17 @@ class ParameterError(ValueError):
     """A parameter refused before any kernel starts; str() is the one line shown to the user."""
 
 
-def declared(path: Path) -> dict[str, Any]:
-    """{name: default} of the notebook's cell tagged `parameters` (NOT_LITERAL where it is computed)."""
+def parameters_source(path: Path) -> str:
+    """The source of the notebook's cell tagged `parameters` ("" when it has none)."""
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
     cells = [c for c in nb.get("cells", []) if "parameters" in (c.get("metadata", {}).get("tags") or [])]
-    if not cells:
-        return {}
-    source = cells[0]["source"]
-    tree = ast.parse("".join(source) if isinstance(source, list) else source)
+    source = cells[0]["source"] if cells else ""
+    return "".join(source) if isinstance(source, list) else source
+
+
+def declared(path: Path) -> dict[str, Any]:
+    """{name: default} of the notebook's cell tagged `parameters` (NOT_LITERAL where it is computed)."""
+    tree = ast.parse(parameters_source(path))
     out: dict[str, Any] = {}
     for node in tree.body:
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -72,10 +75,7 @@ CHOICE = re.compile(r"^(\w+)\s*=.*#\s*one of:\s*([\w.-]+(?:\|[\w.-]+)+)", re.MUL
 
 def declared_choices(path: Path) -> dict[str, tuple[str, ...]]:
     """{name: valid values} of the parameters whose line in the `parameters` cell ends "# one of: a|b|c"."""
-    nb = json.loads(Path(path).read_text(encoding="utf-8"))
-    cells = [c for c in nb.get("cells", []) if "parameters" in (c.get("metadata", {}).get("tags") or [])]
-    source = cells[0]["source"] if cells else ""
-    return {m[1]: tuple(m[2].split("|")) for m in CHOICE.finditer("".join(source) if isinstance(source, list) else source)}
+    return {m[1]: tuple(m[2].split("|")) for m in CHOICE.finditer(parameters_source(path))}
 
 
 def cuda_status() -> tuple[bool, str]:

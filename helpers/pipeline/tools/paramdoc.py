@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import ast
 import io
-import json
 import sys
 import tokenize
 from pathlib import Path
 
 from ..paths import repo_root
 from ..report.paste import cell, code
+from ..run.params import parameters_source
 
 PAGE = Path("docs") / "parameters.md"
 HEAD = """# Notebook parameters
@@ -40,11 +40,7 @@ COMMON = {
 
 def parameter_rows(path: Path) -> list[tuple[str, str, str]]:
     """(name, default as written, the line's comment) for each assignment in the cell tagged `parameters`."""
-    nb = json.loads(path.read_text(encoding="utf-8"))
-    cells = [c for c in nb.get("cells", []) if "parameters" in (c.get("metadata", {}).get("tags") or [])]
-    if not cells:
-        return []
-    source = "".join(cells[0]["source"]) if isinstance(cells[0]["source"], list) else cells[0]["source"]
+    source = parameters_source(path)
     comments = {t.start[0]: t.string.lstrip("# ").strip()
                 for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT}
     rows = []
