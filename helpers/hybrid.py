@@ -75,6 +75,17 @@ def build_layout(layout: str, seed: int = 0, attn_implementation: str = "sdpa") 
     return Qwen3_5ForCausalLM(config).eval()
 
 
+def as_built(model: torch.nn.Module) -> bool:
+    """Whether every parameter is float32 on the CPU, as `build_layout` leaves it (no `.to()` changed it)."""
+    return all(p.dtype == torch.float32 and p.device.type == "cpu" for p in model.parameters())
+
+
+def layout_models(seed: int = 0, built: dict[str, torch.nn.Module] | None = None) -> dict[str, torch.nn.Module]:
+    """Every one of `LAYOUTS` (`build_layout(name, seed)`); a model in `built` is taken as it is, not built again."""
+    built = built or {}
+    return {name: built[name] if name in built else build_layout(name, seed) for name in LAYOUTS}
+
+
 def layer_types(config: Any) -> list[str]:
     """The decoder's `layer_types` (text config of a multimodal config); `full_attention` everywhere if absent."""
     from .compat import text_config

@@ -57,13 +57,24 @@ def hazard_counts(record: LoopRecord) -> dict[str, Any]:
             "released_blocks": len(blocks)}
 
 
-def edge_table(model: Any, ids: Any, n_steps: int, name: str, edges: tuple[str, ...], loop: str = "report") -> Any:
-    """Which edge closes which hazard on the installed release (one record per edge)."""
+def _check_recorded(recorded: LoopRecord, n_steps: int, name: str, loop: str) -> LoopRecord:
+    """`recorded` as edge "none" of this table: the same loop, model name and number of forward calls, no edge."""
+    have = (recorded.loop, recorded.model, recorded.edge, len(recorded.run.logits))
+    if have != (loop, name, "none", n_steps):
+        raise ValueError(f"recorded is (loop, model, edge, calls) {have}, not {(loop, name, 'none', n_steps)}")
+    return recorded
+
+
+def edge_table(model: Any, ids: Any, n_steps: int, name: str, edges: tuple[str, ...], loop: str = "report",
+               recorded: LoopRecord | None = None) -> Any:
+    """Which edge closes which hazard on the installed release (one record per edge); `recorded`: this loop's
+    record without an edge on the same model, ids and steps (ordering.loops_by_models made it), used for "none"."""
     import pandas as pd
 
+    given = {"none": _check_recorded(recorded, n_steps, name, loop)} if recorded is not None else {}
     rows = []
     for edge in edges:
-        counts = hazard_counts(record_loop(model, ids, n_steps, loop, name, edge))
+        counts = hazard_counts(given[edge] if edge in given else record_loop(model, ids, n_steps, loop, name, edge))
         counts["closes_host_buffer"] = counts["host_buffer_unordered"] == 0
         counts["closes_reuse"] = counts["released_with_pending_read"] == 0
         rows.append(counts)

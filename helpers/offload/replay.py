@@ -119,11 +119,30 @@ class Replay:
         return pd.concat(frames, ignore_index=True)
 
 
+def _recorded_run(recorded: tuple[GreedyRun, StreamLog], n_steps: int, loop: str) -> ReplayRun:
+    """An offloading run already recorded with no lag and no edge, as this replay's lag-0 run of `loop`."""
+    run, log = recorded
+    if (run.loop, len(run.logits)) != (loop, n_steps):
+        raise ValueError(f"recorded run is (loop, calls) {(run.loop, len(run.logits))}, not {(loop, n_steps)}")
+    return ReplayRun(0, False, run, log, loop)
+
+
 def race_replay(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, lags: list[int], dtype: torch.dtype,
-                fix_lag: int | None = None, loops: tuple[str, ...] = ("cpu",)) -> Replay:
-    """The report's experiment against offloading=False at each lag and loop, plus the 5.20.0 edge at `fix_lag`."""
-    replay = Replay(greedy_run(model, ids, n_steps), greedy_run(model, ids, n_steps), dtype)
-    replay.runs = [replay_run(model, ids, n_steps, lag, loop=loop) for loop in loops for lag in lags]
+                fix_lag: int | None = None, loops: tuple[str, ...] = ("cpu",),
+                floor: tuple[GreedyRun, GreedyRun] | None = None,
+                recorded: dict[str, tuple[GreedyRun, StreamLog]] | None = None) -> Replay:
+    """The report's experiment against offloading=False at each lag and loop, plus the 5.20.0 edge at `fix_lag`.
+
+    Runs already made on the same model, ids and steps are taken instead of repeated: `floor`, the
+    offloading=False pair (another replay's reference and again); `recorded[loop]`, that loop's (run, log)
+    under the stand-ins with no lag and no edge (ordering.record_loop, schedule.record_schedule) for lag 0.
+    """
+    if floor is not None and {len(r.logits) for r in floor} != {n_steps}:
+        raise ValueError(f"floor runs have {[len(r.logits) for r in floor]} calls, not {n_steps}")
+    replay = Replay(*(floor or (greedy_run(model, ids, n_steps), greedy_run(model, ids, n_steps))), dtype)
+    recorded = recorded or {}
+    replay.runs = [_recorded_run(recorded[loop], n_steps, loop) if lag == 0 and loop in recorded
+                   else replay_run(model, ids, n_steps, lag, loop=loop) for loop in loops for lag in lags]
     if fix_lag is not None:
         replay.runs += [replay_run(model, ids, n_steps, fix_lag, fix=True, loop=loop) for loop in loops]
     return replay
