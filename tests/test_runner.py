@@ -150,6 +150,9 @@ def test_interrupted_run_all_stops_fast_and_says_so(tmp_path):
         time.sleep(0.1)  # the first notebook's kernel has started once its results file exists
     assert proc.poll() is None, proc.communicate()
     workers = procs.descendants(proc.pid)
+    tree = procs._children()
+    servers = [p for p in tree.get(proc.pid, []) if b"_workers" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(servers) == 1 and tree.get(servers[0]), "the notebook's worker was not forked by the workers' server"
     os.killpg(proc.pid, signal.SIGINT)
     start = time.monotonic()
     stdout, stderr = proc.communicate(timeout=30)
@@ -201,6 +204,20 @@ def test_failing_single_run_after_a_full_run_shows_no_stale_claims(tmp_path):
     summary = (out / "SUMMARY.md").read_text()
     assert run["run_id"] in summary and "✅ reproduced" not in summary.split("## Claim details")[0]
     _no_machine_paths(out)
+
+
+@pytest.mark.e2e
+def test_run_all_without_warm_processes_starts_plain_workers_and_kernels(tmp_path):
+    """KVKIT_WARM_KERNELS=0: no fork server; each worker is a fresh Python and its kernel a plain ipykernel."""
+    out = tmp_path / "out"
+    env = {**os.environ, "KVKIT_OUTPUT_DIR": str(out), "KVKIT_WARM_KERNELS": "0"}
+    done = subprocess.run([sys.executable, "-m", "helpers.pipeline.run", "run-all", "--notebooks", "01", "--no-report"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _json(out / "run.json")["notebooks"][NB01]["status"] == "ok"
+    timings = _json(out / "timings.json")
+    assert timings["run"]["warm_imports_s"] is None  # no warm process was started
+    assert timings["notebooks"][0]["phases"]["imports_s"] > 0.5  # the kernel imported torch itself
 
 
 def test_timings_are_handed_to_finish_timings_after_they_are_written(tmp_path, monkeypatch):

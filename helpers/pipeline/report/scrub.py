@@ -41,6 +41,8 @@ def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
 def scrub(text: str, out: Path | None = None) -> str:
     """`text` with this machine's absolute paths replaced by placeholders ({kit}/outputs/..., ~/..., {tmp}/...)."""
     for path, label in machine_paths(out):
+        if path not in text:  # the search below scans the whole text (an HTML page is megabytes)
+            continue
         text = re.sub(r"(?<![\w./-])" + re.escape(path) + r"(?![\w.-])", lambda _m, lb=label: lb, text)
     return text
 

@@ -18,13 +18,14 @@ from .execute import RunResult, failure_line, notebooks
 from ..paths import output_dir, repo_root
 from .procs import Stop, _alive, descendants, stop_processes
 from .schedule import HtmlRenderer, child_env, expected_seconds, floor_seconds, longest_first
+from .forks import Forked
 from .warm import warm_enabled
 
 
 @dataclass
 class _Job:
     path: Path
-    proc: subprocess.Popen
+    proc: subprocess.Popen | Forked
     began: float
     result_file: Path
     log_file: Path
@@ -56,27 +57,41 @@ class Run:
         self.results: dict[str, RunResult] = {}
         self.tmp = Path(tempfile.mkdtemp(prefix="kvkit-run-"))
         self.zygote: subprocess.Popen | None = None
+        self.workers: subprocess.Popen | None = None  # the fork server of the notebooks' workers (workers.py)
+        self.workers_sock: str | None = None
         self.warm_s: float | None = None  # until the warm process had imported everything
 
+    def _serve(self, what: str, path: Path) -> subprocess.Popen:
+        """Start fork server `what` (`_zygote` or `_workers`) on socket `path`."""
+        return subprocess.Popen([sys.executable, "-m", "helpers.pipeline.run", what, str(path)],
+                                cwd=str(repo_root()), env=child_env(KVKIT_OUTPUT_DIR=str(self.out)),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+
+    @staticmethod
+    def _listening(proc: subprocess.Popen, path: Path, seconds: float) -> bool:
+        """Wait up to `seconds` for `proc` to listen on `path`."""
+        deadline = time.monotonic() + seconds
+        while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return path.exists()
+
     def _start_zygote(self) -> dict[str, str]:
-        """The warm process the notebooks' kernels are forked from (see WARM_MODULES); {} when off."""
+        """The warm process the notebooks' kernels are forked from (see WARM_MODULES), and the one their
+        workers are forked from (workers.py); {} when off."""
         if not warm_enabled():
             return {}
-        path = self.tmp / "warm.sock"
-        self.zygote = subprocess.Popen([sys.executable, "-m", "helpers.pipeline.run", "_zygote", str(path)],
-                                       cwd=str(repo_root()), env=child_env(KVKIT_OUTPUT_DIR=str(self.out)),
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                       start_new_session=True)
-        deadline = time.monotonic() + 5
-        while not path.exists() and self.zygote.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return {"KVKIT_ZYGOTE": str(path)} if path.exists() else {}
+        path, workers = self.tmp / "warm.sock", self.tmp / "workers.sock"
+        self.zygote, self.workers = self._serve("_zygote", path), self._serve("_workers", workers)
+        if self._listening(self.workers, Path(f"{workers}.ready"), 10):
+            self.workers_sock = str(workers)
+        return {"KVKIT_ZYGOTE": str(path)} if self._listening(self.zygote, path, 5) else {}
 
     def _stop_zygote(self) -> None:
-        if self.zygote is not None:
-            pids = [self.zygote.pid, *descendants(self.zygote.pid)]
-            stop_processes(pids, grace=1.0)
-            self.zygote.wait()
+        for proc in (self.zygote, self.workers):
+            if proc is not None:
+                stop_processes([proc.pid, *descendants(proc.pid)], grace=1.0)
+                proc.wait()
 
     def _start(self, path: Path) -> _Job:
         result_file, log_file = self.tmp / f"{path.stem}.json", self.tmp / f"{path.stem}.log"
@@ -85,9 +100,20 @@ class Run:
         cmd = [sys.executable, "-m", "helpers.pipeline.run", "_exec", str(path), "--out-json", str(result_file),
                "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began), "--no-html"]
         with open(log_file, "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=str(repo_root()), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = self._fork(cmd, env, log.fileno()) if self.workers_sock else None
+            if proc is None:
+                proc = subprocess.Popen(cmd, cwd=str(repo_root()), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
         return _Job(path, proc, time.perf_counter(), result_file, log_file)
+
+    def _fork(self, cmd: list[str], env: dict[str, str], log: int) -> Forked | None:
+        """`cmd`'s worker forked by the workers' server (stdout and stderr to `log`); None if it cannot."""
+        try:
+            with open(os.devnull, "rb") as null:
+                return Forked(self.workers_sock, {"argv": cmd[4:], "cwd": str(repo_root()), "env": env},
+                              [null.fileno(), log, log])
+        except (OSError, ValueError):
+            return None
 
     def _finish(self, job: _Job) -> RunResult:
         seconds = round(time.perf_counter() - job.began, 2)

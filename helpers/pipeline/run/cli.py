@@ -5,7 +5,8 @@ transformers releases: outputs/matrix/<release>/ and outputs/matrix.md).
 Every run-all / run / matrix is one recorded run (outputs/run.json, see record.py). A run-all first
 removes the outputs of earlier runs; a run removes its notebook's. Parameters (`-p NAME VALUE`) are
 checked against each notebook's `parameters` cell before any kernel starts (params.py). Each notebook
-runs in a child process of its own (`_exec`, its own process group), so Ctrl-C or SIGTERM stops the
+runs in a worker process of its own (`_exec`, its own session; forked from a process that has imported
+papermill, see workers.py, else started fresh), so Ctrl-C or SIGTERM stops the
 run within seconds: no further notebook starts, kernels are shut down, unfinished notebooks are
 recorded as interrupted, and the summary says so. `--notebooks 01 02` (or NOTEBOOKS="01 02")
 restricts a run-all. Kernels are forked from one warm process that imported torch, transformers and
@@ -28,6 +29,7 @@ from ..paths import output_dir
 from .procs import Stop
 from .batch import Run
 from .warm import _kernel_main, _zygote_main
+from .workers import _workers_main
 
 
 def _recorded(command: str, paths: list[Path], pairs: list[list[str]] | None, jobs: int | None,
@@ -106,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         return _zygote_main(argv[1:])
     if argv[:1] == ["_kernel"]:
         return _kernel_main(argv[1:])
+    if argv[:1] == ["_workers"]:
+        return _workers_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kvkit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

@@ -2,11 +2,9 @@
 forked from it (see the comment below). KVKIT_WARM_KERNELS=0 starts plain ipykernels instead."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
 from .procs import _kill
@@ -18,7 +16,7 @@ from .procs import _kill
 # code. The forked kernel is the usual ipykernel, in a session of its own. Without the warm process
 # (KVKIT_WARM_KERNELS=0, another platform, or a failure) the stub runs ipykernel itself.
 
-WARM_MODULES = ("IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "matplotlib", "matplotlib.figure",
+WARM_MODULES = ("IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger", "matplotlib", "matplotlib.figure",
                 "matplotlib.axes", "pandas", "torch", "transformers", "transformers.modeling_utils",
                 "transformers.processing_utils", "transformers.image_processing_utils", "transformers.generation",
                 "transformers.models.qwen3_vl.modeling_qwen3_vl", "transformers.models.qwen3_5.modeling_qwen3_5",
@@ -60,94 +58,26 @@ def _warm_imports() -> None:
                 pass
 
 
-def _serve_kernel(conn: Any, request: dict[str, Any], fds: list[int]) -> None:
-    """In the forked child: become an ipykernel with the stub's stdio, cwd and environment."""
-    os.setsid()
-    for target, fd in zip((0, 1, 2), fds):
-        os.dup2(fd, target)
-    for fd in fds:
-        os.close(fd)
-    conn.close()
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+def _kernel_child(request: dict[str, Any]) -> int:
+    """In the forked child: become an ipykernel on the stub's connection file; its exit code."""
     sys.argv = ["ipykernel_launcher", "-f", request["connection_file"]]
-    code = 0
-    try:
-        from ipykernel import kernelapp
+    from ipykernel import kernelapp
 
-        kernelapp.launch_new_instance()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 0
-    except BaseException:  # noqa: BLE001
-        code = 1
-    finally:
-        sys.stdout.flush() if hasattr(sys.stdout, "flush") else None
-    os._exit(code)
+    kernelapp.launch_new_instance()
+    return 0
 
 
 def _zygote_main(argv: list[str]) -> int:
     """`_zygote SOCKET`: import once, then fork one kernel per stub request until SIGTERM."""
-    import select
+    from .forks import serve
 
-    socket = socket_mod()
-    path = argv[0]
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    server.listen(16)
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _warm_imports()
-    Path(path + ".ready").touch()
-    kernels: dict[int, Any] = {}  # pid -> the stub's connection
-    parent = os.getppid()
-    while True:
-        if os.getppid() != parent:  # the runner is gone (killed hard): so are its kernels
-            _kill(list(kernels), signal.SIGKILL)
-            os._exit(0)
-        readable, _, _ = select.select([server, *kernels.values()], [], [], 0.1)
-        for sock in readable:
-            if sock is server:
-                conn, _ = server.accept()
-                msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-                pid = os.fork()
-                if pid == 0:
-                    server.close()
-                    for other in kernels.values():
-                        other.close()
-                    _serve_kernel(conn, json.loads(msg.decode()), fds)
-                for fd in fds:
-                    os.close(fd)
-                conn.sendall(f"{pid}\n".encode())
-                kernels[pid] = conn
-            else:  # the stub went away: its kernel goes too
-                if not sock.recv(64):
-                    for pid, conn in list(kernels.items()):
-                        if conn is sock:
-                            _kill([pid], signal.SIGKILL)
-        while kernels:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            conn = kernels.pop(pid, None)
-            if conn is not None:
-                try:
-                    conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
-                except OSError:
-                    pass
-                conn.close()
+    serve(argv[0], _kernel_child, signal.SIGKILL, ready=_warm_imports)
 
 
 def _kernel_main(argv: list[str]) -> int:
     """`_kernel -f CONN`: a kernel forked by the warm process (else a plain ipykernel), signals relayed."""
     conn_file = argv[argv.index("-f") + 1]
     path = os.environ.get("KVKIT_ZYGOTE")
-    socket = socket_mod()
     kernel: list[int] = []
 
     def relay(signum: int, _frame: Any) -> None:
@@ -157,28 +87,37 @@ def _kernel_main(argv: list[str]) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
         signal.signal(sig, relay)
-    reader = None
+    forked = None
     if path and os.path.exists(path):
+        from .forks import Forked
+
         try:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(path)
             request = {"connection_file": os.path.abspath(conn_file), "cwd": os.getcwd(), "env": dict(os.environ)}
-            socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2])
-            reader = sock.makefile("r")
-            kernel.append(int(reader.readline()))
+            forked = Forked(path, request, [0, 1, 2])
+            kernel.append(forked.pid)
         except (OSError, ValueError):
-            reader = None
-    if reader is None:
+            forked = None
+    if forked is None:
         os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", conn_file])
-    line = reader.readline()
-    return int(line.split()[1]) if line.startswith("exit ") else 1
+    return forked.wait()
 
 
 def _kernel_manager_class() -> Any:
-    """A jupyter KernelManager whose kernel command is the stub above."""
+    """A jupyter KernelManager whose kernel command is the stub above and whose client is ready.ReadyClient."""
     from jupyter_client.manager import AsyncKernelManager
 
+    from .ready import ReadyClient
+
     class WarmKernelManager(AsyncKernelManager):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.client_factory = ReadyClient
+
+        async def _async_finish_shutdown(self, waittime: float | None = None, pollinterval: float = 0.1,
+                                         restart: bool = False) -> None:
+            """jupyter_client's, looking for the kernel's exit every 10 ms rather than every 100 ms."""
+            await super()._async_finish_shutdown(waittime, min(pollinterval, 0.01), restart)
+
         def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
             return [sys.executable, "-m", "helpers.pipeline.run", "_kernel", "-f", self.connection_file]
 
