@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from queue import Empty
-from typing import Any
+from typing import Any, Callable
 
 from jupyter_client.asynchronous import AsyncKernelClient
 
@@ -21,27 +21,16 @@ def _is_idle_of(msg: dict[str, Any], msg_id: str) -> bool:
 class ReadyClient(AsyncKernelClient):
     """AsyncKernelClient whose ready check ends at its kernel_info request's idle status on IOPub."""
 
-    async def _idle_seen(self, msg_id: str) -> bool:
-        """Read IOPub until request `msg_id`'s idle status (True) or IOPUB_WAIT_S pass (False)."""
+    @staticmethod
+    async def _first(channel: Any, match: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+        """The first message on `channel` that `match`es within IOPUB_WAIT_S (others are passed over); else None."""
         deadline = time.monotonic() + IOPUB_WAIT_S
         while (left := deadline - time.monotonic()) > 0:
             try:
-                msg = await self.iopub_channel.get_msg(timeout=left)
-            except Empty:
-                return False
-            if _is_idle_of(msg, msg_id):
-                return True
-        return False
-
-    async def _reply_to(self, msg_id: str) -> dict[str, Any] | None:
-        """The shell reply to `msg_id` (replies to earlier, unanswered requests are passed over)."""
-        deadline = time.monotonic() + IOPUB_WAIT_S
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                msg = await self.shell_channel.get_msg(timeout=left)
+                msg = await channel.get_msg(timeout=left)
             except Empty:
                 return None
-            if (msg.get("parent_header") or {}).get("msg_id") == msg_id:
+            if match(msg):
                 return msg
         return None
 
@@ -51,8 +40,9 @@ class ReadyClient(AsyncKernelClient):
         deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
         while True:
             msg_id = self.kernel_info()
-            if await self._idle_seen(msg_id):
-                reply = await self._reply_to(msg_id)
+            if await self._first(self.iopub_channel, lambda msg: _is_idle_of(msg, msg_id)) is not None:
+                reply = await self._first(self.shell_channel,
+                                          lambda msg: (msg.get("parent_header") or {}).get("msg_id") == msg_id)
                 if reply is not None and reply["msg_type"] == "kernel_info_reply":
                     self._handle_kernel_info_reply(reply)
                     return
