@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
@@ -29,6 +30,16 @@ class _Job:
     began: float
     result_file: Path
     log_file: Path
+
+
+def _wait_any(running: list[_Job], seconds: float) -> None:
+    """Sleep up to `seconds`, waking as soon as a forked worker's server says it has exited."""
+    socks = [job.proc.sock for job in running if isinstance(job.proc, Forked) and job.proc.returncode is None
+             and not job.proc.lost]
+    if socks:
+        select.select(socks, [], [], seconds)
+    else:
+        time.sleep(seconds)
 
 
 def _label() -> str:
@@ -169,7 +180,7 @@ class Run:
                     bar.update(1)
                 if ready is not None and self.warm_s is None and ready.exists():
                     self.warm_s = round(time.perf_counter() - started, 2)
-                time.sleep(0.05)
+                _wait_any(running, 0.05)
             if stop.signum is not None:
                 self._interrupt(running)
             self._stop_zygote()
