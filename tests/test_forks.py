@@ -52,7 +52,11 @@ def _server(tmp_path: Path, via_shell: bool = False) -> tuple[subprocess.Popen, 
     return proc, path
 
 
-def _stop(proc: subprocess.Popen) -> None:
+@pytest.fixture()
+def server(tmp_path):
+    """A fork server of the child above: (its process, its socket path); stopped after the test."""
+    proc, path = _server(tmp_path)
+    yield proc, path
     procs.stop_processes([proc.pid, *procs.descendants(proc.pid)], grace=1.0)
     proc.wait()
 
@@ -72,72 +76,57 @@ def _gone_within(pid: int, seconds: float) -> bool:
     return not procs._alive(pid)
 
 
-def test_child_gets_the_clients_stdio_cwd_and_environment_and_its_exit_code_returns(tmp_path):
-    proc, path = _server(tmp_path)
-    try:
-        forked, out = _request(path, tmp_path, code=7)
-        assert forked.wait(timeout=20) == 7 and forked.poll() == 7
-        seen = json.loads(out.read_text())
-        assert seen == {"cwd": str(tmp_path), "env": "yes", "sid": True, "big": 0}
-        again, out = _request(path, tmp_path, code=0, big=3_000_000)  # more than one, and one in many pieces
-        assert again.wait(timeout=20) == 0 and again.pid != forked.pid
-        assert json.loads(out.read_text())["big"] == 3_000_000
-    finally:
-        _stop(proc)
+def test_child_gets_the_clients_stdio_cwd_and_environment_and_its_exit_code_returns(server, tmp_path):
+    proc, path = server
+    forked, out = _request(path, tmp_path, code=7)
+    assert forked.wait(timeout=20) == 7 and forked.poll() == 7
+    seen = json.loads(out.read_text())
+    assert seen == {"cwd": str(tmp_path), "env": "yes", "sid": True, "big": 0}
+    again, out = _request(path, tmp_path, code=0, big=3_000_000)  # more than one, and one in many pieces
+    assert again.wait(timeout=20) == 0 and again.pid != forked.pid
+    assert json.loads(out.read_text())["big"] == 3_000_000
 
 
-def test_poll_does_not_block_and_wait_times_out_while_the_child_runs(tmp_path):
-    proc, path = _server(tmp_path)
-    try:
-        forked, _ = _request(path, tmp_path, sleep=30)
-        start = time.monotonic()
-        assert forked.poll() is None and time.monotonic() - start < 0.5
-        with pytest.raises(TimeoutError):
-            forked.wait(timeout=0.2)
-        os.kill(forked.pid, signal.SIGTERM)
-        assert forked.wait(timeout=10) == -signal.SIGTERM
-    finally:
-        _stop(proc)
+def test_poll_does_not_block_and_wait_times_out_while_the_child_runs(server, tmp_path):
+    proc, path = server
+    forked, _ = _request(path, tmp_path, sleep=30)
+    start = time.monotonic()
+    assert forked.poll() is None and time.monotonic() - start < 0.5
+    with pytest.raises(TimeoutError):
+        forked.wait(timeout=0.2)
+    os.kill(forked.pid, signal.SIGTERM)
+    assert forked.wait(timeout=10) == -signal.SIGTERM
 
 
-def test_a_client_that_goes_away_takes_its_child_with_it(tmp_path):
-    proc, path = _server(tmp_path)
-    try:
-        forked, _ = _request(path, tmp_path, sleep=30)
-        forked.close()
-        assert _gone_within(forked.pid, 5), "the child outlived its client"
-        assert proc.poll() is None, "the server stopped with it"
-    finally:
-        _stop(proc)
+def test_a_client_that_goes_away_takes_its_child_with_it(server, tmp_path):
+    proc, path = server
+    forked, _ = _request(path, tmp_path, sleep=30)
+    forked.close()
+    assert _gone_within(forked.pid, 5), "the child outlived its client"
+    assert proc.poll() is None, "the server stopped with it"
 
 
-def test_a_bad_request_is_dropped_and_the_server_goes_on(tmp_path):
+def test_a_bad_request_is_dropped_and_the_server_goes_on(server, tmp_path):
     import socket
 
-    proc, path = _server(tmp_path)
-    try:
-        bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        bad.connect(path)
-        bad.sendall(b"not json")
-        assert bad.recv(64) == b""  # closed without a pid
-        forked, _ = _request(path, tmp_path, code=3)
-        assert forked.wait(timeout=20) == 3
-    finally:
-        _stop(proc)
+    proc, path = server
+    bad = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    bad.connect(path)
+    bad.sendall(b"not json")
+    assert bad.recv(64) == b""  # closed without a pid
+    forked, _ = _request(path, tmp_path, code=3)
+    assert forked.wait(timeout=20) == 3
 
 
-def test_a_lost_server_is_not_taken_for_the_childs_exit(tmp_path):
-    proc, path = _server(tmp_path)
-    try:
-        forked, _ = _request(path, tmp_path, sleep=30)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        time.sleep(0.2)
-        assert forked.poll() is None and procs._alive(forked.pid), "a child still running was reported as exited"
-        os.kill(forked.pid, signal.SIGKILL)
-        assert forked.wait(timeout=10) == 1  # its exit code went with the server
-    finally:
-        _stop(proc)
+def test_a_lost_server_is_not_taken_for_the_childs_exit(server, tmp_path):
+    proc, path = server
+    forked, _ = _request(path, tmp_path, sleep=30)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    time.sleep(0.2)
+    assert forked.poll() is None and procs._alive(forked.pid), "a child still running was reported as exited"
+    os.kill(forked.pid, signal.SIGKILL)
+    assert forked.wait(timeout=10) == 1  # its exit code went with the server
 
 
 def test_the_servers_parent_going_away_ends_the_children(tmp_path):

@@ -99,13 +99,20 @@ class _Server:
         # A signal that reaches the child between fork() and its new handlers would be dropped (CPython
         # clears pending signals after a fork): the server's hangup must not be lost, so it is held until then.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:  # no child: the client reads no pid (and starts its own process)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
         if pid == 0:
             self.server.close()
             for other in self.conns.values():
                 other.close()
             for fd in [*self.pidfds, *([self.parent_fd] if self.parent_fd is not None else [])]:
-                os.close(fd)
+                os.close(fd)  # the child's copies
             _run_child(self.child, conn, request, fds, mask)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in fds:
@@ -141,16 +148,16 @@ class _Server:
 
     def loop(self) -> NoReturn:
         parent = os.getppid()
-        parent_fd = self.parent_fd = _pidfd(parent)  # readable once the parent has exited (else: polled)
+        self.parent_fd = _pidfd(parent)  # readable once the parent has exited (else: polled)
+        parent_fds = [self.parent_fd] if self.parent_fd is not None else []
         hung: set[socket.socket] = set()  # clients gone whose child is still stopping
         while True:
             if os.getppid() != parent:  # the runner is gone (killed hard): so are the children
                 _kill(list(self.conns), self.hangup)
                 os._exit(0)
             watched = [self.server, *(c for c in self.conns.values() if c not in hung), *self.pidfds]
-            exact = parent_fd is not None and len(self.pidfds) == len(self.conns)
-            readable, _, _ = select.select(watched + ([parent_fd] if parent_fd is not None else []), [], [],
-                                           None if exact else 0.1)
+            exact = bool(parent_fds) and len(self.pidfds) == len(self.conns)
+            readable, _, _ = select.select(watched + parent_fds, [], [], None if exact else 0.1)
             for item in readable:
                 if item is self.server:
                     self._accept()
