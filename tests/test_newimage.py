@@ -1,0 +1,171 @@
+"""Notebook 09's helpers: the two-turn prompt, the call shapes, the repair, every decision fed a contradicting
+measurement, and the resume guard's new-vision-token check (the tiny Qwen3-VL, on the installed release)."""
+from __future__ import annotations
+
+import torch
+import pytest
+
+from helpers import compat
+from helpers.compare import NoiseFloor
+from helpers.newimage import decisions, guardcheck, repair, shapes, tables, turns
+
+FLOOR = NoiseFloor(measured=4e-7, resolution=6e-8, margin=4.0, dtype="float32", scale=1.0)
+SPAN = (9, 34)
+
+
+@pytest.fixture(scope="module")
+def chat(bundle):
+    return turns.build(bundle)
+
+
+@pytest.fixture(scope="module")
+def state(bundle, chat):
+    """(turn-1 cache, turn-1 rope_deltas, reference logits, repaired positions)."""
+    reference = turns.reference(bundle.model, chat)
+    cache = turns.turn1_cache(bundle.model, chat)
+    turn1 = compat.get_rope_state(bundle.model).clone()
+    return cache, turn1, reference, repair.full_positions(bundle.model, chat)
+
+
+def test_two_turns_have_the_issue_layout(chat):
+    assert chat.cached == 82 and chat.turn2_ids.shape[1] == 49 and chat.full_ids.shape[1] == 131
+    assert chat.image_b_span() == SPAN and chat.grid_b.tolist() == [[1, 10, 10]]
+    text_ids, text_prompt = chat.text_turn()
+    assert text_ids.shape[1] == 22 and text_prompt.length == 104 and not (text_ids == chat.image_token_id).any()
+
+
+def test_full_positions_place_image_b_on_its_grid(state):
+    _, turn1, _, positions = state
+    t, h, w = positions.as_lists()
+    assert turn1.flatten().tolist() == [-42] and positions.rope_deltas.flatten().tolist() == [-62]
+    assert t[SPAN[0]:SPAN[1]] == [49] * 25
+    assert h[SPAN[0]:SPAN[1]] == [49 + i // 5 for i in range(25)] and w[SPAN[0]:SPAN[1]] == [49 + i % 5 for i in range(25)]
+    assert positions.with_text_row()[0, 0].tolist() == list(range(82, 131))
+
+
+def test_natural_call_is_one_text_row_and_the_repair_matches(bundle, chat, state):
+    cache, turn1, reference, positions = state
+    shape = next(s for s in shapes.SHAPES if s.key == shapes.NATURAL)
+    out, call = shapes.run_shape(bundle.model, shape, chat, cache, turn1)
+    row = shapes.row(shape, out, call, reference, FLOOR)
+    assert row["outcome"] == "silently wrong" and row["position_rows"][0] == list(range(40, 89)) * 1
+    assert row["position_rows"][0] == row["position_rows"][1] == row["position_rows"][2]
+    assert decisions.decide_positions_explain(row, positions.as_lists(), SPAN, [-42], [-62]).holds
+    fixed = repair.rows(bundle.model, chat, cache, positions, turn1, reference, FLOOR)
+    assert fixed["forward"]["outcome"] == "matches" and fixed["generate"]["outcome"] == "matches"
+    assert fixed["next_stale"]["outcome"] == "silently wrong" and fixed["next_carried"]["outcome"] == "matches"
+    assert fixed["generate"]["position_rows"] == positions.as_lists()
+
+
+def test_tables_show_every_shape(bundle, chat, state):
+    cache, turn1, reference, _ = state
+    rows = shapes.run_all(bundle.model, chat, cache, turn1, {"image": reference, "text": reference}, FLOOR)
+    assert [r["key"] for r in rows] == [s.key for s in shapes.SHAPES]
+    assert list(tables.table(rows).columns) == list(tables.OUTCOME_COLUMNS[1:])
+    assert "image B t/h/w (first .. last)" in tables.first_calls(rows, SPAN).columns
+    assert compat.get_rope_state(bundle.model).flatten().tolist() == [-42]  # put back
+
+
+# --- decisions, each fed a contradicting measurement ---------------------------------------------------
+
+def _row(key="a_turn2_ids", outcome="silently wrong", diff=0.2, **extra):
+    return {"key": key, "shape": key, "outcome": outcome, "max_abs_diff": diff, "cosine": 0.95, "top1_equal": diff is not None and diff < 1e-6,
+            "top5_overlap": 4, **extra}
+
+
+def test_silently_wrong_needs_a_run_and_a_difference():
+    assert decisions.decide_silently_wrong(_row(), FLOOR).holds
+    assert not decisions.decide_silently_wrong(_row(diff=1e-7), FLOOR).holds
+    assert not decisions.decide_silently_wrong({"key": "a", "outcome": "raises ValueError", "max_abs_diff": None}, FLOOR).holds
+
+
+def test_positions_explain_needs_one_row_that_differs_and_a_stale_state():
+    one = [list(range(40, 89))] * 3
+    reference = [[49] * 49, [49] * 49, list(range(49, 98))]
+    good = _row(position_rows=one, rope_deltas_after_call=[-42])
+    assert decisions.decide_positions_explain(good, reference, SPAN, [-42], [-62]).holds
+    assert not decisions.decide_positions_explain(_row(position_rows=one, rope_deltas_after_call=[-62]), reference, SPAN, [-42], [-62]).holds
+    assert not decisions.decide_positions_explain(good, one, SPAN, [-42], [-62]).holds  # the same rows as the reference
+    three = [list(range(40, 89)), [0] * 49, list(range(40, 89))]
+    assert not decisions.decide_positions_explain(_row(position_rows=three, rope_deltas_after_call=[-42]), reference, SPAN, [-42], [-62]).holds
+    assert not decisions.decide_positions_explain(_row(position_rows=None, rope_deltas_after_call=[-42]), reference, SPAN, [-42], [-62]).holds
+
+
+def test_restores_and_control_need_a_match_and_the_same_top1():
+    assert decisions.decide_restores(_row(diff=3e-7), FLOOR, "x").holds
+    assert not decisions.decide_restores(_row(diff=0.3), FLOOR, "x").holds
+    assert not decisions.decide_restores({**_row(diff=3e-7), "top1_equal": False}, FLOOR, "x").holds
+    assert not decisions.decide_control({"key": "c", "max_abs_diff": None, "error": "boom"}, FLOOR).holds
+
+
+def test_carried_forward_needs_stale_off_and_carried_on():
+    assert decisions.decide_carried_forward(_row(diff=0.3), _row(diff=4e-7), FLOOR).holds
+    assert not decisions.decide_carried_forward(_row(diff=4e-7), _row(diff=4e-7), FLOOR).holds
+    assert not decisions.decide_carried_forward(_row(diff=0.3), _row(diff=0.3), FLOOR).holds
+
+
+def test_both_images_raise_needs_every_b_call_to_raise_with_fewer_tokens():
+    ids = [5] * 9 + [7] * 25
+    raised = [_row("b_x", "raises ValueError", None, input_ids=ids), _row("b_y", "raises ValueError", None, input_ids=ids)]
+    assert decisions.decide_both_images_raise(raised, 7, 74).holds
+    assert not decisions.decide_both_images_raise(raised[:1] + [_row("b_y", "silently wrong", 0.2, input_ids=ids)], 7, 74).holds
+    assert not decisions.decide_both_images_raise(raised, 7, 25).holds  # as many features as tokens: not the mechanism
+    assert not decisions.decide_both_images_raise([_row("b_x", "raises StopIteration", None)], 7, 74).holds  # no first call
+    assert not decisions.decide_both_images_raise([], 7, 74).holds
+
+
+def test_guard_separates_counts_misses_and_false_alarms():
+    rows = [_row("a"), _row("ok", "matches", 1e-7)]
+    assert decisions.decide_guard_separates(rows, {"a": "refused", "ok": None}).holds
+    assert not decisions.decide_guard_separates(rows, {"a": None, "ok": None}).holds
+    assert not decisions.decide_guard_separates(rows, {"a": "refused", "ok": "refused"}).holds
+
+
+# --- the guard's check -------------------------------------------------------------------------------
+
+def test_check_refuses_the_natural_call_and_names_a_route(bundle, chat, state):
+    cache = state[0]
+    ids, kwargs = shapes.call_kwargs(bundle.model, next(s for s in shapes.SHAPES if s.key == shapes.NATURAL), chat)
+    message = guardcheck.check_new_vision_tokens(bundle.model, ids, cache=cache, **kwargs)
+    assert message and "25 new image/video tokens" in message and "get_rope_index" in message
+    assert compat.TRANSFORMERS_VERSION in message
+
+
+def test_check_passes_text_turns_explicit_positions_and_empty_caches(bundle, chat, state):
+    cache, _, _, positions = state
+    text_ids = chat.text_turn()[0]
+    full = torch.ones(1, 82 + text_ids.shape[1], dtype=torch.long)
+    assert guardcheck.check_new_vision_tokens(bundle.model, text_ids, full, cache=cache) is None
+    assert guardcheck.check_new_vision_tokens(bundle.model, chat.turn2_ids, chat.full_mask, past_key_values=cache,
+                                              position_ids=positions.with_text_row()) is None
+    assert guardcheck.check_new_vision_tokens(bundle.model, chat.turn2_ids, chat.full_mask, cache=None) is None
+    empty = compat.dynamic_cache()
+    assert guardcheck.check_new_vision_tokens(bundle.model, chat.full_ids, chat.full_mask, cache=empty) is None
+
+
+def test_check_reads_full_ids_after_the_cache(bundle, chat, state):
+    cache = state[0]
+    assert guardcheck.check_new_vision_tokens(bundle.model, chat.full_ids, chat.full_mask, cache=cache)  # image B after it
+    only_a = chat.full_ids[:, :82 + 8]  # full ids whose uncached part is text
+    assert guardcheck.check_new_vision_tokens(bundle.model, only_a, torch.ones_like(only_a), cache=cache) is None
+
+
+def test_check_trusts_the_release_branch_only_where_it_exists(bundle, chat, state, monkeypatch):
+    cache = state[0]
+    types = chat.types(chat.full_ids)
+    monkeypatch.setattr(guardcheck, "recomputes_new_vision_positions", lambda model: False)
+    assert guardcheck.check_new_vision_tokens(bundle.model, chat.full_ids, chat.full_mask, cache=cache, mm_token_type_ids=types)
+    monkeypatch.setattr(guardcheck, "recomputes_new_vision_positions", lambda model: True)
+    assert guardcheck.check_new_vision_tokens(bundle.model, chat.full_ids, chat.full_mask, cache=cache, mm_token_type_ids=types) is None
+    short = chat.types(chat.turn2_ids)  # turn 2's own types: the release's branch never sees the new tokens
+    assert guardcheck.check_new_vision_tokens(bundle.model, chat.turn2_ids, chat.full_mask, cache=cache, mm_token_type_ids=short)
+    monkeypatch.setattr(guardcheck, "takes_encoded_images", lambda model: True)
+    assert "mm_encoder_outputs" in guardcheck.working_route(bundle.model)
+
+
+def test_release_probes_read_the_installed_source(bundle):
+    from packaging.version import Version
+
+    recomputes = guardcheck.recomputes_new_vision_positions(bundle.model)
+    assert recomputes == (Version(compat.TRANSFORMERS_VERSION) >= Version("5.23.0"))
+    assert guardcheck.check_new_vision_tokens(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long)) is None
