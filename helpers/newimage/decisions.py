@@ -49,7 +49,7 @@ def decide_positions_explain(natural: dict[str, Any], reference_rows: list[list[
     return Decision(holds, why, {"resumed_rows_image_b": got, "reference_rows_image_b": want, "one_text_row": one_row,
                                  "rows_differ": differs, "rope_deltas_after_call": after, "turn1_rope_deltas": turn1_state,
                                  "reference_rope_deltas": reference_state, "rows_received": natural.get("position_rows_received")},
-                    {"image_b_first_token_thw": first(got), "reference_first_token_thw": first(want),
+                    {"image_b_last_token_thw": last(got), "reference_last_token_thw": last(want),
                      "rope_deltas_after": after, "reference_rope_deltas": reference_state}, {})
 
 
