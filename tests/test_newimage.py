@@ -169,3 +169,24 @@ def test_release_probes_read_the_installed_source(bundle):
     recomputes = guardcheck.recomputes_new_vision_positions(bundle.model)
     assert recomputes == (Version(compat.TRANSFORMERS_VERSION) >= Version("5.23.0"))
     assert guardcheck.check_new_vision_tokens(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long)) is None
+
+
+def test_a_real_checkpoint_folder_goes_through_its_chat_template(tmp_path):
+    """The real path (chat template, the checkpoint's image processor) on a local folder shaped like the hub's."""
+    import fakeckpt  # tests/ is on sys.path
+
+    from helpers import models
+
+    real = models.load(str(fakeckpt.build_folder(tmp_path / "qwen3-vl", "legacy")))
+    chat = turns.build(real)
+    start, end = chat.image_b_span()
+    assert chat.turn1.is_multimodal and end - start == int(chat.grid_b.prod()) // 4
+    reference = turns.reference(real.model, chat)
+    cache = turns.turn1_cache(real.model, chat)
+    turn1 = compat.get_rope_state(real.model).clone()
+    positions = repair.full_positions(real.model, chat)
+    floor = turns.noise_floor(real.model, chat, reference, real.dtype)
+    natural = next(s for s in shapes.SHAPES if s.key == shapes.NATURAL)
+    out, call = shapes.run_shape(real.model, natural, chat, cache, turn1)
+    assert shapes.row(natural, out, call, reference, floor)["outcome"] == "silently wrong"
+    assert repair.rows(real.model, chat, cache, positions, turn1, reference, floor)["generate"]["outcome"] == "matches"
