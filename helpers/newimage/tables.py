@@ -10,12 +10,22 @@ import torch
 from .shapes import SHAPES, call_kwargs, unsupported
 from .turns import TwoTurns
 
+SHORT = {"a_turn2_ids": "(a)", "a_turn2_ids_full_types": "(a) + types", "b_full_ids_both_images": "(b)",
+         "b_full_ids_both_images_full_types": "(b) + types", "c_full_ids_image_b": "(c)",
+         "c_full_ids_image_b_full_types": "(c) + types", "d_full_ids_b_encoded_full_types": "(d)",
+         "control_text_turn": "text turn", "repair_forward": "repair: forward", "repair_generate": "repair: generate",
+         "next_stale": "next, stale state", "next_carried": "next, carried"}
 OUTCOME_COLUMNS = ("shape", "outcome", "max_abs_diff", "cosine", "top1_equal", "top5_overlap", "error")
 
 
 def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Outcome and distance to the reference, one row per call."""
     return pd.DataFrame([{k: r.get(k) for k in OUTCOME_COLUMNS} for r in rows]).set_index("shape")
+
+
+def short(row: dict[str, Any]) -> str:
+    """A row's bar label."""
+    return SHORT.get(row["key"], row["shape"])
 
 
 def _image_b(rows: list[list[int]] | None, span: tuple[int, int]) -> str | None:
