@@ -190,3 +190,21 @@ def test_a_real_checkpoint_folder_goes_through_its_chat_template(tmp_path):
     out, call = shapes.run_shape(real.model, natural, chat, cache, turn1)
     assert shapes.row(natural, out, call, reference, floor)["outcome"] == "silently wrong"
     assert repair.rows(real.model, chat, cache, positions, turn1, reference, floor)["generate"]["outcome"] == "matches"
+
+
+def test_the_plain_transformers_repro_shows_the_finding_and_the_repair(capsys):
+    """examples/repro/qwen3_vl_new_image_turn.py (torch and transformers only) prints the distance and positions."""
+    import re
+    import runpy
+
+    from helpers.pipeline.paths import repo_root
+
+    script = repo_root() / "examples" / "repro" / "qwen3_vl_new_image_turn.py"
+    assert set(re.findall(r"^(?:import|from) (\w+)", script.read_text(), flags=re.M)) <= {"copy", "inspect", "torch", "transformers"}
+    runpy.run_path(str(script), run_name="__main__")
+    out = capsys.readouterr().out
+    natural = float(re.search(r"natural call: max \|logit diff\| vs one forward ([\d.e+-]+)", out).group(1))
+    repaired = float(re.search(r"repair \(explicit positions\): max \|logit diff\| ([\d.e+-]+)", out).group(1))
+    floor = float(re.search(r"eager vs sdpa ([\d.e+-]+)", out).group(1))
+    assert natural > 1000 * floor and repaired <= 4 * max(floor, 1e-7)
+    assert "reached the model at t/h/w [49, 49, 49] .. [73, 73, 73]; reference [49, 49, 49] .. [49, 53, 53]" in out

@@ -65,10 +65,18 @@ def step(ids, cache, **kwargs):
     return out.logits[0][0]
 
 
-with torch.no_grad():
+def one_forward():
+    """Last logits of one forward over both turns with both images (the reference)."""
     owner.rope_deltas = None
-    reference = model(input_ids=full, attention_mask=torch.ones_like(full), pixel_values=torch.cat([pixels_a, pixels_b]),
-                      image_grid_thw=torch.cat([grid_a, grid_b]), **types(full)).logits[0, -1]
+    return model(input_ids=full, attention_mask=torch.ones_like(full), pixel_values=torch.cat([pixels_a, pixels_b]),
+                 image_grid_thw=torch.cat([grid_a, grid_b]), **types(full)).logits[0, -1]
+
+
+with torch.no_grad():
+    model.set_attn_implementation("eager")
+    eager = one_forward()  # the same computation by another kernel: this dtype's rounding noise
+    model.set_attn_implementation("sdpa")
+    reference = one_forward()
     owner.rope_deltas = None
     out = model(input_ids=turn1, attention_mask=torch.ones_like(turn1), pixel_values=pixels_a, image_grid_thw=grid_a,
                 use_cache=True, **types(turn1))
@@ -94,7 +102,7 @@ with torch.no_grad():
 
 b0, b1 = 9, 33  # image B's first and last token inside turn 2
 print(f"transformers {transformers.__version__}, torch {torch.__version__}")
-print(f"noise scale: max |reference logit| {reference.abs().max():.3g}")
+print(f"noise floor: max |logit diff| of the same forward, eager vs sdpa {(eager - reference).abs().max():.3g}")
 print(f"natural call: max |logit diff| vs one forward {(natural - reference).abs().max():.4g}, cosine "
       f"{torch.nn.functional.cosine_similarity(natural, reference, dim=0):.4f}")
 print(f"  image B's tokens reached the model at t/h/w {[r[b0] for r in rows]} .. {[r[b1] for r in rows]}; "
