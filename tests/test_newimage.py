@@ -1,5 +1,5 @@
-"""Notebook 09's helpers: the two-turn prompt, the call shapes, the repair, every decision fed a contradicting
-measurement, and the resume guard's new-vision-token check (the tiny Qwen3-VL, on the installed release)."""
+"""Notebook 09's helpers: the two-turn prompt, the call shapes, the repair, the tables, the resume guard's
+new-vision-token check and the plain-transformers repro (the tiny Qwen3-VL, on the installed release)."""
 from __future__ import annotations
 
 import torch
@@ -66,59 +66,7 @@ def test_tables_show_every_shape(bundle, chat, state):
     assert compat.get_rope_state(bundle.model).flatten().tolist() == [-42]  # put back
 
 
-# --- decisions, each fed a contradicting measurement ---------------------------------------------------
-
-def _row(key="a_turn2_ids", outcome="silently wrong", diff=0.2, **extra):
-    return {"key": key, "shape": key, "outcome": outcome, "max_abs_diff": diff, "cosine": 0.95, "top1_equal": diff is not None and diff < 1e-6,
-            "top5_overlap": 4, **extra}
-
-
-def test_silently_wrong_needs_a_run_and_a_difference():
-    assert decisions.decide_silently_wrong(_row(), FLOOR).holds
-    assert not decisions.decide_silently_wrong(_row(diff=1e-7), FLOOR).holds
-    assert not decisions.decide_silently_wrong({"key": "a", "outcome": "raises ValueError", "max_abs_diff": None}, FLOOR).holds
-
-
-def test_positions_explain_needs_one_row_that_differs_and_a_stale_state():
-    one = [list(range(40, 89))] * 3
-    reference = [[49] * 49, [49] * 49, list(range(49, 98))]
-    good = _row(position_rows=one, rope_deltas_after_call=[-42])
-    assert decisions.decide_positions_explain(good, reference, SPAN, [-42], [-62]).holds
-    assert not decisions.decide_positions_explain(_row(position_rows=one, rope_deltas_after_call=[-62]), reference, SPAN, [-42], [-62]).holds
-    assert not decisions.decide_positions_explain(good, one, SPAN, [-42], [-62]).holds  # the same rows as the reference
-    three = [list(range(40, 89)), [0] * 49, list(range(40, 89))]
-    assert not decisions.decide_positions_explain(_row(position_rows=three, rope_deltas_after_call=[-42]), reference, SPAN, [-42], [-62]).holds
-    assert not decisions.decide_positions_explain(_row(position_rows=None, rope_deltas_after_call=[-42]), reference, SPAN, [-42], [-62]).holds
-
-
-def test_restores_and_control_need_a_match_and_the_same_top1():
-    assert decisions.decide_restores(_row(diff=3e-7), FLOOR, "x").holds
-    assert not decisions.decide_restores(_row(diff=0.3), FLOOR, "x").holds
-    assert not decisions.decide_restores({**_row(diff=3e-7), "top1_equal": False}, FLOOR, "x").holds
-    assert not decisions.decide_control({"key": "c", "max_abs_diff": None, "error": "boom"}, FLOOR).holds
-
-
-def test_carried_forward_needs_stale_off_and_carried_on():
-    assert decisions.decide_carried_forward(_row(diff=0.3), _row(diff=4e-7), FLOOR).holds
-    assert not decisions.decide_carried_forward(_row(diff=4e-7), _row(diff=4e-7), FLOOR).holds
-    assert not decisions.decide_carried_forward(_row(diff=0.3), _row(diff=0.3), FLOOR).holds
-
-
-def test_both_images_raise_needs_every_b_call_to_raise_with_fewer_tokens():
-    ids = [5] * 9 + [7] * 25
-    raised = [_row("b_x", "raises ValueError", None, input_ids=ids), _row("b_y", "raises ValueError", None, input_ids=ids)]
-    assert decisions.decide_both_images_raise(raised, 7, 74).holds
-    assert not decisions.decide_both_images_raise(raised[:1] + [_row("b_y", "silently wrong", 0.2, input_ids=ids)], 7, 74).holds
-    assert not decisions.decide_both_images_raise(raised, 7, 25).holds  # as many features as tokens: not the mechanism
-    assert not decisions.decide_both_images_raise([_row("b_x", "raises StopIteration", None)], 7, 74).holds  # no first call
-    assert not decisions.decide_both_images_raise([], 7, 74).holds
-
-
-def test_guard_separates_counts_misses_and_false_alarms():
-    rows = [_row("a"), _row("ok", "matches", 1e-7)]
-    assert decisions.decide_guard_separates(rows, {"a": "refused", "ok": None}).holds
-    assert not decisions.decide_guard_separates(rows, {"a": None, "ok": None}).holds
-    assert not decisions.decide_guard_separates(rows, {"a": "refused", "ok": "refused"}).holds
+# decisions: tests/test_kill_newimage.py (its CASES feed tests/test_decisions.py's registry)
 
 
 # --- the guard's check -------------------------------------------------------------------------------
