@@ -49,6 +49,8 @@ CASES: list[Case] = [
     ("newimage positions: rows as the reference's", lambda: explain(natural(position_rows=REFERENCE)), False),
     ("newimage positions: three rows that differ from each other", lambda: explain(
         natural(position_rows=[ONE_ROW[0], [0] * 49, ONE_ROW[0]])), False),
+    ("newimage positions: t a text row, h and w another", lambda: explain(
+        natural(position_rows=[ONE_ROW[0], REFERENCE[1], REFERENCE[1]])), False),
     ("newimage positions: one row, not consecutive", lambda: explain(natural(position_rows=[[40] * 49] * 3)), False),
     ("newimage positions: no rows captured", lambda: explain(natural(position_rows=None)), False),
     ("newimage positions: reference rows too short", lambda: explain(reference=[r[:20] for r in REFERENCE]), False),
