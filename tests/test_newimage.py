@@ -156,3 +156,17 @@ def test_the_plain_transformers_repro_shows_the_finding_and_the_repair(capsys):
     floor = float(re.search(r"eager vs sdpa ([\d.e+-]+)", out).group(1))
     assert natural > 1000 * floor and repaired <= 4 * max(floor, 1e-7)
     assert "reached the model at t/h/w [49, 49, 49] .. [73, 73, 73]; reference [49, 49, 49] .. [49, 53, 53]" in out
+
+
+def test_images_from_files_replace_the_test_cards(bundle, tmp_path):
+    from PIL import Image
+
+    from helpers.inputs import synthetic_image
+
+    a, b = tmp_path / "a.png", tmp_path / "b.png"
+    synthetic_image(224).save(a)
+    Image.new("RGB", (96, 128), (10, 200, 30)).save(b)
+    chat = turns.build(bundle, picture_a=str(a), picture_b=str(b))
+    assert chat.grid_a.tolist() == [[1, 14, 14]] and chat.grid_b.tolist() == [[1, 8, 6]]
+    assert chat.turn1.length == 82 and int((chat.turn2_ids == chat.image_token_id).sum()) == 12
+    assert torch.equal(chat.turn1.input_ids, turns.build(bundle).turn1.input_ids)

@@ -95,11 +95,32 @@ def _real_turn2(bundle: ModelBundle, image: Any, text: str) -> dict[str, torch.T
                                                 return_dict=True, return_tensors="pt")
 
 
+def load_image(source: Any) -> Any:
+    """A PIL image from a path or URL (transformers' loader; a URL needs the network), or the image itself."""
+    from transformers.image_utils import load_image as load
+
+    return source if not isinstance(source, str) else load(source)
+
+
+def _turn1(bundle: ModelBundle, image: Any, seed: int) -> Prompt:
+    """The kit's prompt around a given image (the seed prompt's text, the checkpoint's chat template where real)."""
+    from .. import inputs
+
+    prompt = (inputs._tiny_multimodal(bundle, image, seed) if bundle.tokenizer is None
+              else inputs._real_multimodal(bundle, image, inputs.PROMPT_TEXT))
+    mm = {k: (v.to(bundle.device, bundle.dtype) if v.is_floating_point() else v.to(bundle.device))
+          for k, v in prompt.mm_kwargs.items()}
+    return Prompt(prompt.input_ids.to(bundle.device), prompt.attention_mask.to(bundle.device), mm)
+
+
 def build(bundle: ModelBundle, seed: int = 0, image_a: int = 224, image_b: int = 160,
-          text: str = TURN2_TEXT) -> TwoTurns:
-    """Turn 1 = the kit's prompt with an image_a x image_a image; turn 2 = text, an image_b x image_b image, text."""
-    turn1 = build_prompt(bundle, seed=seed, image_size=image_a)
-    picture = synthetic_image(image_b).transpose(0)  # mirrored: a different image from A, not only a smaller one
+          text: str = TURN2_TEXT, picture_a: Any = None, picture_b: Any = None) -> TwoTurns:
+    """Turn 1 = the kit's prompt with image A, turn 2 = text, image B, text. The images are synthetic test cards of
+    image_a / image_b pixels a side, or `picture_a` / `picture_b` (a path, a URL online, or a PIL image)."""
+    turn1 = (build_prompt(bundle, seed=seed, image_size=image_a) if picture_a is None
+             else _turn1(bundle, load_image(picture_a), seed))
+    # the synthetic B is mirrored: a different image from A, not only a smaller one
+    picture = synthetic_image(image_b).transpose(0) if picture_b is None else load_image(picture_b)
     if bundle.tokenizer is None:
         pixels = bundle.processor(images=[picture], return_tensors="pt")
         merge = bundle.model.config.vision_config.spatial_merge_size
