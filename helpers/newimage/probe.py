@@ -17,7 +17,7 @@ def _shape(value: Any) -> list[int] | None:
     return list(value.shape) if isinstance(value, torch.Tensor) else None
 
 
-def _flat(value: Any) -> list | None:
+def flat(value: Any) -> list | None:
     return None if value is None else value.detach().cpu().flatten().tolist()
 
 
@@ -39,15 +39,15 @@ def describe(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     cache = cache_from_kwargs(kwargs)
     ids = kwargs.get("input_ids")
     encoded = kwargs.get("mm_encoder_outputs")
-    return {"input_ids_shape": _shape(ids), "input_ids": _flat(ids),
+    return {"input_ids_shape": _shape(ids), "input_ids": flat(ids),
             "attention_mask_shape": _shape(kwargs.get("attention_mask")),
             "pixel_values_shape": _shape(kwargs.get("pixel_values")),
-            "image_grid_thw": _flat(kwargs.get("image_grid_thw")),
+            "image_grid_thw": flat(kwargs.get("image_grid_thw")),
             "mm_token_type_ids_shape": _shape(kwargs.get("mm_token_type_ids")),
             "mm_encoder_outputs": sorted(encoded) if isinstance(encoded, dict) else None,
             "position_ids_shape": _shape(kwargs.get("position_ids")),
             "past_length": int(cache.get_seq_length()) if cache is not None else None,
-            "rope_deltas_before": _flat(compat.get_rope_state(model))}
+            "rope_deltas_before": flat(compat.get_rope_state(model))}
 
 
 def _rows(positions: Any) -> list[list[int]] | None:
@@ -72,7 +72,7 @@ def first_call(model: torch.nn.Module) -> Iterator[FirstCall]:
 
     def post(_module: torch.nn.Module, _args: tuple, _kwargs: dict[str, Any], _out: Any) -> None:
         if record.calls == 1 and record.rope_deltas_after is None:
-            record.rope_deltas_after = _flat(compat.get_rope_state(model))
+            record.rope_deltas_after = flat(compat.get_rope_state(model))
 
     def rotary(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         if record.calls == 1 and record.rows is None:

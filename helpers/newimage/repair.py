@@ -116,5 +116,5 @@ def rows(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positio
         state = carry_forward(model, positions) if state is None else state
         out_next, next_reference = next_turn(model, turns, token, cache_after, state)
         out[key] = row(Shape(key, label, "turn2", "none", "none", "none"), out_next,
-                       {"rope_deltas_before": probe._flat(state)}, next_reference, floor)
+                       {"rope_deltas_before": probe.flat(state)}, next_reference, floor)
     return out

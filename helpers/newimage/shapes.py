@@ -84,7 +84,7 @@ def run_shape(model: torch.nn.Module, shape: Shape, turns: TwoTurns, cache: Any,
     compat.set_rope_state(model, turn1_state.clone())
     with probe.first_call(model) as seen:
         out = generate_first_step(model, ids, copy.deepcopy(cache), **kwargs)
-    return out, {**seen.summary(), "rope_deltas_after_call": probe._flat(compat.get_rope_state(model))}
+    return out, {**seen.summary(), "rope_deltas_after_call": probe.flat(compat.get_rope_state(model))}
 
 
 def outcome(out: Outcome, max_abs_diff: float | None, floor: NoiseFloor) -> str:
