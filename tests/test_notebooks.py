@@ -48,6 +48,10 @@ EXPECTED_CLAIMS = {
     "08_resume_api": {"api.guard_catches_every_silent_case", "api.guard_passes_every_valid_call",
                       "api.factory_matches_original_every_family", "api.factory_refuses_malformed_inputs",
                       "api.resume_state_portable_to_fresh_instance"},
+    "09_new_image_turn": {"newimage.natural_call_silently_wrong", "newimage.positions_explain_it", "newimage.both_images_raise",
+                          "newimage.text_turn_control_matches", "newimage.repair_forward_restores",
+                          "newimage.repair_generate_restores", "newimage.rope_deltas_carried_forward",
+                          "newimage.guard_check_separates"},
 }
 # Kinds declared by notebooks 01-04 (every other claim of theirs is `reproduces`: a statement of the control).
 KINDS_01_04 = {"rope.fresh_instance_diverges": "beyond", "rope.restored_state_matches": "beyond"}

@@ -75,8 +75,8 @@ def test_no_other_kind_is_ever_counted_as_reproduced(tmp_path, kind):
 
 
 def test_any_verdict_of_any_kind_renders(tmp_path):
-    run_record(tmp_path, "09_new")
-    write(tmp_path, "09_new", [claim(f"c.{k}.{v}", k, v) for k in [*KINDS, "finding", "environment_check", "novel"]
+    run_record(tmp_path, "42_new")  # a number no source is mapped to (09 is notebook 09's)
+    write(tmp_path, "42_new", [claim(f"c.{k}.{v}", k, v) for k in [*KINDS, "finding", "environment_check", "novel"]
                                for v in VERDICTS])
     text = summary.build_summary(tmp_path)
     assert "## Other notebooks (no source mapped)" in text and "| novel | unknown kind |" in text

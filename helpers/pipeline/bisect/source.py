@@ -16,15 +16,20 @@ _GENERATE = ("transformers.generation.utils.GenerationMixin.generate|attention_m
              "transformers.generation.utils.GenerationMixin._prepare_attention_mask_for_generation",
              "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation",
              "transformers.generation.utils.GenerationMixin._update_model_kwargs_for_generation")
+_QWEN3_VL = "transformers.models.qwen3_vl.modeling_qwen3_vl"
 # The lines a thread should quote from a function's diff, where its first changed lines are not those.
 QUOTE = {"transformers.generation.utils.GenerationMixin.generate": r'attention_mask"\]( == 1\)|\s*= None)',
-         "transformers.cache_utils.Cache.update": r"wait_stream"}
+         "transformers.cache_utils.Cache.update": r"wait_stream",
+         f"{_QWEN3_VL}.Qwen3VLForConditionalGeneration._prepare_position_ids_for_generation": r"has_new_vision_tokens"}
 RELEVANT: dict[str, tuple[str, ...]] = {
     "01": ("transformers.cache_utils.DynamicCache.__init__", "transformers.cache_utils.Cache.update"),
     "02": _GENERATE, "03": _GENERATE, "04": _GENERATE, "06": _GENERATE, "07": _GENERATE,
     "05": ("transformers.cache_utils.Cache.update", "transformers.cache_utils.Cache.prefetch",
            "transformers.cache_utils.Cache.offload",
            "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation"),
+    "09": (f"{_QWEN3_VL}.Qwen3VLForConditionalGeneration._prepare_position_ids_for_generation",
+           f"{_QWEN3_VL}.Qwen3VLModel.compute_3d_position_ids", f"{_QWEN3_VL}.Qwen3VLModel.get_rope_index",
+           f"{_QWEN3_VL}.Qwen3VLModel.forward|mm_encoder_outputs"),
 }
 
 

@@ -31,6 +31,9 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
             "model": "Qwen/Qwen3.8-27B"},
            "the 27B checkpoint and the CUDA copy streams themselves where no GPU is present: those claims are "
            "skipped with the reason, and the race is replayed as a simulation."),
+    Source("new-image", "A new image after a cached turn (Qwen3-VL multi-turn resume: `QwenLM/Qwen3-VL#1685`, `QwenLM/Qwen3-VL#1412`)",
+           {}, "the threads' own checkpoints, images and code (their text could not be read from this machine, so every "
+           "claim is the kit's own, kind beyond; the tiny random-weight default stands in; pass `-p model_id ...` online)."),
     Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
            "place (no source setup to compare: the tree is the control's, the rebuilds are this kit's)."),
@@ -47,6 +50,7 @@ NOTEBOOK_SOURCE = {
     "06": "triage",
     "07": "control",
     "08": "control",
+    "09": "new-image",
 }
 
 

@@ -1,0 +1,119 @@
+"""The call shapes people write to resume a Qwen3-VL chat whose second turn brings a new image, each run as
+generate() one greedy step from a copy of the turn-1 cache, with what reached its first model call and its
+distance to the one-forward reference."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import compat
+from ..compare import NoiseFloor, logit_metrics
+from ..continuation import Outcome, generate_first_step
+from . import probe
+from .turns import TwoTurns
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One call: which ids (turn 2 only or both turns), which pixels, which grids, which mm_token_type_ids."""
+
+    key: str
+    label: str
+    ids: str  # "turn2" | "full" | "text"
+    pixels: str  # "B" | "A+B" | "B encoded" | "none"
+    grids: str  # "B" | "A,B" | "none"
+    types: str  # "turn2" (what a processor gives for turn 2 alone) | "full" | "none"
+
+
+SHAPES = (
+    Shape("a_turn2_ids", "(a) turn-2 ids + image B", "turn2", "B", "B", "turn2"),
+    Shape("a_turn2_ids_full_types", "(a) turn-2 ids + image B, full-length types", "turn2", "B", "B", "full"),
+    Shape("b_full_ids_both_images", "(b) full ids + images A and B", "full", "A+B", "A,B", "none"),
+    Shape("b_full_ids_both_images_full_types", "(b) full ids + images A and B, full-length types", "full", "A+B", "A,B", "full"),
+    Shape("c_full_ids_image_b", "(c) full ids + image B", "full", "B", "B", "none"),
+    Shape("c_full_ids_image_b_full_types", "(c) full ids + image B, full-length types", "full", "B", "B", "full"),
+    Shape("d_full_ids_b_encoded_full_types", "(d) full ids + both grids + B pre-encoded, full-length types",
+          "full", "B encoded", "A,B", "full"),
+    Shape("control_text_turn", "control: text-only turn 2", "text", "none", "none", "turn2"),
+)
+NATURAL = "a_turn2_ids"
+CONTROL = "control_text_turn"
+
+
+def encode_image(model: torch.nn.Module, pixel_values: torch.Tensor, grid: torch.Tensor) -> Any:
+    """Image features the way forward() computes them (get_image_features with return_dict), for mm_encoder_outputs."""
+    with torch.no_grad():
+        return compat.rope_state_owner(model).get_image_features(pixel_values, grid, return_dict=True)
+
+
+def unsupported(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> str:
+    """Why this release cannot take the shape at all ('' where it can)."""
+    if shape.types == "full" and not turns.takes_types:
+        return "forward() takes no mm_token_type_ids on this release"
+    if shape.pixels == "B encoded" and not compat.accepts(model.forward, "mm_encoder_outputs"):
+        return "forward() takes no mm_encoder_outputs on this release"
+    return ""
+
+
+def call_kwargs(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(input_ids, the other generate() kwargs) of one shape; the full attention mask always."""
+    text_ids = turns.text_turn()[0]
+    ids = {"turn2": turns.turn2_ids, "full": turns.full_ids, "text": text_ids}[shape.ids]
+    whole = torch.cat([turns.turn1.input_ids, ids], dim=1) if shape.ids != "full" else ids
+    kwargs: dict[str, Any] = {"attention_mask": torch.ones_like(whole)}
+    if shape.pixels == "B":
+        kwargs["pixel_values"] = turns.pixel_b
+    elif shape.pixels == "A+B":
+        kwargs["pixel_values"] = torch.cat([turns.pixel_a, turns.pixel_b], dim=0)
+    elif shape.pixels == "B encoded":
+        kwargs["mm_encoder_outputs"] = {"image": encode_image(model, turns.pixel_b, turns.grid_b)}
+    if shape.grids != "none":
+        kwargs["image_grid_thw"] = turns.grid_b if shape.grids == "B" else turns.both_grids
+    if turns.takes_types and shape.types != "none":
+        kwargs["mm_token_type_ids"] = turns.types(whole if shape.types == "full" else ids)
+    return ids, kwargs
+
+
+def run_shape(model: torch.nn.Module, shape: Shape, turns: TwoTurns, cache: Any,
+              turn1_state: torch.Tensor) -> tuple[Outcome, dict[str, Any]]:
+    """generate() one step from a copy of the turn-1 cache, the model-side state at turn 1's value."""
+    ids, kwargs = call_kwargs(model, shape, turns)
+    compat.set_rope_state(model, turn1_state.clone())
+    with probe.first_call(model) as seen:
+        out = generate_first_step(model, ids, copy.deepcopy(cache), **kwargs)
+    return out, {**seen.summary(), "rope_deltas_after_call": probe.flat(compat.get_rope_state(model))}
+
+
+def outcome(out: Outcome, max_abs_diff: float | None, floor: NoiseFloor) -> str:
+    """'matches' / 'silently wrong' / 'raises <Type>': the shape's outcome against the noise threshold."""
+    if not out.ok:
+        return f"raises {out.error_type}"
+    return "matches" if floor.matches(max_abs_diff) else "silently wrong"
+
+
+def row(shape: Shape, out: Outcome, call: dict[str, Any], reference: torch.Tensor, floor: NoiseFloor) -> dict[str, Any]:
+    """One table row: outcome, distance to the reference, where an error was raised, and the first call."""
+    metrics = logit_metrics(reference, out.logits) if out.ok else {}
+    value = metrics.get("max_abs_diff")
+    return {"key": shape.key, "shape": shape.label, "outcome": outcome(out, value, floor), "max_abs_diff": value,
+            "cosine": metrics.get("cosine"), "top1_equal": metrics.get("top1_equal"),
+            "top5_overlap": metrics.get("top5_overlap"), "error": out.error_summary()[:240], **call}
+
+
+def run_all(model: torch.nn.Module, turns: TwoTurns, cache: Any, turn1_state: torch.Tensor,
+            references: dict[str, torch.Tensor], floor: NoiseFloor) -> list[dict[str, Any]]:
+    """Every shape this release can take (the others as 'not on this release', with why); the model's state is
+    put back to turn 1's value afterwards. `references`: {'image': both-turn logits, 'text': the control's}."""
+    rows = []
+    for shape in SHAPES:
+        why = unsupported(model, shape, turns)
+        if why:
+            rows.append({"key": shape.key, "shape": shape.label, "outcome": "not on this release", "error": why})
+            continue
+        out, call = run_shape(model, shape, turns, cache, turn1_state)
+        rows.append(row(shape, out, call, references["text" if shape.ids == "text" else "image"], floor))
+    compat.set_rope_state(model, turn1_state.clone())
+    return rows

@@ -1,0 +1,63 @@
+"""What notebook 09 shows: the call shapes' outcomes, what reached their first model call, and the guard check's
+answer for each shape."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pandas as pd
+import torch
+
+from .shapes import SHAPES, call_kwargs, unsupported
+from .turns import TwoTurns
+
+SHORT = {"a_turn2_ids": "(a)", "a_turn2_ids_full_types": "(a) + types", "b_full_ids_both_images": "(b)",
+         "b_full_ids_both_images_full_types": "(b) + types", "c_full_ids_image_b": "(c)",
+         "c_full_ids_image_b_full_types": "(c) + types", "d_full_ids_b_encoded_full_types": "(d)",
+         "control_text_turn": "text turn", "repair_forward": "repair: forward", "repair_generate": "repair: generate",
+         "next_stale": "next, stale state", "next_carried": "next, carried"}
+OUTCOME_COLUMNS = ("shape", "outcome", "max_abs_diff", "cosine", "top1_equal", "top5_overlap", "error")
+
+
+def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Outcome and distance to the reference, one row per call."""
+    return pd.DataFrame([{k: r.get(k) for k in OUTCOME_COLUMNS} for r in rows]).set_index("shape")
+
+
+def short(row: dict[str, Any]) -> str:
+    """A row's bar label."""
+    return SHORT.get(row["key"], row["shape"])
+
+
+def _image_b(rows: list[list[int]] | None, span: tuple[int, int]) -> str | None:
+    """'t/h/w of image B's first .. last token' from three position rows."""
+    if not rows or len(rows[0]) < span[1]:
+        return None
+    first, last = [r[span[0]] for r in rows], [r[span[1] - 1] for r in rows]
+    return f"{first} .. {last}"
+
+
+def first_calls(rows: list[dict[str, Any]], span: tuple[int, int]) -> pd.DataFrame:
+    """What reached each call's first model call: ids, pixel inputs, position rows, rope_deltas before and after."""
+    out = []
+    for r in rows:
+        positions = r.get("position_rows")
+        out.append({"shape": r["shape"], "input_ids": r.get("input_ids_shape"), "pixel_values": r.get("pixel_values_shape"),
+                    "mm_encoder_outputs": r.get("mm_encoder_outputs"), "image_grid_thw": r.get("image_grid_thw"),
+                    "mm_token_type_ids": r.get("mm_token_type_ids_shape"), "position_ids": r.get("position_ids_shape"),
+                    "rows received": r.get("position_rows_received"),
+                    "turn-2 positions (first, last)": None if not positions else f"{[p[0] for p in positions]} .. {[p[-1] for p in positions]}",
+                    "image B t/h/w (first .. last)": _image_b(positions, span) if r["key"] != "control_text_turn" else None,
+                    "rope_deltas before": r.get("rope_deltas_before"), "after": r.get("rope_deltas_after_call")})
+    return pd.DataFrame(out).set_index("shape")
+
+
+def guard_messages(model: torch.nn.Module, turns: TwoTurns, cache: Any,
+                   check: Callable[..., str | None]) -> dict[str, str | None]:
+    """{shape key: the check's message or None} for every shape this release can take, given generate()'s kwargs."""
+    out: dict[str, str | None] = {}
+    for shape in SHAPES:
+        if unsupported(model, shape, turns):
+            continue
+        ids, kwargs = call_kwargs(model, shape, turns)
+        out[shape.key] = check(model, ids, cache=cache, **kwargs)
+    return out
