@@ -18,7 +18,8 @@ from .. import compat
 from .devicetiming import CopyTimes, time_copies, write_order
 from .loops import GreedyRun, run_loop
 from .states import State, snapshot
-from .streams import StreamLog, recording_streams
+from .standins import recording_streams
+from .streams import StreamLog
 from .tracking import EDGES, track
 
 BASE, AGAIN, OFF = "offloading=False", "offloading=False (again)", "offloading=True"

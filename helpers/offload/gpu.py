@@ -30,7 +30,7 @@ from .arms import AGAIN, FIXES, OFF, OFF_AGAIN, Arm, run_arm
 from .calibrate import busy_at_wrap, cycles_per_ms, host_ms_to_wrap, sleep_plan
 from .loops import LOOPS, Decision, random_ids
 from .states import compare_logits, compare_states
-from .streams import recording_streams
+from .standins import recording_streams
 
 CUDA_CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
                "offload.ordering_edge_removes_drift", "offload.race_observed_on_device",

@@ -137,18 +137,30 @@ def ordering_edge(cache: Any, device: str | torch.device | None = None) -> Itera
         yield cache
 
 
+def device_event(device: str | torch.device | None = None) -> Any:
+    """The offload-event arm's event: a `torch.Event` on the CUDA device, which any stream kind really waits for."""
+    return torch.Event(device=device if device is not None else "cuda")
+
+
+def cuda_event(device: str | torch.device | None = None) -> Any:
+    """`torch.cuda.Event()`: what a `torch.Stream` (5.17.0's prefetch stream with torch >= 2.7) does NOT wait for
+    (helpers.offload.streams, CUDA_EVENT); the device probe's control and the tests' no-op form."""
+    return torch.cuda.Event()
+
+
 @contextmanager
-def offload_event_edge(cache: Any) -> Iterator[Any]:
-    """Host-buffer-only fix arm: an event recorded after each layer's offload copy (on the stream the
-    offload runs on, the default stream) and waited by the prefetch stream before that layer's prefetch."""
+def offload_event_edge(cache: Any, device: str | torch.device | None = None,
+                       make_event: Callable[..., Any] | None = None) -> Iterator[Any]:
+    """Host-buffer-only fix arm: an event (`make_event`, a torch.Event) recorded after each layer's offload copy (on
+    the stream the offload runs on, the default stream) and waited by the prefetch stream before that layer's prefetch."""
     events: dict[int, Any] = {}
     with _patched() as undo:
         for idx, layer in enumerate(compat.cache_layers(cache)):
             def offload_of(original: Callable[..., Any], idx: int = idx) -> Callable[..., Any]:
                 def offload(*args: Any, **kwargs: Any) -> Any:
                     out = original(*args, **kwargs)
-                    event = torch.cuda.Event()
-                    event.record(torch.cuda.current_stream())
+                    event = (make_event or device_event)(device)
+                    event.record(torch.cuda.current_stream(device))
                     events[idx] = event
                     return out
                 return offload
