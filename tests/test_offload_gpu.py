@@ -13,11 +13,12 @@ from helpers.offload import gpu_decide as gd
 from helpers.offload.states import ATTENTION_KV, LINEAR_STATE
 
 N_STEPS = 3
+TINY = ("tiny hybrid", "tiny dense")
 
 
 @pytest.fixture(scope="module")
 def small():
-    return gpu.default_models(seed=0, batch_size=2, seq_len=8, device="cpu")
+    return gpu.default_models(seed=0, batch_size=2, seq_len=8, device="cpu", names=TINY)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +34,10 @@ def raced(small) -> gpu.GpuExperiment:
 
 
 def test_every_arm_runs_on_cpu_and_without_stale_reads_nothing_drifts(quiet):
-    expected = {(loop, model) for loop in loops.LOOPS for model in gpu.MODELS}
+    expected = {(loop, model) for loop in loops.LOOPS for model in TINY}
     assert set(zip(quiet.steps.loop, quiet.steps.model)) == expected
-    assert set(quiet.steps.variant) == {arms.OFF, arms.OFF_AGAIN, *(arms.variant_name(e) for e in arms.FIXES)}
+    assert set(quiet.steps.variant) == {arms.OFF, arms.OFF_AGAIN, arms.UNLAGGED, *(arms.variant_name(e) for e in arms.FIXES)}
+    assert set(quiet.steps[quiet.steps.loop != "report"].variant) == {arms.OFF, *(arms.variant_name(e) for e in arms.FIXES)}
     assert quiet.steps.bitwise_equal.all() and not quiet.states.differs.any()
     assert set(quiet.states.kind) == {ATTENTION_KV, LINEAR_STATE}
     # the report's loop is snapshotted once, at the end; the others after every call
@@ -51,7 +53,7 @@ def test_every_arm_runs_on_cpu_and_without_stale_reads_nothing_drifts(quiet):
 def test_the_timeline_orders_what_the_edges_order(quiet):
     c = quiet.counts.set_index(["loop", "model", "variant"])
     for loop in loops.LOOPS:
-        for model in gpu.MODELS:
+        for model in TINY:
             assert c.loc[(loop, model, arms.variant_name("5.20.0 edge")), "started_before_producer_done"] == 0
             assert c.loc[(loop, model, arms.OFF), "same_forward"] > 0  # the wrap prefetch in every loop, dense too
     # only the report's loop has early reads of an earlier forward's copy; the offload event orders them all
@@ -59,7 +61,9 @@ def test_the_timeline_orders_what_the_edges_order(quiet):
     assert c.loc[("cpu", "tiny hybrid", arms.OFF), "earlier_forward"] == 0
     assert c.loc[("generate", "tiny dense", arms.OFF), "earlier_forward"] == 0
     assert c.loc[("report", "tiny hybrid", arms.variant_name("offload event")), "started_before_producer_done"] == 0
-    assert (c.default_busy_at_enqueue == c.prefetches).all()
+    lagged = c[c.index.get_level_values("variant") != arms.UNLAGGED]
+    assert (lagged.default_busy_at_enqueue == lagged.prefetches).all()
+    assert c.loc[("report", "tiny hybrid", arms.UNLAGGED), "default_busy_at_enqueue"] == 0  # no injected lag
 
 
 def test_calibration_is_measured_and_stated(quiet):

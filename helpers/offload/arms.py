@@ -17,6 +17,7 @@ import torch
 from .. import compat
 from .devicetiming import CopyTimes, time_copies, write_order
 from .loops import GreedyRun, run_loop
+from .pool import SimPool, poison_before_arm
 from .states import State, snapshot
 from .standins import recording_streams
 from .streams import StreamLog
@@ -24,6 +25,7 @@ from .tracking import EDGES, track
 
 BASE, AGAIN, OFF = "offloading=False", "offloading=False (again)", "offloading=True"
 OFF_AGAIN = "offloading=True (again)"  # the report's loop only: is the drift exactly reproducible run to run?
+UNLAGGED = "offloading=True (unlagged)"  # the report's loop only: no injected device lag (does it drift by itself?)
 FIXES = ("5.20.0 edge", "offload event", "record_stream")
 MEMORY_KEYS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "allocation.all.allocated",
                "num_alloc_retries")
@@ -71,6 +73,7 @@ class Arm:
     order: dict[tuple[int, int], int] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
     stale_reads: int = 0
+    poisoned: dict[str, Any] = field(default_factory=dict)
 
 
 def _hooks(loop: str, log: StreamLog | None, times: CopyTimes | None, per_call: bool,
@@ -93,16 +96,19 @@ def _hooks(loop: str, log: StreamLog | None, times: CopyTimes | None, per_call: 
 
 
 def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, offloading: bool, cycles: int,
-            edge: str | None = None, simulate: bool = False, race_lag: int | None = None) -> Arm:
-    """One arm; the report's loop is snapshotted only after its final synchronize (no host wait added to it)."""
+            edge: str | None = None, simulate: bool = False, race_lag: int | None = None, pool: SimPool | None = None,
+            poison: bool = True) -> Arm:
+    """One arm; the report's loop is snapshotted only after its final synchronize (no host wait added to it). An
+    offloading arm first poisons the pinned pool it draws from (`pool`: the modelled one under the stand-ins)."""
     per_call = loop != "report"
     states: list[State] = []
     calls: list[str] = []
+    poisoned = poison_before_arm(model, ids, n_steps, pool) if offloading and poison else {"poisoned": False}
     before = memory_counters(ids.device)
     with (recording_streams() if simulate else nullcontext()) as log, ExitStack() as stack:
         cache = compat.dynamic_cache(model.config, offloading=True) if offloading else None
         if cache is not None and log is not None:
-            stack.enter_context(track(cache, log, lag=race_lag))
+            stack.enter_context(track(cache, log, lag=race_lag, pool=pool))
         times = stack.enter_context(time_copies(cache, ids.device)) if cache is not None else None
         if cache is not None and EDGES.get(edge or "none") is not None:  # outside the timer: its waits precede the copy
             stack.enter_context(EDGES[edge](cache))
@@ -117,4 +123,5 @@ def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, 
         stale = sum(r["served_stale"] for r in log.reads()) if log is not None else 0
     run.cache = None
     name = BASE if not offloading else variant_name(edge)
-    return Arm(name, loop, run, states, calls, timing, order, {"before": before, "after": memory_counters(ids.device)}, stale)
+    return Arm(name, loop, run, states, calls, timing, order, {"before": before, "after": memory_counters(ids.device)}, stale,
+               poisoned)
