@@ -70,7 +70,7 @@ def decisions(ex: GpuExperiment) -> dict[str, Decision]:
 
 def _event_decision(ex: GpuExperiment, key: gd.Key) -> Decision:
     """The offload-event fix, where the device probe let its arm run; else skipped with the probe's reason."""
-    if EVENT in ex.settings["fixes"]:
+    if EVENT in ex.settings.get("fixes", (EVENT,)):  # hand-made tables without settings: decided as they are
         return gd.decide_fix_removes_drift(ex.steps, ex.states, key, EVENT)
     return Decision(False, {"arm": list(key), "event_probe": ex.settings.get("event_probe")},
                     f"not run: {ex.settings.get('event_arm_gate') or 'the offload-event arm was not asked for'}", skipped=True)

@@ -41,7 +41,8 @@ STALE_VALUE = "zeros (what a freshly allocated pinned host buffer holds in this 
 # c10::Event of `e`. A torch.cuda.Event is `struct THCPEvent : THPEvent { at::cuda::CUDAEvent cuda_event; }`
 # (torch/csrc/cuda/Event.h) whose record() fills only `cuda_event`, and c10's InlineEvent::block returns at once when
 # the event was never recorded (`if (!was_marked_for_recording_) return;`, c10/core/impl/InlineEvent.h): so
-# torch.Stream.wait_event(torch.cuda.Event) waits on nothing. torch.Event(device="cuda") records its c10::Event.
+# torch.Stream.wait_event(torch.cuda.Event) waits on nothing. torch.Event(device="cuda") records its c10::Event, on
+# either stream kind (`struct THCPStream : THPStream`, torch/csrc/cuda/Stream.h: a torch.cuda.Stream is a torch.Stream).
 TORCH_STREAM, CUDA_STREAM, TORCH_EVENT, CUDA_EVENT = "torch.Stream", "torch.cuda.Stream", "torch.Event", "torch.cuda.Event"
 
 
