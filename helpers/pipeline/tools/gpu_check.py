@@ -52,12 +52,13 @@ def _call(cmd: list[str], out: Path | None, timeout: float, log: Path | None = N
         kw.update(capture_output=True, text=True)
     try:
         done = subprocess.run(cmd, cwd=str(repo_root()), env=child_env(out), timeout=timeout, **kw)
-        rc, text = done.returncode, _text(getattr(done, "stdout", "")) + _text(getattr(done, "stderr", ""))
+        rc, out_text, err = done.returncode, _text(getattr(done, "stdout", "")), _text(getattr(done, "stderr", ""))
     except subprocess.TimeoutExpired as exc:
-        rc, text = TIMED_OUT, _text(exc.stdout) + _text(exc.stderr) + f"\n[gpu-check] timed out after {timeout:.0f} s\n"
+        rc, out_text, err = TIMED_OUT, _text(exc.stdout) + f"\n[gpu-check] timed out after {timeout:.0f} s\n", _text(exc.stderr)
     if log is not None:
-        log.write_text(text)
-        print("\n".join(f"  | {line}" for line in text.strip().splitlines()[-12:]), flush=True)
+        log.write_text(out_text + ("\n--- stderr ---\n" + err if err else ""))
+        shown = (out_text if rc == 0 else out_text + err).strip().splitlines()[-12:]  # the error's tail where it failed
+        print("\n".join(f"  | {line}" for line in shown), flush=True)
     return rc
 
 
@@ -100,9 +101,12 @@ def run_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()
     return _call([python, "-m", ARMS_MODULE, "--out", str(out), "--dtypes", *DTYPES, *extra], out, timeout, out / "arms.log")
 
 
+SIMULATED_SIZE = ("--seq-len", "8", "--n-steps", "3")  # --simulate: small inputs, so that the CPU run is short
+
+
 def simulated_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> int:
-    """run_arms with --simulate: the arms on CPU under stand-ins (tests only)."""
-    return run_arms(python, out, timeout, ("--simulate", *extra))
+    """run_arms with --simulate and small inputs: the arms on CPU under stand-ins (tests only)."""
+    return run_arms(python, out, timeout, (*extra, *SIMULATED_SIZE, "--simulate"))
 
 
 def no_flash(python: str, out: Path, timeout: float) -> str:
