@@ -1,7 +1,8 @@
 """The pinned host pool, poisoned before each offloading arm so that a stale read cannot return correct values.
 
-A prefetch that reads a host buffer before its offload copy has landed reads what the pinned block held before: the
-caching host allocator hands out freed blocks again, and an earlier arm (or a calibration run) that computed the same
+A prefetch that reads a host buffer before its offload copy has landed reads what the pinned block held before. The
+offload's `.to("cpu", non_blocking=True)` allocates pinned memory (ATen's `_to_copy`: `pin_out = non_blocking &&
+self.is_cuda() && options.device().is_cpu() && ...`), from the caching host allocator, which hands out freed blocks again, and an earlier arm (or a calibration run) that computed the same
 K/V may have left the correct values there, so the race would not show. Before each offloading arm,
 `poison_pinned_pool` checks out every cached pinned block of the sizes the arm's offloads allocate (allocating until
 the pool has to grow: `num_host_alloc` in `torch.cuda.host_memory_stats()`), fills them with POISON and releases them.
