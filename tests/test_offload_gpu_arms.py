@@ -156,3 +156,5 @@ def test_the_report_layout_runs_in_bfloat16_and_the_reports_loop_only(tmp_path):
     assert data["settings"]["runs"] == [["report layout (64)", "bfloat16", ["report"]]]
     assert {(r["loop"], r["dtype"]) for r in data["tables"]["steps"]} == {("report", "bfloat16")}
     assert [r["model"] for r in data["tables"]["unlagged"]] == ["report layout (64)"]
+    # no `.cpu()` loop: no explanation reads it; its CPU edge record is notebook 05's, not repeated here
+    assert data["tables"]["explanations"] == [] and data["tables"]["edges_on_cpu_record"] is None

@@ -78,10 +78,13 @@ def _event_decision(ex: GpuExperiment, key: gd.Key) -> Decision:
 
 def explain(ex: GpuExperiment) -> list[dict[str, Any]]:
     """Each explanation's prediction and whether the run matched it, per model in the primary dtype, with whether the
-    CPU record says the narrow fix arms are narrow on that model (where they are not, (c) cannot be told from (a))."""
+    CPU record says the narrow fix arms are narrow on that model (where they are not, (c) cannot be told from (a)). Only
+    models that ran both the `.cpu()` loop and the report's loop in that dtype (the predictions read both)."""
     dtype, narrow = ex.primary()[2], gd.narrow_models(ex.edges)
+    ran = {(r.model, r.loop) for r in ex.steps[ex.steps.dtype == dtype].itertuples()}
+    models = [m for m in ex.settings["models"] if (m, "cpu") in ran and (m, "report") in ran]
     return [{"model": model, "dtype": dtype, "fix_arms_narrow_on_cpu_record": model in narrow, **row}
-            for model in ex.settings["models"] for row in gd.explanations(ex.steps, ex.states, ex.counts, model, dtype)]
+            for model in models for row in gd.explanations(ex.steps, ex.states, ex.counts, model, dtype)]
 
 
 def default_models(seed: int = 0, batch_size: int = 2, seq_len: int = 64, device: str = "cuda",

@@ -152,7 +152,8 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
         copies.pop((name, dtype_name), None)
     timing_frame = pd.concat(timing, ignore_index=True) if timing else _empty_timing()
     ran = [m for m in models if any(r[0] == m for r in runs)]
-    edges = edge_record({m: models[m] for m in ran}, ids_of, n_steps) if fixes else None
+    recorded = {m: models[m] for m in ran if m not in (RESTRICTED if restricted is None else restricted)}
+    edges = edge_record(recorded, ids_of, n_steps) if fixes else None  # the report's layout: notebook 05's CPU record
     settings = {"device": str(device), "dtypes": list(dtypes), "dtypes_left_out": dropped, "loops": list(loops), "models": ran,
                 "models_left_out": [m for m in models if m not in ran], "runs": [list(r) for r in runs],
                 "fixes": list(fixes), "event_arm_gate": gate or "ran: the device probe's wait held",
