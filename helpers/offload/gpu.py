@@ -26,7 +26,7 @@ import torch
 
 from .. import compat
 from . import gpu_decide as gd
-from .gpu_run import EVENT, GpuExperiment, edge_record, experiment, usable_dtypes  # noqa: F401 - the notebook's names
+from .gpu_run import EVENT, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's and tests' names
 from .gpuplan import MODELS
 from .loops import LOOPS, Decision, random_ids
 

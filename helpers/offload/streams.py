@@ -26,11 +26,8 @@ ms, every other op takes no time. Stand-in events then give `elapsed_time` and `
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
-
-import torch
+from typing import Any
 
 Clock = dict[str, int]
 STAND_IN_HOST_MS = 0.001  # host time per enqueued op in the stand-ins' timeline
