@@ -3,8 +3,10 @@ one fix edge or none, under the calibrated device lag, its timing events and its
 
 Arms share the device's caching allocator as it is (no `torch.cuda.empty_cache()` between arms); each records the
 allocator's counters before and after (`torch.cuda.memory_stats`, and the pinned host allocator's where torch has
-`host_memory_stats`). With `simulate=True` the same code runs on CPU under the recording stand-ins
-(helpers.offload.streams), optionally serving the race replay's stale reads (`race_lag`): a simulation.
+`host_memory_stats`). Before an offloading arm the pinned host pool is poisoned (helpers.offload.pool), so that a
+stale read cannot return what an earlier arm left. With `simulate=True` the same code runs on CPU under the recording
+stand-ins (helpers.offload.standins), optionally serving the race replay's stale reads (`race_lag`) from a modelled
+pool: a simulation.
 """
 from __future__ import annotations
 
