@@ -267,6 +267,8 @@ def test_gpu_check_end_to_end_on_cpu_under_stand_ins(monkeypatch, tmp_path, caps
     for row in summary["releases"]:
         assert row["arms"]["schema"] == "kvkit-gpu-arms/1" and row["arms"]["release"] == row["release"], row
         assert row["verdicts"].get("offload.prefill_identical"), row
+    assert summary["releases"][1]["lag_from"] == envs.pinned_release()  # the second release ran under the first's lag
+    assert summary["claims"][0]["evidence"]["same_lag"] is True and summary["claims"][0]["reason"].startswith("[simulated")
     print(f"\ngpu-check --simulate: {time.perf_counter() - start:.0f} s")
 
 
