@@ -19,12 +19,16 @@ GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
 # gpu-wheels: what 5.20.0 needs offline. Its requirements differ from 5.17.0's only in huggingface-hub<3.0,>=1.31.0,
 # which the lent GPU machine's huggingface-hub 1.33.0 meets, so the transformers wheel alone is enough there.
 GPU_WHEELS ?= transformers==5.20.0
+# gpu-check: seconds per step (one release's arms, one flash step), the whole check's budget (0: none), its one folder
+GPU_STEP_TIMEOUT ?= 200
+GPU_BUDGET ?= 0
+GPU_OUT ?=
 CLAIM ?=
 KEY ?=
 GOOD ?=
 BAD ?=
 
-.PHONY: help env run-all run test test-fast report matrix bisect gpu-check gpu-wheels mutants upstream-tests clean
+.PHONY: help env run-all run test test-fast report matrix bisect gpu-plan gpu-check gpu-wheels mutants upstream-tests clean
 .DEFAULT_GOAL := help
 
 help: ## this list: every target with one line
@@ -72,8 +76,18 @@ bisect: env ## the first release where NB's CLAIM= verdict or KEY= value differs
 # gpu-check: the CUDA-only claims on a machine with a GPU (RELEASES_GPU="5.17.0 5.24.0" to choose releases), with
 # python -m helpers.offload.gpu (no jupyter). GPU_PY (other than the kit's .venv) runs as it is when its torch
 # imports; else the kit's .venv is built first, as for every other target. helpers imports from this checkout.
-GPU_CHECK_ARGS = -m helpers.pipeline.tools.gpu_check $(if $(RELEASES_GPU),--releases $(RELEASES_GPU))
-gpu-check: ## notebook 05's CUDA-only claims on a GPU machine (RELEASES_GPU=, GPU_PY=); refuses in one line without CUDA
+GPU_CHECK_ARGS = -m helpers.pipeline.tools.gpu_check $(if $(RELEASES_GPU),--releases $(RELEASES_GPU)) \
+	--timeout $(GPU_STEP_TIMEOUT) --budget $(GPU_BUDGET) $(if $(GPU_OUT),--out $(GPU_OUT))
+GPU_PLAN_ARGS = -m helpers.pipeline.tools.gpu_plan $(if $(RELEASES_GPU),--releases $(RELEASES_GPU)) --timeout $(GPU_STEP_TIMEOUT)
+# gpu-plan: what gpu-check would run, without CUDA (releases, layouts, arms and their lag, pool poisoning, timeout, minutes).
+gpu-plan: ## what gpu-check would run, printed without CUDA: releases, layouts, arms and lag, poisoning, timeout, minutes
+	@if [ "$(GPU_PY)" != "$(PY)" ] && $(GPU_PY) -c "import torch" 2>/dev/null; then \
+		PYTHONPATH="$(CURDIR)" $(GPU_PY) $(GPU_PLAN_ARGS); \
+	else \
+		$(MAKE) --no-print-directory env && $(PY) $(GPU_PLAN_ARGS); \
+	fi
+
+gpu-check: ## notebook 05's CUDA-only claims on a GPU machine (RELEASES_GPU=, GPU_PY=, GPU_OUT=, GPU_STEP_TIMEOUT=, GPU_BUDGET=); refuses in one line without CUDA
 	@if [ "$(GPU_PY)" != "$(PY)" ] && $(GPU_PY) -c "import torch" 2>/dev/null; then \
 		echo "PYTHONPATH=$(CURDIR) $(GPU_PY) $(GPU_CHECK_ARGS)"; \
 		PYTHONPATH="$(CURDIR)" $(GPU_PY) $(GPU_CHECK_ARGS); \

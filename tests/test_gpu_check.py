@@ -76,7 +76,7 @@ def test_runs_the_gpu_arms_per_release_and_writes_the_summary(monkeypatch, tmp_p
                         or envs.ReleaseEnv(release, True, python=sys.executable))
     runs, flashes = [], []
 
-    def fake_run(python, out, timeout):
+    def fake_run(python, out, timeout, extra=()):
         runs.append(out)
         _arms(out, "reproduced" if out.name == "5.20.0" else "not_reproduced")
         return 0
@@ -112,7 +112,7 @@ def test_runs_the_gpu_arms_per_release_and_writes_the_summary(monkeypatch, tmp_p
     out = capsys.readouterr().out
     assert f"  {gpu_check.FLASH_CLAIM}: {gpu_check.FLASH_SKIPPED}" in out
     assert "  offload.record_stream_removes_drift: no result" in out  # the fake wrote only five claims
-    assert "transformers 5.20.0: ok in" in out and "on Fake GPU -> outputs/gpu/5.20.0/gpu-arms.json" in out
+    assert "transformers 5.20.0: ok in" in out and "on Fake GPU -> gpu/5.20.0/gpu-arms.json" in out
     assert "gpu-check: 3 release(s) in" in out
 
 
@@ -267,4 +267,92 @@ def test_gpu_check_end_to_end_on_cpu_under_stand_ins(monkeypatch, tmp_path, caps
     for row in summary["releases"]:
         assert row["arms"]["schema"] == "kvkit-gpu-arms/1" and row["arms"]["release"] == row["release"], row
         assert row["verdicts"].get("offload.prefill_identical"), row
+    assert summary["releases"][1]["lag_from"] == envs.pinned_release()  # the second release ran under the first's lag
+    assert summary["claims"][0]["evidence"]["same_lag"] is True and summary["claims"][0]["reason"].startswith("[simulated")
     print(f"\ngpu-check --simulate: {time.perf_counter() - start:.0f} s")
+
+
+def _arms_with_steps(out: Path, release: str, drift: bool, sleep: int = 1000, runs=None) -> None:
+    key = {"loop": "report", "model": "tiny hybrid", "dtype": "bfloat16"}
+    steps = [{**key, "variant": "offloading=True", "step": s, "differs": drift and s > 0} for s in range(3)]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / gpu_check.ARMS_FILE).write_text(json.dumps({
+        "schema": "kvkit-gpu-arms/1", "release": release, "claims": [],
+        "settings": {"models": ["tiny hybrid"], "dtypes": ["float32", "bfloat16"], "runs": runs or [["tiny hybrid", "bfloat16", ["report"]]]},
+        "tables": {"steps": steps, "states_differing": [], "calibration": [
+            {"model": "tiny hybrid", "dtype": "bfloat16", "sleep_cycles_used": sleep}]}}))
+
+
+def test_one_folder_the_lag_of_the_first_release_a_timed_out_step_and_the_cross_release_claim(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(envs, "ensure_env", lambda release, log=print, modules=(): envs.ReleaseEnv(release, True, python=sys.executable))
+    seen = {}
+
+    def fake_run(python, out, timeout, extra=()):
+        seen[out.name] = extra
+        if out.name == "5.24.0":
+            return gpu_check.TIMED_OUT  # a hang: this step is lost, not the others
+        _arms_with_steps(out, out.name, drift=out.name != "5.20.0")
+        return 0
+
+    root = tmp_path / "all"
+    code = gpu_check.main(["--out", str(root), "--releases", "5.24.0", "--timeout", "60"], cuda=(True, ""),
+                          probe=lambda py: ("12.8", True, ""), run=fake_run, flash=lambda python, out, timeout: gpu_check.FLASH_SKIPPED)
+    assert code == 1  # 5.24.0 timed out
+    pinned = envs.pinned_release()
+    assert seen[pinned] == () and seen["5.20.0"] == ("--lag-from", str(root / pinned / gpu_check.ARMS_FILE))
+    assert sorted(p.name for p in root.iterdir()) == sorted(["5.20.0", "5.24.0", pinned, "gpu-check.json", "plan.txt"])
+    summary = json.loads((root / "gpu-check.json").read_text())
+    assert summary["step_timeout_s"] == 60 and summary["plan"]["step_timeout_s"] == 60
+    rows = {r["release"]: r for r in summary["releases"]}
+    assert rows["5.20.0"]["lag_from"] == pinned and rows["5.24.0"]["rc"] == gpu_check.TIMED_OUT
+    (claim,) = summary["claims"]
+    assert claim["id"] == "offload.drift_only_without_ordering_edge" and claim["verdict"] == "holds", claim
+    out = capsys.readouterr().out
+    assert "transformers 5.24.0: the GPU arms timed out" in out and "offload.drift_only_without_ordering_edge: holds" in out
+    assert "-> all/gpu-check.json" in out and str(tmp_path) not in json.dumps(summary)
+
+
+def test_the_cross_release_claim_from_contradicting_results(tmp_path):
+    from helpers.offload import releases
+
+    def load(release, drift, **kw):
+        _arms_with_steps(tmp_path / release, release, drift, **kw)
+        return json.loads((tmp_path / release / gpu_check.ARMS_FILE).read_text())
+
+    assert releases.decide(load("a", True), load("b", False))["verdict"] == "holds"
+    assert releases.decide(load("a", True), load("b", True))["verdict"] == "fails"  # drift with the edge too
+    assert releases.decide(load("a", False), load("b", False))["verdict"] == "fails"  # no drift to remove
+    other_lag = releases.decide(load("a", True), load("b", False, sleep=2000))
+    assert other_lag["verdict"] == "skipped" and "different lag" in other_lag["reason"]
+    other_models = releases.decide(load("a", True), load("b", False, runs=[["tiny dense", "bfloat16", ["report"]]]))
+    assert other_models["verdict"] == "skipped" and "different models" in other_models["reason"]
+    assert releases.decide({}, load("b", False))["verdict"] == "skipped"
+
+
+def test_a_step_gets_what_is_left_of_the_budget():
+    now = time.monotonic()
+    assert gpu_check.step_timeout(200, None) == 200
+    assert 90 < gpu_check.step_timeout(200, now + 100) <= 100
+    assert gpu_check.step_timeout(200, now + 5) == 0.0  # less than MIN_STEP_S left: not started
+    assert gpu_check._step(lambda *a: 0, "py", Path("."), 200, now + 1)[0] == "skipped: the budget was spent"
+
+
+def test_a_timed_out_step_keeps_its_log(tmp_path):
+    code = gpu_check._call([sys.executable, "-c", "print('started', flush=True); import time; time.sleep(30)"], None, 2,
+                           tmp_path / "arms.log")
+    assert code == gpu_check.TIMED_OUT and "timed out after 2 s" in (tmp_path / "arms.log").read_text()
+
+
+def test_gpu_plan_prints_the_plan_without_cuda(capsys):
+    from helpers.pipeline.tools import gpu_plan
+
+    assert gpu_plan.main(["--timeout", "150"]) == 0
+    out = capsys.readouterr().out
+    for needle in ("report layout (64): 64 layers, 48 linear_attention / 16 full_attention", "run report layout (64) bfloat16: loops report",
+                   "offloading=True (unlagged): unlagged", "pool poisoning:", "1024.0", "per-step timeout: 150 s", "minutes in all"):
+        assert needle in out, needle
+
+
+def test_makefile_gpu_plan_and_the_step_timeout():
+    text = (repo_root() / "Makefile").read_text()
+    assert "\ngpu-plan: ##" in text and "--timeout $(GPU_STEP_TIMEOUT)" in text

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import hybrid
-from helpers.offload import gpu, loops, schedule, source, streams
+from helpers.offload import gpu, loops, schedule, source, standins
 from helpers.pipeline.run import execute
 from helpers.pipeline.paths import repo_root
 
@@ -74,7 +74,7 @@ def test_verdict_inputs_notice_a_moved_linear_layer():
 def test_stand_ins_are_used_and_removed(record):
     assert record.stream_calls.get("torch.cuda.default_stream", 0) > 0  # the path does call CUDA streams
     assert record.stream_calls.get("torch.Stream", 0) + record.stream_calls.get("torch.cuda.Stream", 0) == 1
-    assert streams.stand_ins_active() == []
+    assert standins.stand_ins_active() == []
     assert len(record.streams.unordered_reads()) > 0
 
 
@@ -121,7 +121,7 @@ def test_unpatched_offloading_fails_naming_cuda_without_a_gpu(tiny, ids):
     assert outcome["raised"], outcome
     assert source.mentions_cuda(outcome)
     assert outcome["transformers_frame"].startswith("transformers/cache_utils.py")
-    assert streams.stand_ins_active() == []
+    assert standins.stand_ins_active() == []
 
 
 def test_source_facts_match_the_recorded_schedule():

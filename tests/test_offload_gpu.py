@@ -8,16 +8,17 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers.offload import arms, calibrate, devicetiming, gpu, loops, streams
+from helpers.offload import arms, calibrate, devicetiming, gpu, loops, standins
 from helpers.offload import gpu_decide as gd
 from helpers.offload.states import ATTENTION_KV, LINEAR_STATE
 
 N_STEPS = 3
+TINY = ("tiny hybrid", "tiny dense")
 
 
 @pytest.fixture(scope="module")
 def small():
-    return gpu.default_models(seed=0, batch_size=2, seq_len=8, device="cpu")
+    return gpu.default_models(seed=0, batch_size=2, seq_len=8, device="cpu", names=TINY)
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +34,10 @@ def raced(small) -> gpu.GpuExperiment:
 
 
 def test_every_arm_runs_on_cpu_and_without_stale_reads_nothing_drifts(quiet):
-    expected = {(loop, model) for loop in loops.LOOPS for model in gpu.MODELS}
+    expected = {(loop, model) for loop in loops.LOOPS for model in TINY}
     assert set(zip(quiet.steps.loop, quiet.steps.model)) == expected
-    assert set(quiet.steps.variant) == {arms.OFF, arms.OFF_AGAIN, *(arms.variant_name(e) for e in arms.FIXES)}
+    assert set(quiet.steps.variant) == {arms.OFF, arms.OFF_AGAIN, arms.UNLAGGED, *(arms.variant_name(e) for e in arms.FIXES)}
+    assert set(quiet.steps[quiet.steps.loop != "report"].variant) == {arms.OFF, *(arms.variant_name(e) for e in arms.FIXES)}
     assert quiet.steps.bitwise_equal.all() and not quiet.states.differs.any()
     assert set(quiet.states.kind) == {ATTENTION_KV, LINEAR_STATE}
     # the report's loop is snapshotted once, at the end; the others after every call
@@ -44,14 +46,14 @@ def test_every_arm_runs_on_cpu_and_without_stale_reads_nothing_drifts(quiet):
     verdicts = {cid: d.holds for cid, d in gpu.decisions(quiet).items()}
     assert verdicts["offload.prefill_identical"] and not verdicts["offload.decode_drifts"]
     assert verdicts["offload.race_observed_on_device"]  # the stand-ins' timeline: the lag makes prefetches start early
-    assert streams.stand_ins_active() == []
+    assert standins.stand_ins_active() == []
     assert all(d.why.startswith(gpu.SIMULATED) for d in gpu.decisions(quiet).values())
 
 
 def test_the_timeline_orders_what_the_edges_order(quiet):
     c = quiet.counts.set_index(["loop", "model", "variant"])
     for loop in loops.LOOPS:
-        for model in gpu.MODELS:
+        for model in TINY:
             assert c.loc[(loop, model, arms.variant_name("5.20.0 edge")), "started_before_producer_done"] == 0
             assert c.loc[(loop, model, arms.OFF), "same_forward"] > 0  # the wrap prefetch in every loop, dense too
     # only the report's loop has early reads of an earlier forward's copy; the offload event orders them all
@@ -59,12 +61,14 @@ def test_the_timeline_orders_what_the_edges_order(quiet):
     assert c.loc[("cpu", "tiny hybrid", arms.OFF), "earlier_forward"] == 0
     assert c.loc[("generate", "tiny dense", arms.OFF), "earlier_forward"] == 0
     assert c.loc[("report", "tiny hybrid", arms.variant_name("offload event")), "started_before_producer_done"] == 0
-    assert (c.default_busy_at_enqueue == c.prefetches).all()
+    lagged = c[c.index.get_level_values("variant") != arms.UNLAGGED]
+    assert (lagged.default_busy_at_enqueue == lagged.prefetches).all()
+    assert c.loc[("report", "tiny hybrid", arms.UNLAGGED), "default_busy_at_enqueue"] == 0  # no injected lag
 
 
 def test_calibration_is_measured_and_stated(quiet):
     (cal_h, cal_d) = quiet.calibration
-    assert cal_h["cycles_per_ms"] == pytest.approx(streams.STAND_IN_CYCLES_PER_MS, rel=0.01)
+    assert cal_h["cycles_per_ms"] == pytest.approx(standins.STAND_IN_CYCLES_PER_MS, rel=0.01)
     assert cal_h["sleep_cycles_used"] == cal_h["sleep_cycles"] > 0 and "host time to the wrap" in cal_h["why"]
     assert quiet.settings["empty_cache_between_arms"] is False
     assert all(m["before"] == {"device": "not CUDA: no allocator counters"} for m in quiet.memory)
@@ -99,7 +103,7 @@ def test_explanations_follow_contradicting_tables(raced):
 
 
 def test_device_lag_sleeps_on_the_default_stream_once_per_forward(tiny, ids):
-    with streams.recording_streams() as log, arms.device_lag(tiny.model, 123):
+    with standins.recording_streams() as log, arms.device_lag(tiny.model, 123):
         loops.greedy_run(tiny.model, ids, n_steps=2)
     sleeps = [e for e in log.events if e["op"] == "sleep"]
     assert len(sleeps) == 2 and {e["stream"] for e in sleeps} == {"default"}
@@ -107,8 +111,8 @@ def test_device_lag_sleeps_on_the_default_stream_once_per_forward(tiny, ids):
 
 
 def test_cycles_per_ms_reads_the_event_clock():
-    with streams.recording_streams():
-        assert calibrate.cycles_per_ms(repeats=3) == pytest.approx(streams.STAND_IN_CYCLES_PER_MS, rel=0.01)
+    with standins.recording_streams():
+        assert calibrate.cycles_per_ms(repeats=3) == pytest.approx(standins.STAND_IN_CYCLES_PER_MS, rel=0.01)
 
 
 def test_plain_module_writes_its_results_json(tmp_path, capsys):
@@ -189,3 +193,32 @@ def test_a_gpu_without_bfloat16_runs_float32_only(monkeypatch):
     kept, dropped = gpu.usable_dtypes(("float32", "bfloat16"), torch.device("cuda"))
     assert kept == ("float32",) and "Tesla T4" in dropped["bfloat16"]
     assert gpu.usable_dtypes(("float32", "bfloat16"), torch.device("cpu")) == (("float32", "bfloat16"), {})
+
+
+def test_stand_ins_model_both_event_kinds_and_the_no_op_wait():
+    """torch.Stream.wait_event(torch.cuda.Event) orders nothing on a GPU (helpers.offload.streams, CUDA_EVENT); a
+    torch.Event, or a torch.cuda.Stream waiting, orders."""
+    def ordered(stream_api: str, event_api: str) -> bool:
+        with standins.recording_streams() as log:
+            waiter = torch.Stream() if stream_api == "torch.Stream" else torch.cuda.Stream()
+            torch.cuda._sleep(1000)
+            event = torch.Event(device="cuda") if event_api == "torch.Event" else torch.cuda.Event()
+            event.record(torch.cuda.current_stream())
+            waiter.wait_event(event)
+            return log.clocks[waiter.name].get("default", 0) > 0
+    assert not ordered("torch.Stream", "torch.cuda.Event")
+    assert ordered("torch.Stream", "torch.Event") and ordered("torch.cuda.Stream", "torch.cuda.Event")
+    assert ordered("torch.cuda.Stream", "torch.Event")
+
+
+def test_the_offload_event_arm_orders_and_its_no_op_form_does_not(small, monkeypatch):
+    from helpers.offload import hazards, ordering, tracking
+
+    models, ids = small
+    model, x = models["tiny dense"], ids["tiny dense"]
+    fixed = hazards.hazard_counts(ordering.record_loop(model, x, N_STEPS, "report", "tiny dense", "offload event"))
+    assert fixed["host_buffer_unordered"] == 0 and fixed["prefetch_reads"] > 0
+    monkeypatch.setattr(tracking, "device_event", tracking.cuda_event)  # the no-op form: torch.cuda.Event
+    noop = ordering.record_loop(model, x, N_STEPS, "report", "tiny dense", "offload event")
+    assert hazards.hazard_counts(noop)["host_buffer_unordered"] > 0
+    assert any(e["op"] == "wait_event ignored" for e in noop.log.events)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers import compat
-from helpers.offload import hostwaits, loops, streams
+from helpers.offload import hostwaits, loops, standins
 
 
 def test_run_loop_rejects_an_unknown_loop(tiny, ids) -> None:
@@ -27,7 +27,7 @@ def test_report_loop_has_no_host_wait_and_cpu_loop_one_per_decode(tiny, ids) -> 
 
 
 def test_generate_host_wait_is_recorded_from_the_stop_check(tiny, ids) -> None:
-    with streams.recording_streams() as log:
+    with standins.recording_streams() as log:
         cache = compat.dynamic_cache(tiny.model.config, offloading=True)
         seen: list[str] = []
         run = loops.run_loop("generate", tiny.model, ids, 3, cache=cache, on_host_wait=seen.append)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers.offload import replay as offload_replay
-from helpers.offload import streams
+from helpers.offload import standins, streams
 
 
 def _copy_then_read(log: streams.StreamLog, reader: streams.RecStream, before_read=None) -> dict:
@@ -63,10 +63,10 @@ def test_events_host_waits_and_transitivity_order_reads():
 
 
 def test_stand_ins_record_and_restore_even_after_an_error():
-    originals = {q: getattr(*streams._resolve(q), None) for q in streams.STREAM_API}
+    originals = {q: getattr(*standins._resolve(q), None) for q in standins.STREAM_API}
     with pytest.raises(RuntimeError, match="boom"):
-        with streams.recording_streams() as log:
-            assert set(streams.stand_ins_active()) == set(streams.STREAM_API)
+        with standins.recording_streams() as log:
+            assert set(standins.stand_ins_active()) == set(standins.STREAM_API)
             side = torch.Stream()
             assert torch.cuda.default_stream(torch.device("cpu")) is torch.cuda.default_stream()
             with torch.cuda.stream(side):
@@ -80,8 +80,8 @@ def test_stand_ins_record_and_restore_even_after_an_error():
             assert log.calls["torch.Stream"] == 1 and log.calls["torch.cuda._sleep"] == 1
             assert [e["op"] for e in log.events].count("wait_stream") == 1
             raise RuntimeError("boom")
-    assert {q: getattr(*streams._resolve(q), None) for q in streams.STREAM_API} == originals
-    assert streams.stand_ins_active() == []
+    assert {q: getattr(*standins._resolve(q), None) for q in standins.STREAM_API} == originals
+    assert standins.stand_ins_active() == []
 
 
 # --- the installed offloading path under the model ------------------------------------------------------------
@@ -109,7 +109,7 @@ def test_the_520_edge_orders_every_read_and_the_decision_says_not_reproduced(tin
     assert run.log.unordered_reads() == []
     decision = offload_replay.ordering_decision(run.log)
     assert not decision.holds and decision.evidence["prefetch_reads"] > 0
-    assert streams.stand_ins_active() == []
+    assert standins.stand_ins_active() == []
 
 
 def test_no_prefetch_reads_is_not_a_reproduction():

@@ -3,8 +3,10 @@ one fix edge or none, under the calibrated device lag, its timing events and its
 
 Arms share the device's caching allocator as it is (no `torch.cuda.empty_cache()` between arms); each records the
 allocator's counters before and after (`torch.cuda.memory_stats`, and the pinned host allocator's where torch has
-`host_memory_stats`). With `simulate=True` the same code runs on CPU under the recording stand-ins
-(helpers.offload.streams), optionally serving the race replay's stale reads (`race_lag`): a simulation.
+`host_memory_stats`). Before an offloading arm the pinned host pool is poisoned (helpers.offload.pool), so that a
+stale read cannot return what an earlier arm left. With `simulate=True` the same code runs on CPU under the recording
+stand-ins (helpers.offload.standins), optionally serving the race replay's stale reads (`race_lag`) from a modelled
+pool: a simulation.
 """
 from __future__ import annotations
 
@@ -17,12 +19,15 @@ import torch
 from .. import compat
 from .devicetiming import CopyTimes, time_copies, write_order
 from .loops import GreedyRun, run_loop
+from .pool import SimPool, poison_before_arm
 from .states import State, snapshot
-from .streams import StreamLog, recording_streams
+from .standins import recording_streams
+from .streams import StreamLog
 from .tracking import EDGES, track
 
 BASE, AGAIN, OFF = "offloading=False", "offloading=False (again)", "offloading=True"
 OFF_AGAIN = "offloading=True (again)"  # the report's loop only: is the drift exactly reproducible run to run?
+UNLAGGED = "offloading=True (unlagged)"  # the report's loop only: no injected device lag (does it drift by itself?)
 FIXES = ("5.20.0 edge", "offload event", "record_stream")
 MEMORY_KEYS = ("allocated_bytes.all.current", "reserved_bytes.all.current", "allocation.all.allocated",
                "num_alloc_retries")
@@ -70,6 +75,7 @@ class Arm:
     order: dict[tuple[int, int], int] = field(default_factory=dict)
     memory: dict[str, Any] = field(default_factory=dict)
     stale_reads: int = 0
+    poisoned: dict[str, Any] = field(default_factory=dict)
 
 
 def _hooks(loop: str, log: StreamLog | None, times: CopyTimes | None, per_call: bool,
@@ -92,16 +98,19 @@ def _hooks(loop: str, log: StreamLog | None, times: CopyTimes | None, per_call: 
 
 
 def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, offloading: bool, cycles: int,
-            edge: str | None = None, simulate: bool = False, race_lag: int | None = None) -> Arm:
-    """One arm; the report's loop is snapshotted only after its final synchronize (no host wait added to it)."""
+            edge: str | None = None, simulate: bool = False, race_lag: int | None = None, pool: SimPool | None = None,
+            poison: bool = True) -> Arm:
+    """One arm; the report's loop is snapshotted only after its final synchronize (no host wait added to it). An
+    offloading arm first poisons the pinned pool it draws from (`pool`: the modelled one under the stand-ins)."""
     per_call = loop != "report"
     states: list[State] = []
     calls: list[str] = []
+    poisoned = poison_before_arm(model, ids, n_steps, pool) if offloading and poison else {"poisoned": False}
     before = memory_counters(ids.device)
     with (recording_streams() if simulate else nullcontext()) as log, ExitStack() as stack:
         cache = compat.dynamic_cache(model.config, offloading=True) if offloading else None
         if cache is not None and log is not None:
-            stack.enter_context(track(cache, log, lag=race_lag))
+            stack.enter_context(track(cache, log, lag=race_lag, pool=pool))
         times = stack.enter_context(time_copies(cache, ids.device)) if cache is not None else None
         if cache is not None and EDGES.get(edge or "none") is not None:  # outside the timer: its waits precede the copy
             stack.enter_context(EDGES[edge](cache))
@@ -116,4 +125,5 @@ def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, 
         stale = sum(r["served_stale"] for r in log.reads()) if log is not None else 0
     run.cache = None
     name = BASE if not offloading else variant_name(edge)
-    return Arm(name, loop, run, states, calls, timing, order, {"before": before, "after": memory_counters(ids.device)}, stale)
+    return Arm(name, loop, run, states, calls, timing, order, {"before": before, "after": memory_counters(ids.device)}, stale,
+               poisoned)

@@ -17,7 +17,18 @@ import torch
 PROBE_CYCLES = 1_000_000
 SLEEP_FACTOR = 4.0
 MIN_SLEEP_MS = 1.0
-MAX_SLEEP_MS = 50.0  # a cap, so that a slow host (or a CPU simulation) cannot make the arms run for minutes
+MAX_SLEEP_MS = 200.0  # a cap, so that a slow host (or a CPU simulation) cannot make the arms run for minutes; above
+# the host time to the wrap of the report's 64-layer layout (about 70 ms assumed in helpers.offload.gpuplan)
+WARM_MS = 500.0  # busy time before the rate is measured, so that the clocks have left their idle state
+
+
+def warm_clocks(ms: float = WARM_MS) -> dict[str, Any]:
+    """Keep the device busy for about `ms` (one rough rate, then one long `_sleep`), so that the rate measured next
+    is the clock the arms run at, not an idle one; returns the rough (cold) rate and the warm-up asked for."""
+    cold = cycles_per_ms(repeats=1)
+    torch.cuda._sleep(int(cold * ms))
+    torch.cuda.synchronize()
+    return {"warm_ms": ms, "cold_cycles_per_ms": cold}
 
 
 def cycles_per_ms(repeats: int = 5, cycles: int = PROBE_CYCLES) -> float:

@@ -1,24 +1,24 @@
 """Notebook 05's GPU experiment (transformers issue #48947), also a plain module: `python -m helpers.offload.gpu`.
 
-Arms, per model (the tiny hybrid and its dense twin), dtype (float32, bfloat16) and loop (the report's `run()` with
-no host wait, the `.cpu()` loop, `generate()`): offloading=False twice (the noise floor), offloading=True, and
-offloading=True with each fix edge (the 5.20.0 edge, which closes both hazards; an event per offload, host-buffer
-only; `record_stream` on prefetched K/V, reuse only). Every arm runs under the same calibrated device lag
-(helpers.offload.calibrate) and, when offloading, with CUDA timing events around every copy
-(helpers.offload.devicetiming), so the race is observed on the device, not inferred from logits. The decisions are
-in helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
+Arms (helpers.offload.gpuplan), per model (the tiny hybrid, its dense twin, and the report's 64-layer 48/16 layout in
+bfloat16 and the report's loop only), dtype (float32, bfloat16) and loop (the report's `run()` with no host wait, the
+`.cpu()` loop, `generate()`): offloading=False twice (the noise floor), offloading=True, and offloading=True with each
+fix edge (the 5.20.0 edge, which closes both hazards; a torch.Event per offload, host-buffer only, run where the device
+probe says its wait holds; `record_stream` on prefetched K/V, reuse only); in the report's loop also offloading=True
+again and offloading=True with no injected lag. Every other arm runs under the same calibrated device lag
+(helpers.offload.calibrate, after warming the clocks), each offloading arm after the pinned pool is poisoned
+(helpers.offload.pool), with CUDA timing events around every copy (helpers.offload.devicetiming), so the race is
+observed on the device, not inferred from logits. The runs are in helpers.offload.gpu_run, the decisions in
+helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
 `<out>/gpu-arms.json`; `make gpu-check` runs it per release; the notebook calls `experiment` and `decisions`.
 `simulate=True` (`--simulate`) runs the same code on CPU under the recording stand-ins: a simulation, never a GPU result.
 """
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +26,9 @@ import torch
 
 from .. import compat
 from . import gpu_decide as gd
-from .arms import AGAIN, FIXES, OFF, OFF_AGAIN, Arm, run_arm
-from .calibrate import busy_at_wrap, cycles_per_ms, host_ms_to_wrap, sleep_plan
+from .gpu_run import EVENT, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's and tests' names
+from .gpuplan import MODELS
 from .loops import LOOPS, Decision, random_ids
-from .states import compare_logits, compare_states
-from .streams import recording_streams
 
 CUDA_CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
                "offload.ordering_edge_removes_drift", "offload.race_observed_on_device",
@@ -41,157 +39,14 @@ CLAIM_TEXT = {
     "offload.first_differing_tensor_is_attention_kv": "On CUDA with a calibrated device lag, the first cache tensor that differs from offloading=False (earliest snapshot, then host write order) is an attention layer's K/V, not a linear-attention conv/recurrent state (refuting the report's hypothesis).",
     "offload.ordering_edge_removes_drift": "On CUDA with a calibrated device lag, adding the 5.20.0 edge (prefetch_stream.wait_stream(default_stream)) to the installed Cache.update removes the drift: every step within the noise floor, no state tensor differs.",
     "offload.race_observed_on_device": "On CUDA with a calibrated device lag, CUDA event timestamps show prefetch copies starting before the offload copy that fills their host buffer has ended (without a fix edge), and none with the 5.20.0 edge.",
-    "offload.offload_event_removes_drift": "On CUDA, the host-buffer-only fix (an event recorded after each offload, waited by the prefetch stream) removes the drift in the report's loop, on the first model whose CPU record shows the fix arms narrow (the event closing only the host-buffer hazard, record_stream only the reuse one).",
+    "offload.offload_event_removes_drift": "On CUDA, the host-buffer-only fix (a torch.Event recorded after each offload, waited by the prefetch stream; run only where a device probe shows that wait holds) removes the drift in the report's loop, on the first model whose CPU record shows the fix arms narrow (the event closing only the host-buffer hazard, record_stream only the reuse one).",
     "offload.record_stream_removes_drift": "On CUDA, the reuse-only fix (record_stream(default stream) on the prefetched K/V) removes the drift in the report's loop, on the first model whose CPU record shows the fix arms narrow.",
 }
 CLAIM_KINDS = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
                "offload.first_differing_tensor_is_attention_kv": "refutes", "offload.ordering_edge_removes_drift": "beyond",
                "offload.race_observed_on_device": "beyond", "offload.offload_event_removes_drift": "beyond",
                "offload.record_stream_removes_drift": "beyond"}
-MODELS = ("tiny hybrid", "tiny dense")
 SIMULATED = "[simulated on CPU under recording stream stand-ins, not a GPU measurement] "
-
-
-@dataclass
-class GpuExperiment:
-    """Every arm's tables, the calibration per model and dtype, and the settings."""
-
-    steps: Any
-    states: Any
-    timing: Any
-    counts: Any
-    calibration: list[dict[str, Any]]
-    memory: list[dict[str, Any]]
-    settings: dict[str, Any]
-    arms: list[Arm] = field(default_factory=list, repr=False)
-    repeat: list[dict[str, Any]] = field(default_factory=list)
-    edges: Any = None
-
-    def primary(self) -> gd.Key:
-        """The report's own arm: its loop, the hybrid, bfloat16 where it ran."""
-        dtypes = self.settings["dtypes"]
-        return ("report", self.settings["models"][0], "bfloat16" if "bfloat16" in dtypes else dtypes[0])
-
-
-def _tag(frame: Any, **cols: Any) -> Any:
-    for i, (k, v) in enumerate(cols.items()):
-        frame.insert(i, k, v)
-    return frame
-
-
-def calibrate(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, rate: float, simulate: bool) -> dict[str, Any]:
-    """Two offloading `.cpu()` runs with no sleep (the first a warm-up, the same for every model and dtype): the host
-    time to the wrap prefetch in the second, and the sleep chosen from it."""
-    run_arm(model, ids, n_steps, "cpu", True, 0, simulate=simulate)
-    probe = run_arm(model, ids, n_steps, "cpu", True, 0, simulate=simulate)
-    return sleep_plan(host_ms_to_wrap(probe.timing), rate)
-
-
-def _loop_arms(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, cycles: int, fixes: tuple[str, ...],
-               simulate: bool, race_lag: int | None) -> list[Arm]:
-    kw = dict(model=model, ids=ids, n_steps=n_steps, loop=loop, cycles=cycles, simulate=simulate, race_lag=race_lag)
-    base, again = run_arm(offloading=False, **kw), run_arm(offloading=False, **kw)
-    again.name = AGAIN
-    tested = [run_arm(offloading=True, edge=e, **kw) for e in (None, *fixes)]
-    if loop == "report":  # run to run: the report calls its numbers exactly reproducible
-        repeat = run_arm(offloading=True, **kw)
-        repeat.name = OFF_AGAIN
-        tested.append(repeat)
-    return [base, again] + tested
-
-
-def repeat_rows(arms: list[Arm], tags: dict[str, Any]) -> list[dict[str, Any]]:
-    """offloading=True against its own second run, per forward call: max |logit diff| and bitwise equality."""
-    by = {a.name: a for a in arms}
-    if OFF not in by or OFF_AGAIN not in by:
-        return []
-    pairs = zip(by[OFF].run.logits, by[OFF_AGAIN].run.logits)
-    return [{**tags, "step": i, "max_abs_diff": float((a - b).abs().max()), "bitwise_equal": bool(torch.equal(a, b))}
-            for i, (a, b) in enumerate(pairs)]
-
-
-def _compare(arms: list[Arm], dtype: torch.dtype, tags: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any]]:
-    base, again, tested = arms[0], arms[1], arms[2:]
-    steps = [_tag(compare_logits(base.run, again.run, a.run, dtype, a.name), **tags) for a in tested]
-    states = [_tag(compare_states(base.states, again.states, a.states, dtype, a.name, a.calls, a.order), **tags) for a in tested]
-    timing = [_tag(a.timing.copy(), **tags, variant=a.name) for a in tested if a.timing is not None and len(a.timing)]
-    return steps, states, timing
-
-
-def usable_dtypes(dtypes: tuple[str, ...], device: torch.device) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The dtypes this device runs, and the ones left out with the reason (bfloat16 on a GPU without it, e.g. a T4)."""
-    dropped: dict[str, str] = {}
-    if device.type == "cuda" and "bfloat16" in dtypes and not torch.cuda.is_bf16_supported():
-        dropped["bfloat16"] = f"{torch.cuda.get_device_name(device)}: torch.cuda.is_bf16_supported() is False"
-    return tuple(d for d in dtypes if d not in dropped), dropped
-
-
-def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tensor], dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-               loops: tuple[str, ...] = LOOPS, n_steps: int = 4, fixes: tuple[str, ...] = FIXES, simulate: bool = False,
-               race_lag: int | None = None, cycles: int | None = None) -> GpuExperiment:
-    """Every arm on every model, dtype and loop; `cycles` overrides the calibrated sleep."""
-    import pandas as pd
-
-    device = next(iter(ids_of.values())).device
-    dtypes, dropped = usable_dtypes(tuple(dtypes), device)
-    if not dtypes:
-        raise ValueError(f"no dtype left to run: {dropped}")
-    with recording_streams() if simulate else nullcontext():
-        rate = cycles_per_ms()
-    steps, states, timing, calibration, memory, kept, repeat = [], [], [], [], [], [], []
-    for dtype_name in dtypes:
-        dtype = getattr(torch, dtype_name)
-        for name, model in models.items():
-            m = model if next(model.parameters()).dtype == dtype else copy.deepcopy(model).to(dtype)
-            ids = ids_of[name]
-            plan = calibrate(m, ids, n_steps, rate, simulate)
-            sleep = plan["sleep_cycles"] if cycles is None else int(cycles)
-            calibration.append({"model": name, "dtype": dtype_name, **plan, "sleep_cycles_used": sleep})
-            for loop in loops:
-                arms = _loop_arms(m, ids, n_steps, loop, sleep, fixes, simulate, race_lag)
-                tags = {"loop": loop, "model": name, "dtype": dtype_name}
-                s, st, t = _compare(arms, dtype, tags)
-                repeat += repeat_rows(arms, tags)
-                steps += s; states += st; timing += t
-                memory += [{**tags, "variant": a.name, **a.memory, "stale_reads_served": a.stale_reads,
-                            **({"wrap": busy_at_wrap(a.timing)} if a.timing is not None else {})} for a in arms]
-                kept += arms
-    timing_frame = pd.concat(timing, ignore_index=True) if timing else _empty_timing()
-    edges = edge_record(models, ids_of, n_steps) if fixes else None
-    settings = {"device": str(device), "dtypes": list(dtypes), "dtypes_left_out": dropped, "loops": list(loops), "models": list(models),
-                "fixes": list(fixes), "n_steps": n_steps, "input_shape": {k: list(v.shape) for k, v in ids_of.items()},
-                "simulated_on_cpu": simulate, "race_lag": race_lag, "cycles_override": cycles,
-                "empty_cache_between_arms": False, "event_resolution_ms": gd.RESOLUTION_MS}
-    return GpuExperiment(pd.concat(steps, ignore_index=True), pd.concat(states, ignore_index=True),
-                         timing_frame, gd.race_counts(timing_frame),
-                         calibration, memory, settings, kept, repeat, edges)
-
-
-RECORD_LIMIT = 50_000_000  # parameters: models up to this size also get the CPU record of which edge closes which hazard
-
-
-def edge_record(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tensor], n_steps: int) -> Any:
-    """Per model (a float32 CPU copy, tiny models only): which fix edge closes which hazard in the CPU record of the
-    report's loop (helpers.offload.hazards.edge_table); larger models are left out, with the reason."""
-    import pandas as pd
-
-    from .hazards import edge_table
-    from .tracking import EDGES
-
-    frames = []
-    for name, model in models.items():
-        if sum(p.numel() for p in model.parameters()) > RECORD_LIMIT:
-            continue
-        cpu = copy.deepcopy(model).float().cpu()
-        frames.append(edge_table(cpu, ids_of[name].cpu(), n_steps, name, tuple(EDGES), loop="report"))
-    return pd.concat(frames, ignore_index=True) if frames else None
-
-
-def _empty_timing() -> Any:
-    import pandas as pd
-
-    return pd.DataFrame(columns=["loop", "model", "dtype", "variant", "lead_ms", "cross_forward", "overwrote_pending_read",
-                                 "default_busy_at_enqueue"])
 
 
 def decisions(ex: GpuExperiment) -> dict[str, Decision]:
@@ -203,7 +58,7 @@ def decisions(ex: GpuExperiment) -> dict[str, Decision]:
            "offload.first_differing_tensor_is_attention_kv": gd.decide_first_tensor(ex.states, ("cpu", *key[1:])),
            "offload.ordering_edge_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, key, "5.20.0 edge"),
            "offload.race_observed_on_device": gd.decide_race_observed(ex.counts),
-           "offload.offload_event_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, narrow, "offload event"),
+           "offload.offload_event_removes_drift": _event_decision(ex, narrow),
            "offload.record_stream_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, narrow, "record_stream")}
     for cid in ("offload.offload_event_removes_drift", "offload.record_stream_removes_drift"):
         out[cid].evidence["narrow_on_cpu_record"] = gd.narrow_models(ex.edges)
@@ -213,19 +68,32 @@ def decisions(ex: GpuExperiment) -> dict[str, Decision]:
     return out
 
 
+def _event_decision(ex: GpuExperiment, key: gd.Key) -> Decision:
+    """The offload-event fix, where the device probe let its arm run; else skipped with the probe's reason."""
+    if EVENT in ex.settings.get("fixes", (EVENT,)):  # hand-made tables without settings: decided as they are
+        return gd.decide_fix_removes_drift(ex.steps, ex.states, key, EVENT)
+    return Decision(False, {"arm": list(key), "event_probe": ex.settings.get("event_probe")},
+                    f"not run: {ex.settings.get('event_arm_gate') or 'the offload-event arm was not asked for'}", skipped=True)
+
+
 def explain(ex: GpuExperiment) -> list[dict[str, Any]]:
     """Each explanation's prediction and whether the run matched it, per model in the primary dtype, with whether the
-    CPU record says the narrow fix arms are narrow on that model (where they are not, (c) cannot be told from (a))."""
+    CPU record says the narrow fix arms are narrow on that model (where they are not, (c) cannot be told from (a)). Only
+    models that ran both the `.cpu()` loop and the report's loop in that dtype (the predictions read both)."""
     dtype, narrow = ex.primary()[2], gd.narrow_models(ex.edges)
+    ran = {(r.model, r.loop) for r in ex.steps[ex.steps.dtype == dtype].itertuples()}
+    models = [m for m in ex.settings["models"] if (m, "cpu") in ran and (m, "report") in ran]
     return [{"model": model, "dtype": dtype, "fix_arms_narrow_on_cpu_record": model in narrow, **row}
-            for model in ex.settings["models"] for row in gd.explanations(ex.steps, ex.states, ex.counts, model, dtype)]
+            for model in models for row in gd.explanations(ex.steps, ex.states, ex.counts, model, dtype)]
 
 
-def default_models(seed: int = 0, batch_size: int = 2, seq_len: int = 64, device: str = "cuda") -> tuple[dict[str, Any], dict[str, Any]]:
-    """The tiny hybrid and its dense twin (seeded, built from config) and their random ids, on `device`."""
+def default_models(seed: int = 0, batch_size: int = 2, seq_len: int = 64, device: str = "cuda",
+                   names: tuple[str, ...] = MODELS) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The layouts `names` (seeded, built from config: the tiny hybrid, its dense twin, the report's 64-layer layout)
+    and their random ids, on `device`."""
     from .. import hybrid
 
-    models = {name: hybrid.build_layout(name, seed).to(device) for name in MODELS}
+    models = {name: hybrid.build_layout(name, seed).to(device) for name in names}
     return models, {name: random_ids(m, batch_size, seq_len, seed, device) for name, m in models.items()}
 
 
@@ -234,8 +102,8 @@ def results_json(ex: GpuExperiment, seconds: float) -> dict[str, Any]:
     from ..results import verdict_for
 
     records = lambda f: json.loads(f.to_json(orient="records", default_handler=str))  # noqa: E731 - NaN -> null
-    claims = [{"id": cid, "kind": CLAIM_KINDS[cid], "verdict": verdict_for(CLAIM_KINDS[cid], d.holds), "reason": d.why,
-               "deciding": d.deciding, "source": d.source} for cid, d in decisions(ex).items()]
+    claims = [{"id": cid, "kind": CLAIM_KINDS[cid], "verdict": "skipped" if d.skipped else verdict_for(CLAIM_KINDS[cid], d.holds),
+               "reason": d.why, "deciding": d.deciding, "source": d.source} for cid, d in decisions(ex).items()]
     return {"schema": "kvkit-gpu-arms/1", "release": compat.TRANSFORMERS_VERSION, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (simulated)",
             "seconds": round(seconds, 1), "settings": ex.settings, "claims": claims,
@@ -244,6 +112,7 @@ def results_json(ex: GpuExperiment, seconds: float) -> dict[str, Any]:
                        "explanations": json.loads(json.dumps(explain(ex), default=str)),
                        "edges_on_cpu_record": records(ex.edges) if ex.edges is not None else None,
                        "calibration": ex.calibration, "memory": json.loads(json.dumps(ex.memory, default=str)),
+                       "unlagged": gd.unlagged_rows(ex.steps, ex.states),
                        "run_to_run": ex.repeat}}
 
 
@@ -261,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--simulate", action="store_true", help="CPU under the recording stand-ins (a simulation; tests)")
     p.add_argument("--race-lag", type=int, default=None, help="with --simulate: serve stale reads this many cache-update calls")
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    p.add_argument("--lag-from", default=None, help="another run's gpu-arms.json: use its sleep per model and dtype (same lag)")
     args = p.parse_args(argv)
     ok, why = cuda_status()
     if not args.simulate and not (ok and torch.cuda.is_available()):
@@ -268,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out) if args.out else _default_out()
     start = time.perf_counter()
-    models, ids_of = default_models(args.seed, 2, args.seq_len, "cpu" if args.simulate else "cuda")
+    models, ids_of = default_models(args.seed, 2, args.seq_len, "cpu" if args.simulate else "cuda", tuple(args.models))
     ex = experiment(models, ids_of, tuple(args.dtypes), tuple(args.loops), args.n_steps, simulate=args.simulate,
-                    race_lag=args.race_lag)
+                    race_lag=args.race_lag, cycles_of=lag_from(args.lag_from))
     data = results_json(ex, time.perf_counter() - start)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu-arms.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
@@ -278,6 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{c['id']}: {c['verdict']} - {c['reason'][:200]}")
     print(f"wrote {out.name}/gpu-arms.json in {data['seconds']} s")
     return 0
+
+
+def lag_from(path: str | None) -> dict[tuple[str, str], int] | None:
+    """(model, dtype) -> the sleep another run used (its gpu-arms.json calibration table); None: calibrate here."""
+    if not path or not Path(path).is_file():
+        return None
+    rows = json.loads(Path(path).read_text()).get("tables", {}).get("calibration", [])
+    return {(r["model"], r["dtype"]): int(r["sleep_cycles_used"]) for r in rows} or None
 
 
 def _default_out() -> Path:

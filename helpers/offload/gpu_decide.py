@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .arms import OFF, variant_name
+from .arms import OFF, UNLAGGED, variant_name
 from .loops import Decision
 from .replay import REPORT_VALUES
 from .states import ATTENTION_KV, first_difference
@@ -64,6 +64,22 @@ def decide_first_tensor(states: Any, key: Key) -> Decision:
 def drifts(steps: Any, states: Any, key: Key, variant: str) -> bool:
     """Some step beyond the floor, or some state tensor beyond its floor."""
     return bool(_arm(steps, key, variant).differs.any()) or first_difference(_arm(states, key, variant)) is not None
+
+
+def clean(steps: Any, states: Any, key: Key, variant: str) -> bool:
+    """The arm ran and does not drift (an arm that did not run is not clean)."""
+    return len(_arm(steps, key, variant)) > 0 and not drifts(steps, states, key, variant)
+
+
+def unlagged_rows(steps: Any, states: Any) -> list[dict[str, Any]]:
+    """Per key with an unlagged offloading arm: whether it drifts without the injected lag, its largest step diff."""
+    rows = []
+    for (loop, model, dtype), t in steps[steps.variant == UNLAGGED].groupby(["loop", "model", "dtype"], sort=False):
+        key = (loop, model, dtype)
+        rows.append({"loop": loop, "model": model, "dtype": dtype, "drifts_without_lag": drifts(steps, states, key, UNLAGGED),
+                     "max_abs_diff": float(t.max_abs_diff.max()), "steps_beyond_floor": int(t.differs.sum()),
+                     "drifts_with_lag": drifts(steps, states, key, OFF)})
+    return rows
 
 
 def decide_fix_removes_drift(steps: Any, states: Any, key: Key, edge: str) -> Decision:
@@ -148,8 +164,8 @@ def explanations(steps: Any, states: Any, counts: Any, model: str, dtype: str) -
     first = first_difference(_arm(states, cpu, OFF))
     prefill_bitwise = bool(_arm(steps, cpu, OFF).sort_values("step").bitwise_equal.iloc[0]) if len(_arm(steps, cpu, OFF)) else None
     attention_first = first is not None and first["kind"] == ATTENTION_KV
-    event_fixes = {k: not drifts(steps, states, k, variant_name("offload event")) for k in (cpu, rep)}
-    reuse_fixes = {k: not drifts(steps, states, k, variant_name("record_stream")) for k in (cpu, rep)}
+    event_fixes = {k: clean(steps, states, k, variant_name("offload event")) for k in (cpu, rep)}
+    reuse_fixes = {k: clean(steps, states, k, variant_name("record_stream")) for k in (cpu, rep)}
     rows = [
         ("(a) host-buffer race within a forward (wrap)",
          "cpu loop: first offloaded layer differs at the prefill snapshot while prefill logits are bitwise equal; "

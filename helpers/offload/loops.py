@@ -217,8 +217,11 @@ class Decision:
     why: str
     deciding: dict[str, Any] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
+    skipped: bool = False  # not measured (the arm did not run): `why` says why
 
     def record(self, res: Any, claim_id: str, **extra: Any) -> str:
-        """`res.decide(...)` with everything this decision holds (`extra` joins the evidence)."""
+        """`res.decide(...)` with everything this decision holds (`extra` joins the evidence); `res.skip` if skipped."""
+        if self.skipped:
+            return res.skip(claim_id, self.why, {**self.evidence, **extra})
         return res.decide(claim_id, self.holds, {**self.evidence, **extra}, why=self.why,
                           deciding=self.deciding, source=self.source)

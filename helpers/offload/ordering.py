@@ -17,7 +17,8 @@ import torch
 
 from .. import compat
 from .loops import GreedyRun, run_loop
-from .streams import StreamLog, recording_streams
+from .standins import recording_streams
+from .streams import StreamLog
 from .tracking import EDGES, track
 
 PREFETCH = "prefetch copy (host->device)"

@@ -18,7 +18,8 @@ import torch
 from .. import compat
 from ..compare import noise_floor
 from .loops import Decision, GreedyRun, greedy_run, run_loop, step_table
-from .streams import STALE_VALUE, StreamLog, recording_streams
+from .standins import recording_streams
+from .streams import STALE_VALUE, StreamLog
 from .tracking import ordering_edge, track
 
 # transformers issue #48947, Qwen3.8-27B, bf16, batch 2 x 4096 random tokens

@@ -21,7 +21,7 @@ import torch
 from .. import compat
 from ..hybrid import layer_types as config_layer_types
 from .loops import GreedyRun, greedy_run
-from .streams import recording_streams
+from .standins import recording_streams
 from .tracking import track
 
 LINEAR_TYPES = ("linear_attention",)

@@ -1,8 +1,8 @@
 """A recording model of the CUDA stream API: which copy is ordered before which read.
 
 The offloading path of `Cache.update` enqueues non-blocking copies on two CUDA streams. Where there
-is no GPU (or in the tests), `recording_streams()` replaces torch.Stream, torch.cuda.Stream,
-torch.cuda.stream, default_stream, current_stream, synchronize, Event and _sleep by stand-ins that
+is no GPU (or in the tests), `recording_streams()` (helpers.offload.standins) replaces torch.Stream, torch.cuda.Stream,
+torch.cuda.stream, default_stream, current_stream, synchronize, torch.Event, torch.cuda.Event and _sleep by stand-ins that
 record, in host order, every stream created, every `wait_stream` / `record_event` / `wait_event` /
 synchronize, and which stream is current (`with stream:`). helpers.offload.tracking.track adds, per
 cache layer, the copies and the compute those calls order: an offload reads the layer's device K/V and
@@ -21,23 +21,26 @@ allocated pinned buffer. This is a simulation of the hypothesis, not a measureme
 
 Device timeline of the stand-ins (a model of the hardware, used only to run the GPU arms' event timing on CPU):
 every enqueued op starts when the host has enqueued it (the host spends STAND_IN_HOST_MS per enqueue) and its
-stream has finished earlier work (waits join stream times); `torch.cuda._sleep(c)` lasts c / STAND_IN_CYCLES_PER_MS
+stream has finished earlier work (waits join stream times); `torch.cuda._sleep(c)` lasts c / standins.STAND_IN_CYCLES_PER_MS
 ms, every other op takes no time. Stand-in events then give `elapsed_time` and `query()` from that timeline.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
-
-import torch
+from typing import Any
 
 Clock = dict[str, int]
-STREAM_API = ("torch.Stream", "torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.default_stream",
-              "torch.cuda.current_stream", "torch.cuda.synchronize", "torch.cuda.Event", "torch.cuda._sleep")
-STAND_IN_CYCLES_PER_MS = 1_000_000.0  # the stand-ins' clock: torch.cuda._sleep(c) lasts c / this ms
 STAND_IN_HOST_MS = 0.001  # host time per enqueued op in the stand-ins' timeline
 STALE_VALUE = "zeros (what a freshly allocated pinned host buffer holds in this replay)"
+# The two stream and event kinds the stand-ins model. torch 2.13: `torch.cuda.Stream.wait_event(e)` is `e.wait(self)`
+# (torch/cuda/streams.py), a real cudaStreamWaitEvent for either event kind; `torch.Stream.wait_event(e)` is C++
+# (torch/csrc/Stream.cpp, THPStream_wait_event: `c10::Stream::unpack3(...).wait(event->event)`) and waits on the base
+# c10::Event of `e`. A torch.cuda.Event is `struct THCPEvent : THPEvent { at::cuda::CUDAEvent cuda_event; }`
+# (torch/csrc/cuda/Event.h) whose record() fills only `cuda_event`, and c10's InlineEvent::block returns at once when
+# the event was never recorded (`if (!was_marked_for_recording_) return;`, c10/core/impl/InlineEvent.h): so
+# torch.Stream.wait_event(torch.cuda.Event) waits on nothing. torch.Event(device="cuda") records its c10::Event, on
+# either stream kind (`struct THCPStream : THPStream`, torch/csrc/cuda/Stream.h: a torch.cuda.Stream is a torch.Stream).
+TORCH_STREAM, CUDA_STREAM, TORCH_EVENT, CUDA_EVENT = "torch.Stream", "torch.cuda.Stream", "torch.Event", "torch.cuda.Event"
 
 
 def join(a: Clock, b: Clock) -> Clock:
@@ -65,10 +68,10 @@ class StreamLog:
     ready: dict[str, float] = field(default_factory=dict)
 
     # --- streams and their clocks ---
-    def new_stream(self, how: str, name: str | None = None) -> "RecStream":
-        """A new recorded stream (the default stream is named 'default')."""
+    def new_stream(self, how: str, name: str | None = None, api: str = CUDA_STREAM) -> "RecStream":
+        """A new recorded stream of kind `api` (the default stream, a torch.cuda.Stream, is named 'default')."""
         self.n_streams += 1
-        stream = RecStream(self, name or f"stream {self.n_streams}")
+        stream = RecStream(self, name or f"stream {self.n_streams}", api)
         self.clocks[stream.name] = dict(self.host)
         self._note("create", stream.name, detail=how)
         return stream
@@ -120,6 +123,11 @@ class StreamLog:
         self.clocks[stream.name] = join(self.clocks[stream.name], event.clock)
         self.ready[stream.name] = max(self.ready.get(stream.name, 0.0), event.t)
         self._note("wait_event", stream.name, detail=f"event {event.ident}")
+
+    def ignored_wait(self, stream: "RecStream", event: "RecEvent") -> None:
+        """A wait that orders nothing: torch.Stream.wait_event on a torch.cuda.Event (see CUDA_EVENT above)."""
+        self._note("wait_event ignored", stream.name, detail=f"{stream.api}.wait_event({event.api} {event.ident}): "
+                   "waits on the event's unrecorded c10::Event")
 
     def host_wait(self, clock: Clock, what: str, why: str = "", until: float = 0.0) -> None:
         """The host blocks until work up to `clock` (modelled time `until`) is done: everything enqueued later is after it."""
@@ -182,12 +190,13 @@ class StreamLog:
 
 
 class RecStream:
-    """Stand-in for a CUDA stream: a context manager and the wait/record/synchronize calls, recorded."""
+    """Stand-in for a CUDA stream of kind `api` (torch.Stream or torch.cuda.Stream): a context manager and the
+    wait/record/synchronize calls, recorded."""
 
     device_type = "cuda"
 
-    def __init__(self, log: StreamLog, name: str) -> None:
-        self.log, self.name = log, name
+    def __init__(self, log: StreamLog, name: str, api: str = CUDA_STREAM) -> None:
+        self.log, self.name, self.api = log, name, api
 
     def __repr__(self) -> str:
         return f"<recorded stream {self.name}>"
@@ -204,10 +213,14 @@ class RecStream:
         self.log.wait_stream(self, other)
 
     def wait_event(self, event: "RecEvent") -> None:
-        self.log.wait_event(self, event)
+        """torch.cuda.Stream: `event.wait(self)`, a real wait; torch.Stream: no wait on a torch.cuda.Event."""
+        if self.api == TORCH_STREAM and event.api == CUDA_EVENT:
+            self.log.ignored_wait(self, event)
+        else:
+            self.log.wait_event(self, event)
 
     def record_event(self, event: "RecEvent | None" = None) -> "RecEvent":
-        event = event or RecEvent(self.log)
+        event = event or RecEvent(self.log, api=TORCH_EVENT if self.api == TORCH_STREAM else CUDA_EVENT)
         self.log.record_event(self, event)
         return event
 
@@ -220,10 +233,11 @@ class RecStream:
 
 
 class RecEvent:
-    """Stand-in for torch.cuda.Event: record / wait / synchronize, recorded."""
+    """Stand-in for torch.cuda.Event or torch.Event (`api`): record / wait / synchronize, recorded; `wait(stream)` is
+    a real wait for both kinds."""
 
-    def __init__(self, log: StreamLog, *args: Any, **kwargs: Any) -> None:
-        self.log, self.clock, self.t = log, {}, 0.0
+    def __init__(self, log: StreamLog, *args: Any, api: str = CUDA_EVENT, **kwargs: Any) -> None:
+        self.log, self.clock, self.t, self.api = log, {}, 0.0, api
         self.ident = sum(e["op"] == "record_event" for e in log.events) + 1
 
     def record(self, stream: RecStream | None = None) -> None:
@@ -241,65 +255,3 @@ class RecEvent:
     def elapsed_time(self, end: "RecEvent") -> float:
         """Modelled ms from this event to `end` (the stand-ins' timeline, not a measurement)."""
         return end.t - self.t
-
-
-class _StreamContext:
-    def __init__(self, stream: RecStream | None) -> None:
-        self.stream = stream
-
-    def __enter__(self) -> RecStream | None:
-        return self.stream.__enter__() if self.stream is not None else None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return self.stream.__exit__(*exc) if self.stream is not None else False
-
-
-def _stand_ins(log: StreamLog) -> dict[str, Callable[..., Any]]:
-    def sleep(cycles: int) -> None:
-        log.enqueue(log.current(), "sleep", duration_ms=int(cycles) / STAND_IN_CYCLES_PER_MS, detail=f"{int(cycles)} cycles")
-
-    return {
-        "torch.Stream": lambda *a, **k: log.new_stream("torch.Stream()"),
-        "torch.cuda.Stream": lambda *a, **k: log.new_stream("torch.cuda.Stream()"),
-        "torch.cuda.stream": lambda stream=None: _StreamContext(stream),
-        "torch.cuda.default_stream": lambda device=None: log.default_stream(),
-        "torch.cuda.current_stream": lambda device=None: log.current(),
-        "torch.cuda.synchronize": lambda device=None: log.synchronize(None, "torch.cuda.synchronize()"),
-        "torch.cuda.Event": lambda *a, **k: RecEvent(log, *a, **k),
-        "torch.cuda._sleep": sleep,
-    }
-
-
-def _resolve(qualname: str) -> tuple[Any, str]:
-    owner = torch.cuda if qualname.startswith("torch.cuda.") else torch
-    return owner, qualname.rsplit(".", 1)[-1]
-
-
-@contextmanager
-def recording_streams(log: StreamLog | None = None) -> Iterator[StreamLog]:
-    """Replace the CUDA stream API by recording stand-ins, restored on exit (also after an error)."""
-    log = log or StreamLog()
-    originals: list[tuple[Any, str, Any]] = []
-    try:
-        for qualname, fn in _stand_ins(log).items():
-            owner, attr = _resolve(qualname)
-
-            def counted(*args: Any, _fn: Callable[..., Any] = fn, _q: str = qualname, **kwargs: Any) -> Any:
-                log.calls[_q] = log.calls.get(_q, 0) + 1
-                return _fn(*args, **kwargs)
-
-            counted.kvkit_stand_in = True  # type: ignore[attr-defined]
-            originals.append((owner, attr, getattr(owner, attr, None)))
-            setattr(owner, attr, counted)
-        yield log
-    finally:
-        for owner, attr, original in reversed(originals):
-            if original is None:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, original)
-
-
-def stand_ins_active() -> list[str]:
-    """The stand-ins currently installed (none may be left after the context manager)."""
-    return [q for q in STREAM_API if getattr(getattr(*_resolve(q), None), "kvkit_stand_in", False)]

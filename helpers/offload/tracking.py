@@ -89,10 +89,20 @@ def instrument(cache: Any, on_update: Callable[[str, tuple[Any, ...], dict[str, 
         yield
 
 
+def _stale(layer: Any, held: tuple[Any, Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """What a stale read of the layer's host buffer returns: what the pool's block held before (helpers.offload.pool),
+    else zeros (a freshly allocated pinned buffer)."""
+    if held is not None and held[0] is not None and held[1] is not None:
+        return held[0].clone(), held[1].clone()
+    return torch.zeros_like(layer.keys), torch.zeros_like(layer.values)
+
+
 @contextmanager
-def track(cache: Any, log: StreamLog, lag: int | None = None) -> Iterator[StreamLog]:
-    """Enter every copy/compute of the offloading path into `log`; with `lag`, serve stale reads."""
+def track(cache: Any, log: StreamLog, lag: int | None = None, pool: Any = None) -> Iterator[StreamLog]:
+    """Enter every copy/compute of the offloading path into `log`; with `lag`, serve stale reads (zeros, or with a
+    `pool.SimPool` what the reused pinned block held before)."""
     where: dict[int, str] = {}
+    held: dict[int, tuple[Any, Any]] = {}
 
     def on_update(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         log.update_index += 1
@@ -109,11 +119,14 @@ def track(cache: Any, log: StreamLog, lag: int | None = None) -> Iterator[Stream
             if method == "offload" and _holds_kv(layer):
                 log.access("offload copy (device->host)", idx, device_buffer(idx), host_buffer(idx))
                 where[idx] = "host"
+                if pool is not None:
+                    keys, values = compat.layer_kv(layer)
+                    held[idx] = (pool.fill(idx, "keys", keys), pool.fill(idx, "values", values))
             elif method == "prefetch" and _holds_kv(layer) and where.get(idx) == "host":
                 event = log.access("prefetch copy (host->device)", idx, host_buffer(idx), device_buffer(idx))
                 where[idx] = "device"
                 if lag and event["read_ordered"] is False and event["calls_since_producer"] < lag:
-                    layer.keys, layer.values = torch.zeros_like(layer.keys), torch.zeros_like(layer.values)
+                    layer.keys, layer.values = _stale(layer, held.get(idx))
                     event["served_stale"] = True
             return out
         return wrapper
@@ -137,18 +150,30 @@ def ordering_edge(cache: Any, device: str | torch.device | None = None) -> Itera
         yield cache
 
 
+def device_event(device: str | torch.device | None = None) -> Any:
+    """The offload-event arm's event: a `torch.Event` on the CUDA device, which any stream kind really waits for."""
+    return torch.Event(device=device if device is not None else "cuda")
+
+
+def cuda_event(device: str | torch.device | None = None) -> Any:
+    """`torch.cuda.Event()`: what a `torch.Stream` (5.17.0's prefetch stream with torch >= 2.7) does NOT wait for
+    (helpers.offload.streams, CUDA_EVENT); the device probe's control and the tests' no-op form."""
+    return torch.cuda.Event()
+
+
 @contextmanager
-def offload_event_edge(cache: Any) -> Iterator[Any]:
-    """Host-buffer-only fix arm: an event recorded after each layer's offload copy (on the stream the
-    offload runs on, the default stream) and waited by the prefetch stream before that layer's prefetch."""
+def offload_event_edge(cache: Any, device: str | torch.device | None = None,
+                       make_event: Callable[..., Any] | None = None) -> Iterator[Any]:
+    """Host-buffer-only fix arm: an event (`make_event`, a torch.Event) recorded after each layer's offload copy (on
+    the stream the offload runs on, the default stream) and waited by the prefetch stream before that layer's prefetch."""
     events: dict[int, Any] = {}
     with _patched() as undo:
         for idx, layer in enumerate(compat.cache_layers(cache)):
             def offload_of(original: Callable[..., Any], idx: int = idx) -> Callable[..., Any]:
                 def offload(*args: Any, **kwargs: Any) -> Any:
                     out = original(*args, **kwargs)
-                    event = torch.cuda.Event()
-                    event.record(torch.cuda.current_stream())
+                    event = (make_event or device_event)(device)
+                    event.record(torch.cuda.current_stream(device))
                     events[idx] = event
                     return out
                 return offload

@@ -2,10 +2,13 @@
 prefetch-stream ordering edge), plus any `--releases`, without jupyter. Each release runs in its own environment
 (envs.ensure_env with GPU_MODULES: torch, transformers, pandas, matplotlib; the pinned release is the running
 environment; 5.20.0 installs offline from wheels/ when `make gpu-wheels` put it there) with
-`python -m helpers.offload.gpu --out outputs/gpu/<release> --dtypes float32 bfloat16`, the code notebook 05 runs.
-Notebook 07's FlashAttention-2 step (`-p device cuda -p dtype float16`) follows where papermill imports. The
-verdicts of every release are printed and written, with the seconds each took, to outputs/gpu/gpu-check.json.
-Without CUDA it says why in one line and exits 2 before building or running anything.
+`python -m helpers.offload.gpu --out <out>/<release> --dtypes float32 bfloat16`, the code notebook 05 runs (releases
+after the first with `--lag-from` the first's results: the same lag). Notebook 07's FlashAttention-2 step (`-p device
+cuda -p dtype float16`) follows where papermill imports. Every step has its own timeout (`--timeout`, and a whole
+`--budget`), so a hang loses that step only. Everything goes under one folder (`--out`, default outputs/gpu): the
+plan, each step's log, each release's results, and gpu-check.json with every release's verdicts, their seconds and
+the claim that compares releases (helpers.offload.releases). Without CUDA it says why in one line and exits 2
+before building or running anything.
 """
 from __future__ import annotations
 
@@ -19,12 +22,12 @@ from typing import Any, Callable
 
 from ..paths import output_dir, repo_root
 from ..report.records import load_json
+from .gpu_plan import EDGE_RELEASE, STEP_TIMEOUT, make_plan, plan_lines, releases_to_run  # noqa: F401 - releases_to_run: API
 
 ARMS_MODULE, ARMS_FILE, DTYPES = "helpers.offload.gpu", "gpu-arms.json", ("float32", "bfloat16")
 # Notebook 07's FlashAttention-2 column, run after the arms in the same release environment (float16, flash_attn).
 FLASH_NOTEBOOK, FLASH_ARGS = "07_regression_families", ("-p", "device", "cuda", "-p", "dtype", "float16")
 FLASH_CLAIM, FLASH_SKIPPED = "regress.flash_attention_2_matches_sdpa", "skipped: papermill not installed"
-EDGE_RELEASE = "5.20.0"
 CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
           "offload.ordering_edge_removes_drift", "offload.race_observed_on_device",
           "offload.offload_event_removes_drift", "offload.record_stream_removes_drift", FLASH_CLAIM)
@@ -32,24 +35,31 @@ NO_CUDA = 2
 TORCH_PROBE = "import torch; print(torch.version.cuda, torch.cuda.is_available())"
 SIMULATED = ("simulated", True, "")  # --simulate: torch_cuda's answer taken as given (tests only)
 Probe = Callable[[str], "tuple[str | None, bool, str]"]
-Step = Callable[[str, Path, float], "int | str"]  # an exit status, or why the step was skipped
+Step = Callable[..., "int | str"]  # (python, out, timeout[, extra]): an exit status, or why the step was skipped
+TIMED_OUT, MIN_STEP_S = 124, 10.0
 
 
-def releases_to_run(extra: list[str] | None) -> list[str]:
-    """The pinned release, 5.20.0, then `extra`, without repeats."""
-    from ..matrix.envs import pinned_release
-
-    return list(dict.fromkeys([r for r in [pinned_release(), EDGE_RELEASE, *(extra or [])] if r]))
+def _text(data: Any) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
-def _call(cmd: list[str], out: Path | None, timeout: float, **kw: Any) -> int:
-    """`cmd` from the checkout's root in a release python's environment; its exit status (124 on timeout)."""
+def _call(cmd: list[str], out: Path | None, timeout: float, log: Path | None = None, **kw: Any) -> int:
+    """`cmd` from the checkout's root in a release python's environment; its exit status (124 on timeout). With
+    `log`, its output goes there (also when it timed out) and its last lines are printed."""
     from ..matrix.envs import child_env
 
+    if log is not None:
+        kw.update(capture_output=True, text=True)
     try:
-        return subprocess.run(cmd, cwd=str(repo_root()), env=child_env(out), timeout=timeout, **kw).returncode
-    except subprocess.TimeoutExpired:
-        return 124
+        done = subprocess.run(cmd, cwd=str(repo_root()), env=child_env(out), timeout=timeout, **kw)
+        rc, out_text, err = done.returncode, _text(getattr(done, "stdout", "")), _text(getattr(done, "stderr", ""))
+    except subprocess.TimeoutExpired as exc:
+        rc, out_text, err = TIMED_OUT, _text(exc.stdout) + f"\n[gpu-check] timed out after {timeout:.0f} s\n", _text(exc.stderr)
+    if log is not None:
+        log.write_text(out_text + ("\n--- stderr ---\n" + err if err else ""))
+        shown = (out_text if rc == 0 else out_text + err).strip().splitlines()[-12:]  # the error's tail where it failed
+        print("\n".join(f"  | {line}" for line in shown), flush=True)
+    return rc
 
 
 def torch_cuda(python: str) -> tuple[str | None, bool, str]:
@@ -85,13 +95,18 @@ def refusal_line(reason: str) -> str:
 
 
 def run_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> int:
-    """`python -m helpers.offload.gpu --out <out> --dtypes float32 bfloat16`; its exit status (2: it refused)."""
-    return _call([python, "-m", ARMS_MODULE, "--out", str(out), "--dtypes", *DTYPES, *extra], out, timeout)
+    """`python -m helpers.offload.gpu --out <out> --dtypes float32 bfloat16 [extra]`, its output in <out>/arms.log;
+    its exit status (2: it refused, 124: timed out)."""
+    out.mkdir(parents=True, exist_ok=True)
+    return _call([python, "-m", ARMS_MODULE, "--out", str(out), "--dtypes", *DTYPES, *extra], out, timeout, out / "arms.log")
 
 
-def simulated_arms(python: str, out: Path, timeout: float) -> int:
-    """run_arms with --simulate: the arms on CPU under stand-ins (tests only)."""
-    return run_arms(python, out, timeout, ("--simulate",))
+SIMULATED_SIZE = ("--seq-len", "8", "--n-steps", "3")  # --simulate: small inputs, so that the CPU run is short
+
+
+def simulated_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> int:
+    """run_arms with --simulate and small inputs: the arms on CPU under stand-ins (tests only)."""
+    return run_arms(python, out, timeout, (*extra, *SIMULATED_SIZE, "--simulate"))
 
 
 def no_flash(python: str, out: Path, timeout: float) -> str:
@@ -107,7 +122,7 @@ def run_flash(python: str, out: Path, timeout: float) -> int | str:
     import."""
     if not has_papermill(python):
         return FLASH_SKIPPED
-    return _call([python, "-m", "helpers.pipeline.run", "run", "07", *FLASH_ARGS], out, timeout)
+    return _call([python, "-m", "helpers.pipeline.run", "run", "07", *FLASH_ARGS], out, timeout, out / "flash.log")
 
 
 def verdicts(out: Path) -> dict[str, str]:
@@ -124,18 +139,34 @@ def arms_facts(out: Path) -> dict[str, Any]:
     return {k: data.get(k) for k in ("schema", "release", "torch", "device_name", "seconds")}
 
 
-def _timed(step: Step, python: str, out: Path, timeout: float) -> tuple[int | str, float]:
+def _timed(step: Step, python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> tuple[int | str, float]:
     start = time.perf_counter()
-    rc = step(python, out, timeout)
+    rc = step(python, out, timeout, extra) if extra else step(python, out, timeout)
     return rc, round(time.perf_counter() - start, 1)
 
 
+def step_timeout(timeout: float, deadline: float | None) -> float:
+    """The step's timeout: `timeout`, or what is left of the budget when less (0: nothing left)."""
+    left = timeout if deadline is None else min(timeout, deadline - time.monotonic())
+    return left if left >= MIN_STEP_S else 0.0
+
+
+def _step(step: Step, python: str, out: Path, timeout: float, deadline: float | None, extra: tuple[str, ...] = ()) -> tuple[int | str, float]:
+    allowed = step_timeout(timeout, deadline)
+    if not allowed:
+        return "skipped: the budget was spent", 0.0
+    return _timed(step, python, out, allowed, extra)
+
+
 def check_release(release: str, timeout: float, run: Step = run_arms, flash: Step = run_flash,
-                  probe: Probe = torch_cuda, log: Callable[..., None] = print) -> dict[str, Any]:
-    """Prepare the release's environment, run the GPU arms in it, then notebook 07's flash step."""
+                  probe: Probe = torch_cuda, log: Callable[..., None] = print, root: Path | None = None,
+                  lag_from: Path | None = None, deadline: float | None = None) -> dict[str, Any]:
+    """Prepare the release's environment, run the GPU arms in it (with `lag_from`'s lag), then notebook 07's flash step."""
     from ..matrix import envs
 
-    out = output_dir("gpu", release)
+    root = root or output_dir("gpu")
+    out = root / release
+    out.mkdir(parents=True, exist_ok=True)
     for stale in (out / ARMS_FILE, out / "results" / f"{FLASH_NOTEBOOK}.json"):
         stale.unlink(missing_ok=True)
     start = time.perf_counter()
@@ -147,14 +178,18 @@ def check_release(release: str, timeout: float, run: Step = run_arms, flash: Ste
         row["environment_ok"] = not row["reason"]
     if row["environment_ok"] and env.python:
         log(f"[gpu-check] transformers {release}: running the GPU arms ({ARMS_MODULE})", flush=True)
-        row["rc"], row["arms_seconds"] = _timed(run, env.python, out, timeout)
-        row["flash_rc"], row["flash_seconds"] = _timed(flash, env.python, out, timeout)
+        extra = ("--lag-from", str(lag_from)) if lag_from is not None and lag_from.is_file() else ()
+        row["lag_from"] = lag_from.parent.name if extra else None
+        row["rc"], row["arms_seconds"] = _step(run, env.python, out, timeout, deadline, extra)
+        if isinstance(row["rc"], str):  # the budget was spent before the arms
+            row["reason"], row["rc"] = row["rc"], None
+        row["flash_rc"], row["flash_seconds"] = _step(flash, env.python, out, timeout, deadline)
     row["seconds"] = round(time.perf_counter() - start, 1)
     row["verdicts"] = verdicts(out)
     if isinstance(row["flash_rc"], str):  # skipped, and why
         row["verdicts"][FLASH_CLAIM], row["flash_rc"] = row["flash_rc"], None
     row["arms"] = arms_facts(out)
-    row["results"] = f"outputs/gpu/{release}/{ARMS_FILE}"
+    row["results"] = f"{root.name}/{release}/{ARMS_FILE}"
     return row
 
 
@@ -166,19 +201,23 @@ def release_ok(row: dict[str, Any]) -> bool:
 def _status(row: dict[str, Any]) -> str:
     if not row["environment_ok"]:
         return f"no environment: {row['reason']}"
+    if row["rc"] is None:
+        return f"not run: {row['reason']}"
     if row["rc"] == NO_CUDA:
         return "the GPU arms refused (exit 2: CUDA unusable)"
+    if row["rc"] == TIMED_OUT:
+        return f"the GPU arms timed out after {row.get('arms_seconds', 0):.0f} s (the per-step timeout)"
     flash = "" if row["flash_rc"] in (0, None) else f", notebook 07 exit {row['flash_rc']}"
     return ("ok" if row["rc"] == 0 else f"exit {row['rc']}") + flash
 
 
-def print_rows(rows: list[dict[str, Any]], total: float) -> None:
+def print_rows(rows: list[dict[str, Any]], total: float, root: Path) -> None:
     for row in rows:
         device = f" on {row['arms']['device_name']}" if row["arms"].get("device_name") else ""
         print(f"transformers {row['release']}: {_status(row)} in {row['seconds']:.0f}s{device} -> {row['results']}")
         for cid in CLAIMS:
             print(f"  {cid}: {row['verdicts'].get(cid, 'no result')}")
-    print(f"gpu-check: {len(rows)} release(s) in {total:.0f}s -> outputs/gpu/gpu-check.json")
+    print(f"gpu-check: {len(rows)} release(s) in {total:.0f}s -> {root.name}/gpu-check.json")
 
 
 def refusal(cuda: tuple[bool, str] | None, probe: Probe) -> str:
@@ -191,12 +230,27 @@ def refusal(cuda: tuple[bool, str] | None, probe: Probe) -> str:
     return probe_refusal(sys.executable, probe(sys.executable))
 
 
+def cross_release(rows: list[dict[str, Any]], root: Path) -> dict[str, Any]:
+    """The claim comparing the first release without the ordering edge with the first release with it."""
+    from packaging.version import Version
+
+    from ...offload.releases import decide
+
+    before = [r["release"] for r in rows if Version(r["release"]) < Version(EDGE_RELEASE)]
+    load = lambda release: load_json(root / release / ARMS_FILE) if release else {}  # noqa: E731
+    with_edge = EDGE_RELEASE if any(r["release"] == EDGE_RELEASE for r in rows) else None
+    return decide(load(before[0] if before else None), load(with_edge))
+
+
 def main(argv: list[str] | None = None, cuda: tuple[bool, str] | None = None, probe: Probe = torch_cuda,
          run: Step = run_arms, flash: Step = run_flash) -> int:
     parser = argparse.ArgumentParser(prog="gpu-check", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--releases", nargs="*", default=None, help="releases besides the pinned one and 5.20.0")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per step and release (default 600)")
+    parser.add_argument("--timeout", type=float, default=STEP_TIMEOUT, help=f"seconds per step (default {STEP_TIMEOUT:.0f})")
+    parser.add_argument("--budget", type=float, default=0.0, help="seconds for the whole check (0: no limit); a step "
+                        "gets what is left when that is less than --timeout")
+    parser.add_argument("--out", default=None, help="the one folder everything goes to (default outputs/gpu)")
     parser.add_argument("--simulate", action="store_true",
                         help="tests only: no CUDA refusal, the arms with --simulate (CPU stand-ins), no flash step")
     args = parser.parse_args(argv)
@@ -207,11 +261,24 @@ def main(argv: list[str] | None = None, cuda: tuple[bool, str] | None = None, pr
         print(refusal_line(why))
         return NO_CUDA
     start = time.perf_counter()
-    rows = [check_release(r, args.timeout, run, flash, probe) for r in releases_to_run(args.releases)]
+    deadline = time.monotonic() + args.budget if args.budget > 0 else None
+    root = Path(args.out) if args.out else output_dir("gpu")
+    root.mkdir(parents=True, exist_ok=True)
+    releases = releases_to_run(args.releases)
+    plan = make_plan(releases, args.timeout)
+    (root / "plan.txt").write_text("\n".join(plan_lines(plan)) + "\n")
+    rows: list[dict[str, Any]] = []
+    for release in releases:
+        first = next((r for r in rows if r["rc"] == 0), None)  # later releases take the first one's lag
+        lag_from = root / first["release"] / ARMS_FILE if first else None
+        rows.append(check_release(release, args.timeout, run, flash, probe, root=root, lag_from=lag_from, deadline=deadline))
     total = round(time.perf_counter() - start, 1)
-    summary = {"schema": "kvkit-gpu-check/1", "seconds": total, "releases": rows}
-    (output_dir("gpu") / "gpu-check.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print_rows(rows, total)
+    claim = cross_release(rows, root)
+    summary = {"schema": "kvkit-gpu-check/1", "seconds": total, "step_timeout_s": args.timeout, "budget_s": args.budget or None,
+               "releases": rows, "claims": [claim], "plan": plan}
+    (root / "gpu-check.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+    print_rows(rows, total, root)
+    print(f"{claim['id']}: {claim['verdict']} - {claim['reason']}")
     return 0 if all(release_ok(r) for r in rows) else 1
 
 

@@ -1,0 +1,94 @@
+"""What the GPU arms run, in one place: `python -m helpers.offload.gpu` runs it and `make gpu-plan` prints it.
+
+Per model, dtype and loop: offloading=False twice (the noise floor), offloading=True, offloading=True with each fix
+edge, all under the calibrated device lag; in the report's loop also offloading=True again (run to run) and
+offloading=True with no injected lag (does the model drift by itself?). The report's own 64-layer layout (48
+linear_attention / 16 full_attention) runs in its dtype (bfloat16) and its loop only. Before every offloading arm
+the pinned host pool is poisoned (helpers.offload.pool).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .arms import AGAIN, BASE, FIXES, OFF, OFF_AGAIN, UNLAGGED, variant_name
+from .calibrate import MAX_SLEEP_MS, SLEEP_FACTOR, WARM_MS
+from .loops import LOOPS
+from .pool import POISON
+from .probe import PROBE_MS
+
+MODELS = ("tiny hybrid", "tiny dense", "report layout (64)")
+RESTRICTED = {"report layout (64)": (("bfloat16",), ("report",))}  # the report's layout: its dtype and loop only
+CALIBRATION_RUNS = 2  # offloading `.cpu()` runs with no sleep (a warm-up, then the probe of the host time)
+# The estimate's host cost per forward on a GPU machine (eager, offloading, timing events): an assumption, stated.
+HOST_MS_BASE, HOST_MS_PER_LAYER = 5.0, 1.0
+START_S, ENV_S = 40.0, 30.0  # imports, CUDA context, models, the CPU edge record; the 5.20.0 environment from wheels/
+
+Arm = tuple[str, bool, "str | None", bool]  # (variant, offloading, fix edge, lagged)
+
+
+def arms_of(loop: str, fixes: tuple[str, ...] = FIXES, unlagged: bool = True) -> list[Arm]:
+    """The arms of one loop, in run order."""
+    arms: list[Arm] = [(BASE, False, None, True), (AGAIN, False, None, True), (OFF, True, None, True)]
+    arms += [(variant_name(e), True, e, True) for e in fixes]
+    if loop == "report":
+        arms.append((OFF_AGAIN, True, None, True))
+        if unlagged:
+            arms.append((UNLAGGED, True, None, False))
+    return arms
+
+
+def model_runs(models: tuple[str, ...], dtypes: tuple[str, ...], loops: tuple[str, ...],
+               restricted: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] | None = None) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(model, dtype, loops) in run order: dtypes outer, models inner; a restricted model only in its dtypes and loops."""
+    restricted = RESTRICTED if restricted is None else restricted
+    out = []
+    for dtype in dtypes:
+        for model in models:
+            only = restricted.get(model)
+            if only and dtype not in only[0]:
+                continue
+            kept = tuple(l for l in loops if not only or l in only[1])
+            if kept:
+                out.append((model, dtype, kept))
+    return out
+
+
+def layers_of(model: str) -> dict[str, int]:
+    """The layout's layer counts (helpers.hybrid.LAYOUTS)."""
+    from .. import hybrid
+
+    types = hybrid.LAYOUTS[model]()
+    return {"layers": len(types), "linear_attention": types.count("linear_attention"),
+            "full_attention": types.count("full_attention")}
+
+
+def plan(releases: list[str], models: tuple[str, ...] = MODELS, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
+         loops: tuple[str, ...] = LOOPS, n_steps: int = 4, step_timeout: float = 200.0) -> dict[str, Any]:
+    """Everything one release runs, with the expected device time (an estimate from the sleep cap and HOST_MS_*)."""
+    runs = model_runs(models, dtypes, loops)
+    rows, forwards, seconds = [], 0, 0.0
+    for model, dtype, kept in runs:
+        host_ms = HOST_MS_BASE + HOST_MS_PER_LAYER * layers_of(model)["layers"]
+        lagged, unlagged = 0, CALIBRATION_RUNS
+        sleep_ms = min(MAX_SLEEP_MS, SLEEP_FACTOR * host_ms)
+        for loop in kept:
+            arms = arms_of(loop)
+            rows += [{"model": model, "dtype": dtype, "loop": loop, "arm": a[0],
+                      "lag": "calibrated" if a[3] else "unlagged"} for a in arms]
+            lagged += sum(a[3] for a in arms)
+            unlagged += sum(not a[3] for a in arms)
+        forwards += (lagged + unlagged) * n_steps
+        seconds += n_steps * (lagged * (sleep_ms + host_ms) + unlagged * host_ms) / 1e3
+    per_release = START_S + seconds + (WARM_MS + 2 * PROBE_MS) / 1e3
+    return {"releases": releases, "layouts": {m: layers_of(m) for m in dict.fromkeys(m for m, _, _ in runs)},
+            "runs": [{"model": m, "dtype": d, "loops": list(l)} for m, d, l in runs], "arms": rows,
+            "forwards_per_release": forwards, "n_steps": n_steps,
+            "pool_poisoning": f"before every offloading arm: cached pinned blocks of the arm's K/V sizes checked out, "
+                              f"filled with {POISON} (finite), released",
+            "event_probe": f"{PROBE_MS:.0f} ms _sleep on the default stream, the event waited on the prefetch stream, "
+                           "query(): the offload-event arm runs only if it held",
+            "step_timeout_s": step_timeout, "seconds_per_release": round(per_release),
+            "expected_minutes": round((len(releases) * per_release + ENV_S) / 60, 1),
+            "assumptions": f"host {HOST_MS_BASE:.0f} ms + {HOST_MS_PER_LAYER:.0f} ms per layer per forward, the sleep "
+                           f"{SLEEP_FACTOR:.0f} x that (cap {MAX_SLEEP_MS:.0f} ms) on every lagged forward; {START_S:.0f} s start-up per release; "
+                           f"{ENV_S:.0f} s for the other release's environment"}

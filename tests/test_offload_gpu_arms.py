@@ -1,0 +1,160 @@
+"""Issue 37's GPU-arm changes, on CPU under the recording stand-ins (a simulation): the pinned pool poisoned before
+each offloading arm, the device probe gating the offload-event arm, the unlagged report-loop arm, the report's 64-layer
+layout in bfloat16 and its loop only, and the plan `make gpu-plan` prints."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import torch
+
+from helpers.offload import arms, gpu, gpu_run, gpuplan, pool, probe, standins, tracking
+from helpers.offload import gpu_decide as gd
+
+TINY = ("tiny hybrid", "tiny dense")
+
+
+@pytest.fixture(scope="module")
+def dense():
+    models, ids = gpu.default_models(seed=0, batch_size=2, seq_len=8, device="cpu", names=("tiny dense",))
+    return models, ids
+
+
+def _raced(dense, **kw) -> gpu.GpuExperiment:
+    models, ids = dense
+    return gpu.experiment(models, ids, ("bfloat16",), loops=("report",), n_steps=3, fixes=(), simulate=True,
+                          race_lag=16, **kw)
+
+
+def test_a_poisoned_pool_shows_the_drift_an_unpoisoned_one_hides(dense):
+    poisoned = _raced(dense)
+    decide = lambda ex: gd.decide_decode_drifts(ex.steps, ("report", "tiny dense", "bfloat16")).holds  # noqa: E731
+    assert decide(poisoned), poisoned.steps
+    off = [m for m in poisoned.memory if m["variant"] == arms.OFF][0]
+    assert off["stale_reads_served"] > 0 and off["pool"]["poisoned"] and off["pool"]["value"] == pool.POISON
+    assert off["pool"]["blocks"] > 0  # the calibration runs left blocks in the modelled pool
+    assert poisoned.settings["pool_poisoned_before_each_offloading_arm"] is True
+    assert all(m["pool"] == {"poisoned": False} for m in poisoned.memory if not m["variant"].startswith("offloading=True"))
+    # the same race with the pool as the calibration runs left it: every stale read returns correct values
+    hidden = _raced(dense, poison=False)
+    assert not decide(hidden) and hidden.steps[hidden.steps.variant == arms.OFF].bitwise_equal.all()
+    assert [m for m in hidden.memory if m["variant"] == arms.OFF][0]["stale_reads_served"] > 0
+
+
+def test_sim_pool_returns_what_the_block_held_and_poisons_it():
+    p = pool.SimPool()
+    a = torch.arange(4.0).reshape(2, 2)
+    assert p.fill(3, "keys", a) is None  # a fresh block
+    assert torch.equal(p.fill(3, "keys", a + 1), a)
+    assert p.poison(7.0) == {"poisoned": True, "value": 7.0, "blocks": 1, "how": "simulated pool (stand-ins)"}
+    assert torch.equal(p.fill(3, "keys", a), torch.full((2, 2), 7.0)) and p.fill(3, "values", a) is None
+
+
+def test_poison_pinned_pool_checks_out_until_the_pool_grows(monkeypatch):
+    grown = {"n": 10, "cached": 3}
+    real_empty = torch.empty
+
+    def empty(n, dtype=None, pin_memory=False):
+        assert pin_memory
+        if grown["cached"]:
+            grown["cached"] -= 1
+        else:
+            grown["n"] += 1
+        return real_empty(n, dtype=dtype)
+
+    monkeypatch.setattr(pool, "_grown", lambda: grown["n"])
+    monkeypatch.setattr(pool.torch, "empty", empty)
+    out = pool.poison_pinned_pool([64, 64, 128], torch.float32)
+    assert out["per_size_bytes"] == {64: 4, 128: 1} and out["blocks"] == 5 and out["value"] == pool.POISON
+    monkeypatch.setattr(pool, "_grown", lambda: None)  # no host_memory_stats: a fixed count per size
+    assert pool.poison_pinned_pool([64], torch.float32)["per_size_bytes"] == {64: pool.FIXED_BLOCKS}
+
+
+def test_kv_sizes_follow_the_config_and_every_offloaded_length(dense):
+    models, ids = dense
+    assert pool.kv_nbytes(models["tiny dense"], ids["tiny dense"], 3) == [2 * 2 * L * 16 * 4 for L in (8, 9, 10)]
+    assert pool.poison_before_arm(models["tiny dense"], ids["tiny dense"], 3, None) == {"poisoned": False, "why": "not CUDA: no pinned pool"}
+
+
+def test_the_device_probe_tells_the_two_event_forms_apart():
+    with standins.recording_streams():
+        waiter = torch.Stream()  # 5.17.0's prefetch stream with torch >= 2.7
+        found = probe.event_wait_probe(waiter, standins.STAND_IN_CYCLES_PER_MS)
+        cuda_waiter = probe.event_wait_probe(torch.cuda.Stream(), standins.STAND_IN_CYCLES_PER_MS)
+    assert found["prefetch_stream"] == "torch.Stream" and found["conclusive"]
+    assert found["arm_form_waits"] and not found["no_op_form_waits"] and probe.gate_reason(found) == ""
+    assert cuda_waiter["arm_form_waits"] and cuda_waiter["no_op_form_waits"]  # torch.cuda.Stream waits for both kinds
+    assert "did not hold" in probe.gate_reason({**found, "arm_form_waits": False})
+    assert "inconclusive" in probe.gate_reason({**found, "arm_form_waits": False, "conclusive": False})
+
+
+def test_a_probe_that_does_not_hold_skips_the_event_arm(dense, monkeypatch):
+    monkeypatch.setattr(tracking, "device_event", tracking.cuda_event)  # the arm's form is now the no-op one
+    models, ids = dense
+    ex = gpu.experiment(models, ids, ("float32",), loops=("report",), n_steps=2, simulate=True)
+    assert "offload event" not in ex.settings["fixes"] and "did not hold" in ex.settings["event_arm_gate"]
+    assert arms.variant_name("offload event") not in set(ex.steps.variant)
+    d = gpu.decisions(ex)["offload.offload_event_removes_drift"]
+    assert d.skipped and "did not hold" in d.why
+    data = gpu.results_json(ex, 1.0)
+    verdicts = {c["id"]: c["verdict"] for c in data["claims"]}
+    assert verdicts["offload.offload_event_removes_drift"] == "skipped"
+    rows = {r["explanation"][:3]: r for r in gd.explanations(ex.steps, ex.states, ex.counts, "tiny dense", "float32")}
+    assert rows["(b)"]["observed"]["offload_event_clean"] is False  # an arm that did not run is not clean
+
+
+def test_unlagged_rows_from_contradicting_tables():
+    def step(variant, diff):
+        return {"loop": "report", "model": "m", "dtype": "bfloat16", "variant": variant, "step": 1, "max_abs_diff": diff,
+                "differs": diff > 0.5, "matches": diff <= 0.5}
+    states = pd.DataFrame(columns=["loop", "model", "dtype", "variant", "step", "differs", "kind", "tensor", "call", "layer",
+                                   "write_order", "max_abs_diff", "noise_threshold"])
+    steps = pd.DataFrame([step(arms.OFF, 2.0), step(arms.UNLAGGED, 0.0)])
+    assert gd.unlagged_rows(steps, states) == [{"loop": "report", "model": "m", "dtype": "bfloat16", "drifts_without_lag": False,
+                                               "max_abs_diff": 0.0, "steps_beyond_floor": 0, "drifts_with_lag": True}]
+    drifting = pd.DataFrame([step(arms.OFF, 2.0), step(arms.UNLAGGED, 3.0)])
+    assert gd.unlagged_rows(drifting, states)[0]["drifts_without_lag"] is True
+    assert gd.unlagged_rows(steps[steps.variant == arms.OFF], states) == []
+
+
+def test_the_plan_lists_the_report_layout_the_unlagged_arm_poisoning_and_timeout():
+    p = gpuplan.plan(["5.17.0", "5.20.0"], step_timeout=200)
+    assert p["layouts"]["report layout (64)"] == {"layers": 64, "linear_attention": 48, "full_attention": 16}
+    assert {"model": "report layout (64)", "dtype": "bfloat16", "loops": ["report"]} in p["runs"]
+    assert not any(r["model"] == "report layout (64)" and r["dtype"] == "float32" for r in p["runs"])
+    unlagged = [a for a in p["arms"] if a["lag"] == "unlagged"]
+    assert {(a["model"], a["loop"], a["arm"]) for a in unlagged} == {(m, "report", arms.UNLAGGED) for m in gpuplan.MODELS}
+    assert str(pool.POISON) in p["pool_poisoning"] and p["step_timeout_s"] == 200
+    assert 0 < p["expected_minutes"] <= 10
+
+
+def test_model_runs_restrict_the_report_layout():
+    runs = gpuplan.model_runs(gpuplan.MODELS, ("float32", "bfloat16"), ("report", "cpu"))
+    assert runs == [("tiny hybrid", "float32", ("report", "cpu")), ("tiny dense", "float32", ("report", "cpu")),
+                    ("tiny hybrid", "bfloat16", ("report", "cpu")), ("tiny dense", "bfloat16", ("report", "cpu")),
+                    ("report layout (64)", "bfloat16", ("report",))]
+    assert gpuplan.model_runs(gpuplan.MODELS, ("float32",), ("cpu",)) == [("tiny hybrid", "float32", ("cpu",)),
+                                                                         ("tiny dense", "float32", ("cpu",))]
+    assert [a[0] for a in gpuplan.arms_of("cpu", ("record_stream",))] == [arms.BASE, arms.AGAIN, arms.OFF,
+                                                                          arms.variant_name("record_stream")]
+
+
+def test_clocks_are_warmed_before_the_rate_is_measured():
+    with standins.recording_streams() as log:
+        facts = gpu_run.device_facts(gpu.default_models(0, 2, 8, "cpu", names=("tiny dense",))[0]["tiny dense"], ("offload event",))
+    sleeps = [e for e in log.events if e["op"] == "sleep"]
+    assert facts["warm"]["warm_ms"] > 0 and sleeps[1]["t_end"] - sleeps[1]["t_start"] == pytest.approx(facts["warm"]["warm_ms"], rel=0.01)
+    assert facts["probe"]["arm_form_waits"]
+
+
+def test_the_report_layout_runs_in_bfloat16_and_the_reports_loop_only(tmp_path):
+    rc = gpu.main(["--simulate", "--out", str(tmp_path), "--n-steps", "2", "--seq-len", "8", "--models", "report layout (64)",
+                   "--loops", "report", "cpu"])
+    assert rc == 0
+    data = json.loads((tmp_path / "gpu-arms.json").read_text())
+    assert data["settings"]["runs"] == [["report layout (64)", "bfloat16", ["report"]]]
+    assert {(r["loop"], r["dtype"]) for r in data["tables"]["steps"]} == {("report", "bfloat16")}
+    assert [r["model"] for r in data["tables"]["unlagged"]] == ["report layout (64)"]
+    # no `.cpu()` loop: no explanation reads it; its CPU edge record is notebook 05's, not repeated here
+    assert data["tables"]["explanations"] == [] and data["tables"]["edges_on_cpu_record"] is None
