@@ -10,7 +10,7 @@ from __future__ import annotations
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -89,13 +89,20 @@ def trace(model: torch.nn.Module) -> Iterator[Trace]:
             positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
             record.rotary_position_shapes.append(_shape(positions))
 
+    with hooked(model, pre, post, rotary):
+        yield record
+
+
+@contextmanager
+def hooked(model: torch.nn.Module, pre: Callable, post: Callable, rotary: Callable) -> Iterator[None]:
+    """Pre and post hooks on the model and a pre hook on its text rotary embedding, removed on exit."""
     handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
                model.register_forward_hook(post, with_kwargs=True)]
     rope = rotary_embedding(model)
     if rope is not None:
         handles.append(rope.register_forward_pre_hook(rotary, with_kwargs=True))
     try:
-        yield record
+        yield
     finally:
         for handle in handles:
             handle.remove()

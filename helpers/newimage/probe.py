@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import torch
 
 from .. import compat
-from ..capture import rotary_embedding
+from ..capture import hooked
 from ..compat import cache_from_kwargs
 
 
@@ -80,13 +80,5 @@ def first_call(model: torch.nn.Module) -> Iterator[FirstCall]:
             record.rows = _rows(positions)
             record.seen["position_rows_received"] = int(positions.shape[0]) if isinstance(positions, torch.Tensor) and positions.dim() == 3 else 1
 
-    handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
-               model.register_forward_hook(post, with_kwargs=True)]
-    rope = rotary_embedding(model)
-    if rope is not None:
-        handles.append(rope.register_forward_pre_hook(rotary, with_kwargs=True))
-    try:
+    with hooked(model, pre, post, rotary):
         yield record
-    finally:
-        for handle in handles:
-            handle.remove()
