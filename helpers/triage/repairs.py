@@ -100,6 +100,16 @@ def localize(original: Any, rebuilt: Any) -> dict[str, Any]:
         if kd.any():
             out.update(rotation_only(a.keys, b.keys))
         return out
+    return _first_shape_change(original, rebuilt)
+
+
+def _first_shape_change(original: Any, rebuilt: Any) -> dict[str, Any]:
+    """The first layer storing more slots than the original (a copy that duplicated slots); {} when none does."""
+    for i, (a, b) in enumerate(zip(compat.cache_layers(original), compat.cache_layers(rebuilt))):
+        wa, wb = layers.stored_width(a), layers.stored_width(b)
+        if wa is not None and wb is not None and wb > wa:
+            return {"layer": i, "slot": wa, "differs_in": f"slot count ({wb} stored for the original's {wa})",
+                    "keys_max_abs_diff": None, "values_max_abs_diff": None}
     return {}
 
 

@@ -54,8 +54,10 @@ def note_lines(verdict: dict[str, Any]) -> list[str]:
         step = verdict["path"][-1]["numbers"]
         out.append(f"note (the resume contract, not the rebuild): {step.get('fail_for_both')} fail for both caches; "
                    f"the full mask works for both: {NEXT['resume_contract']}")
-    if verdict.get("note") == "table_silent":
-        out.append("note: control 0 shows no differing cell for this leaf; the repair alone named it")
+    restoring = verdict["path"][-1]["numbers"].get("restoring_repairs_without_a_table_cell") if verdict["path"] else None
+    if restoring:
+        out.append(f"note: {restoring} restore(s) the full forward although no cell of control 0 points at it: the table "
+                   "misses a state; report both")
     if n.get("remaining"):
         r = n["remaining"]
         out.append(f"what remains after continuing at the processed length: {_fmt(r['after_continue_at_processed_length'])}, "

@@ -43,7 +43,6 @@ NODES = (
     ("unresolved", 2, "the repair raised: no single mask fits the per-layer lengths", "compression_unresolved"),
     ("kv_differ", 1, "control 0: stored K/V differ from the original's at the same slots (no generic repair: localized)",
      "reconstruction_copy"),
-    ("repair_only", 1, "no cell of control 0 explains it, but one of the other repairs restores", None),
     ("nothing_visible", 1, "no cell of control 0 explains it and no repair restores", "unexplained"),
 )
 QUESTIONS = {n[0]: n[2] for n in NODES}
@@ -136,11 +135,9 @@ def choose_branch(c: Controls) -> dict[str, Any]:
         return w.done(_compression_leaf(c, w))
     if w.step("kv_differ", kv_content_differs(c), kv_max_abs_diff=c.kv_max_abs_diff, **w.numbers(FULL_MASK)):
         return w.done("reconstruction_copy")
-    for name in REPAIR_LEAF:  # the table is silent: any repair not yet tried that restores still names its leaf
-        if name not in [t.name for t in w.tried] and w.restores(name):
-            w.step("repair_only", True, repair=name, **w.numbers(name))
-            return w.done(REPAIR_LEAF[name], note="table_silent")
-    w.step("nothing_visible", True, kv_bitwise_equal=c.kv_bitwise_equal, classes_equal=c.classes_equal)
+    restoring = [name for name in REPAIR_LEAF if w.restores(name)]  # every repair shown; none names a leaf here
+    w.step("nothing_visible", True, kv_bitwise_equal=c.kv_bitwise_equal, classes_equal=c.classes_equal,
+           restoring_repairs_without_a_table_cell=restoring)
     return w.done("unexplained")
 
 
