@@ -6,10 +6,20 @@ from typing import Any
 
 import pandas as pd
 import torch
+from transformers.cache_utils import StaticLayer
 
 from .. import compat
 from ..regress import layers
 from .facts import LayerState, ResumeState
+
+
+def stored_slots(layer: Any) -> int | None:
+    """K/V slots the layer physically holds: its keys' length, or for a preallocated StaticLayer buffer the slots that
+    hold anything (non-zero keys), read from the tensors, not from the layer's own counters."""
+    width = layers.stored_width(layer)
+    if width is None or not isinstance(layer, StaticLayer):
+        return width
+    return int((layer.keys.detach().flatten(0, 1).abs().sum(0).sum(-1) != 0).sum())
 
 
 def layer_states(cache: Any) -> list[LayerState]:
@@ -17,7 +27,7 @@ def layer_states(cache: Any) -> list[LayerState]:
     out = []
     for layer in compat.cache_layers(cache):
         init = getattr(layer, "is_initialized", None)
-        out.append(LayerState(type(layer).__name__, layers.stored_width(layer), layers.layer_length(layer),
+        out.append(LayerState(type(layer).__name__, stored_slots(layer), layers.layer_length(layer),
                               None if init is None else bool(init)))
     return out
 
