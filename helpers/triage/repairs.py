@@ -32,9 +32,14 @@ def as_repair(name: str, step: Step, reference: torch.Tensor, unrepaired: Step |
                   diff(step, unrepaired) if unrepaired is not None else None)
 
 
-def reregistered(cache: Any, model: torch.nn.Module) -> Any:
-    """The same stored K/V (and linear states) registered through update() on DynamicCache(config=...)."""
-    return family.layer_aware(cache, model.config)
+def reregistered(cache: Any, model: torch.nn.Module, processed: int | None = None) -> Any:
+    """The same stored K/V (and linear states) registered through update() on DynamicCache(config=...); a sliding layer
+    that then reports fewer tokens than were processed (its source never counted them) gets the processed length."""
+    again = family.layer_aware(cache, model.config)
+    for layer in compat.cache_layers(again):
+        if processed is not None and hasattr(layer, "cumulative_length") and layers.layer_length(layer) < processed:
+            layer.cumulative_length = processed
+    return again
 
 
 def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: torch.Tensor | None,
@@ -52,7 +57,7 @@ def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: tor
             out[SAVED_STATE] = as_repair(SAVED_STATE, generate_step(model, prompt, cache, kw, **mask), ref, unrepaired["full"])
     _set_state(model, state_after)
     try:
-        again = reregistered(cache, model)
+        again = reregistered(cache, model, prompt.processed)
     except Exception as exc:  # noqa: BLE001 - a cache transformers' path cannot take is a measurement
         out[REREGISTER] = Repair(REREGISTER, None, False, f"{type(exc).__name__} while re-registering: {str(exc)[:120]}")
     else:

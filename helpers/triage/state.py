@@ -62,6 +62,14 @@ LAYER_ROWS = (("class", "cls"), ("stored slots", "stored"), ("reported length", 
               ("is_initialized", "initialized"))
 
 
+def _span(s: LayerState) -> str:
+    """The original positions a layer holds: its last `stored` processed tokens (all of them on a full layer)."""
+    if not s.stored or s.reported is None:
+        return "-"
+    first = max(s.reported - s.stored, 0)
+    return f"{first}-{first + s.stored - 1}"
+
+
 def table(original: ResumeState, rebuilt: ResumeState) -> pd.DataFrame:
     """Rows: the states; columns: original, rebuilt, differs ('<<' marks a differing cell)."""
     rows = [(name, "", fn(original), fn(rebuilt)) for name, fn in ROWS]
@@ -70,7 +78,7 @@ def table(original: ResumeState, rebuilt: ResumeState) -> pd.DataFrame:
         kept_o = original.kept[i] if i < len(original.kept) else ""
         kept_r = rebuilt.kept[i] if i < len(rebuilt.kept) else ""
         if kept_r:
-            rows.append((f"layer {i} retained positions", "", kept_o or f"0-{o.stored - 1}" if o.stored else "-", kept_r))
+            rows.append((f"layer {i} retained positions", "", kept_o or _span(o), kept_r))
     df = pd.DataFrame([{"state": n, "original": o, "rebuilt": r} for n, _, o, r in rows])
     df["differs"] = ["<<" if str(o) != str(r) else "" for o, r in zip(df.original, df.rebuilt)]
     df["original"] = df.original.map(str)

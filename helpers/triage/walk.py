@@ -95,7 +95,7 @@ def notes(c: Controls, leaf: str) -> dict[str, Any]:
     if leaf == "reconstruction_copy":
         out["localized"], out["topk"] = c.localized, c.topk
     stored = {s.stored for s in c.rebuilt_state.layers if s.stored is not None} if c.rebuilt_state else set()
-    if len(stored) > 1:
+    if len(stored) > 1 and compressed(c):  # a compression that left the layers different lengths
         raised = r is not None and not r.ok
         out["per_layer"] = {"stored_slots": [s.stored for s in c.rebuilt_state.layers],
                             "why": "no single attention mask fits different per-layer lengths under eager attention or "
