@@ -64,3 +64,14 @@ def keep_first_last(cache, model, prompt, first: int = 8, last: int = 16):
 def keep_first_last_resume(cache, model, prompt, first: int = 8, last: int = 16):
     """The same eviction returning a resume state: the cache and how many tokens were processed before it."""
     return {"past_key_values": keep_first_last(cache, model, prompt, first, last), "processed_length": cache.get_seq_length()}
+
+
+def assign_layers(cache, model, prompt):
+    """A rebuild as memory and caching projects write it: a config-aware cache whose layers are filled by assigning
+    `.keys` and `.values` (no update()). The tensors are the original's, but the layers stay uninitialized
+    (`is_initialized` False, so they report length 0): notebook 06 names cache_metadata, and re-registering the
+    same K/V through update() restores the full forward."""
+    new = DynamicCache(config=model.config.get_text_config(decoder=True))
+    for layer, (keys, values) in zip(new.layers, _layers(cache)):
+        layer.keys, layer.values = keys.clone(), values.clone()
+    return new

@@ -60,101 +60,127 @@ def test_lengths_changed_ignores_missing_lengths():
     assert tree.lengths_changed(ctl(rebuilt_lengths=[82, 20])) and tree.lengths_changed(ctl(rebuilt_lengths=[None, 83]))
 
 
-FRESH = dict(resume_on="fresh_instance", fresh_bare_diff=0.45, fresh_restored_diff=0.0)
+def layer_states(stored: list[int], reported: list[int] | None = None, init: bool = True, cls: str = "L") -> tree.ResumeState:
+    reported = reported or stored
+    return tree.ResumeState(82, None, reported[0] or 0, 1, (stored[0] or 0) + 1, None, 80,
+                            [tree.LayerState(cls, s, r, init) for s, r in zip(stored, reported)])
+
+
+def fixes(**diffs: float | None) -> dict[str, tree.Repair]:
+    return {name: tree.Repair(name, d, d is not None, "" if d is not None else "E at s") for name, d in diffs.items()}
+
+
+FRESH = dict(resume_on="fresh_instance", fresh_bare_diff=0.45, fresh_restored_diff=0.0, repairs=fixes(saved_state=0.0))
 
 
 def test_fresh_instance_leaf_through_each_condition():
     assert branch(ctl(**FRESH)) == "model_side_state"
-    assert branch(ctl(**{**FRESH, "resume_on": "same_instance"})) == "resume_contract"
-    assert branch(ctl(**{**FRESH, "fresh_bare_diff": None})) == "resume_contract"
-    assert branch(ctl(**{**FRESH, "fresh_bare_diff": T})) == "resume_contract", "the bare instance must differ beyond the floor"
+    assert branch(ctl(**{**FRESH, "resume_on": "same_instance"})) == "no_defect"
+    assert branch(ctl(**{**FRESH, "fresh_bare_diff": None})) == "no_defect"
+    assert branch(ctl(**{**FRESH, "fresh_bare_diff": T})) == "no_defect", "the bare instance must differ beyond the floor"
     assert branch(ctl(**{**FRESH, "fresh_bare_diff": ABOVE})) == "model_side_state"
-    assert branch(ctl(**{**FRESH, "fresh_restored_diff": None})) == "resume_contract"
-    assert branch(ctl(**{**FRESH, "fresh_restored_diff": ABOVE})) == "resume_contract"
-    assert branch(ctl(**{**FRESH, "fresh_restored_diff": T})) == "model_side_state"
+    assert branch(ctl(**{**FRESH, "repairs": {}})) == "no_defect"
+    assert branch(ctl(**{**FRESH, "repairs": fixes(saved_state=ABOVE)})) == "no_defect"
+    assert branch(ctl(**{**FRESH, "repairs": fixes(saved_state=T)})) == "model_side_state"
+    assert branch(ctl(**{**FRESH, "repairs": fixes(saved_state=None)})) == "no_defect", "a repair that raised restores nothing"
 
 
 def test_the_path_records_each_answer_and_its_numbers():
-    v = tree.choose_branch(ctl(**{**FRESH, "fresh_restored_diff": ABOVE}))
-    assert [(d["node"], d["answer"]) for d in v["path"]] == [("identical", True), ("fresh_state", False), ("fails_for_both", True)]
+    v = tree.choose_branch(ctl(**{**FRESH, "repairs": fixes(saved_state=ABOVE, full_mask=1e-7)}))
+    assert [(d["node"], d["answer"]) for d in v["path"]] == [("identical", True), ("fresh_state", False), ("no_defect", True)]
     fresh = v["path"][1]
-    assert fresh["numbers"] == {"fresh_without_state": 0.45, "fresh_state_restored": ABOVE, "noise_threshold": T}
+    assert fresh["numbers"] == {"fresh_without_state": 0.45, "saved_state_max_abs_diff": ABOVE, "noise_threshold": T}
     assert fresh["question"] == tree.NODES[1][2]
-    assert v["path"][2]["numbers"] == {"fail_for_both": ["neither", "position_only"], "work_for_both": ["mask_only", "both"]}
-    v = tree.choose_branch(ctl(arg_sets=sets(0.3), kv_bitwise_equal=False, kv_max_abs_diff=0.01))
-    assert [(d["node"], d["answer"]) for d in v["path"]] == [("identical", False), ("only_rebuilt", True),
-                                                             ("lengths_changed", False), ("kv_differ", True)]
-    assert v["path"][1]["numbers"] == {"differing": ["mask_only", "both"]} and v["path"][3]["numbers"] == {"kv_max_abs_diff": 0.01}
-    assert v["path"][2]["numbers"]["identity_matches"] is True and v["path"][2]["numbers"]["rebuilt_lengths"] == [82] * 4
+    assert v["path"][2]["numbers"] == {"fail_for_both": ["neither", "position_only"], "work_for_both": ["mask_only", "both"],
+                                       "full_mask_max_abs_diff": 1e-7, "noise_threshold": T}
+    assert v["repairs"] == [{"name": "saved_state", "max_abs_diff": ABOVE, "restores": False},
+                            {"name": "full_mask", "max_abs_diff": 1e-7, "restores": True}]
+    assert v["note"] == "resume_contract"
+    v = tree.choose_branch(ctl(arg_sets=sets(0.3), kv_bitwise_equal=False, kv_max_abs_diff=0.01, repairs=fixes(full_mask=0.3)))
+    assert [(d["node"], d["answer"]) for d in v["path"]] == [
+        ("identical", False), ("only_rebuilt", True), ("full_mask", False), ("model_state", False), ("metadata", False),
+        ("compressed", False), ("kv_differ", True)]
+    assert v["path"][1]["numbers"] == {"differing": ["mask_only", "both"]}
+    assert v["path"][-1]["numbers"] == {"kv_max_abs_diff": 0.01, "full_mask_max_abs_diff": 0.3, "noise_threshold": T}
 
 
-EVICT = dict(arg_sets=sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None)
+EVICT = dict(arg_sets=sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None,
+             original_state=layer_states([82] * 4), rebuilt_state=layer_states([20] * 4))
 
 
-def pos(step: float | None, full: float | None, gen: int | None = 18, logical: int | None = 80) -> dict:
-    return {"generate_position": gen, "logical_position": logical, "explicit_vs_generate": step, "explicit_vs_full_forward": full}
+def at(d: float | None, vs: float | None = 0.36) -> dict:
+    return {"repairs": {"continue_at_processed_length": tree.Repair("continue_at_processed_length", d, d is not None,
+                                                                    "" if d is not None else "E at s", vs)}}
 
 
 def test_compression_leaves_through_each_condition():
-    assert branch(ctl(**EVICT, extra=pos(0.36, T))) == "compression_positions"
-    assert branch(ctl(**EVICT, extra=pos(0.36, ABOVE))) == "compression_positions_and_loss"
-    assert branch(ctl(**EVICT, extra=pos(ABOVE, 0.0))) == "compression_positions", "explicit_vs_generate just past the floor"
-    assert branch(ctl(**EVICT, extra=pos(T, ABOVE))) == "compression_information_loss", "explicit_vs_generate at the floor"
-    assert branch(ctl(**EVICT, extra=pos(T, T))) == "compression_unresolved", "neither question says yes"
-    assert branch(ctl(**EVICT, extra=pos(0.36, ABOVE, gen=80))) == "compression_unresolved", "same position, steps differ"
-    assert branch(ctl(**EVICT, extra=pos(0.0, ABOVE, gen=80))) == "compression_information_loss"
-    assert branch(ctl(**EVICT, extra=pos(0.36, ABOVE, gen=None))) == "compression_positions_and_loss"
-    assert branch(ctl(**EVICT, extra=pos(0.36, ABOVE, logical=None))) == "compression_positions_and_loss"
-    assert branch(ctl(**EVICT, extra=pos(None, ABOVE))) == "compression_unresolved"
-    assert branch(ctl(**EVICT, extra=pos(0.0, None))) == "compression_unresolved"
-    assert branch(ctl(**EVICT, extra={})) == "compression_unresolved"
-    assert branch(ctl(**EVICT, identity_identical=None, extra=pos(0.36, 0.0))) == "reconstruction_copy"
-    assert branch(ctl(**EVICT, identity_identical=False, extra=pos(0.36, 0.0))) == "reconstruction_copy"
-    same_length = {**EVICT, "rebuilt_lengths": [82] * 4}
-    assert branch(ctl(**same_length, extra=pos(0.36, 0.0))) == "reconstruction_copy"
-    assert tree.position_shift(ctl(extra=pos(ABOVE, 0.0))) and not tree.position_shift(ctl(extra=pos(T, 0.0)))
-    assert not tree.position_shift(ctl(extra=pos(None, 0.0))) and not tree.position_shift(ctl(extra=pos(0.36, 0.0, gen=80)))
-    assert tree.information_loss(ctl(extra=pos(0.0, ABOVE))) and not tree.information_loss(ctl(extra=pos(0.0, T)))
-    assert not tree.information_loss(ctl(extra=pos(0.0, None)))
-    v = tree.choose_branch(ctl(**EVICT, extra=pos(T, ABOVE)))
-    assert v["path"][-1] == {"node": "information_lost", "question": tree.NODES[8][2], "answer": True,
-                             "numbers": {**pos(T, ABOVE), "noise_threshold": T}}
-    assert v["path"][-2]["node"] == "positions_shift" and v["path"][-2]["answer"] is False
-    assert v["path"][-3]["numbers"]["logical_position"] == 80
-    v = tree.choose_branch(ctl(**EVICT, extra=pos(0.36, T)))
-    assert [(d["node"], d["answer"]) for d in v["path"][-3:]] == [("positions_shift", True), ("positions_and_loss", False),
-                                                                 ("positions_restore", True)]
-    v = tree.choose_branch(ctl(**EVICT, extra=pos(T, T)))
-    assert [(d["node"], d["answer"]) for d in v["path"][-3:]] == [("positions_shift", False), ("information_lost", False),
-                                                                 ("unresolved", True)]
+    assert branch(ctl(**EVICT, **at(T))) == "compression_positions"
+    assert branch(ctl(**EVICT, **at(ABOVE))) == "compression_positions_and_loss"
+    assert branch(ctl(**EVICT, **at(ABOVE, vs=T))) == "compression_information_loss", "the repair moved the step within the floor"
+    assert branch(ctl(**EVICT, **at(ABOVE, vs=ABOVE))) == "compression_positions_and_loss"
+    assert branch(ctl(**EVICT, **at(ABOVE, vs=None))) == "compression_positions_and_loss"
+    assert branch(ctl(**EVICT, **at(None))) == "compression_unresolved"
+    assert branch(ctl(**EVICT)) == "compression_unresolved", "the repair did not run"
+    same = {**EVICT, "rebuilt_state": layer_states([82] * 4)}
+    assert branch(ctl(**same, **at(T))) == "reconstruction_copy", "fewer reported slots are not compression: stored ones are"
+    more = {**EVICT, "rebuilt_state": layer_states([83] * 4)}
+    assert branch(ctl(**more, **at(T))) == "reconstruction_copy", "more stored slots than processed tokens: not compression"
+    one = {**EVICT, "rebuilt_state": layer_states([82, 82, 82, 81])}
+    assert tree.compressed(ctl(**one)) == [3]
+    assert tree.compressed(ctl(**{**EVICT, "rebuilt_state": layer_states([None, 20, 20, 20])})) == [1, 2, 3]
+    v = tree.choose_branch(ctl(**EVICT, **at(ABOVE, vs=T)))
+    assert v["path"][-1] == {"node": "information_lost", "question": tree.NODES[10][2], "answer": True,
+                             "numbers": {"repaired_vs_generate": T, "noise_threshold": T}}
+    assert [(d["node"], d["answer"]) for d in v["path"][-4:]] == [("positions_restore", False), ("unresolved", False),
+                                                                 ("positions_and_loss", False), ("information_lost", True)]
+    assert v["path"][-4]["numbers"]["continue_at_processed_length_max_abs_diff"] == ABOVE
+    v = tree.choose_branch(ctl(**EVICT, **at(None)))
+    assert v["path"][-1]["numbers"] == {"error": "E at s"} and v["repairs"][-1]["error"] == "E at s"
 
 
 def test_metadata_and_state_leaves_through_each_condition():
-    differ = dict(arg_sets=sets(0.3))
+    differ = dict(arg_sets=sets(0.3), original_state=layer_states([82] * 4))
     assert branch(ctl(**differ)) == "unexplained"
     assert branch(ctl(**differ, kv_bitwise_equal=False)) == "reconstruction_copy"
-    assert branch(ctl(**differ, classes_equal=False)) == "cache_metadata"
-    assert branch(ctl(**differ, original_lengths=[81] * 4)) == "cache_metadata", "lengths alone differ"
-    state = dict(**differ, state_changed=True, restored_diff=T)
+    assert branch(ctl(**differ, kv_max_abs_diff=1e-9)) == "reconstruction_copy"
+    meta = fixes(reregister_via_update=T)
+    for cell in (dict(init=False), dict(reported=[0] * 4), dict(cls="Other")):
+        assert branch(ctl(**differ, rebuilt_state=layer_states([82] * 4, **cell), repairs=meta)) == "cache_metadata", cell
+        assert branch(ctl(**differ, rebuilt_state=layer_states([82] * 4, **cell))) == "unexplained", cell
+    assert branch(ctl(**differ, rebuilt_state=layer_states([82] * 4), repairs=meta)) == "unexplained", "no cell differs"
+    assert branch(ctl(**differ, rebuilt_state=layer_states([82] * 4, init=False), repairs=fixes(reregister_via_update=ABOVE))) \
+        == "unexplained"
+    state = dict(**differ, state_changed=True, repairs=fixes(saved_state=T))
     assert branch(ctl(**state)) == "model_side_state"
     assert branch(ctl(**{**state, "state_changed": False})) == "unexplained"
-    assert branch(ctl(**{**state, "restored_diff": None})) == "unexplained"
-    assert branch(ctl(**{**state, "restored_diff": ABOVE})) == "unexplained"
-    last = tree.choose_branch(ctl(**differ))["path"][-1]
-    assert last["node"] == "nothing_visible" and last["numbers"] == {"kv_bitwise_equal": True, "classes_equal": True}
+    assert branch(ctl(**{**state, "repairs": fixes(saved_state=None)})) == "unexplained"
+    assert branch(ctl(**{**state, "repairs": fixes(saved_state=ABOVE)})) == "unexplained"
+    moved = {**differ, "rebuilt_state": replace(layer_states([82] * 4), model_state=[1]), "repairs": fixes(saved_state=T)}
+    assert branch(ctl(**moved)) == "model_side_state", "the table's model-state cell alone picks the candidate"
+    assert branch(ctl(**differ, repairs=fixes(full_mask=T))) == "resume_contract"
+    assert branch(ctl(**differ, repairs=fixes(full_mask=ABOVE))) == "unexplained"
+    last = tree.choose_branch(ctl(**differ, repairs=fixes(full_mask=0.3, reregister_via_update=0.0)))["path"][-1]
+    assert last["node"] == "nothing_visible" and last["numbers"] == {
+        "kv_bitwise_equal": True, "classes_equal": True, "restoring_repairs_without_a_table_cell": ["reregister_via_update"]}
 
 
 def test_render_shows_unchecked_and_declined_nodes():
-    text = tree.render("r", tree.choose_branch(ctl(arg_sets=sets(0.3))))
-    assert "+-- [ ] its K/V tensors differ from the original's  -> reconstruction_copy" in text
-    assert "+-- [x] K/V and visible cache metadata match  -> unexplained" in text
-    assert "    +--     same instance works" in text  # not reached: no mark
-    assert text.splitlines()[1] == "decided by: kv_bitwise_equal=True; classes_equal=True"
+    v = tree.choose_branch(ctl(arg_sets=sets(0.3), repairs=fixes(full_mask=0.3, reregister_via_update=0.0)))
+    text = tree.render("r", v)
+    assert "+-- [ ] control 0: stored K/V differ from the original's" in text
+    assert "+-- [x] no cell of control 0 explains it and no repair restores  -> unexplained" in text
+    assert "    +--     resumed on a fresh instance" in text  # not reached: no mark
+    assert text.splitlines()[1] == ("decided by: kv_bitwise_equal=True; classes_equal=True; "
+                                    "restoring_repairs_without_a_table_cell=['reregister_via_update']")
+    assert "  - reregister_via_update: 0 -> restores" in text and "although no cell of control 0 points at it" in text
     assert tree.render("r", {"branch": "unexplained", "path": []}).splitlines()[1] == "decided by: the first decision"
+    assert "repairs tried: none applied" in tree.render("r", {"branch": "unexplained", "path": []})
 
 
 # --- the claim decisions, as (case, thunk, expected holds) for tests/test_decisions.py's registry --------------
 
+ASSIGNED = ctl(arg_sets=sets(1.15), original_state=layer_states([82] * 4), rebuilt_state=layer_states([82] * 4, [0] * 4, init=False),
+               repairs=fixes(full_mask=1.15, reregister_via_update=4e-7))
 RETAINED = ctl(**EVICT)  # 82 processed, 20 retained: generate continues at 20 instead of 82 (shift -62)
 PER_LAYER = dict(arg_sets=sets(0.91), rebuilt_lengths=[20, 16, 12, 8], kv_bitwise_equal=False)
 SILENT = {"ok": True, "max_abs_diff_vs_original": 0.9, "stage": ""}
@@ -172,8 +198,13 @@ def per_layer(**kw: Any) -> tuple:
 
 Case = tuple[str, Callable[[], Any], bool]
 CASES: list[Case] = [
-    ("branch: lands where expected", lambda: tree.decide_branch(tree.choose_branch(ctl()), "resume_contract"), True),
-    ("branch: another leaf", lambda: tree.decide_branch(tree.choose_branch(ctl(arg_sets=sets(0.3))), "resume_contract"), False),
+    ("branch: lands where expected", lambda: tree.decide_branch(tree.choose_branch(ctl()), "no_defect"), True),
+    ("branch: another leaf", lambda: tree.decide_branch(tree.choose_branch(ctl(arg_sets=sets(0.3))), "no_defect"), False),
+    ("branch: assignment rebuild, re-registering restores", lambda: tree.decide_branch(tree.choose_branch(ASSIGNED), "cache_metadata"), True),
+    ("branch: assignment rebuild, re-registering does not restore", lambda: tree.decide_branch(tree.choose_branch(
+        replace(ASSIGNED, repairs=fixes(full_mask=1.15, reregister_via_update=ABOVE))), "cache_metadata"), False),
+    ("branch: assignment rebuild, table shows no metadata cell", lambda: tree.decide_branch(tree.choose_branch(
+        replace(ASSIGNED, rebuilt_state=layer_states([82] * 4))), "cache_metadata"), False),
     ("retained: normal", lambda: tree.decide_retained_length(RETAINED, 18, 80, 0.36), True),
     ("retained: generate at the logical position", lambda: tree.decide_retained_length(RETAINED, 80, 80, 0.36), False),
     ("retained: shift by another amount", lambda: tree.decide_retained_length(RETAINED, 19, 80, 0.36), False),
@@ -218,9 +249,9 @@ def test_claim_decisions(name, thunk, expected):
 
 
 def test_the_claim_decisions_report_their_numbers():
-    holds, evidence, deciding = tree.decide_branch(tree.choose_branch(ctl(arg_sets=sets(1e-7))), "resume_contract")
-    assert deciding == {"branch": "resume_contract", "worst_max_abs_diff_vs_original": 1e-7, "noise_threshold": T}
-    assert evidence["expected_branch"] == "resume_contract" and evidence["branch"] == "resume_contract"
+    holds, evidence, deciding = tree.decide_branch(tree.choose_branch(ctl(arg_sets=sets(1e-7))), "no_defect")
+    assert deciding == {"branch": "no_defect", "worst_max_abs_diff_vs_original": 1e-7, "noise_threshold": T}
+    assert evidence["expected_branch"] == "no_defect" and evidence["branch"] == "no_defect"
     assert tree.decide_branch({"branch": "x", "path": []}, "x")[2]["noise_threshold"] is None
     holds, evidence, deciding = tree.decide_retained_length(RETAINED, 18, 80, 0.36)
     assert (evidence["position_shift"], evidence["expected_shift_if_retained_length"], deciding["retained_length"]) == (-62, -62, 20)
@@ -241,17 +272,18 @@ def test_the_claim_decisions_report_their_numbers():
 
 def test_a_floor_change_alone_moves_a_leaf():
     c = ctl(arg_sets=sets(3e-6))
-    assert branch(c) == "unexplained" and branch(replace(c, floor=replace(FLOOR, measured=1e-6))) == "resume_contract"
+    assert branch(c) == "unexplained" and branch(replace(c, floor=replace(FLOOR, measured=1e-6))) == "no_defect"
 
 
 def test_the_report_text_carries_every_measured_number():
-    v = tree.choose_branch(ctl(**EVICT, extra=pos(0.36, 0.0)))
-    lengths, explicit = v["path"][2], v["path"][3]
-    assert lengths["numbers"]["generate_position"] == 18 and lengths["numbers"]["explicit_vs_full_forward"] == 0.0
-    assert explicit["numbers"]["generate_position"] == 18 and explicit["numbers"]["logical_position"] == 80
-    assert explicit["numbers"]["explicit_vs_generate"] == 0.36
-    v = tree.choose_branch(ctl(arg_sets=sets(0.3), state_changed=True, restored_diff=1e-7))
-    assert v["path"][-1]["numbers"] == {"state_changed_by_rebuild": True, "state_restored_max_abs_diff": 1e-7}
+    v = tree.choose_branch(ctl(**EVICT, **at(ABOVE), extra={"generate_position": 18, "logical_position": 80}))
+    taken = v["path"][-1]
+    first = next(d for d in v["path"] if d["node"] == "positions_restore")
+    assert first["numbers"]["generate_position"] == 18 and first["numbers"]["logical_position"] == 80
+    assert first["numbers"]["repaired_vs_generate"] == 0.36 and taken["numbers"] == {"repaired_vs_generate": 0.36}
+    assert v["notes"]["remaining"]["after_continue_at_processed_length"] == ABOVE
+    v = tree.choose_branch(ctl(arg_sets=sets(0.3), state_changed=True, repairs=fixes(saved_state=1e-7)))
+    assert v["path"][-1]["numbers"] == {"state_differs": True, "saved_state_max_abs_diff": 1e-7, "noise_threshold": T}
     mech = {"past_length_reported": 20, "generate_position": 20, "attention_mask_shape": [1, 83], "attention_masks": [[1, 83]]}
     why = per_layer_with(mech)
     assert "past length 20 (layer 0's), position 20, mask [1, 83]; attention masks per layer [[1, 83]]" in why

@@ -33,36 +33,77 @@ def arg_sets(diff: float | None = 0.0, rebuilt_fails: bool = False, error: str =
     return out
 
 
-def controls(**kw) -> triage.Controls:
-    """An identity-like outcome; keyword arguments change one control."""
+def state(stored: list[int | None] | None = None, reported: list[int | None] | None = None, initialized: bool = True,
+          cls: str = "DynamicLayer", model_state: list | None = None, carried: int | None = None) -> triage.ResumeState:
+    """Control 0 of one cache (82 processed tokens, a one-token suffix); per-layer cells from the lists."""
+    stored = stored or [82] * 4
+    reported = reported or stored
+    layers = [triage.LayerState(cls, s, r, initialized) for s, r in zip(stored, reported)]
+    return triage.ResumeState(82, carried, int(reported[0] or 0), 1, int(stored[0] or 0) + 1, None, 39, layers,
+                              model_state=model_state)
+
+
+def fix(name: str, d: float | None, vs: float | None = None, ok: bool = True) -> triage.Repair:
+    return triage.Repair(name, d, ok, "" if ok else "RuntimeError at eager_attention_forward", vs)
+
+
+def controls(rebuilt: triage.ResumeState | None = None, repairs: list[triage.Repair] | None = None, **kw) -> triage.Controls:
+    """An identity-like outcome (control 0 equal, the full mask restores); keyword arguments change one control."""
     base = dict(rebuild="x", floor=FLOOR, arg_sets=arg_sets(), processed_length=82, original_lengths=[82] * 4,
                 rebuilt_lengths=[82] * 4, classes_equal=True, kv_bitwise_equal=True, kv_max_abs_diff=0.0,
-                identity_identical=True, identity_worst=0.0)
+                identity_identical=True, identity_worst=0.0, original_state=state(), rebuilt_state=rebuilt or state(),
+                repairs={r.name: r for r in (repairs or [fix("full_mask", 1e-7)])}, identity_remaining=4e-7)
     base.update(kw)
     return triage.Controls(**base)
 
 
-EVICTED = dict(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None)
+EVICTED = dict(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None,
+               rebuilt=state([20] * 4), extra={"generate_position": -22, "logical_position": 39})
 
 
-def numbers(explicit_vs_generate: float | None, explicit_vs_full_forward: float | None, generate: int | None = -22,
-            logical: int | None = 39) -> dict:
-    """Control 3's numbers as run() records them (positions with Qwen3-VL's rope_deltas, as in the default run)."""
-    return {"generate_position": generate, "logical_position": logical, "explicit_vs_generate": explicit_vs_generate,
-            "explicit_vs_full_forward": explicit_vs_full_forward}
+def evicted(at_processed: triage.Repair) -> triage.Controls:
+    return controls(**EVICTED, repairs=[fix("full_mask", 0.98), at_processed])
 
 
+ASSIGNED = state([82] * 4, [0] * 4, initialized=False)  # the assignment rebuild: slots stored, nothing reported
 LEAF_CASES = {
-    "resume_contract": controls(),
-    "model_side_state (fresh instance)": controls(resume_on="fresh_instance", fresh_bare_diff=0.45, fresh_restored_diff=0.0),
-    "model_side_state (state changed by the rebuild)": controls(arg_sets=arg_sets(0.45), state_changed=True, restored_diff=0.0),
-    "compression_positions": controls(**EVICTED, extra=numbers(0.36, 1e-6)),
-    "compression_positions_and_loss": controls(**EVICTED, extra=numbers(0.36, 0.81)),
-    "compression_information_loss": controls(**EVICTED, extra=numbers(0.0, 0.94, generate=39)),
-    "compression_unresolved": controls(**EVICTED, extra=numbers(None, None)),
-    "reconstruction_copy": controls(arg_sets=arg_sets(1.6e-3), kv_bitwise_equal=False, kv_max_abs_diff=0.013),
-    "cache_metadata": controls(arg_sets=arg_sets(0.3), classes_equal=False),
-    "unexplained": controls(arg_sets=arg_sets(0.3)),
+    "no_defect": controls(),
+    "resume_contract": controls(arg_sets=[triage.ArgSet("neither", False, False, "RuntimeError", "ValueError")] + arg_sets()[1:]),
+    "model_side_state (fresh instance)": controls(resume_on="fresh_instance", fresh_bare_diff=0.45, fresh_restored_diff=0.0,
+                                                  repairs=[fix("full_mask", 1e-7), fix("saved_state", 0.0)]),
+    "model_side_state (state changed by the rebuild)": controls(
+        arg_sets=arg_sets(0.45), state_changed=True, restored_diff=0.0, rebuilt=state(model_state=[-40]),
+        original_state=state(model_state=[-42]), repairs=[fix("full_mask", 0.45), fix("saved_state", 0.0)]),
+    "cache_metadata": controls(arg_sets=arg_sets(1.15), rebuilt=ASSIGNED, rebuilt_lengths=[0] * 4,
+                               repairs=[fix("full_mask", 1.15), fix("reregister_via_update", 4e-7)]),
+    "compression_positions": evicted(fix("continue_at_processed_length", 1e-6, vs=0.36)),
+    "compression_positions_and_loss": evicted(fix("continue_at_processed_length", 0.81, vs=0.36)),
+    "compression_information_loss": evicted(fix("continue_at_processed_length", 0.94, vs=0.0)),
+    "compression_unresolved": evicted(fix("continue_at_processed_length", None, ok=False)),
+    "reconstruction_copy": controls(arg_sets=arg_sets(1.6e-3), kv_bitwise_equal=False, kv_max_abs_diff=0.013,
+                                    repairs=[fix("full_mask", 1.6e-3)]),
+    "unexplained": controls(arg_sets=arg_sets(0.3), repairs=[fix("full_mask", 0.3)]),
+}
+
+# each leaf's case with the control-0 cell (or the repair's number) that picked it contradicted: the leaf it moves to
+CONTRADICTED = {
+    "no_defect": (controls(arg_sets=arg_sets(0.3), repairs=[fix("full_mask", 0.3)]), "unexplained"),
+    "resume_contract": (replace(LEAF_CASES["resume_contract"], repairs={"full_mask": fix("full_mask", 0.3)}), "unexplained"),
+    "model_side_state (fresh instance)": (replace(LEAF_CASES["model_side_state (fresh instance)"],
+                                                  repairs={"saved_state": fix("saved_state", 0.45)}), "no_defect"),
+    "model_side_state (state changed by the rebuild)": (replace(LEAF_CASES["model_side_state (state changed by the rebuild)"],
+                                                                state_changed=False, rebuilt_state=state(model_state=[-42])),
+                                                        "unexplained"),
+    "cache_metadata": (replace(LEAF_CASES["cache_metadata"], rebuilt_state=state()), "unexplained"),
+    "compression_positions": (replace(LEAF_CASES["compression_positions"], rebuilt_state=state()), "reconstruction_copy"),
+    "compression_positions_and_loss": (evicted(fix("continue_at_processed_length", 0.81, vs=2e-6)), "compression_information_loss"),
+    "compression_information_loss": (evicted(fix("continue_at_processed_length", 0.94, vs=2.1e-6)),
+                                     "compression_positions_and_loss"),
+    "compression_unresolved": (evicted(fix("continue_at_processed_length", 2e-6, vs=0.36)), "compression_positions"),
+    "reconstruction_copy": (replace(LEAF_CASES["reconstruction_copy"], kv_bitwise_equal=True, kv_max_abs_diff=0.0), "unexplained"),
+    "unexplained": (replace(LEAF_CASES["unexplained"], rebuilt_state=ASSIGNED,
+                            repairs={"full_mask": fix("full_mask", 0.3), "reregister_via_update": fix("reregister_via_update", 0.0)}),
+                    "cache_metadata"),
 }
 
 
@@ -73,67 +114,99 @@ def test_every_leaf_is_reached(case):
     assert verdict["path"][0]["node"] == "identical"
     assert all({"node", "question", "answer", "numbers"} <= set(d) for d in verdict["path"])
     assert set(triage.LEAVES) >= {verdict["branch"]}
+    assert all(set(r) >= {"name", "max_abs_diff", "restores"} for r in verdict["repairs"]) and verdict["repairs"]
+
+
+@pytest.mark.parametrize("case", list(CONTRADICTED))
+def test_each_leaf_fed_a_contradicting_table_moves(case):
+    c, moves_to = CONTRADICTED[case]
+    assert triage.choose_branch(c)["branch"] == moves_to != case.split(" ")[0]
 
 
 def test_leaf_cases_cover_every_leaf():
     assert {case.split(" ")[0] for case in LEAF_CASES} == set(triage.LEAVES)
 
 
+def test_a_repaired_leaf_is_named_only_when_its_repair_restores():
+    """The repair's number decides: at the threshold it restores, just past it the walk moves on."""
+    t = FLOOR.threshold
+    meta = lambda d: triage.choose_branch(replace(LEAF_CASES["cache_metadata"], repairs={  # noqa: E731
+        "full_mask": fix("full_mask", 1.15), "reregister_via_update": fix("reregister_via_update", d)}))
+    assert meta(t)["branch"] == "cache_metadata" and meta(t * 1.01)["branch"] == "unexplained"
+    assert meta(None)["branch"] == "unexplained"
+    v = meta(t * 1.01)
+    assert [(r["name"], r["restores"]) for r in v["repairs"]] == [("full_mask", False), ("reregister_via_update", False)]
+    state_case = LEAF_CASES["model_side_state (state changed by the rebuild)"]
+    assert triage.choose_branch(replace(state_case, repairs={"full_mask": fix("full_mask", 0.45),
+                                                             "saved_state": fix("saved_state", 0.1)}))["branch"] == "unexplained"
+    failing = replace(LEAF_CASES["cache_metadata"], repairs={"full_mask": fix("full_mask", 1.15),
+                                                            "reregister_via_update": fix("reregister_via_update", None, ok=False)})
+    assert triage.choose_branch(failing)["repairs"][-1]["error"].startswith("RuntimeError")
+
+
 def test_the_floor_decides_not_a_fixed_number():
-    tiny = controls(arg_sets=arg_sets(3e-6))  # threshold 4 x 5e-7 = 2e-6: 3e-6 differs
+    tiny = controls(arg_sets=arg_sets(3e-6), repairs=[fix("full_mask", 3e-6)])  # threshold 4 x 5e-7 = 2e-6: 3e-6 differs
     assert triage.choose_branch(tiny)["branch"] == "unexplained"
     loose = replace(tiny, floor=replace(FLOOR, measured=1e-6))  # threshold 4e-6: the same 3e-6 is noise
-    assert triage.choose_branch(loose)["branch"] == "resume_contract"
+    assert triage.choose_branch(loose)["branch"] == "no_defect"
 
 
 def test_a_failure_only_for_the_rebuilt_cache_is_not_the_contract():
-    assert triage.choose_branch(controls(arg_sets=arg_sets(rebuilt_fails=True)))["branch"] == "unexplained"
-    different_error = [triage.ArgSet("neither", False, False, "RuntimeError", "ValueError")] + arg_sets()[1:]
-    assert triage.choose_branch(controls(arg_sets=different_error))["branch"] != "resume_contract"
+    fails = controls(arg_sets=arg_sets(rebuilt_fails=True), repairs=[fix("full_mask", None, ok=False)])
+    assert triage.choose_branch(fails)["branch"] == "unexplained"
+    assert triage.choose_branch(LEAF_CASES["resume_contract"])["path"][0]["answer"] is False
 
 
-def test_lengths_changed_without_a_matching_identity_control_is_not_compression_positions():
-    c = controls(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, identity_identical=False)
-    assert triage.choose_branch(c)["branch"] == "reconstruction_copy"
+def test_compression_is_fewer_stored_slots_not_a_different_reported_length():
+    """The assignment rebuild reports length 0 with every slot stored: metadata, not compression (the issue's case)."""
+    v = triage.choose_branch(LEAF_CASES["cache_metadata"])
+    assert "compressed" not in [d["node"] for d in v["path"]]
+    assert triage.compressed(LEAF_CASES["cache_metadata"]) == [] and triage.metadata_differs(LEAF_CASES["cache_metadata"]) == [0, 1, 2, 3]
+    no_repair = replace(LEAF_CASES["cache_metadata"], repairs={"full_mask": fix("full_mask", 1.15)})
+    v = triage.choose_branch(no_repair)
+    assert v["branch"] == "unexplained" and [d["node"] for d in v["path"]][-2:] == ["kv_differ", "nothing_visible"]
+    sliding = state([82, 16], [82, 82])  # a sliding layer stores its window and reports what it processed
+    assert triage.metadata_differs(controls(original_state=sliding, rebuilt=sliding)) == []
+    assert triage.compressed(controls(original_state=sliding, rebuilt=state([82, 12], [82, 82]))) == [1]
 
 
-def test_compression_is_split_by_the_explicit_position_control():
-    """(a) positions and (b) information loss are two questions: each leaf, fed the numbers that contradict it, moves."""
-    leaf = lambda **kw: triage.choose_branch(controls(**EVICTED, extra=numbers(**kw)))["branch"]  # noqa: E731
-    # the issue's numbers: generate at the retained length, explicit step 0.36 from generate's, 0.81 from the full forward
-    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=0.81) == "compression_positions_and_loss"
-    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=1e-6) == "compression_positions"
-    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=2e-6) == "compression_positions", "at the threshold: matches"
-    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=2.1e-6) == "compression_positions_and_loss"
-    # positions: generate continues at the logical position (a resume state) -> information loss only
-    assert leaf(explicit_vs_generate=0.0, explicit_vs_full_forward=0.94, generate=39) == "compression_information_loss"
-    assert leaf(explicit_vs_generate=2e-6, explicit_vs_full_forward=0.94) == "compression_information_loss", "within the floor"
-    assert leaf(explicit_vs_generate=2.1e-6, explicit_vs_full_forward=0.94) == "compression_positions_and_loss"
-    # the same position but the steps differ: not information loss (the next line would say positions are right)
-    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=0.94, generate=39) == "compression_unresolved"
-    # a position not captured: the step difference decides (a)
-    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=0.94, generate=None) == "compression_positions_and_loss"
-    assert leaf(explicit_vs_generate=0.36, explicit_vs_full_forward=0.94, logical=None) == "compression_positions_and_loss"
-    # the explicit step did not run (per-layer lengths under eager): neither question answered
-    assert leaf(explicit_vs_generate=None, explicit_vs_full_forward=None) == "compression_unresolved"
-    assert leaf(explicit_vs_generate=None, explicit_vs_full_forward=0.94) == "compression_unresolved"
-    assert leaf(explicit_vs_generate=0.0, explicit_vs_full_forward=1e-7, generate=39) == "compression_unresolved"
+def test_compression_is_split_by_the_continue_at_processed_length_repair():
+    """The repair restores, raises, changes generate()'s step (positions + loss) or not (loss): each at the floor's edge."""
+    leaf = lambda d, vs=None, ok=True: triage.choose_branch(evicted(fix("continue_at_processed_length", d, vs, ok)))["branch"]  # noqa: E731
+    assert leaf(0.81, 0.36) == "compression_positions_and_loss"
+    assert leaf(2e-6, 0.36) == "compression_positions", "at the threshold: restores"
+    assert leaf(2.1e-6, 0.36) == "compression_positions_and_loss"
+    assert leaf(0.94, 0.0) == "compression_information_loss"
+    assert leaf(0.94, 2e-6) == "compression_information_loss", "within the floor: the repair changed nothing"
+    assert leaf(0.94, 2.1e-6) == "compression_positions_and_loss"
+    assert leaf(0.94, None) == "compression_positions_and_loss", "generate() raised, the repair ran: a position defect"
+    assert leaf(None, None, ok=False) == "compression_unresolved"
+    assert triage.choose_branch(controls(**EVICTED, repairs=[fix("full_mask", 0.98)]))["branch"] == "compression_unresolved"
 
 
 def test_no_compression_leaf_says_positions_do_not_matter_when_they_do():
-    """Every leaf reached with explicit_vs_generate beyond the floor tells the reporter to pass the processed length."""
-    for step, full in ((0.36, 0.81), (0.36, 1e-6), (0.36, 0.94)):
-        for generate in (-22, 39, None):
-            c = controls(**EVICTED, extra=numbers(step, full, generate=generate))
-            branch = triage.choose_branch(c)["branch"]
-            assert branch != "compression_information_loss", (step, full, generate)
-            assert "positions will not" not in triage.NEXT[branch] and "not the cause" not in triage.NEXT[branch]
-    assert "processed length" in triage.NEXT["compression_positions"]
-    assert "processed length" in triage.NEXT["compression_positions_and_loss"]
+    """Every leaf reached when the repair changes generate()'s step tells the reporter to pass the processed length."""
+    for d in (0.81, 1e-6, 0.94):
+        branch = triage.choose_branch(evicted(fix("continue_at_processed_length", d, vs=0.36)))["branch"]
+        assert branch != "compression_information_loss", d
+        assert "not the cause" not in triage.NEXT[branch]
+        assert "processed length" in triage.NEXT[branch]
     assert "own loss" in triage.NEXT["compression_positions_and_loss"] and "own loss" in triage.NEXT["compression_information_loss"]
-    v = triage.choose_branch(LEAF_CASES["compression_positions_and_loss"])
-    assert [d["node"] for d in v["path"]][-2:] == ["positions_shift", "positions_and_loss"]
-    assert v["path"][-1]["numbers"] == {**numbers(0.36, 0.81), "noise_threshold": FLOOR.threshold}
+
+
+def test_loss_leaves_show_what_remains_against_the_identity_floor():
+    v = triage.choose_branch(LEAF_CASES["compression_information_loss"])
+    assert v["notes"]["remaining"] == {"after_continue_at_processed_length": 0.94, "identity_vs_full_forward": 4e-7,
+                                       "noise_threshold": FLOOR.threshold, "times_identity": 0.94 / 4e-7}
+    assert "against the identity rebuild's 4e-07" in triage.render("x", v)
+    v = triage.choose_branch(replace(LEAF_CASES["reconstruction_copy"], topk={"top1_kept": True, "top5_kept": False,
+                                     "top5_overlap": 4, "max_abs_diff": 1.6e-3, "noise_threshold": 2e-6, "times_threshold": 800.0},
+                                     localized={"layer": 2, "slot": 5, "differs_in": "keys", "keys_max_abs_diff": 0.01,
+                                                "values_max_abs_diff": 0.0, "keys_differ_by": "content",
+                                                "pair_norm_max_gap": 0.01, "pair_norm_tolerance": 1e-6, "pair_angle_max_gap": 0.2}))
+    text = triage.render("int8", v)
+    assert "top-1 kept, top-5 changed (4/5 shared); max |diff| 0.0016 = 800 times the noise threshold 2e-06" in text
+    assert "first difference at layer 2, slot 5, in the keys" in text and "differ by content" in text
 
 
 def test_every_leaf_says_what_to_do_next():
@@ -143,17 +216,19 @@ def test_every_leaf_says_what_to_do_next():
         assert f"next: {triage.NEXT[verdict['branch']]}" in triage.render("x", verdict)
 
 
-def test_render_marks_the_taken_path():
+def test_render_marks_the_taken_path_and_lists_the_repairs():
     text = triage.render("streaming", triage.choose_branch(LEAF_CASES["compression_positions"]))
     assert text.splitlines()[0].startswith("rebuild 'streaming'  ->  compression_positions")
-    assert "[x] the identity rebuild matches and this rebuild changes cache lengths" in text
-    assert "[ ] (b) at the processed length the step still differs from the full forward" in text
-    assert "[x] (b) at the processed length the step matches the full forward within the floor  -> compression_positions" in text
-    assert text.splitlines()[1] == ("decided by: generate_position=-22; logical_position=39; explicit_vs_generate=0.36; "
-                                    "explicit_vs_full_forward=1e-06; noise_threshold=2e-06")
-    assert text.splitlines()[2].startswith("next: continue at the processed length")
+    assert "[x] control 0: fewer stored slots than processed tokens" in text
+    assert "[x] the repair restores the full forward  -> compression_positions" in text
     assert "[ ] original and rebuilt behave identically" in text
-    assert "rebuilt_lengths=[20, 20, 20, 20]" in text
+    assert "stored_slots=[20, 20, 20, 20]" in text
+    assert "  - full_mask: 0.98 -> does not restore" in text and "  - continue_at_processed_length: 1e-06 -> restores" in text
+    assert text.splitlines()[2].startswith("next: continue at the processed length")
+    correct = triage.render("identity", triage.choose_branch(LEAF_CASES["no_defect"]))
+    assert correct.splitlines()[0].startswith("rebuild 'identity': no defect")
+    assert "note (the resume contract, not the rebuild): ['neither', 'position_only'] fail for both" in correct
+    assert triage.render("r", {"branch": "unexplained", "path": []}).splitlines()[1] == "decided by: the first decision"
 
 
 # --- claim decisions: the measurement and a contradicting one ------------------------------------
@@ -164,7 +239,7 @@ def _verdict_of(holds: bool, tmp_path: Path) -> str:
 
 
 def test_branch_claims_and_their_contradiction(tmp_path):
-    for case, expected in (("resume_contract", "resume_contract"), ("reconstruction_copy", "reconstruction_copy")):
+    for case, expected in (("no_defect", "no_defect"), ("reconstruction_copy", "reconstruction_copy")):
         verdict = triage.choose_branch(LEAF_CASES[case])
         holds, evidence, deciding = triage.decide_branch(verdict, expected)
         assert _verdict_of(holds, tmp_path) == "reproduced" and deciding["branch"] == expected
@@ -275,10 +350,21 @@ def test_controls_on_the_tiny_model_name_the_branches(bundle, prompt):
     from helpers.triage import tables as triage_tables
 
     base = triage_run.prepare(bundle, prompt)
-    specs = triage_run.load_specs("int8", 4, 16) | {"probe": rebuilds.load(f"{EXAMPLE}:probe_then_copy")}
+    specs = triage_run.load_specs("int8", 4, 16) | {"probe": rebuilds.load(f"{EXAMPLE}:probe_then_copy"),
+                                                    "assign": rebuilds.load(f"{EXAMPLE}:assign_layers")}
     results = triage_run.triage_all(base, triage_run.apply_all(base, specs))
     assert {n: t.verdict["branch"] for n, t in results.items()} == {
-        "identity": "resume_contract", "int8": "reconstruction_copy", "probe": "model_side_state"}
+        "identity": "no_defect", "int8": "reconstruction_copy", "probe": "model_side_state", "assign": "cache_metadata"}
+    repaired = {n: {r["name"]: r["restores"] for r in t.verdict["repairs"]} for n, t in results.items()}
+    assert repaired == {"identity": {"full_mask": True}, "int8": {"full_mask": False},
+                        "probe": {"full_mask": False, "saved_state": True},
+                        "assign": {"full_mask": False, "reregister_via_update": True}}
+    assign = results["assign"].controls
+    assert [s.reported for s in assign.rebuilt_state.layers] == [0] * 4 and assign.extra["generate_position"] == 0
+    assert [s.stored for s in assign.rebuilt_state.layers] == [s.stored for s in assign.original_state.layers]
+    top = results["int8"].verdict["notes"]["topk"]
+    assert top["top1_kept"] and top["max_abs_diff"] > base.floor.threshold
+    assert results["int8"].verdict["notes"]["localized"]["keys_differ_by"] == "content"
     assert torch.equal(compat.get_rope_state(bundle.model), base.saved_state)  # the probe's state change was undone
     steps = triage_tables.first_step_table(base, results)
     assert steps.loc[("original", "neither"), "input_ids_shape"] == [1, 0]  # the suffix was dropped (notebook 02)
@@ -302,8 +388,15 @@ def test_notebook_06_decides_its_claims(tmp_path, monkeypatch):
         "triage.streaming_generate_uses_retained_length": ("beyond", "holds"),
         "triage.per_layer_lengths_outcome": ("beyond", "holds"), "triage.per_layer_lengths_by_backend": ("beyond", "holds")}
     assert {n: v["branch"] for n, v in data["measurements"]["triage"].items()} == {
-        "identity": "resume_contract", "streaming": "compression_positions_and_loss", "int8": "reconstruction_copy",
+        "identity": "no_defect", "streaming": "compression_positions_and_loss", "int8": "reconstruction_copy",
         "per_layer": "compression_positions_and_loss"}
+    assert data["measurements"]["triage"]["streaming"]["repairs"][-1]["name"] == "continue_at_processed_length"
+    assert data["measurements"]["triage"]["identity"]["repairs"] == [
+        {"name": "full_mask", "max_abs_diff": data["measurements"]["triage"]["identity"]["repairs"][0]["max_abs_diff"],
+         "restores": True}]
+    control0 = {r["state"]: r for r in data["measurements"]["control0_resume_state"]["streaming"]}
+    assert control0["layer 0 stored slots"]["rebuilt"] == "20" and control0["layer 0 stored slots"]["differs"] == "<<"
+    assert data["measurements"]["triage_tree"]["identity"].startswith("rebuild 'identity': no defect")
     positions = {r["rebuild"]: r for r in data["measurements"]["control3_logical_positions"]}
     assert positions["streaming"]["positions_include_rope_deltas"] and positions["streaming"]["rope_deltas"] == -42
     assert positions["streaming"]["explicit_position_logical"] == 81
@@ -314,9 +407,10 @@ def test_notebook_06_decides_its_claims(tmp_path, monkeypatch):
 
 @pytest.mark.e2e
 def test_notebook_06_names_the_branch_of_a_users_rebuild(tmp_path, monkeypatch):
-    result, data = _run(tmp_path, monkeypatch, rebuild=f"{EXAMPLE}:probe_then_copy")
+    result, data = _run(tmp_path, monkeypatch, rebuild=f"{EXAMPLE}:assign_layers")
     assert result.ok, result.error
-    assert data["measurements"]["triage"]["probe_then_copy"]["branch"] == "model_side_state"
+    assert data["measurements"]["triage"]["assign_layers"]["branch"] == "cache_metadata"
+    assert data["measurements"]["triage"]["assign_layers"]["repairs"][-1]["restores"] is True
     verdicts = {c["id"]: c["verdict"] for c in data["claims"]}
     assert verdicts.pop("triage.identity_matches_original") == "reproduced"
     assert set(verdicts.values()) == {"skipped"}

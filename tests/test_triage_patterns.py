@@ -43,7 +43,7 @@ def test_the_examples_eviction_and_its_resume_state(bundle, prompt):
     """keep first 8 + last 16 as a user writes it: positions and loss; the same eviction with its processed length: loss only."""
     more = {n: rebuilds.load(f"{EXAMPLE}:{n}") for n in ("keep_first_last", "keep_first_last_resume")}
     base, results = triaged(bundle, prompt, "one_token", more=more)
-    assert branches(results) == {"identity": "resume_contract", "streaming": "compression_positions_and_loss",
+    assert branches(results) == {"identity": "no_defect", "streaming": "compression_positions_and_loss",
                                  "keep_first_last": "compression_positions_and_loss",
                                  "keep_first_last_resume": "compression_information_loss"}
     plain, resumed = results["keep_first_last"].controls, results["keep_first_last_resume"].controls
@@ -65,7 +65,7 @@ def test_a_resume_state_is_what_makes_generate_continue_at_the_processed_length(
 @pytest.mark.parametrize("pattern", ["new_turn", "continue_generate", "prompt_reuse", "batched"])
 def test_every_pattern_names_a_leaf_on_the_tiny_default(bundle, prompt, pattern):
     base, results = triaged(bundle, prompt, pattern)
-    assert branches(results) == {"identity": "resume_contract", "streaming": "compression_positions_and_loss"}
+    assert branches(results) == {"identity": "no_defect", "streaming": "compression_positions_and_loss"}
     facts = patterns.facts(base.case)
     assert facts["pattern"] == pattern and facts["prefix_cache_length"] == facts["processed_length"]
     working = pattern_checks.working_sets(base)
@@ -113,7 +113,7 @@ def test_a_static_cache_is_rebuilt_as_a_static_cache(bundle, prompt):
     base, results = triaged(bundle, prompt, "one_token", "static")
     assert isinstance(base.prefix_cache, StaticCache) and int(base.prefix_cache.get_seq_length()) == prompt.length - 1
     assert isinstance(results["streaming"].rebuilt.cache, StaticCache)
-    assert branches(results) == {"identity": "resume_contract", "streaming": "compression_positions_and_loss"}
+    assert branches(results) == {"identity": "no_defect", "streaming": "compression_positions_and_loss"}
     dynamic = patterns.as_dynamic(base.prefix_cache, bundle.model.config)
     assert isinstance(dynamic, DynamicCache) and dynamic.get_seq_length() == prompt.length - 1
 
@@ -124,7 +124,7 @@ def test_patterns_on_a_text_only_model(pattern):
 
     bundle = models.load(models.TINY_DENSE)
     _, results = triaged(bundle, inputs.build_prompt(bundle), pattern)
-    assert branches(results) == {"identity": "resume_contract", "streaming": "compression_positions_and_loss"}
+    assert branches(results) == {"identity": "no_defect", "streaming": "compression_positions_and_loss"}
 
 
 def test_unknown_patterns_and_cache_classes_raise():
@@ -157,7 +157,7 @@ def test_notebook_06_runs_each_pattern(tmp_path, monkeypatch, pattern, cache_cla
     assert result.ok, result.error
     data = json.loads((tmp_path / "results" / "06_rebuild_triage.json").read_text())
     m = data["measurements"]
-    assert {n: v["branch"] for n, v in m["triage"].items()} == {"identity": "resume_contract",
+    assert {n: v["branch"] for n, v in m["triage"].items()} == {"identity": "no_defect",
                                                                  "streaming": "compression_positions_and_loss"}
     assert m["triage_parameters"]["pattern"] == pattern and m["triage_parameters"]["cache_class"] == cache_class
     assert m["triage_parameters"]["prompt"]["source"] == "synthetic" and m["triage_parameters"]["prompt"]["sequence_ids"]

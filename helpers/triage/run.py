@@ -14,12 +14,13 @@ import pandas as pd
 import torch
 
 from .. import compat
-from . import patterns, rebuilds
+from . import patterns, rebuilds, repairs, state
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import prefill
 from ..inputs import Prompt
 from ..regress import layers
-from .tree import ArgSet, Controls, choose_branch, identical
+from .facts import ArgSet, Controls, identical
+from .walk import choose_branch
 from .controls import (ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step,
                               kv_table, logical_positions)
 
@@ -141,6 +142,7 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     resumed = resume_step(base, rebuilt, steps, logical)
     fresh = _fresh_steps(base, rebuilt.cache)
     _set_state(model, base.saved_state)
+    fixes = repairs.run_all(base, rebuilt.cache, {"full": steps[FULL], "resumed": resumed}, applied.state_after, fresh, resume_on)
     delta = None if base.saved_state is None or not prompt.is_multimodal else int(base.saved_state.reshape(-1)[0])
     extra = {"positions_include_rope_deltas": delta if delta is not None else "no (text positions)",
              "generate_args": RESUME_ARGS if rebuilt.resume else FULL,
@@ -156,10 +158,18 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
         state_changed=applied.state_changed, restored_diff=diff(restored, base.original[FULL]) if restored else None,
         fresh_bare_diff=diff(fresh.get("fresh instance, no state"), steps[FULL]) if fresh else None,
         fresh_restored_diff=diff(fresh.get("fresh instance, state restored"), steps[FULL]) if fresh else None,
-        resume_on=resume_on, extra=extra)
+        resume_on=resume_on, extra=extra, repairs=fixes,
+        original_state=state.measure(base.prefix_cache, processed, prompt.length - processed, base.original[FULL].call,
+                                     base.original_explicit.call, model_state=base.saved_state),
+        rebuilt_state=state.measure(rebuilt.cache, processed, prompt.length - processed, resumed.call, explicit.call,
+                                    rebuilt.processed_length if rebuilt.resume else None,
+                                    kv.kept.tolist() if rebuilt.kept else None, applied.state_after),
+        localized=repairs.localize(base.prefix_cache, rebuilt.cache),
+        topk=repairs.topk_kept(base.reference, steps[FULL], base.floor))
     # the identity control's first decision (for the identity rebuild itself: its own)
     controls.identity_identical, numbers = identical(identity.controls if identity is not None else controls)
     controls.identity_worst = numbers["worst_max_abs_diff"]
+    controls.identity_remaining = (identity.controls if identity is not None else controls).extra["explicit_vs_full_forward"]
     out = Triaged(name, rebuilt, controls, kv, steps, explicit, fresh)
     out.verdict = choose_branch(controls)
     return out

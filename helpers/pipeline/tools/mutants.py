@@ -60,11 +60,13 @@ class Scope:
 # tests/test_decisions.py pins every case's whole output (tests/golden/decision_outputs.json) of its own tables and of
 # the CASES tables in tests/test_kill_{tree,offload,regress}.py, so it is listed for every deciding module.
 DECISION_TESTS = ("tests/test_decisions.py",)
-TREE_TESTS = ("every_leaf_is_reached", "leaf_cases_cover_every_leaf", "the_floor_decides_not_a_fixed_number",
+TREE_TESTS = ("every_leaf_is_reached", "each_leaf_fed_a_contradicting_table_moves", "leaf_cases_cover_every_leaf",
+              "a_repaired_leaf_is_named_only_when_its_repair_restores", "the_floor_decides_not_a_fixed_number",
               "a_failure_only_for_the_rebuilt_cache_is_not_the_contract",
-              "lengths_changed_without_a_matching_identity_control_is_not_compression_positions",
-              "compression_is_split_by_the_explicit_position_control", "every_leaf_says_what_to_do_next",
-              "render_marks_the_taken_path", "branch_claims_and_their_contradiction",
+              "compression_is_fewer_stored_slots_not_a_different_reported_length",
+              "compression_is_split_by_the_continue_at_processed_length_repair",
+              "loss_leaves_show_what_remains_against_the_identity_floor", "every_leaf_says_what_to_do_next",
+              "render_marks_the_taken_path_and_lists_the_repairs", "branch_claims_and_their_contradiction",
               "retained_length_claim_and_its_contradictions", "per_layer_claim_outcomes_and_contradictions",
               "per_layer_backend_prediction_and_its_contradictions")  # the tree's tests, not the notebook runs
 SCOPE: list[Scope] = [
@@ -84,9 +86,12 @@ SCOPE: list[Scope] = [
     Scope("helpers/newimage/guardcheck.py", ("check_new_vision_tokens", "_uncached", "_explicit_3d", "_recomputed"),
           ("tests/test_newimage.py",)),
     Scope("helpers/api/guard.py", ("cache_lengths", "check_resume_inputs", "_check_*", "_first_positions"), ("tests/test_api.py",)),
-    Scope("helpers/triage/tree.py", ("consistent", "identical", "lengths_changed", "_step", "choose_branch",
-                                     "position_shift", "information_loss", "_compression_leaf",
-                                     "decide_*", "per_layer_outcome", "backend_outcome"),
+    Scope("helpers/triage/tree.py", ("decide_*", "per_layer_outcome", "backend_outcome"),
+          DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
+    Scope("helpers/triage/walk.py", ("choose_branch", "_compression_leaf", "notes", "_Walk.*"),
+          DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
+    Scope("helpers/triage/facts.py", ("consistent", "identical", "lengths_changed", "compressed", "metadata_differs",
+                                      "model_state_differs", "kv_content_differs", "Repair.*"),
           DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
     Scope("helpers/offload/streams.py", ("join", "StreamLog.*"), ("tests/test_streams.py", "tests/test_kill_offload.py")),
     Scope("helpers/offload/replay.py", ("ordering_decision", "replay_decision"), DECISION_TESTS + ("tests/test_kill_offload.py",)),

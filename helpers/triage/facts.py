@@ -1,0 +1,156 @@
+"""The plain numbers the triage tree decides from: argument sets, control 0's resume state, repairs (pure data).
+
+`ResumeState` is one cache's row of control 0 (the resume-state table); `Repair` is one repair the kit ran,
+measured against the full forward; `Controls` holds everything `helpers.triage.walk.choose_branch` needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..compare import NoiseFloor
+
+
+@dataclass
+class ArgSet:
+    """One argument set (the seed's neither/position_only/mask_only/both): both caches' outcomes."""
+
+    name: str
+    original_ok: bool
+    rebuilt_ok: bool
+    original_error: str = ""
+    rebuilt_error: str = ""
+    max_abs_diff: float | None = None  # rebuilt vs original first-step logits, when both ran
+
+
+@dataclass
+class LayerState:
+    """One cache layer as generate() sees it: class, slots stored, length reported, initialized."""
+
+    cls: str
+    stored: int | None  # K/V slots physically stored (None: no K/V, a linear-attention layer)
+    reported: int | None  # the layer's get_seq_length()
+    initialized: bool | None  # the layer's is_initialized (None: the class has none)
+
+
+@dataclass
+class ResumeState:
+    """Control 0 for one cache: every state a complete resume contract must distinguish."""
+
+    processed_tokens: int  # tokens that really passed through the model (the prompt's prefix)
+    carried_processed: int | None  # processed length the rebuild returned beside its cache (None: a cache alone)
+    reported_length: int  # cache.get_seq_length(): what generate() reads as the past length
+    suffix: int  # unprocessed suffix tokens
+    full_mask: int  # columns of the full mask (stored slots + suffix)
+    next_position: int | None  # the position generate() gave the next token (captured at the rotary embedding)
+    logical_position: int | None  # the position of the processed length (explicit step, captured)
+    layers: list[LayerState] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)  # per layer: the original positions retained
+    model_state: list | None = None  # model-specific metadata (Qwen3-VL's rope_deltas), None: the model keeps none
+
+
+@dataclass
+class Repair:
+    """One repair the kit ran: max |logit diff| of the repaired step against the full forward."""
+
+    name: str
+    max_abs_diff: float | None
+    ok: bool = True
+    error: str = ""  # 'Type at stage' when the repaired step raised
+    vs_unrepaired: float | None = None  # the repaired step against the unrepaired generate() step
+
+    def restores(self, floor: NoiseFloor) -> bool:
+        """The repaired step matches the full forward within the floor."""
+        return self.ok and self.max_abs_diff is not None and floor.matches(self.max_abs_diff)
+
+    def record(self, floor: NoiseFloor) -> dict[str, Any]:
+        """{'name', 'max_abs_diff', 'restores'} (+ the error when it raised), as the results file keeps it."""
+        out = {"name": self.name, "max_abs_diff": self.max_abs_diff, "restores": self.restores(floor)}
+        return out | ({"error": self.error} if not self.ok else {})
+
+
+@dataclass
+class Controls:
+    """The plain numbers of every control for one rebuild (what `choose_branch` needs)."""
+
+    rebuild: str
+    floor: NoiseFloor
+    arg_sets: list[ArgSet]
+    processed_length: int
+    original_lengths: list[int]
+    rebuilt_lengths: list[int]
+    classes_equal: bool
+    kv_bitwise_equal: bool
+    kv_max_abs_diff: float | None = None
+    identity_identical: bool | None = None  # the identity control's first decision (None: not run)
+    identity_worst: float | None = None
+    state_changed: bool = False  # the rebuild changed the model-side state of the instance
+    restored_diff: float | None = None  # same instance, state restored after the rebuild, vs original
+    fresh_bare_diff: float | None = None  # fresh instance without the state vs same instance
+    fresh_restored_diff: float | None = None  # fresh instance with the state restored vs same instance
+    resume_on: str = "same_instance"
+    extra: dict[str, Any] = field(default_factory=dict)  # positions, explicit-step numbers: shown, not branched on
+    original_state: ResumeState | None = None  # control 0, the original cache
+    rebuilt_state: ResumeState | None = None  # control 0, the rebuilt cache
+    repairs: dict[str, Repair] = field(default_factory=dict)  # every repair the kit ran, by name
+    identity_remaining: float | None = None  # the identity rebuild's explicit step vs the full forward (its floor)
+    localized: dict[str, Any] = field(default_factory=dict)  # reconstruction_copy: first differing layer/slot, kind
+    topk: dict[str, Any] = field(default_factory=dict)  # reconstruction_copy: top-1/top-5 kept vs the full forward
+
+
+def consistent(a: ArgSet, floor: NoiseFloor) -> bool:
+    """Same status for both caches, same error type when both fail, logits within the floor when both ran."""
+    if a.original_ok != a.rebuilt_ok:
+        return False
+    if not a.original_ok:
+        return a.original_error == a.rebuilt_error
+    return a.max_abs_diff is not None and floor.matches(a.max_abs_diff)
+
+
+def identical(c: Controls) -> tuple[bool, dict[str, Any]]:
+    """Decision 1 and its numbers: every argument set consistent between original and rebuilt."""
+    per = {a.name: ("both failed (" + a.original_error + ")" if not (a.original_ok or a.rebuilt_ok) else
+                    a.max_abs_diff if a.original_ok and a.rebuilt_ok else
+                    f"original {'worked' if a.original_ok else 'failed'}, rebuilt {'worked' if a.rebuilt_ok else 'failed'}")
+           for a in c.arg_sets}
+    worst = max((a.max_abs_diff for a in c.arg_sets if a.max_abs_diff is not None), default=None)
+    same = bool(c.arg_sets) and all(consistent(a, c.floor) for a in c.arg_sets)
+    return same, {"per_argument_set": per, "worst_max_abs_diff": worst, "noise_threshold": c.floor.threshold}
+
+
+def lengths_changed(c: Controls) -> bool:
+    """Some layer reports a length other than the processed length (shown; the tree decides from control 0)."""
+    return any(n is not None and n != c.processed_length for n in c.rebuilt_lengths)
+
+
+# --- control 0's questions (the table's differing cells) ----------------------------------------
+
+def _pairs(c: Controls) -> list[tuple[LayerState, LayerState]]:
+    if c.original_state is None or c.rebuilt_state is None:
+        return []
+    return list(zip(c.original_state.layers, c.rebuilt_state.layers))
+
+
+def compressed(c: Controls) -> list[int]:
+    """Layers storing fewer slots than the original stores for the processed tokens (compression, by the table)."""
+    return [i for i, (o, r) in enumerate(_pairs(c)) if o.stored is not None and r.stored is not None and r.stored < o.stored]
+
+
+def metadata_differs(c: Controls) -> list[int]:
+    """Layers whose class, is_initialized, or reported length against stored slots differ from the original's."""
+    def offset(s: LayerState) -> int | None:
+        return None if s.stored is None or s.reported is None else s.reported - s.stored
+    return [i for i, (o, r) in enumerate(_pairs(c))
+            if o.cls != r.cls or o.initialized != r.initialized or offset(o) != offset(r)]
+
+
+def model_state_differs(c: Controls) -> bool:
+    """The model-specific metadata (rope_deltas) the rebuild left differs from the original's."""
+    if c.original_state is None or c.rebuilt_state is None:
+        return c.state_changed
+    return c.original_state.model_state != c.rebuilt_state.model_state or c.state_changed
+
+
+def kv_content_differs(c: Controls) -> bool:
+    """Stored K/V differ from the original's where the shapes match (or bits differ with nothing evicted)."""
+    return (c.kv_max_abs_diff is not None and c.kv_max_abs_diff > 0) or (not c.kv_bitwise_equal and not compressed(c))

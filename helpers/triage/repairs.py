@@ -1,0 +1,128 @@
+"""The repairs each leaf prescribes, run by the kit on the rebuilt cache, and the localization of a copy defect.
+
+Each repair is one generate() step (the notebook's greedy one-step contract) from a deep copy of the rebuilt cache,
+measured against the full forward: the full mask; the saved model-side state restored; the same K/V re-registered
+through `update()` on `DynamicCache(config=...)` (`helpers.regress.rebuilds.layer_aware`); continuing at the
+processed length (position_ids at it, the mask sized to the stored slots). A copy defect has no generic repair:
+`localize` finds the first differing layer and slot and whether the keys differ only by a rotation.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import compat
+from ..compare import NoiseFloor, logit_metrics
+from ..regress import layers
+from ..regress import rebuilds as family
+from .controls import Step, diff, full_mask, generate_step, logical_positions
+from .facts import Repair
+from .walk import AT_PROCESSED, FULL_MASK, REREGISTER, SAVED_STATE
+
+
+def _set_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
+    if compat.rope_state_owner(model) is not None:
+        compat.set_rope_state(model, None if value is None else value.clone())
+
+
+def as_repair(name: str, step: Step, reference: torch.Tensor, unrepaired: Step | None = None) -> Repair:
+    """A repaired step -> Repair (max |diff| vs the full forward; the error and stage when it raised)."""
+    return Repair(name, diff(step, Step(True, reference)), step.ok, "" if step.ok else f"{step.error_type} at {step.stage}",
+                  diff(step, unrepaired) if unrepaired is not None else None)
+
+
+def reregistered(cache: Any, model: torch.nn.Module, processed: int | None = None) -> Any:
+    """The same stored K/V (and linear states) registered through update() on DynamicCache(config=...); a sliding layer
+    that then reports fewer tokens than were processed (its source never counted them) gets the processed length."""
+    again = family.layer_aware(cache, model.config)
+    for layer in compat.cache_layers(again):
+        if processed is not None and hasattr(layer, "cumulative_length") and layers.layer_length(layer) < processed:
+            layer.cumulative_length = processed
+    return again
+
+
+def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: torch.Tensor | None,
+            fresh: dict[str, Step] | None = None, resume_on: str = "same_instance") -> dict[str, Repair]:
+    """Every repair that applies to `cache` (a `run.Baseline` for the model, prompt, reference and saved state);
+    `unrepaired`: generate()'s steps from the rebuilt cache as the user resumes it ('full' and 'resumed')."""
+    model, prompt, ref, kw = base.model, base.prompt, base.reference, base.generate_kwargs
+    out = {FULL_MASK: as_repair(FULL_MASK, unrepaired["full"], ref)}
+    mask = {"attention_mask": full_mask(prompt, int(cache.get_seq_length()))}
+    if base.saved_state is not None:
+        if resume_on == "fresh_instance" and fresh:
+            out[SAVED_STATE] = as_repair(SAVED_STATE, fresh["fresh instance, state restored"], ref, unrepaired["full"])
+        else:
+            _set_state(model, base.saved_state)
+            out[SAVED_STATE] = as_repair(SAVED_STATE, generate_step(model, prompt, cache, kw, **mask), ref, unrepaired["full"])
+    _set_state(model, state_after)
+    try:
+        again = reregistered(cache, model, prompt.processed)
+    except Exception as exc:  # noqa: BLE001 - a cache transformers' path cannot take is a measurement
+        out[REREGISTER] = Repair(REREGISTER, None, False, f"{type(exc).__name__} while re-registering: {str(exc)[:120]}")
+    else:
+        step = generate_step(model, prompt, again, kw, attention_mask=full_mask(prompt, int(again.get_seq_length())))
+        out[REREGISTER] = as_repair(REREGISTER, step, ref, unrepaired["full"])
+    _set_state(model, state_after)
+    positions = logical_positions(model, prompt, prompt.processed)
+    step = generate_step(model, prompt, cache, kw, position_ids=positions, **mask)
+    out[AT_PROCESSED] = as_repair(AT_PROCESSED, step, ref, unrepaired["resumed"])
+    _set_state(model, base.saved_state)
+    return out
+
+
+def rotation_only(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
+    """Keys per rotary pair (i, i + d/2, transformers' rotate_half): norms equal within the dtype's resolution while
+    the angles differ means RoPE applied at other positions; norms that differ mean other content."""
+    half = a.shape[-1] // 2
+    fa, fb = a.float(), b.float()
+    na = torch.hypot(fa[..., :half], fa[..., half:2 * half])
+    nb = torch.hypot(fb[..., :half], fb[..., half:2 * half])
+    tol = 16 * torch.finfo(a.dtype).eps * float(na.abs().max().clamp_min(1e-30))
+    norm_gap = float((na - nb).abs().max())
+    angle = torch.atan2(fa[..., half:2 * half], fa[..., :half]) - torch.atan2(fb[..., half:2 * half], fb[..., :half])
+    angle = torch.remainder(angle + torch.pi, 2 * torch.pi) - torch.pi
+    norms_equal = norm_gap <= tol
+    angles_differ = float(angle.abs().max()) > 0
+    return {"keys_differ_by": "rotation only (RoPE applied at other positions)" if norms_equal and angles_differ else "content",
+            "pair_norm_max_gap": norm_gap, "pair_norm_tolerance": tol, "pair_angle_max_gap": float(angle.abs().max())}
+
+
+def localize(original: Any, rebuilt: Any) -> dict[str, Any]:
+    """The first layer and slot where the stored K/V differ (same shapes), keys or values, and for keys whether only
+    a rotation tells them apart; {} when no layer of matching shape differs."""
+    for i, (a, b) in enumerate(zip(compat.cache_layers(original), compat.cache_layers(rebuilt))):
+        if not (layers.has_kv(a) and layers.has_kv(b)) or a.keys.shape != b.keys.shape or a.values.shape != b.values.shape:
+            continue
+        kd, vd = (a.keys != b.keys), (a.values != b.values)
+        if not (kd.any() or vd.any()):
+            continue
+        slots = (kd.flatten(0, 1).any(0).any(-1) | vd.flatten(0, 1).any(0).any(-1)).nonzero()
+        which = "keys and values" if kd.any() and vd.any() else "keys" if kd.any() else "values"
+        out = {"layer": i, "slot": int(slots[0]), "differs_in": which,
+               "keys_max_abs_diff": float((a.keys.float() - b.keys.float()).abs().max()),
+               "values_max_abs_diff": float((a.values.float() - b.values.float()).abs().max())}
+        if kd.any():
+            out.update(rotation_only(a.keys, b.keys))
+        return out
+    return _first_shape_change(original, rebuilt)
+
+
+def _first_shape_change(original: Any, rebuilt: Any) -> dict[str, Any]:
+    """The first layer storing more slots than the original (a copy that duplicated slots); {} when none does."""
+    for i, (a, b) in enumerate(zip(compat.cache_layers(original), compat.cache_layers(rebuilt))):
+        wa, wb = layers.stored_width(a), layers.stored_width(b)
+        if wa is not None and wb is not None and wb > wa:
+            return {"layer": i, "slot": wa, "differs_in": f"slot count ({wb} stored for the original's {wa})",
+                    "keys_max_abs_diff": None, "values_max_abs_diff": None}
+    return {}
+
+
+def topk_kept(reference: torch.Tensor, step: Step, floor: NoiseFloor, k: int = 5) -> dict[str, Any]:
+    """Whether the rebuilt step keeps the full forward's top-1 and top-k, and its max |diff| against the floor."""
+    if not step.ok:
+        return {"ran": False, "error": f"{step.error_type} at {step.stage}"}
+    m = logit_metrics(reference, step.logits, k)
+    return {"top1_kept": m["top1_equal"], f"top{k}_kept": m[f"top{k}_overlap"] == k, f"top{k}_overlap": m[f"top{k}_overlap"],
+            "max_abs_diff": m["max_abs_diff"], "noise_threshold": floor.threshold,
+            "times_threshold": m["max_abs_diff"] / floor.threshold if floor.threshold else None}

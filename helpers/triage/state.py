@@ -1,0 +1,92 @@
+"""Control 0, the resume-state table: every state a complete resume contract must distinguish, measured for the
+original and the rebuilt cache side by side, differing cells marked. The tree decides from it."""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import torch
+from transformers.cache_utils import StaticLayer
+
+from .. import compat
+from ..regress import layers
+from .facts import LayerState, ResumeState
+
+
+def stored_slots(layer: Any) -> int | None:
+    """K/V slots the layer physically holds: its keys' length, or for a preallocated StaticLayer buffer the slots that
+    hold anything (non-zero keys), read from the tensors, not from the layer's own counters."""
+    width = layers.stored_width(layer)
+    if width is None or not isinstance(layer, StaticLayer):
+        return width
+    return int((layer.keys.detach().flatten(0, 1).abs().sum(0).sum(-1) != 0).sum())
+
+
+def layer_states(cache: Any) -> list[LayerState]:
+    """Per layer: class, stored K/V slots, reported length, is_initialized."""
+    out = []
+    for layer in compat.cache_layers(cache):
+        init = getattr(layer, "is_initialized", None)
+        out.append(LayerState(type(layer).__name__, stored_slots(layer), layers.layer_length(layer),
+                              None if init is None else bool(init)))
+    return out
+
+
+def _state_values(state: torch.Tensor | None) -> list | None:
+    return None if state is None else state.detach().flatten().tolist()[:8]
+
+
+def measure(cache: Any, processed: int, suffix: int, call: dict[str, Any], explicit_call: dict[str, Any],
+            carried: int | None = None, kept: list[str] | None = None, model_state: torch.Tensor | None = None) -> ResumeState:
+    """One cache's resume state. `call`: what generate() (full mask) reached the model with (captured); `explicit_call`:
+    the step at the processed length's positions; `model_state`: the model-side state the rebuild left."""
+    ls = layer_states(cache)
+    first = next((s.stored for s in ls if s.stored is not None), 0)
+    return ResumeState(processed_tokens=processed, carried_processed=carried, reported_length=int(cache.get_seq_length()),
+                       suffix=suffix, full_mask=first + suffix, next_position=call.get("rotary_position"),
+                       logical_position=explicit_call.get("rotary_position"), layers=ls,
+                       kept=list(kept or []), model_state=_state_values(model_state))
+
+
+ROWS = (
+    ("processed tokens (the prompt's prefix; same by construction)", lambda s: s.processed_tokens),
+    ("processed length carried by the rebuild", lambda s: s.carried_processed if s.carried_processed is not None else "-"),
+    ("physical K/V length (get_seq_length)", lambda s: s.reported_length),
+    ("unprocessed suffix tokens", lambda s: s.suffix),
+    ("full attention mask columns", lambda s: s.full_mask),
+    ("logical next position (processed length)", lambda s: s.logical_position),
+    ("next position generate() used (captured)", lambda s: s.next_position),
+    ("model-specific metadata (rope_deltas)", lambda s: s.model_state if s.model_state is not None else "none kept"),
+)
+LAYER_ROWS = (("class", "cls"), ("stored slots", "stored"), ("reported length", "reported"),
+              ("is_initialized", "initialized"))
+
+
+def _span(s: LayerState) -> str:
+    """The original positions a layer holds: its last `stored` processed tokens (all of them on a full layer)."""
+    if not s.stored or s.reported is None:
+        return "-"
+    first = max(s.reported - s.stored, 0)
+    return f"{first}-{first + s.stored - 1}"
+
+
+def table(original: ResumeState, rebuilt: ResumeState) -> pd.DataFrame:
+    """Rows: the states; columns: original, rebuilt, differs ('<<' marks a differing cell)."""
+    rows = [(name, "", fn(original), fn(rebuilt)) for name, fn in ROWS]
+    for i, (o, r) in enumerate(zip(original.layers, rebuilt.layers)):
+        rows += [(f"layer {i} {label}", "", getattr(o, attr), getattr(r, attr)) for label, attr in LAYER_ROWS]
+        kept_o = original.kept[i] if i < len(original.kept) else ""
+        kept_r = rebuilt.kept[i] if i < len(rebuilt.kept) else ""
+        if kept_r:
+            rows.append((f"layer {i} retained positions", "", kept_o or _span(o), kept_r))
+    df = pd.DataFrame([{"state": n, "original": o, "rebuilt": r} for n, _, o, r in rows])
+    df["differs"] = ["<<" if str(o) != str(r) else "" for o, r in zip(df.original, df.rebuilt)]
+    df["original"] = df.original.map(str)
+    df["rebuilt"] = df.rebuilt.map(str)
+    return df.set_index("state")
+
+
+def tables(results: dict[str, Any]) -> pd.DataFrame:
+    """Control 0 for every rebuild (`Triaged` with `.controls.original_state/rebuilt_state`), one block each."""
+    return pd.concat({name: table(t.controls.original_state, t.controls.rebuilt_state) for name, t in results.items()},
+                     names=["rebuild"])
