@@ -60,6 +60,15 @@ class ResumeCall:
     rows: torch.Tensor | None = None  # per-row processed (unpadded) counts of a left-padded batch
     keeps_rope_state: bool = False
     rope_deltas: torch.Tensor | None = None
+    decoder_start: int | None = None  # an encoder-decoder's decoder_start_token_id
+    fed_ids: torch.Tensor | None = None  # the ids of the first model call (None: embeddings, or not captured)
+
+    def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+        """Record what generate() gave its first model call (these keyword arguments)."""
+        decoder = is_encoder_decoder(model)
+        self.fed = _tokens(kwargs, decoder)
+        ids = kwargs.get("decoder_input_ids" if decoder else "input_ids")
+        self.fed_ids = ids if isinstance(ids, torch.Tensor) else None
 
     @property
     def lengths(self) -> tuple[int, int]:
@@ -87,6 +96,15 @@ def is_encoder_decoder(model: torch.nn.Module) -> bool:
     return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
 
 
+def decoder_start(model: torch.nn.Module) -> int | None:
+    """The decoder start token id (generation config first, then the model config)."""
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(source, "decoder_start_token_id", None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
 def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[str, Any],
                   processed_length: int | torch.Tensor | list[int] | None = None) -> ResumeCall | None:
     """The resume generate() is asked for (None where no filled cache is given): read before generate() runs."""
@@ -104,7 +122,8 @@ def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: d
     mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
     owner = compat.rope_state_owner(model)
     return ResumeCall(cache, n, None, mask, kwargs.get("decoder_position_ids" if decoder else "position_ids"), length, rows,
-                      owner is not None, compat.get_rope_state(model) if owner is not None else None)
+                      owner is not None, compat.get_rope_state(model) if owner is not None else None,
+                      decoder_start(model) if decoder else None)
 
 
 def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall | None:
@@ -114,14 +133,12 @@ def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall |
     if cache is None or n is None:
         return None
     owner = compat.rope_state_owner(model)
-    return ResumeCall(cache, n, n, kwargs.get("decoder_attention_mask" if decoder else "attention_mask"),
+    call = ResumeCall(cache, n, n, kwargs.get("decoder_attention_mask" if decoder else "attention_mask"),
                       kwargs.get("decoder_position_ids" if decoder else "position_ids"), None, None,
-                      owner is not None, compat.get_rope_state(model) if owner is not None else None)
-
-
-def fed_tokens(model: torch.nn.Module, kwargs: dict[str, Any]) -> int | None:
-    """Tokens a forward call was given (the decoder's for an encoder-decoder)."""
-    return _tokens(kwargs, is_encoder_decoder(model))
+                      owner is not None, compat.get_rope_state(model) if owner is not None else None,
+                      decoder_start(model) if decoder else None)
+    call.feed(model, kwargs)
+    return call
 
 
 @contextmanager

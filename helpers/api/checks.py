@@ -67,6 +67,17 @@ def nothing_fed(call: ResumeCall) -> None:
                            f"suffix with an attention_mask of {past + n} columns (cached + suffix)")
 
 
+def restart_token(call: ResumeCall) -> None:
+    """An encoder-decoder's first fed decoder token is its decoder start token while the decoder cache is filled."""
+    ids, past = call.fed_ids, call.lengths[0]
+    if call.decoder_start is None or ids is None or ids.shape[-1] == 0 or past == 0:
+        return
+    if bool((ids[:, 0] == call.decoder_start).all()):
+        raise ResumeInputError(f"generate() feeds all {call.f} decoder_input_ids, the decoder start token first, beside a "
+                               f"decoder cache of {past} tokens: pass decoder_attention_mask over the whole sequence "
+                               f"({call.n} columns, so generate() feeds only what is not cached), or only the new tokens")
+
+
 def mask_width(call: ResumeCall) -> None:
     """A [batch, columns] mask covers the cache plus the tokens generate() feeds (its widest layer's, for sliding)."""
     mask = call.mask2d()
@@ -157,6 +168,7 @@ CHECKS: list[Check] = [
     Check("empty_input", empty_input),
     Check("linear_state", linear_state),
     Check("nothing_fed", nothing_fed),
+    Check("restart_token", restart_token),
     Check("mask_width", mask_width),
     Check("uneven_layers", uneven_layers),
     Check("rope_state", rope_state),

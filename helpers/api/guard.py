@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import compat
-from .call import ResumeCall, fed_tokens, first_call_hook, from_forward, from_generate
+from .call import ResumeCall, first_call_hook, from_forward, from_generate
 from .checks import CHECKS, Check, ResumeInputError
 
 Processed = int | torch.Tensor | list[int] | None
@@ -49,13 +49,12 @@ class _Stop(Exception):
     """Raised by the dry run's hook to leave generate() before its first model call computes anything."""
 
 
-def fed_by_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[str, Any]) -> int | None:
-    """Tokens generate() feeds its first model call for these arguments (on a copy of the cache; the model's
-    rope_deltas put back), or None where generate() raised before calling the model."""
-    fed: list[int | None] = []
+def feed_by_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[str, Any], call: ResumeCall) -> None:
+    """Record in `call` what generate() feeds its first model call for these arguments (on a copy of the cache; the
+    model's rope_deltas put back); nothing where generate() raised before calling the model."""
 
     def stop(call_kwargs: dict[str, Any]) -> None:
-        fed.append(fed_tokens(model, call_kwargs))
+        call.feed(model, call_kwargs)
         raise _Stop
 
     name = next(k for k in ("past_key_values", "cache") if kwargs.get(k) is not None)
@@ -72,7 +71,6 @@ def fed_by_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs:
     finally:
         if owner is not None:
             compat.set_rope_state(model, state)
-    return fed[0] if fed else None
 
 
 def check_resume_inputs(model: torch.nn.Module, inputs: torch.Tensor | None = None, *,
@@ -81,7 +79,7 @@ def check_resume_inputs(model: torch.nn.Module, inputs: torch.Tensor | None = No
     call = from_generate(model, inputs, kwargs, processed_length)
     if call is None or call.lengths[1] == 0:
         return
-    call.fed = fed_by_generate(model, inputs, kwargs)
+    feed_by_generate(model, inputs, kwargs, call)
     run_checks(call)
 
 
@@ -98,7 +96,7 @@ def guarded_generate(model: torch.nn.Module, inputs: torch.Tensor | None = None,
         return model.generate(inputs, *args, **kwargs)
 
     def check(call_kwargs: dict[str, Any]) -> None:
-        call.fed = fed_tokens(model, call_kwargs)
+        call.feed(model, call_kwargs)
         run_checks(call)
 
     with first_call_hook(model, check):
