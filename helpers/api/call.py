@@ -62,6 +62,7 @@ class ResumeCall:
     rope_deltas: torch.Tensor | None = None
     decoder_start: int | None = None  # an encoder-decoder's decoder_start_token_id
     fed_ids: torch.Tensor | None = None  # the ids of the first model call (None: embeddings, or not captured)
+    layer_types: tuple[str, ...] = ()  # the config's per-layer attention types (empty where it lists none)
 
     def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         """Record what generate() gave its first model call (these keyword arguments)."""
@@ -96,6 +97,14 @@ def is_encoder_decoder(model: torch.nn.Module) -> bool:
     return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
 
 
+def layer_types(model: torch.nn.Module) -> tuple[str, ...]:
+    """The decoder's per-layer attention types from the model's config (empty where it lists none)."""
+    try:
+        return tuple(getattr(compat.text_config(model.config), "layer_types", None) or ())
+    except Exception:  # noqa: BLE001 - a config without a text part lists none
+        return ()
+
+
 def decoder_start(model: torch.nn.Module) -> int | None:
     """The decoder start token id (generation config first, then the model config)."""
     for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
@@ -123,7 +132,7 @@ def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: d
     owner = compat.rope_state_owner(model)
     return ResumeCall(cache, n, None, mask, kwargs.get("decoder_position_ids" if decoder else "position_ids"), length, rows,
                       owner is not None, compat.get_rope_state(model) if owner is not None else None,
-                      decoder_start(model) if decoder else None)
+                      decoder_start(model) if decoder else None, None, layer_types(model))
 
 
 def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall | None:
@@ -136,7 +145,7 @@ def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall |
     call = ResumeCall(cache, n, n, kwargs.get("decoder_attention_mask" if decoder else "attention_mask"),
                       kwargs.get("decoder_position_ids" if decoder else "position_ids"), None, None,
                       owner is not None, compat.get_rope_state(model) if owner is not None else None,
-                      decoder_start(model) if decoder else None)
+                      decoder_start(model) if decoder else None, None, layer_types(model))
     call.feed(model, kwargs)
     return call
 

@@ -91,11 +91,14 @@ def mask_width(call: ResumeCall) -> None:
 
 
 def uneven_layers(call: ResumeCall) -> None:
-    """Full-attention layers holding different lengths (a per-layer compressed cache) and no positions given."""
+    """Full-attention layers (by class and by the config's layer_types) holding different lengths (a per-layer
+    compressed cache) and no positions given."""
     if call.position_ids is not None:
         return
-    held = sorted({layers.layer_length(l) for l in compat.cache_layers(self_attention_cache(call.cache))
-                   if layers.has_kv(l) and not layers.is_sliding(l)} - {None})
+    types = call.layer_types
+    held = sorted({layers.layer_length(l) for i, l in enumerate(compat.cache_layers(self_attention_cache(call.cache)))
+                   if layers.has_kv(l) and not layers.is_sliding(l)
+                   and (i >= len(types) or types[i] == "full_attention")} - {None})
     if len(held) > 1:
         past, _ = call.lengths
         raise ResumeInputError(f"the cache's attention layers hold {held} tokens (compressed per layer), so the mask "

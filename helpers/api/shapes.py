@@ -116,6 +116,10 @@ def text_shapes(name: str, model: torch.nn.Module, assistant: torch.nn.Module, s
            Shape("assisted decoding from a cache of prompt[:-1]", model, ids,
                  {"attention_mask": ones(24), "assistant_model": assistant}, cache23, ref, floor, 23,
                  models=(model, assistant))]
+    long_ref = last_logits(model, input_ids=ids[:, :20])
+    out.append(Shape("suffix longer than the cache, mask of its own width", model, ids[:, 8:20],
+                     {"attention_mask": ones(12)}, _prefix(model, ids[:, :8]), long_ref,
+                     floor_of(model, {"input_ids": ids[:, :20]}, long_ref), 8))
     static = _static(model, ids[:, :23])
     if static is not None:
         out.append(Shape("StaticCache larger than the sequence", model, ids[:, -1:], {"attention_mask": ones(24)}, static,
