@@ -5,16 +5,16 @@ runs; a check that needs the caller's processed length (which generate() is neve
 where it is absent, so its catches are counted apart. Adding a check is one function (in its own module if it is
 long) and one `Check(...)` entry in `CHECKS` (docs/api.md, "Adding a check").
 """
-from __future__ import annotations
+from __future__ import annotations  # upstream: drop
 
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from .. import compat
-from ..regress import layers
-from .call import ResumeCall, self_attention_cache
+from .. import compat  # upstream: drop
+from ..regress import layers  # upstream: drop
+from .call import ResumeCall, self_attention_cache  # upstream: drop
 
 
 class ResumeInputError(ValueError):

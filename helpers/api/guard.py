@@ -8,16 +8,16 @@ need it run only where it is given. `guarded_generate` keeps generate()'s signat
 `check_resume_inputs` runs generate() up to its first model call (on a copy of the cache) and stops there.
 Nothing of transformers is patched.
 """
-from __future__ import annotations
+from __future__ import annotations  # upstream: drop
 
 import copy
 from typing import Any, Sequence
 
 import torch
 
-from .. import compat
-from .call import ResumeCall, first_call_hook, from_forward, from_generate
-from .checks import CHECKS, Check, ResumeInputError
+from .. import compat  # upstream: drop
+from .call import ResumeCall, first_call_hook, from_forward, from_generate  # upstream: drop
+from .checks import CHECKS, Check, ResumeInputError  # upstream: drop
 
 Processed = int | torch.Tensor | list[int] | None
 
