@@ -67,6 +67,16 @@ def nothing_fed(call: ResumeCall) -> None:
                            f"suffix with an attention_mask of {past + n} columns (cached + suffix)")
 
 
+def fed_neither(call: ResumeCall) -> None:
+    """generate() fed neither the tokens given (a suffix) nor those a whole sequence leaves uncached."""
+    past, widest = call.lengths
+    f, n = call.f, call.n
+    if f not in (n, n - past, n - widest):
+        raise ResumeInputError(f"generate() feeds the model {f} of the {n} tokens given beside a cache of {past}: neither "
+                               f"the suffix ({n}) nor what a whole sequence leaves uncached; pass the suffix with an "
+                               f"attention_mask of {past + n} columns (cached + suffix)")
+
+
 def restart_token(call: ResumeCall) -> None:
     """An encoder-decoder's first fed decoder token is its decoder start token while the decoder cache is filled."""
     ids, past = call.fed_ids, call.lengths[0]
@@ -171,6 +181,7 @@ CHECKS: list[Check] = [
     Check("empty_input", empty_input),
     Check("linear_state", linear_state),
     Check("nothing_fed", nothing_fed),
+    Check("fed_neither", fed_neither),
     Check("restart_token", restart_token),
     Check("mask_width", mask_width),
     Check("uneven_layers", uneven_layers),

@@ -11,6 +11,7 @@ Nothing of transformers is patched.
 from __future__ import annotations  # upstream: drop
 
 import copy
+import warnings
 from typing import Any, Sequence
 
 import torch
@@ -58,11 +59,12 @@ def feed_by_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs
         raise _Stop
 
     name = next(k for k in ("past_key_values", "cache") if kwargs.get(k) is not None)
-    args = {**kwargs, name: copy.deepcopy(kwargs[name])}
+    args = {"max_new_tokens": 1, **kwargs, name: copy.deepcopy(kwargs[name])}  # a length limit cannot stop it first
     owner = compat.rope_state_owner(model)
     state = compat.get_rope_state(model) if owner is not None else None
     try:
-        with torch.no_grad(), first_call_hook(model, stop):
+        with torch.no_grad(), first_call_hook(model, stop), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # generate()'s advice on this dry run's length is not the caller's
             model.generate(inputs, **args)
     except _Stop:
         pass
