@@ -80,7 +80,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/boundary.py", ("decide_*", "_worked", "_smallest"), DECISION_TESTS),
     Scope("helpers/regress/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_regress.py",)),
     Scope("helpers/api/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_api.py",)),
-    Scope("helpers/api/guard.py", ("cache_lengths", "check_resume_inputs", "_check_*", "_first_positions"), ("tests/test_api.py",)),
+    Scope("helpers/api/checks.py", ("*",), ("tests/test_api.py",)),
     Scope("helpers/triage/tree.py", ("consistent", "identical", "lengths_changed", "_step", "choose_branch",
                                      "position_shift", "information_loss", "_compression_leaf",
                                      "decide_*", "per_layer_outcome", "backend_outcome"),
