@@ -114,11 +114,11 @@ MODULES ?=
 mutants: env ## mutation testing of the decision functions (MODULES= restricts it); not part of make test
 	$(PY) -m helpers.pipeline.tools.mutants $(MODULES)
 
-# upstream-tests: outputs/upstream/test_resume_equivalence.py, a standalone pytest file (torch, transformers, pytest only)
-# of the control's generation-equivalence list, expectations measured on the installed release (and on each of
-# UPSTREAM_RELEASES="5.14.1 5.24.0", from .venv-tf/<release>), then run with pytest on each of them.
+# upstream-tests: outputs/upstream/test_resume_contract.py, a standalone pytest file (torch, transformers, pytest only)
+# stating the resume contract (documented usage equals the full computation; misuse raises under the guard, xfail for
+# plain generate()), nothing measured; run with pytest on the installed release and on each of UPSTREAM_RELEASES.
 UPSTREAM_RELEASES ?=
-upstream-tests: env ## write outputs/upstream/test_resume_equivalence.py (standalone) and run it (UPSTREAM_RELEASES= adds releases)
+upstream-tests: env ## write outputs/upstream/test_resume_contract.py (standalone) and run it (UPSTREAM_RELEASES= adds releases)
 	$(PY) -m helpers.api.upstream $(if $(UPSTREAM_RELEASES),--releases $(UPSTREAM_RELEASES))
 
 clean: ## remove everything a run left in outputs/

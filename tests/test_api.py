@@ -1,5 +1,6 @@
-"""helpers/api: the validated factory (every family, every refusal), the resume guard (each rule raises on its
-case and passes the working call), guarded_generate (generate() unchanged, nothing patched), the upstream file."""
+"""helpers/api: the validated factory (every family, every refusal), the resume guard (each check raises on its
+case and passes the working call, on generate()'s own inputs), guarded_generate (generate()'s signature, generate()
+unchanged, nothing patched), the valid call shapes, the upstream contract file."""
 from __future__ import annotations
 
 import copy
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from helpers import models
-from helpers.api import (FactoryError, ResumeInputError, check_resume_inputs, export_tensors, guarded_generate,
-                         kv_cache_from_tensors)
-from helpers.api import experiments
+from helpers.api import (CHECKS, Check, FactoryError, ResumeInputError, check_forward_call, check_resume_inputs,
+                         export_tensors, guarded_generate, kv_cache_from_tensors)
+from helpers.api import blind, call as api_call, experiments, guard, shapes
 from helpers.continuation import greedy_config
 from helpers.regress import checks, families, layers, rebuilds
 
@@ -63,112 +64,164 @@ def test_processed_length_below_the_slots_is_refused_and_at_them_accepted(runs):
     assert kv_cache_from_tensors(pairs, config, processed_length=n).get_seq_length() == n
 
 
-# --- the guard -----------------------------------------------------------------------------------
+# --- the guard ---------------------------------------------------------------------------------
 
 def _dense(runs):
     run = runs["dense"]
-    return run, run.cache, run.family.suffix, run.family.full_mask, run.family.processed_length
+    return run.family.model, run.cache, run.family.suffix, run.family.full_mask, run.family.processed_length
+
+
+def check(model, cache, *args, **kwargs):
+    """check_resume_inputs with the cache under generate()'s keyword on this release."""
+    from helpers import compat
+
+    check_resume_inputs(model, *args, **{compat.generate_cache_kwarg(model): cache}, **kwargs)
 
 
 def test_the_working_resume_passes(runs):
-    run, cache, suffix, mask, n = _dense(runs)
-    check_resume_inputs(cache, suffix, mask, None, n)
-    check_resume_inputs(cache, suffix, mask, torch.tensor([[n]]), n)
-    check_resume_inputs(cache, run.family.prompt.input_ids, run.family.prompt.attention_mask)  # whole sequence + its mask
-    check_resume_inputs(None, suffix)  # nothing cached: nothing to check
+    model, cache, suffix, mask, n = _dense(runs)
+    check(model, cache, suffix, attention_mask=mask)
+    check(model, cache, input_ids=suffix, attention_mask=mask, position_ids=torch.tensor([[n]]), processed_length=n)
+    ids = runs["dense"].family.prompt.input_ids
+    check(model, cache, ids)  # the whole sequence, no mask: generate() slices the suffix itself
+    check(model, cache, ids, attention_mask=runs["dense"].family.prompt.attention_mask)
+    check_resume_inputs(model, suffix)  # no cache: nothing to check
 
 
-@pytest.mark.parametrize("case,match", [
-    ("suffix_mask", "covers only the suffix"), ("no_mask", "no attention_mask"), ("position_only", "no attention_mask"),
-    ("already_cached", "already holds"), ("wrong_positions", "position_ids start at"), ("short_mask", "has 10 columns"),
-    ("empty_input", "input_ids is empty"),
+@pytest.mark.parametrize("case,name,match", [
+    ("suffix_mask", "nothing_fed", r"covers only the suffix \(1 columns\) while the cache holds 23 tokens: pass the full "
+                                   r"mask of 24 columns"),
+    ("no_mask", "nothing_fed", r"input_ids 1; .* slices off its first 23 tokens, .* Pass attention_mask with 24 columns"),
+    ("position_only", "nothing_fed", "no attention_mask"),
+    ("wide_mask", "mask_width", r"has 26 columns; .* needs 24 \(cached \+ suffix\)"),
+    ("short_mask", "mask_width", r"has 10 columns"),
+    ("empty_input", "empty_input", r"^input_ids is empty: pass the unprocessed suffix \(at least one token\)$"),
+    ("already_cached", "already_cached", r"already holds 23 tokens but processed_length is 21: the first 2 suffix "
+                                         r"token\(s\) .* after position 22 \(or a cache of the first 21 tokens\)"),
+    ("wrong_positions", "positions_at_processed", r"start at \[24\] .* follows 23 processed tokens \(expected \[23\]\)"),
 ])
-def test_each_silent_case_raises_saying_what_to_pass(runs, case, match):
-    run, cache, suffix, mask, n = _dense(runs)
-    args = {"suffix_mask": (suffix, mask[:, -1:], None, n), "no_mask": (suffix, None, None, n),
-            "position_only": (suffix, None, torch.tensor([[n]]), n), "already_cached": (suffix, mask, None, n - 1),
-            "wrong_positions": (suffix, mask, torch.tensor([[n + 1]]), n), "short_mask": (suffix, mask[:, :10], None, n),
-            "empty_input": (suffix[:, :0], mask, None, n)}[case]
-    with pytest.raises(ResumeInputError, match=match):
-        check_resume_inputs(cache, *args)
+def test_each_check_raises_saying_what_to_pass(runs, case, name, match):
+    model, cache, suffix, mask, n = _dense(runs)
+    args = {"suffix_mask": ((suffix,), {"attention_mask": mask[:, -1:]}), "no_mask": ((suffix,), {}),
+            "position_only": ((suffix,), {"position_ids": torch.tensor([[n]])}),
+            "wide_mask": ((suffix,), {"attention_mask": torch.ones(1, 26, dtype=torch.long)}),
+            "short_mask": ((suffix,), {"attention_mask": mask[:, :10]}),
+            "empty_input": ((suffix[:, :0],), {"attention_mask": mask}),
+            "already_cached": ((suffix,), {"attention_mask": mask, "processed_length": n - 2}),
+            "wrong_positions": ((suffix,), {"attention_mask": mask, "position_ids": torch.tensor([[n + 1]]),
+                                            "processed_length": n})}[case]
+    with pytest.raises(ResumeInputError, match=match) as info:
+        check(model, cache, *args[0], **args[1])
+    assert info.value.check == name
 
 
-def test_the_messages_say_exactly_what_to_pass(runs):
-    run, cache, suffix, mask, n = _dense(runs)  # 23 cached tokens, one suffix token
-    cases = [((suffix, None, None, n), r"input_ids 1; .* slices off its first 23 tokens, .* Pass attention_mask with 24 columns"),
-             ((suffix, mask[:, -1:], None, n), r"covers only the suffix \(1 columns\) while the cache holds 23 tokens: "
-                                                r"pass the full mask of 24 columns"),
-             ((suffix, mask[:, :22], None, n), r"has 22 columns; .* needs 24 \(cached \+ suffix\)"),
-             ((suffix, mask, None, n - 2), r"already holds 23 tokens but processed_length is 21: the first 2 suffix token\(s\) "
-                                           r".* after position 22 \(or a cache of the first 21 tokens\)"),
-             ((suffix, mask, torch.tensor([[n + 1]]), n), r"start at \[24\] .* follows 23 processed tokens \(expected \[23\]\)"),
-             ((suffix[:, :0], mask, None, n), r"^input_ids is empty: pass the unprocessed suffix \(at least one token\)$")]
-    for args, match in cases:
-        with pytest.raises(ResumeInputError, match=match):
-            check_resume_inputs(cache, *args)
+def test_checks_needing_the_processed_length_are_skipped_without_it(runs):
+    model, cache, suffix, mask, n = _dense(runs)
+    check(model, cache, suffix, attention_mask=mask, position_ids=torch.tensor([[n + 1]]))  # 06's compressed caches do so
+    assert [c.name for c in CHECKS if c.needs_processed_length] == ["already_cached", "positions_at_processed"]
 
 
-def test_the_boundaries_of_the_whole_sequence_form(runs):
-    run, cache, suffix, mask, n = _dense(runs)
-    ids = run.family.prompt.input_ids  # 24 tokens: the 23 cached + the suffix
-    check_resume_inputs(cache, ids, None, None, n)  # whole sequence, no mask: generate() slices the suffix itself
-    check_resume_inputs(cache, ids, None, torch.arange(24).view(1, -1), n)  # ... with its own positions
+def test_the_checks_run_in_order_and_one_entry_adds_one():
+    names = [c.name for c in CHECKS]
+    assert names == ["empty_input", "linear_state", "nothing_fed", "fed_neither", "restart_token", "mask_width", "uneven_layers",
+                     "rope_state", "already_cached", "positions_at_processed"]
+    call = api_call.ResumeCall(cache=None, n=1)
+
+    def never(c):
+        raise ResumeInputError("new tokens need new positions")
+
+    assert guard.first_catch(call, [Check("new_vision_tokens", never)]) == ("new_vision_tokens", "new tokens need new positions")
+    assert guard.first_catch(call, [Check("needs_length", never, needs_processed_length=True)]) is None
+
+
+def test_the_whole_sequence_forms(runs):
+    model, cache, suffix, mask, n = _dense(runs)
+    ids = runs["dense"].family.prompt.input_ids  # the 23 cached + the suffix
+    check(model, cache, ids, position_ids=torch.arange(24).view(1, -1), processed_length=n)
     with pytest.raises(ResumeInputError, match="position_ids start at"):
-        check_resume_inputs(cache, ids, None, torch.arange(1, 25).view(1, -1), n)
+        check(model, cache, ids, position_ids=torch.arange(1, 25).view(1, -1), processed_length=n)
+    check(model, cache, ids[:, :23])  # as long as the cache, no mask: generate() feeds all 23 as a suffix (a blind spot)
     with pytest.raises(ResumeInputError, match="no attention_mask"):
-        check_resume_inputs(cache, ids[:, :23], None, None, n)  # exactly the cached length: nothing left to feed
-    with pytest.raises(ResumeInputError, match="covers only the suffix"):
-        check_resume_inputs(cache, ids[:, :23], mask[:, :23], None, n)
-    check_resume_inputs(cache, ids, mask, None, n)  # whole sequence with its whole mask
-    with pytest.raises(ResumeInputError, match="has 22 columns"):
-        check_resume_inputs(cache, suffix, mask[:, :22], None, None)
-    check_resume_inputs(cache, suffix, mask, torch.tensor([[n]]), None)  # no processed length: the cache's
-
-
-def test_an_empty_cache_is_not_checked():
-    from transformers import DynamicCache
-
-    check_resume_inputs(DynamicCache(), torch.ones(1, 1, dtype=torch.long))
-
-
-def test_a_compressed_cache_needs_positions_at_the_processed_length(runs):
-    run, cache, suffix, _, n = _dense(runs)
+        check(model, cache, ids[:, :5])  # shorter than the cache, no mask: generate() feeds nothing
+    for k in (12, 22):  # shorter than the cache, no mask: this release may feed some of them (5.17.0: 1 and 21)
+        try:
+            check(model, cache, ids[:, :k])
+        except ResumeInputError as exc:
+            assert exc.check in ("nothing_fed", "fed_neither"), exc
+        else:
+            raise AssertionError(f"{k} tokens beside a cache of 23, no mask, passed")
+    long = ids[:, 8:20]  # a suffix longer than a cache of 8 with a mask of its own width: a whole sequence's inputs
     pairs, _, _ = export_tensors(cache)
-    short = kv_cache_from_tensors([(k[:, :, -8:], v[:, :, -8:]) for k, v in pairs], run.family.model.config, processed_length=n)
-    mask = torch.ones(1, 9, dtype=torch.long)
-    with pytest.raises(ResumeInputError, match="accounts for 8 cached columns but 23 tokens were processed, so generate\\(\\) "
-                                               "places the suffix at position 8; pass position_ids starting at 23"):
-        check_resume_inputs(short, suffix, mask, None, n)
-    check_resume_inputs(short, suffix, mask, torch.tensor([[n]]), n)
+    short = kv_cache_from_tensors([(k[:, :, :8], v[:, :, :8]) for k, v in pairs], model.config)
+    check(model, short, long, attention_mask=torch.ones(1, 12, dtype=torch.long), processed_length=8)  # blind spot
 
 
-def test_padded_rows_positions_are_checked_per_row(runs):
-    run = runs["padded_batch"]
+def test_a_per_layer_compressed_cache_needs_positions(runs):
+    model, cache, suffix, _, n = _dense(runs)
+    pairs, _, _ = export_tensors(cache)
+    uneven = kv_cache_from_tensors([(k[:, :, -(20 - 4 * i):], v[:, :, -(20 - 4 * i):]) for i, (k, v) in enumerate(pairs)],
+                                   model.config, processed_length=n)
+    mask = torch.ones(1, 21, dtype=torch.long)
+    with pytest.raises(ResumeInputError, match=r"hold \[8, 12, 16, 20\] tokens .* pass position_ids") as info:
+        check(model, uneven, suffix, attention_mask=mask)
+    assert info.value.check == "uneven_layers"
+    check(model, uneven, suffix, attention_mask=mask, position_ids=torch.tensor([[n]]))
+    even = kv_cache_from_tensors([(k[:, :, -8:], v[:, :, -8:]) for k, v in pairs], model.config, processed_length=n)
+    check(model, even, suffix, attention_mask=torch.ones(1, 9, dtype=torch.long))  # uniform eviction: a blind spot
+    with pytest.raises(ResumeInputError, match="accounts for 8 cached columns but 23 tokens were processed, so generate"
+                                               r"\(\) places the suffix at position 8; pass position_ids starting at 23"):
+        check(model, even, suffix, attention_mask=torch.ones(1, 9, dtype=torch.long), processed_length=n)
+
+
+def test_a_sliding_update_rebuild_with_the_full_mask_passes(runs):
+    """07: the control's rebuild of a slid window (layers of 15 and 39) with the full mask works: no false alarm."""
+    run = runs["sliding"]
     fam = run.family
-    check_resume_inputs(run.cache, fam.suffix, fam.full_mask, fam.current_positions(), fam.processed_length)
-    with pytest.raises(ResumeInputError, match="position_ids start at"):
-        check_resume_inputs(run.cache, fam.suffix, fam.full_mask, torch.full((2, 1), fam.processed_length), fam.processed_length)
+    ctrl = rebuilds.control_rebuild(run.cache)
+    assert sorted(set(layers.lengths(ctrl))) == [15, 39]
+    check(fam.model, ctrl, fam.suffix, attention_mask=fam.full_mask)
 
 
-def test_a_padded_batch_with_per_row_lengths_refuses_an_all_ones_mask(runs):
+def test_padded_rows_are_checked_per_row_given_their_lengths(runs):
     run = runs["padded_batch"]
     fam = run.family
     rows = [int(r.numel()) - 1 for r in fam.rows]
-    check_resume_inputs(run.cache, fam.suffix, fam.full_mask, None, rows)
+    check(fam.model, run.cache, fam.suffix, attention_mask=fam.full_mask, position_ids=fam.current_positions(),
+          processed_length=fam.processed_length)
+    check(fam.model, run.cache, fam.suffix, attention_mask=fam.full_mask, processed_length=rows)
     with pytest.raises(ResumeInputError, match=r"marks \[19, 19\] cached tokens per row but the rows processed \[11, 19\]"):
-        check_resume_inputs(run.cache, fam.suffix, torch.ones_like(fam.full_mask), None, rows)
-    check_resume_inputs(run.cache, fam.suffix, torch.ones_like(fam.full_mask), None, fam.processed_length)  # one int: not visible
+        check(fam.model, run.cache, fam.suffix, attention_mask=torch.ones_like(fam.full_mask), processed_length=rows)
+    check(fam.model, run.cache, fam.suffix, attention_mask=torch.ones_like(fam.full_mask))  # no lengths: a blind spot
 
 
-def test_multimodal_positions_are_read_less_rope_deltas(runs):
+def test_multimodal_positions_less_rope_deltas_and_four_rows(runs):
     run = runs["multimodal"]
-    fam, deltas = run.family, run.state
-    positions = fam.current_positions()
-    check_resume_inputs(run.cache, fam.suffix, fam.full_mask, positions, fam.processed_length, rope_deltas=deltas)
-    for bad in (positions - deltas.view(1, -1, 1), positions + torch.tensor([0, 1, 0]).view(3, 1, 1)):
-        with pytest.raises(ResumeInputError, match="position_ids start at"):  # any of the three M-RoPE rows
-            check_resume_inputs(run.cache, fam.suffix, fam.full_mask, bad, fam.processed_length, rope_deltas=deltas)
-    check_resume_inputs(run.cache, fam.suffix, fam.full_mask, positions + 5, fam.processed_length)  # no deltas: not checkable
+    fam, model = run.family, run.family.model
+    run._restore(model)
+    three, n = fam.current_positions(), fam.processed_length
+    four = torch.cat([torch.full((1, 1, 1), n), three])
+    for positions in (three, four):
+        check(model, run.cache, fam.suffix, attention_mask=fam.full_mask, position_ids=positions, processed_length=n)
+    for bad in (three + torch.tensor([0, 1, 0]).view(3, 1, 1), torch.cat([torch.full((1, 1, 1), n + 1), three])):
+        with pytest.raises(ResumeInputError, match="position_ids start at"):
+            check(model, run.cache, fam.suffix, attention_mask=fam.full_mask, position_ids=bad, processed_length=n)
+
+
+def test_missing_rope_deltas_is_refused_unless_positions_are_given(runs):
+    from helpers import compat
+
+    run = runs["multimodal"]
+    fam, model = run.family, run.family.model
+    run._restore(model)
+    saved = compat.get_rope_state(model)
+    compat.set_rope_state(model, None)
+    try:
+        with pytest.raises(ResumeInputError, match="rope_deltas but it is None") as info:
+            check(model, run.cache, fam.suffix, attention_mask=fam.full_mask)
+        assert info.value.check == "rope_state" and compat.get_rope_state(model) is None  # the dry run put it back
+        check(model, run.cache, fam.suffix, attention_mask=fam.full_mask, position_ids=fam.current_positions())
+    finally:
+        compat.set_rope_state(model, saved)
 
 
 def test_a_hybrid_cache_without_linear_state_raises_and_with_it_passes(runs):
@@ -177,50 +230,82 @@ def test_a_hybrid_cache_without_linear_state_raises_and_with_it_passes(runs):
     bare = rebuilds.attention_only_rebuild(run.cache, fam.model.config)
     with pytest.raises(ResumeInputError, match=r"^layer 0 \(linear attention\) holds no conv/recurrent state while the "
                                                r"attention layers hold 23 tokens"):
-        check_resume_inputs(bare, fam.suffix, fam.full_mask, None, fam.processed_length)
-    check_resume_inputs(run.cache, fam.suffix, fam.full_mask, None, fam.processed_length)
+        check(fam.model, bare, fam.suffix, attention_mask=fam.full_mask)
+    check(fam.model, run.cache, fam.suffix, attention_mask=fam.full_mask)
 
 
-def test_a_sliding_update_rebuild_with_the_full_mask_passes(runs):
-    """07: the control's rebuild of a slid window reports the window, yet generate() with the full mask matches."""
-    run = runs["sliding"]
-    fam = run.family
-    ctrl = rebuilds.control_rebuild(run.cache)
-    assert ctrl.get_seq_length() < fam.processed_length and max(layers.lengths(ctrl)) == fam.processed_length
-    check_resume_inputs(ctrl, fam.suffix, fam.full_mask, None, fam.processed_length)
+def test_an_encoder_decoder_continuation_reads_the_decoder_side():
+    model = shapes.tiny_bart()
+    cells = {s.shape: s for s in shapes.bart_shapes()}
+    good = cells["encoder-decoder: decoder_input_ids = sequences + decoder mask"]
+    check_resume_inputs(model, good.inputs, past_key_values=good.cache, **good.kwargs)  # the encoder's 4-column mask is not read
+    bad = cells["encoder-decoder: decoder_input_ids = sequences, no decoder mask"]
+    with pytest.raises(ResumeInputError, match=r"feeds all 8 decoder_input_ids, the decoder start token first, beside a "
+                                               r"decoder cache of 7 tokens: pass decoder_attention_mask"):
+        check_resume_inputs(model, bad.inputs, past_key_values=bad.cache, **bad.kwargs)
 
 
-def test_guarded_generate_is_generate_unchanged_and_patches_nothing(runs):
+def test_guarded_generate_keeps_generates_signature_and_patches_nothing(runs):
     from transformers import GenerationMixin
 
-    run, cache, suffix, mask, n = _dense(runs)
-    model = run.family.model
+    model, cache, suffix, mask, n = _dense(runs)
     before = type(model).generate
-    kwargs = {"input_ids": suffix, "attention_mask": mask, "generation_config": greedy_config(model)}
-    plain = model.generate(past_key_values=copy.deepcopy(cache), **kwargs)
-    guarded = guarded_generate(model, n, past_key_values=copy.deepcopy(cache), **kwargs)
+    config = greedy_config(model)
+    plain = model.generate(suffix, generation_config=config, attention_mask=mask, past_key_values=copy.deepcopy(cache))
+    guarded = guarded_generate(model, suffix, config, attention_mask=mask, past_key_values=copy.deepcopy(cache))
     assert torch.equal(plain.logits[0], guarded.logits[0])
-    assert type(model).generate is before and GenerationMixin.generate is before
-    with pytest.raises(ResumeInputError):
-        guarded_generate(model, n, past_key_values=copy.deepcopy(cache), input_ids=suffix)
+    assert type(model).generate is before and GenerationMixin.generate is before and not model._forward_pre_hooks
+    with pytest.raises(ResumeInputError, match="Pass attention_mask with 24 columns"):
+        guarded_generate(model, suffix, past_key_values=copy.deepcopy(cache), generation_config=config)
+    with pytest.raises(ResumeInputError, match="already holds"):
+        guarded_generate(model, suffix, config, attention_mask=mask, past_key_values=copy.deepcopy(cache),
+                         processed_length=n - 1)
+    assert not model._forward_pre_hooks
+
+
+def test_internal_calls_of_assisted_decoding_pass():
+    model, assistant = models.build_tiny_qwen3(0), models.build_tiny_qwen3(1)
+    rows = shapes.masked_assisted_calls(model, assistant)
+    assert rows and not [r for r in rows if r["refused"]]
+    assert any(r["mask"] and r["mask"][:8] == [1, 0, 0, 0, 0, 0, 0, 1] for r in rows)
+
+
+def test_every_blind_spot_names_a_reason():
+    from helpers.api.cells import Cell
+
+    assert all(why for _, _, why in blind.BLIND_SPOTS)
+    assert blind.reason(Cell("06", "streaming · mask_only", "silently_wrong", "passed"))
+    assert blind.reason(Cell("06", "per_layer · mask_only", "silently_wrong", "passed")) == ""
 
 
 # --- the upstream file ---------------------------------------------------------------------------
 
-def test_the_upstream_file_is_standalone_and_marks_measured_failures():
+def test_the_upstream_file_is_standalone_and_states_the_contract():
     import re
 
     from helpers.api import upstream
 
-    text = upstream.render({"5.14.1": {"arg_set[dense-neither]": ["raises", "RuntimeError: cannot reshape"]}, "5.24.0": {}})
+    text = upstream.render()
     imports = re.findall(r"^(?:from|import) ([\w.]+)", text, flags=re.M)
-    assert set(imports) <= {"__future__", "copy", "functools", "inspect", "typing", "torch", "transformers", "pytest"}, imports
-    assert "from ." not in text and "/work" not in text
+    assert set(imports) <= {"__future__", "contextlib", "copy", "dataclasses", "functools", "inspect", "types", "typing", "warnings",
+                            "torch", "transformers", "pytest"}, imports
+    assert "from ." not in text and "/work" not in text and "MEASURED" not in text
+    assert text.count("from __future__") == 1
     ns: dict = {}
-    exec(compile(text, "test_resume_equivalence.py", "exec"), ns)
-    assert ns["expected_failure"]("arg_set[dense-neither]", "5.14.1") == (
-        True, "measured on transformers 5.14.1: raises (RuntimeError: cannot reshape)")
-    assert ns["expected_failure"]("arg_set[dense-neither]", "5.24.0") is None  # measured there: it must match
-    assert ns["expected_failure"]("arg_set[dense-neither]", "9.9.9")[0] is False  # not measured: not strict
-    assert ns["expected_failure"]("backend[sdpa]", "5.14.1") is None
-    assert len(ns["CASES"]) == 23
+    exec(compile(text, "test_resume_contract.py", "exec"), ns)
+    tests = sorted(k for k in ns if k.startswith("test_"))
+    assert "test_misuse_raises_in_generate" in tests and "test_encoder_decoder_continuation" in tests
+    assert ns["SHOULD_RAISE"] == "generate() should raise here"
+    mark = next(m for m in ns["test_misuse_raises_in_generate"].pytestmark if m.name == "xfail")
+    assert mark.kwargs["reason"] == "generate() should raise here"
+    assert [c.name for c in ns["CHECKS"]] == [c.name for c in CHECKS]
+
+
+def test_the_upstream_shim_reads_caches_as_the_kit_does(runs):
+    from helpers.api import upstream_shim
+
+    for run in runs.values():
+        assert upstream_shim.layers.lengths(run.cache) == layers.lengths(run.cache)
+        assert upstream_shim.compat.cache_layers(run.cache) == list(run.cache.layers)
+    model = runs["multimodal"].family.model
+    assert upstream_shim.compat.get_rope_state(model) is model.model.rope_deltas

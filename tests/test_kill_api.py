@@ -12,9 +12,14 @@ from helpers.api.cells import Cell
 Case = tuple[str, Callable[[], Any], bool]
 
 
-def cell(plain: str, guard: str, same: bool | None = True, group: str = "02", undecided: str = "") -> Cell:
-    return Cell(group, f"{plain}/{guard}", plain, guard, guarded_equals_plain=same if guard == "passed" else None,
-                undecided=undecided)
+def cell(plain: str, guard: str, same: bool | None = True, group: str = "02", undecided: str = "", name: str = "",
+         with_length: str = "") -> Cell:
+    return Cell(group, name or f"{plain}/{guard}", plain, guard, guarded_equals_plain=same if guard == "passed" else None,
+                undecided=undecided, with_length=with_length)
+
+
+NAMED_MISS = cell("silently_wrong", "passed", group="04", name="double processing · original · full mask (L+1)",
+                  with_length="raised")
 
 
 GOOD = [cell("worked", "passed"), cell("silently_wrong", "raised", group="04"), cell("raised", "raised", group="07")]
@@ -33,11 +38,22 @@ def port(i: int, **change: Any) -> list[dict[str, Any]]:
 CASES: list[Case] = [
     ("api catches: every silent cell raised", lambda: decisions.decide_guard_catches(GOOD), True),
     ("api catches: a silent cell passed", lambda: decisions.decide_guard_catches(GOOD + [cell("silently_wrong", "passed")]), False),
+    ("api catches: a named blind spot passed", lambda: decisions.decide_guard_catches(GOOD + [NAMED_MISS]), True),
+    ("api catches: a blind spot's name in another group is not named", lambda: decisions.decide_guard_catches(
+        GOOD + [cell("silently_wrong", "passed", group="02", name="double processing · original")]), False),
+    ("api catches: only named blind spots, nothing caught", lambda: decisions.decide_guard_catches(
+        [cell("worked", "passed"), NAMED_MISS]), True),
     ("api catches: no silent cell at all", lambda: decisions.decide_guard_catches([cell("worked", "passed")]), False),
     ("api catches: an undecided silent pass is not counted", lambda: decisions.decide_guard_catches(
         GOOD + [cell("silently_wrong", "passed", undecided="no reference")]), True),
     ("api passes: every working cell passed", lambda: decisions.decide_guard_passes(GOOD), True),
     ("api passes: a false alarm", lambda: decisions.decide_guard_passes(GOOD + [cell("worked", "raised")]), False),
+    ("api passes: a false alarm given processed_length only", lambda: decisions.decide_guard_passes(
+        GOOD + [cell("worked", "passed", with_length="raised")]), False),
+    ("api passes: an internal call refused", lambda: decisions.decide_guard_passes(
+        GOOD, [{"shape": "assisted", "model": "main", "call": 1, "refused": True}]), False),
+    ("api passes: internal calls all passed", lambda: decisions.decide_guard_passes(
+        GOOD, [{"shape": "assisted", "model": "main", "call": 1, "refused": False}]), True),
     ("api passes: a passed call not bitwise the plain one", lambda: decisions.decide_guard_passes(
         GOOD + [cell("raised", "passed", same=False)]), False),
     ("api passes: no working cell", lambda: decisions.decide_guard_passes([cell("raised", "raised")]), False),
@@ -74,10 +90,13 @@ def test_api_decisions(name, thunk, expected):
 
 
 def test_the_deciding_values():
-    d = decisions.decide_guard_catches(GOOD + [cell("silently_wrong", "passed", group="07")])
-    assert d.deciding == {"silently_wrong": 2, "misses": 1} and d.evidence["missed"] == ["07: silently_wrong/passed"]
+    d = decisions.decide_guard_catches(GOOD + [cell("silently_wrong", "passed", group="07"), NAMED_MISS])
+    assert d.deciding == {"silently_wrong": 3, "caught": 1, "named_misses": 1, "unnamed_misses": 1}
+    assert [m["cell"] for m in d.evidence["misses"]] == ["07: silently_wrong/passed", f"04: {NAMED_MISS.cell}"]
+    assert d.evidence["caught_only_with_processed_length"] == [f"04: {NAMED_MISS.cell}"]
     assert d.evidence["by_group"]["07"]["misses"] == 1 and d.evidence["by_group"]["04"]["caught"] == 1
     d = decisions.decide_guard_passes(GOOD + [cell("worked", "raised", group="06")])
-    assert d.deciding == {"worked": 2, "false_alarms": 1} and d.evidence["false_alarms"] == ["06: worked/raised"]
+    assert d.deciding == {"worked": 2, "false_alarms": 1, "internal_refused": 0}
+    assert d.evidence["false_alarms"] == ["06: worked/raised"]
     assert decisions.decide_factory_refuses(REFUSED).deciding == {"refused_and_named": "10/10"}
     assert decisions.decide_portable(PORT).deciding == {"restored_vs_same": 0.0, "without_hook_vs_same": 0.5}

@@ -1,9 +1,11 @@
-"""One cell of notebook 08: a resume call of the kit run plain and guarded, and what each did.
+"""One cell of notebook 08: a resume call run plain and guarded, and what each did.
 
-Plain: `generate()` as the kit's notebook called it, judged against that cell's reference (the full forward, or for a
+Plain: `generate()` as the call's notebook made it, judged against that cell's reference (the full forward, or for a
 compressed cache its explicit-position forward) with the group's noise floor: `worked`, `silently_wrong` or
-`raised`. Guarded: `guarded_generate` with the same arguments and the caller's processed length: `raised`
-(ResumeInputError, with its message) or `passed` (and then its logits must equal the plain call's bit for bit).
+`raised`. Guarded, on generate()'s own inputs (no processed length): `guarded_generate` with the same arguments,
+`raised` (ResumeInputError, with the check that raised and its message) or `passed` (then its logits must equal the
+plain call's bit for bit). With the caller's processed length: `check_resume_inputs(..., processed_length=...)`, the
+extra catches it adds, counted apart.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from .. import compat
 from ..compare import NoiseFloor
 from ..continuation import Outcome, generate_first_step, greedy_config
 from ..regress.cells import max_diff
-from .guard import ResumeInputError, check_resume_inputs
+from .guard import ResumeInputError, check_resume_inputs, guarded_generate
 
 PLAIN = ("worked", "silently_wrong", "raised")
 GUARDED = ("passed", "raised")
@@ -30,19 +32,25 @@ class Cell:
     group: str
     cell: str
     plain: str
-    guard: str
+    guard: str  # on generate()'s own inputs
     max_abs_diff: float | None = None
     threshold: float | None = None
     plain_error: str = ""
     guard_message: str = ""
     guarded_equals_plain: bool | None = None  # a passing guard's generate() gave the plain call's logits bit for bit
     undecided: str = ""  # why the plain outcome could not be judged (no reference ran); such a cell is not counted
+    guard_check: str = ""  # the check that raised
+    with_length: str = ""  # the guard given the caller's processed length: passed / raised ('' where none is known)
+    with_length_check: str = ""
+    shape: str = ""  # the valid call shape the cell belongs to ('' for the kit's own cells)
 
     def row(self) -> dict[str, Any]:
         return {"group": self.group, "cell": self.cell, "plain": self.plain, "guard": self.guard,
-                "max_abs_diff": self.max_abs_diff, "threshold": self.threshold, "plain_error": self.plain_error[:120],
+                "check": self.guard_check, "with_processed_length": self.with_length,
+                "check_with_length": self.with_length_check, "max_abs_diff": self.max_abs_diff,
+                "threshold": self.threshold, "plain_error": self.plain_error[:120],
                 "guard_message": self.guard_message[:160], "guarded_equals_plain": self.guarded_equals_plain,
-                "undecided": self.undecided}
+                "undecided": self.undecided, "shape": self.shape}
 
 
 def plain_status(outcome: Outcome, reference: torch.Tensor | None, floor: NoiseFloor) -> tuple[str, float | None]:
@@ -55,73 +63,80 @@ def plain_status(outcome: Outcome, reference: torch.Tensor | None, floor: NoiseF
     return ("worked" if floor.matches(value) else "silently_wrong"), value
 
 
-def guard_message(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, kwargs: dict[str, Any],
-                  processed_length: Any) -> str:
-    """The guard's ResumeInputError message for these arguments ('' when it passes)."""
+def _cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    return {compat.generate_cache_kwarg(model): copy.deepcopy(cache)}
+
+
+def with_length(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwargs: dict[str, Any],
+                processed_length: Any) -> tuple[str, str]:
+    """(passed / raised, the check) of the guard given the caller's processed length ('' where none is known)."""
+    if processed_length is None:
+        return "", ""
     try:
-        check_resume_inputs(cache, input_ids, kwargs.get("attention_mask"), kwargs.get("position_ids"), processed_length,
-                            rope_deltas=compat.get_rope_state(model))
+        check_resume_inputs(model, inputs, processed_length=processed_length, **_cache_kwargs(model, cache), **kwargs)
     except ResumeInputError as exc:
-        return str(exc)
-    return ""
+        return "raised", exc.check
+    return "passed", ""
 
 
 @torch.no_grad()
-def guarded_step(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, processed_length: Any,
-                 **kwargs: Any) -> tuple[str, Outcome | None]:
-    """(guard message, outcome): `guarded_generate`'s one greedy step; no generate() when the guard raises."""
-    from .guard import guarded_generate
-
-    message = guard_message(model, input_ids, cache, kwargs, processed_length)
-    if message:
-        return message, None
-
-    def call() -> Outcome:
-        out = guarded_generate(model, processed_length, input_ids=input_ids, generation_config=greedy_config(model),
-                               **{compat.generate_cache_kwarg(model): copy.deepcopy(cache)}, **kwargs)
-        return Outcome(True, compat.generate_logits(out)[0].detach().clone())
-
+def guarded_step(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, first_logits: Any = None,
+                 **kwargs: Any) -> tuple[ResumeInputError | None, Outcome | None]:
+    """(the guard's error, or the outcome of `guarded_generate`'s one greedy step), generate()'s own inputs only."""
+    read = first_logits or (lambda out: compat.generate_logits(out)[0])
+    kwargs.setdefault("generation_config", greedy_config(model))
     try:
-        return "", call()
+        out = guarded_generate(model, inputs, **_cache_kwargs(model, cache), **kwargs)
+        return None, Outcome(True, read(out).detach().clone())
+    except ResumeInputError as exc:
+        return exc, None
     except Exception as exc:  # noqa: BLE001 - generate() itself raised after the guard passed: recorded
-        return "", Outcome(False, error_type=type(exc).__name__, error=str(exc).splitlines()[0] if str(exc) else "")
+        return None, Outcome(False, error_type=type(exc).__name__, error=str(exc).splitlines()[0] if str(exc) else "")
+
+
+def judge(group: str, name: str, plain: Outcome, reference: torch.Tensor | None, floor: NoiseFloor,
+          error: ResumeInputError | None, guarded: Outcome | None, length: tuple[str, str]) -> Cell:
+    """A cell from the plain outcome, the guarded one and the guard given the processed length."""
+    status, value = plain_status(plain, reference, floor)
+    same = None
+    if guarded is not None:
+        same = bool(guarded.ok == plain.ok and (not plain.ok or torch.equal(guarded.logits, plain.logits)))
+    return Cell(group, name, status, "raised" if error is not None else "passed", value, floor.threshold,
+                plain.error_summary()[:200] if not plain.ok else "", str(error or ""), same,
+                guard_check=getattr(error, "check", ""), with_length=length[0], with_length_check=length[1])
 
 
 def run_cell(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor, cache: Any,
              kwargs: dict[str, Any], reference: torch.Tensor | None, floor: NoiseFloor,
              processed_length: Any, plain: Outcome | None = None) -> Cell:
-    """Plain generate() (or the kit's own recorded `plain` outcome) and the guarded call, judged."""
+    """Plain generate() (or the kit's own recorded `plain` outcome), the guarded call, the guard with the length."""
     if plain is None:
         plain = generate_first_step(model, input_ids, copy.deepcopy(cache), **kwargs)
-    status, value = plain_status(plain, reference, floor)
-    message, guarded = guarded_step(model, input_ids, cache, processed_length, **kwargs)
-    same = None
-    if guarded is not None:
-        same = bool(guarded.ok == plain.ok and (not plain.ok or torch.equal(guarded.logits, plain.logits)))
-    return Cell(group, name, status, "raised" if message else "passed", value, floor.threshold,
-                plain.error_summary()[:200] if not plain.ok else "", message, same)
+    error, guarded = guarded_step(model, None, cache, input_ids=input_ids, **kwargs)
+    length = with_length(model, None, cache, {"input_ids": input_ids, **kwargs}, processed_length)
+    return judge(group, name, plain, reference, floor, error, guarded, length)
 
 
-def confusion(cells: list[Cell]) -> dict[str, dict[str, int]]:
-    """{plain outcome: {guard outcome: count}} over the decided cells."""
+def confusion(cells: list[Cell], guard: str = "guard") -> dict[str, dict[str, int]]:
+    """{plain outcome: {guard outcome: count}} over the decided cells (`guard`: 'guard' or 'with_length')."""
     table = {p: {g: 0 for g in GUARDED} for p in PLAIN}
     for c in cells:
-        if not c.undecided:
-            table[c.plain][c.guard] += 1
+        if not c.undecided and getattr(c, guard):
+            table[c.plain][getattr(c, guard)] += 1
     return table
 
 
-def counts(cells: list[Cell]) -> dict[str, int]:
+def counts(cells: list[Cell], guard: str = "guard") -> dict[str, int]:
     """misses (silently wrong, guard passed), false alarms (worked, guard raised), caught, clean passes, clearer errors."""
-    decided = [c for c in cells if not c.undecided]
-    return {"cells": len(decided), "undecided": len(cells) - len(decided),
-            "silently_wrong": sum(c.plain == "silently_wrong" for c in decided),
-            "caught": sum(c.plain == "silently_wrong" and c.guard == "raised" for c in decided),
-            "misses": sum(c.plain == "silently_wrong" and c.guard == "passed" for c in decided),
-            "worked": sum(c.plain == "worked" for c in decided),
-            "false_alarms": sum(c.plain == "worked" and c.guard == "raised" for c in decided),
-            "raised_plain": sum(c.plain == "raised" for c in decided),
-            "raised_plain_guard_raised": sum(c.plain == "raised" and c.guard == "raised" for c in decided)}
+    decided = [c for c in cells if not c.undecided and getattr(c, guard)]
+
+    def n(plain: str, outcome: str | None = None) -> int:
+        return sum(c.plain == plain and (outcome is None or getattr(c, guard) == outcome) for c in decided)
+
+    return {"cells": len(decided), "undecided": sum(bool(c.undecided) for c in cells),
+            "silently_wrong": n("silently_wrong"), "caught": n("silently_wrong", "raised"),
+            "misses": n("silently_wrong", "passed"), "worked": n("worked"), "false_alarms": n("worked", "raised"),
+            "raised_plain": n("raised"), "raised_plain_guard_raised": n("raised", "raised")}
 
 
 VERDICT = {("worked", "passed"): "passed", ("worked", "raised"): "false alarm", ("silently_wrong", "passed"): "missed",

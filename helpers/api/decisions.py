@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..compare import Decision
+from . import blind
 from .cells import Cell, confusion, counts
 
 FAMILIES = ("dense", "multimodal", "sliding", "hybrid", "padded_batch")  # 07's families, every one required
@@ -22,30 +23,43 @@ def _named(cells: list[Cell]) -> list[str]:
 
 
 def decide_guard_catches(cells: list[Cell]) -> Decision:
-    """Every silently wrong cell (plain generate() ran and differs beyond the floor) is refused by the guard."""
+    """Every silently wrong cell (plain generate() ran and differs beyond the floor) is refused by the guard on
+    generate()'s own inputs, or is a named blind spot (blind.BLIND_SPOTS: its inputs are those of a valid call)."""
     n = counts(cells)
-    missed = [c for c in cells if not c.undecided and c.plain == "silently_wrong" and c.guard == "passed"]
-    holds = n["silently_wrong"] > 0 and not missed
-    why = (f"the guard raised on all {n['silently_wrong']} silently wrong cells" if holds else
+    missed = blind.misses(cells)
+    unnamed = [m["cell"] for m in missed if not m["why"]]
+    holds = n["silently_wrong"] > 0 and not unnamed
+    extra = [f"{c.group}: {c.cell}" for c in cells if not c.undecided and c.plain == "silently_wrong"
+             and c.guard == "passed" and c.with_length == "raised"]
+    why = (f"the guard raised on {n['caught']} of {n['silently_wrong']} silently wrong cells from generate()'s own "
+           f"inputs; the {len(missed)} missed are named blind spots ({len(extra)} caught given processed_length)" if holds else
            "no cell was silently wrong: nothing to catch" if n["silently_wrong"] == 0 else
-           f"{len(missed)} of {n['silently_wrong']} silently wrong cells passed the guard: {_named(missed)}")
-    return Decision(holds, why, {"counts": n, "by_group": _by_group(cells), "confusion": confusion(cells),
-                                 "missed": _named(missed)},
-                    {"silently_wrong": n["silently_wrong"], "misses": len(missed)}, SOURCE_API)
+           f"{len(unnamed)} of {n['silently_wrong']} silently wrong cells passed the guard with no named reason: {unnamed}")
+    return Decision(holds, why, {"counts": n, "counts_with_processed_length": counts(cells, "with_length"),
+                                 "by_group": _by_group(cells), "confusion": confusion(cells),
+                                 "confusion_with_processed_length": confusion(cells, "with_length"),
+                                 "misses": missed, "caught_only_with_processed_length": extra},
+                    {"silently_wrong": n["silently_wrong"], "caught": n["caught"], "named_misses": len(missed) - len(unnamed),
+                     "unnamed_misses": len(unnamed)}, SOURCE_API)
 
 
-def decide_guard_passes(cells: list[Cell]) -> Decision:
-    """No working cell is refused, and every call the guard passed gave the plain call's logits bit for bit."""
+def decide_guard_passes(cells: list[Cell], internal: list[dict[str, Any]] | None = None) -> Decision:
+    """No working cell is refused (with or without processed_length), no internal call generate() makes is refused,
+    and every call the guard passed gave the plain call's logits bit for bit."""
     n = counts(cells)
-    alarms = [c for c in cells if not c.undecided and c.plain == "worked" and c.guard == "raised"]
+    alarms = [c for c in cells if not c.undecided and c.plain == "worked" and "raised" in (c.guard, c.with_length)]
     changed = [c for c in cells if c.guard == "passed" and c.guarded_equals_plain is not True]
-    holds = n["worked"] > 0 and not alarms and not changed
-    why = (f"all {n['worked']} working cells passed the guard, and every passed call equals the plain one bitwise" if holds else
+    refused = [f"{r['shape']} · {r['model']} call {r['call']}" for r in internal or [] if r.get("refused")]
+    holds = n["worked"] > 0 and not alarms and not changed and not refused
+    why = (f"all {n['worked']} working cells passed the guard (with and without processed_length), none of "
+           f"{len(internal or [])} internal calls was refused, and every passed call equals the plain one bitwise" if holds else
            "no cell worked: nothing to pass" if n["worked"] == 0 else
-           f"false alarms on {_named(alarms)}; guarded call not identical to the plain one on {_named(changed)}")
+           f"false alarms on {_named(alarms)}; internal calls refused: {refused}; guarded call not identical to the plain "
+           f"one on {_named(changed)}")
     return Decision(holds, why, {"counts": n, "by_group": _by_group(cells), "false_alarms": _named(alarms),
+                                 "internal_calls": len(internal or []), "internal_refused": refused,
                                  "guarded_differs_from_plain": _named(changed)},
-                    {"worked": n["worked"], "false_alarms": len(alarms)}, SOURCE_API)
+                    {"worked": n["worked"], "false_alarms": len(alarms), "internal_refused": len(refused)}, SOURCE_API)
 
 
 def decide_factory_matches(round_trips: dict[str, dict[str, Any]], families: tuple[str, ...] = FAMILIES) -> Decision:

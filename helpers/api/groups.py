@@ -7,6 +7,7 @@ processed length given to the guard is what the caller of that notebook knows: t
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -134,3 +135,30 @@ def group_07(runs: dict[str, checks.Runner]) -> tuple[list[Cell], dict[str, Nois
     """07's families (one Runner each: its prefix cache), each through `family_cells`; cells and each family's floor."""
     measured = {name: family_cells(run) for name, run in runs.items()}
     return [c for cells, _ in measured.values() for c in cells], {name: floor for name, (_, floor) in measured.items()}
+
+
+def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
+    """03's silent case on Qwen3-VL: a mask-only resume with the model's rope_deltas missing (a fresh instance) or
+    stale (a text-only prompt's zeros), against the full forward (floor: sdpa vs eager). The model's state is put
+    back before each call and after the group."""
+    from ..continuation import generate_first_step
+    from .cells import guarded_step, judge, with_length
+
+    reference, _ = prefill(model, prompt, end=None)
+    other, kernel = other_attention_logits(model, prompt)
+    floor = noise_floor(reference, [other], dtype, what=f"full forward vs the {kernel} kernel's")
+    _, prefix = prefill(model, prompt)
+    saved = compat.get_rope_state(model)
+    kwargs = {"attention_mask": prompt.attention_mask}
+    cells = []
+    for name, state in (("rope_deltas missing · mask_only", None),
+                        ("rope_deltas stale · mask_only", None if saved is None else torch.zeros_like(saved))):
+        _put_state(model, state)
+        plain = generate_first_step(model, prompt.last_token, copy.deepcopy(prefix), **kwargs)
+        _put_state(model, state)
+        error, guarded = guarded_step(model, None, prefix, input_ids=prompt.last_token, **kwargs)
+        _put_state(model, state)
+        length = with_length(model, None, prefix, {"input_ids": prompt.last_token, **kwargs}, prompt.length - 1)
+        cells.append(judge("03", name, plain, reference, floor, error, guarded, length))
+    _put_state(model, saved)
+    return cells, floor.evidence()

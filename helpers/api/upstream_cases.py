@@ -1,11 +1,10 @@
-"""Generation-equivalence cases for resuming from a KV cache (the resume-contract control's regression list).
+"""Tiny models, prompts and one-step helpers for the resume contract tests (upstream_contract.py).
 
 Standalone: torch and transformers only. Tiny models are built from configs with seeded random weights, as
-transformers' own tests do; every case resumes one greedy step from a prefix cache of ``prompt[:-1]`` with the
-unprocessed ``prompt[-1]`` and returns ``(status, detail)``: ``matches`` (within a floor measured on the same
-model: the full forward under sdpa vs eager, times 4), ``differs``, or ``raises``.
+transformers' own tests do: Qwen3 (dense, sliding/full interleaved), Llama, Qwen3.5 (hybrid), Qwen3-VL, BART. The
+tolerance of a comparison is a floor measured on the same model: its full forward under sdpa vs eager, times 4.
 """
-from __future__ import annotations
+from __future__ import annotations  # upstream: drop
 
 import copy
 import functools
@@ -54,9 +53,32 @@ def _vl_config(attn: str) -> Any:
     return cfg
 
 
-def build(kind: str, attn: str = "sdpa") -> torch.nn.Module:
-    """A seeded tiny model of `kind` (dense, sliding, hybrid, multimodal), in eval mode."""
-    torch.manual_seed(0)
+def _llama_config(attn: str) -> Any:
+    cfg = transformers.LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+    cfg._attn_implementation = attn
+    return cfg
+
+
+def _bart_config(attn: str) -> Any:
+    cfg = transformers.BartConfig(vocab_size=2048, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                                  max_position_embeddings=256, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                  decoder_start_token_id=2, forced_bos_token_id=None, forced_eos_token_id=None)
+    cfg._attn_implementation = attn
+    return cfg
+
+
+def build(kind: str, attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
+    """A seeded tiny model of `kind` (dense, sliding, hybrid, multimodal, llama, bart, assistant), in eval mode."""
+    torch.manual_seed(seed)
+    if kind == "llama":
+        return transformers.LlamaForCausalLM(_llama_config(attn)).eval()
+    if kind == "bart":
+        return transformers.BartForConditionalGeneration(_bart_config(attn)).eval()
+    if kind == "assistant":
+        torch.manual_seed(seed + 1)
+        return transformers.Qwen3ForCausalLM(_text_config("dense", attn)).eval()
     if kind == "multimodal":
         return transformers.Qwen3VLForConditionalGeneration(_vl_config(attn)).eval()
     if kind == "hybrid":
@@ -82,6 +104,9 @@ def cache_kw(m: torch.nn.Module) -> str:
 def prompt(kind: str, length: int = 24) -> dict[str, torch.Tensor]:
     """Forward kwargs of the case's prompt: random ids (text), or one 224x224 image's 49 tokens amid text."""
     gen = torch.Generator().manual_seed(1)
+    if kind == "bart":
+        ids = torch.randint(10, 2038, (1, 4), generator=gen)
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if kind != "multimodal":
         ids = torch.randint(10, 2038, (1, 40 if kind == "sliding" else length), generator=gen)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
@@ -110,39 +135,37 @@ def prefix_cache(m: torch.nn.Module, p: dict[str, torch.Tensor]) -> Any:
     return getattr(out, "cache", None) or out.past_key_values
 
 
+def config(**fields: Any) -> GenerationConfig:
+    """Greedy, one new token, first-step logits returned (fields override)."""
+    base = dict(do_sample=False, max_new_tokens=1, return_dict_in_generate=True, output_logits=True, pad_token_id=0)
+    return GenerationConfig(**{**base, **fields})
+
+
 @torch.no_grad()
-def step(m: torch.nn.Module, suffix: torch.Tensor, cache: Any, **kwargs: Any) -> torch.Tensor:
-    """One greedy generate() step from a copy of `cache`; the first-step logits."""
-    config = GenerationConfig(do_sample=False, max_new_tokens=1, return_dict_in_generate=True, output_logits=True,
-                              pad_token_id=0)
-    out = m.generate(input_ids=suffix, generation_config=config, **{cache_kw(m): copy.deepcopy(cache)}, **kwargs)
+def step(m: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, generate: Callable[..., Any] | None = None,
+         fields: dict[str, Any] | None = None, **kwargs: Any) -> torch.Tensor:
+    """One greedy step of `generate(m, inputs, ...)` (default: m.generate) from a copy of `cache`; the first-step logits."""
+    call = generate or (lambda mm, *a, **k: mm.generate(*a, **k))
+    out = call(m, inputs, generation_config=config(**(fields or {})), **{cache_kw(m): copy.deepcopy(cache)}, **kwargs)
     return out.logits[0].float()
 
 
 @functools.lru_cache(maxsize=None)
-def _floor(kind: str) -> float:
+def floor(kind: str) -> float:
+    """MARGIN x (full forward over the kind's prompt, sdpa vs eager), at least MIN_FLOOR."""
     p = prompt(kind)
     return max(MARGIN * float((full_logits(model(kind), p) - full_logits(model(kind, "eager"), p)).abs().max()), MIN_FLOOR)
 
 
-def floor(kind: str, p: dict[str, torch.Tensor] | None = None) -> float:
-    """MARGIN x (full forward over the kind's prompt, sdpa vs eager), at least MIN_FLOOR."""
-    return _floor(kind)
-
-
-def judge(call: Callable[[], torch.Tensor], target: torch.Tensor, tol: float) -> tuple[str, str]:
-    """matches / differs / raises for `call()` against `target` within `tol`."""
-    try:
-        got = call()
-    except Exception as exc:  # noqa: BLE001 - a raising resume is the measured behaviour
-        return "raises", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+def assert_close(got: torch.Tensor, target: torch.Tensor, kind: str) -> None:
+    """`got` equals the full computation `target` within the kind's floor."""
     diff = float((got.reshape(target.shape) - target).abs().max())
-    return ("matches" if diff <= tol else "differs"), f"max |logit diff| {diff:.3g} vs tolerance {tol:.3g}"
+    assert diff <= floor(kind), f"max |logit diff| {diff:.3g} vs tolerance {floor(kind):.3g}"
 
 
-def rebuild_update(cache: Any, config: Any | None = None) -> DynamicCache:
+def rebuild_update(cache: Any, cfg: Any | None = None) -> DynamicCache:
     """The control's identity rebuild: update() of every layer's K/V into a new DynamicCache (config-aware if given)."""
-    new = DynamicCache(config=config) if config is not None else DynamicCache()
+    new = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
     for i, layer in enumerate(cache.layers):
         if isinstance(getattr(layer, "keys", None), torch.Tensor):
             new.update(layer.keys.clone(), layer.values.clone(), i)
@@ -158,5 +181,3 @@ def text_positions(m: torch.nn.Module, position: int) -> torch.Tensor:
         return torch.tensor([[position]])
     return torch.full((3, 1, 1), position) + deltas.view(1, -1, 1)
 
-
-ARG_SETS = ("neither", "position_only", "mask_only", "both")

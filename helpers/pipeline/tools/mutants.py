@@ -85,7 +85,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/newimage/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_newimage.py",)),
     Scope("helpers/newimage/guardcheck.py", ("check_new_vision_tokens", "_uncached", "_explicit_3d", "_recomputed"),
           ("tests/test_newimage.py",)),
-    Scope("helpers/api/guard.py", ("cache_lengths", "check_resume_inputs", "_check_*", "_first_positions"), ("tests/test_api.py",)),
+    Scope("helpers/api/checks.py", ("*",), ("tests/test_api.py",)),
     Scope("helpers/triage/tree.py", ("decide_*", "per_layer_outcome", "backend_outcome"),
           DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
     Scope("helpers/triage/walk.py", ("choose_branch", "_compression_leaf", "notes", "_Walk.*"),

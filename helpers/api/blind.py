@@ -1,0 +1,40 @@
+"""Where generate()'s own inputs cannot tell a silent failure from a valid call: each blind spot named, with why.
+
+`BLIND_SPOTS` matches a cell by its group and a part of its name. A silently wrong cell the guard passes on
+generate()'s own inputs counts as a named miss only where one of these says why those inputs are those of a valid
+call; any other miss is unexplained and fails notebook 08's claim. Whether the caller's processed length catches it
+is measured per cell, not stated here.
+"""
+from __future__ import annotations
+
+from .cells import Cell
+
+BLIND_SPOTS: list[tuple[str, str, str]] = [
+    ("04", "double processing", "a cache of L tokens, one token and an L+1-column mask are exactly a valid next step: "
+                                "which tokens built the cache is not among generate()'s inputs"),
+    ("06", "streaming · mask_only", "a cache evicted to the same length in every layer, with a mask one column wider, "
+                                    "is exactly an uncompressed cache of that length: how many tokens were processed "
+                                    "before eviction is the caller's knowledge"),
+    ("07", "all_ones mask", "the mask is the only record of padding: an all-ones mask over a left-padded cache reads as "
+                            "an unpadded batch"),
+    ("03", "rope_deltas stale", "a stale rope_deltas is a tensor of the right shape like the right one: which prompt set "
+                                "it is not recorded"),
+    ("valid", "suffix longer than the cache", "a suffix longer than the cache with a mask of its own width looks exactly "
+                                              "like a whole sequence, which generate() slices: even the processed length "
+                                              "cannot tell them apart (a whole sequence's length is the processed length "
+                                              "plus what is fed, too)"),
+]
+
+
+def reason(cell: Cell) -> str:
+    """Why generate()'s inputs cannot tell this cell from a valid call ('' where no blind spot names it)."""
+    for group, part, why in BLIND_SPOTS:
+        if cell.group == group and part in cell.cell:
+            return why
+    return ""
+
+
+def misses(cells: list[Cell]) -> list[dict[str, str]]:
+    """Every decided miss on generate()'s own inputs: the cell, why (or ''), what the processed length did."""
+    return [{"cell": f"{c.group}: {c.cell}", "why": reason(c), "with_processed_length": c.with_length or "not known"}
+            for c in cells if not c.undecided and c.plain == "silently_wrong" and c.guard == "passed"]

@@ -1,0 +1,167 @@
+"""What the resume guard decides on: generate()'s own arguments, and what generate() fed its first model call.
+
+`ResumeCall` holds both. `from_generate` reads generate()'s arguments (positional `inputs` first, as generate()
+takes them; the decoder side for an encoder-decoder model) and the model's own state (`rope_deltas`) before
+generate() runs; `fed` is filled from the keyword arguments of the first forward call, read by a forward pre-hook
+(`first_call_hook`): the slicing of the suffix is the installed release's own, never re-derived from mask widths.
+`from_forward` builds a call from one forward call alone (generate()'s internal calls). Nothing is patched.
+"""
+from __future__ import annotations  # upstream: drop
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .. import compat  # upstream: drop
+from ..regress import layers  # upstream: drop
+
+
+def self_attention_cache(cache: Any) -> Any:
+    """The decoder's self-attention cache (an EncoderDecoderCache's), else the cache itself."""
+    return getattr(cache, "self_attention_cache", None) or cache
+
+
+def cache_lengths(cache: Any) -> tuple[int, int]:
+    """(what `get_seq_length()` reports, the largest length any attention layer reports)."""
+    cache = self_attention_cache(cache)
+    reported = int(cache.get_seq_length())
+    per_layer = [n for n in layers.lengths(cache) if n is not None]
+    return reported, max(per_layer + [reported])
+
+
+def width(value: Any) -> int | None:
+    """Tokens of ids [batch, n] or embeddings [batch, n, hidden]; None when absent."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    return int(value.shape[1]) if value.dim() >= 2 else int(value.shape[-1])
+
+
+def _tokens(kwargs: dict[str, Any], decoder: bool) -> int | None:
+    """How many tokens (ids or embeddings) these arguments carry, on the decoder side for an encoder-decoder."""
+    prefix = "decoder_" if decoder else ""
+    for name in (f"{prefix}input_ids", f"{prefix}inputs_embeds"):
+        if kwargs.get(name) is not None:
+            return width(kwargs[name])
+    return None
+
+
+@dataclass
+class ResumeCall:
+    """One resume: the cache, the tokens given (n) and fed (f), the mask and positions given, the model's state."""
+
+    cache: Any
+    n: int
+    fed: int | None = None  # tokens in the first model call (None: not captured; the checks then use n)
+    attention_mask: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+    processed_length: int | None = None
+    rows: torch.Tensor | None = None  # per-row processed (unpadded) counts of a left-padded batch
+    keeps_rope_state: bool = False
+    rope_deltas: torch.Tensor | None = None
+    decoder_start: int | None = None  # an encoder-decoder's decoder_start_token_id
+    fed_ids: torch.Tensor | None = None  # the ids of the first model call (None: embeddings, or not captured)
+    layer_types: tuple[str, ...] = ()  # the config's per-layer attention types (empty where it lists none)
+
+    def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+        """Record what generate() gave its first model call (these keyword arguments)."""
+        decoder = is_encoder_decoder(model)
+        self.fed = _tokens(kwargs, decoder)
+        ids = kwargs.get("decoder_input_ids" if decoder else "input_ids")
+        self.fed_ids = ids if isinstance(ids, torch.Tensor) else None
+
+    @property
+    def lengths(self) -> tuple[int, int]:
+        return cache_lengths(self.cache)
+
+    @property
+    def f(self) -> int:
+        return self.n if self.fed is None else self.fed
+
+    def mask2d(self) -> torch.Tensor | None:
+        """The mask given, where it is a [batch, columns] tensor (a 4-D or per-layer-type mask is not read)."""
+        m = self.attention_mask
+        return m if isinstance(m, torch.Tensor) and m.dim() == 2 else None
+
+
+def processed(value: int | torch.Tensor | list[int] | None) -> tuple[int | None, torch.Tensor | None]:
+    """(the processed length, per-row processed tokens or None): a batch's rows may give one count each."""
+    if value is None or isinstance(value, int):
+        return value, None
+    rows = torch.as_tensor(value, dtype=torch.long).reshape(-1)
+    return int(rows.max()), rows
+
+
+def is_encoder_decoder(model: torch.nn.Module) -> bool:
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def layer_types(model: torch.nn.Module) -> tuple[str, ...]:
+    """The decoder's per-layer attention types from the model's config (empty where it lists none)."""
+    try:
+        return tuple(getattr(compat.text_config(model.config), "layer_types", None) or ())
+    except Exception:  # noqa: BLE001 - a config without a text part lists none
+        return ()
+
+
+def decoder_start(model: torch.nn.Module) -> int | None:
+    """The decoder start token id (generation config first, then the model config)."""
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        value = getattr(source, "decoder_start_token_id", None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[str, Any],
+                  processed_length: int | torch.Tensor | list[int] | None = None) -> ResumeCall | None:
+    """The resume generate() is asked for (None where no filled cache is given): read before generate() runs."""
+    cache = compat.cache_from_kwargs(kwargs)
+    if cache is None:
+        return None
+    decoder = is_encoder_decoder(model)
+    given = dict(kwargs)
+    if inputs is not None and not decoder:
+        given["inputs_embeds" if inputs.is_floating_point() else "input_ids"] = inputs
+    n = _tokens(given, decoder)
+    if n is None:
+        return None
+    length, rows = processed(processed_length)
+    mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
+    owner = compat.rope_state_owner(model)
+    return ResumeCall(cache, n, None, mask, kwargs.get("decoder_position_ids" if decoder else "position_ids"), length, rows,
+                      owner is not None, compat.get_rope_state(model) if owner is not None else None,
+                      decoder_start(model) if decoder else None, None, layer_types(model))
+
+
+def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall | None:
+    """A call of its own from one forward call's keyword arguments (generate()'s internal calls)."""
+    decoder = is_encoder_decoder(model)
+    cache, n = compat.cache_from_kwargs(kwargs), _tokens(kwargs, decoder)
+    if cache is None or n is None:
+        return None
+    owner = compat.rope_state_owner(model)
+    call = ResumeCall(cache, n, n, kwargs.get("decoder_attention_mask" if decoder else "attention_mask"),
+                      kwargs.get("decoder_position_ids" if decoder else "position_ids"), None, None,
+                      owner is not None, compat.get_rope_state(model) if owner is not None else None,
+                      decoder_start(model) if decoder else None, None, layer_types(model))
+    call.feed(model, kwargs)
+    return call
+
+
+@contextmanager
+def first_call_hook(model: torch.nn.Module, on_first: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+    """`on_first(kwargs)` before the model's first forward call inside the block (it may raise to stop generate())."""
+    seen: list[bool] = []
+
+    def pre(_module: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
+        if not seen:
+            seen.append(True)
+            on_first(kwargs)
+
+    handle = model.register_forward_pre_hook(pre, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()

@@ -1,0 +1,191 @@
+"""The resume guard's checks, in the order they run: each one independent, each a function of one `ResumeCall`.
+
+A check raises `ResumeInputError` saying what to pass instead, or returns. `CHECKS` is the ordered list the guard
+runs; a check that needs the caller's processed length (which generate() is never given) says so, and is skipped
+where it is absent, so its catches are counted apart. Adding a check is one function (in its own module if it is
+long) and one `Check(...)` entry in `CHECKS` (docs/api.md, "Adding a check").
+"""
+from __future__ import annotations  # upstream: drop
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .. import compat  # upstream: drop
+from ..regress import layers  # upstream: drop
+from .call import ResumeCall, self_attention_cache  # upstream: drop
+
+
+class ResumeInputError(ValueError):
+    """Resume inputs that generate() would take silently or fail on deep inside; the message says what to pass."""
+
+    check: str = ""  # the name of the check that raised it (set by the guard)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check: its name (shown with each catch), the function, whether it needs the caller's processed length."""
+
+    name: str
+    run: Callable[[ResumeCall], None]
+    needs_processed_length: bool = False
+
+
+def empty_input(call: ResumeCall) -> None:
+    """No token given at all."""
+    if call.n == 0:
+        raise ResumeInputError("input_ids is empty: pass the unprocessed suffix (at least one token)")
+
+
+def linear_state(call: ResumeCall) -> None:
+    """A linear-attention layer with no conv/recurrent state beside attention layers that hold tokens."""
+    _, widest = call.lengths
+    for i, layer in enumerate(compat.cache_layers(self_attention_cache(call.cache))):
+        if layers.has_linear_state(layer):
+            states = [v for v in list(layer.conv_states.values()) + list(layer.recurrent_states.values()) if v is not None]
+            if not states:
+                raise ResumeInputError(f"layer {i} (linear attention) holds no conv/recurrent state while the attention "
+                                       f"layers hold {widest} tokens: rebuild it with its states "
+                                       f"(kv_cache_from_tensors(..., linear_states={{{i}: ...}}))")
+
+
+def nothing_fed(call: ResumeCall) -> None:
+    """generate() gave its first model call no token (it sliced the whole input away as cached)."""
+    if call.f != 0:
+        return
+    past, _ = call.lengths
+    mask, n = call.mask2d(), call.n
+    if mask is None and call.attention_mask is None:
+        raise ResumeInputError(f"no attention_mask: the cache holds {past} tokens and input_ids {n}; generate() reads "
+                               f"input_ids as the whole sequence and slices off its first {past} tokens, so no token "
+                               f"reaches the model. Pass attention_mask with {past + n} columns (cached + suffix)")
+    if mask is not None and int(mask.shape[-1]) == n:
+        raise ResumeInputError(f"attention_mask covers only the suffix ({n} columns) while the cache holds {past} tokens: "
+                               f"pass the full mask of {past + n} columns (the cached prefix's mask + the suffix's)")
+    raise ResumeInputError(f"generate() feeds the model none of the {n} tokens given beside a cache of {past}: pass the "
+                           f"suffix with an attention_mask of {past + n} columns (cached + suffix)")
+
+
+def fed_neither(call: ResumeCall) -> None:
+    """generate() fed neither the tokens given (a suffix) nor those a whole sequence leaves uncached."""
+    past, widest = call.lengths
+    f, n = call.f, call.n
+    if f not in (n, n - past, n - widest):
+        raise ResumeInputError(f"generate() feeds the model {f} of the {n} tokens given beside a cache of {past}: neither "
+                               f"the suffix ({n}) nor what a whole sequence leaves uncached; pass the suffix with an "
+                               f"attention_mask of {past + n} columns (cached + suffix)")
+
+
+def restart_token(call: ResumeCall) -> None:
+    """An encoder-decoder's first fed decoder token is its decoder start token while the decoder cache is filled."""
+    ids, past = call.fed_ids, call.lengths[0]
+    if call.decoder_start is None or ids is None or ids.shape[-1] == 0 or past == 0:
+        return
+    if bool((ids[:, 0] == call.decoder_start).all()):
+        raise ResumeInputError(f"generate() feeds all {call.f} decoder_input_ids, the decoder start token first, beside a "
+                               f"decoder cache of {past} tokens: pass decoder_attention_mask over the whole sequence "
+                               f"({call.n} columns, so generate() feeds only what is not cached), or only the new tokens")
+
+
+def mask_width(call: ResumeCall) -> None:
+    """A [batch, columns] mask covers the cache plus the tokens generate() feeds (its widest layer's, for sliding)."""
+    mask = call.mask2d()
+    if mask is None:
+        return
+    past, widest = call.lengths
+    m, f = int(mask.shape[-1]), call.f
+    if m not in (past + f, widest + f):
+        raise ResumeInputError(f"attention_mask has {m} columns; a resume from a cache of {past} tokens with {call.n} new "
+                               f"tokens needs {past + call.n} (cached + suffix)")
+
+
+def uneven_layers(call: ResumeCall) -> None:
+    """Full-attention layers (by class and by the config's layer_types) holding different lengths (a per-layer
+    compressed cache) and no positions given."""
+    if call.position_ids is not None:
+        return
+    types = call.layer_types
+    held = sorted({layers.layer_length(l) for i, l in enumerate(compat.cache_layers(self_attention_cache(call.cache)))
+                   if layers.has_kv(l) and not layers.is_sliding(l)
+                   and (i >= len(types) or types[i] == "full_attention")} - {None})
+    if len(held) > 1:
+        past, _ = call.lengths
+        raise ResumeInputError(f"the cache's attention layers hold {held} tokens (compressed per layer), so the mask "
+                               f"cannot say where the suffix sits and generate() places it at {past}; pass position_ids "
+                               f"starting at the processed length")
+
+
+def rope_state(call: ResumeCall) -> None:
+    """An M-RoPE model whose rope_deltas is unset beside a filled cache, and no positions given."""
+    if call.keeps_rope_state and call.rope_deltas is None and call.position_ids is None:
+        raise ResumeInputError(f"the model keeps rope_deltas but it is None beside a cache of {call.lengths[0]} tokens (a "
+                               f"fresh instance?): generate() recomputes multimodal positions from the suffix alone; "
+                               f"restore rope_deltas from the prefix's prefill (helpers.resume) or pass position_ids")
+
+
+def already_cached(call: ResumeCall) -> None:
+    """The cache holds more tokens than the caller processed: suffix tokens would be processed twice."""
+    past, _ = call.lengths
+    if call.processed_length is not None and past > call.processed_length:
+        p = call.processed_length
+        raise ResumeInputError(f"the cache already holds {past} tokens but processed_length is {p}: the first {past - p} "
+                               f"suffix token(s) are cached already and would be processed twice; pass only the tokens "
+                               f"after position {past - 1} (or a cache of the first {p} tokens)")
+
+
+def _first_text_positions(position_ids: torch.Tensor, rope_deltas: torch.Tensor | None) -> torch.Tensor | None:
+    """The text position of the first fed token per row: 1-D ids, the text row of 4-row M-RoPE ids, or 3-row ids less
+    rope_deltas ([3, batch]); None where 3-row ids come without rope_deltas (not checkable)."""
+    first = position_ids[..., 0].long()
+    if position_ids.dim() == 3 and position_ids.shape[0] == 4:
+        return first[0]
+    if position_ids.dim() == 3:
+        if rope_deltas is None:
+            return None
+        return first - rope_deltas.reshape(1, -1).to(first.device).long()  # pragma: no mutate (CPU: one device)
+    return first.reshape(-1)
+
+
+def positions_at_processed(call: ResumeCall) -> None:
+    """Explicit positions, or those generate() derives from the mask, start at the processed length: per row where the
+    caller gave each row's processed (unpadded) count, else the processed length less the row's padding."""
+    if call.processed_length is None:
+        return
+    mask, f, processed, rows = call.mask2d(), max(call.f, 1), call.processed_length, call.rows
+    prefix = None if mask is None else mask[:, :-f]
+    if call.position_ids is None:
+        if prefix is None:
+            return
+        derived = (prefix != 0).sum(-1).long()  # pragma: no mutate (2-D: dim -1 and 1 are one axis)
+        if rows is not None and not torch.equal(derived, rows):
+            raise ResumeInputError(f"the mask marks {derived.tolist()} cached tokens per row but the rows processed "
+                                   f"{rows.tolist()}: generate() would attend to and position from the wrong slots; pass the "
+                                   f"prefix's own mask (zeros on padding) + the suffix's")
+        if rows is None and int(prefix.shape[-1]) != processed:
+            raise ResumeInputError(f"no position_ids: the mask accounts for {prefix.shape[-1]} cached columns but "
+                                   f"{processed} tokens were processed, so generate() places the suffix at position "
+                                   f"{prefix.shape[-1]}; pass position_ids starting at {processed}")
+        return
+    got = _first_text_positions(call.position_ids[..., -f:], call.rope_deltas)
+    if got is None:
+        return
+    pads = 0 if prefix is None else (prefix == 0).sum(-1).long()  # pragma: no mutate (2-D: dim -1 and 1 are one axis)
+    want = torch.as_tensor(rows if rows is not None else processed - pads).expand_as(got)
+    if not torch.equal(got, want):
+        raise ResumeInputError(f"position_ids start at {got.tolist()} but the suffix follows {processed} processed "
+                               f"tokens (expected {want.tolist()}): pass positions starting at the processed length")
+
+
+CHECKS: list[Check] = [
+    Check("empty_input", empty_input),
+    Check("linear_state", linear_state),
+    Check("nothing_fed", nothing_fed),
+    Check("fed_neither", fed_neither),
+    Check("restart_token", restart_token),
+    Check("mask_width", mask_width),
+    Check("uneven_layers", uneven_layers),
+    Check("rope_state", rope_state),
+    Check("already_cached", already_cached, needs_processed_length=True),
+    Check("positions_at_processed", positions_at_processed, needs_processed_length=True),
+]

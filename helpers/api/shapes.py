@@ -1,0 +1,281 @@
+"""Notebook 08's valid call shapes: resume calls transformers and its users make, each run plain and guarded.
+
+Per tiny text model (Qwen3, Llama): the returned `sequences` with the returned cache; a multi-token suffix with the
+full mask; `inputs_embeds` with a cache; positional `inputs`; beam search from a cache; a `StaticCache` larger than
+the sequence; a left-padded batch's sequences with its cache; assisted decoding with a tiny assistant. Besides: a
+tiny BART continued with `decoder_input_ids` = its sequences, and Qwen3-VL with 4-row M-RoPE position ids (a text
+row beside the three). Each is judged against the full forward over the same tokens (per row for the batch) with a
+floor of the same model under the other attention kernel. Every forward call after the first (generate()'s own
+internal calls, the assistant's included) is checked too (`check_forward_call`): `internal_calls`.
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .. import compat
+from ..compare import NoiseFloor, noise_floor
+from ..continuation import Outcome, greedy_config
+from .cells import Cell, guarded_step, judge, with_length
+from .checks import ResumeInputError
+from .guard import check_forward_call
+
+VOCAB = 2048
+
+
+@dataclass
+class Shape:
+    """One valid call: generate()'s arguments (beside the cache and the greedy config), its reference, its floor."""
+
+    shape: str
+    model: torch.nn.Module
+    inputs: torch.Tensor | None
+    kwargs: dict[str, Any]
+    cache: Any
+    reference: torch.Tensor
+    floor: NoiseFloor
+    processed_length: Any
+    config: dict[str, Any] = field(default_factory=dict)  # GenerationConfig fields over the greedy one-step config
+    models: tuple[torch.nn.Module, ...] = ()  # whose forward calls are checked (the assistant's too)
+
+
+def tiny_llama(seed: int = 0, attn: str = "sdpa", layers: int = 2) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=0)
+    cfg._attn_implementation = attn
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def tiny_bart(seed: int = 0, attn: str = "sdpa") -> torch.nn.Module:
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    cfg = BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                     decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=256,
+                     pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_bos_token_id=None,
+                     forced_eos_token_id=None)
+    cfg._attn_implementation = attn
+    torch.manual_seed(seed)
+    return BartForConditionalGeneration(cfg).eval()
+
+
+@torch.no_grad()
+def last_logits(model: torch.nn.Module, **kwargs: Any) -> torch.Tensor:
+    return model(**kwargs).logits[:, -1, :].detach().float().clone()
+
+
+@torch.no_grad()
+def floor_of(model: torch.nn.Module, kwargs: dict[str, Any], reference: torch.Tensor) -> NoiseFloor:
+    """The full forward under the other attention kernel (sdpa <-> eager) vs the reference: this model's noise."""
+    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    model.set_attn_implementation("eager" if current != "eager" else "sdpa")
+    try:
+        other = last_logits(model, **kwargs)
+    finally:
+        model.set_attn_implementation(current)
+    return noise_floor(reference, [other], torch.float32, what="full forward vs the other attention kernel's")
+
+
+def _gen(model: torch.nn.Module, inputs: Any, **kwargs: Any) -> Any:
+    config = greedy_config(model)
+    config.update(**kwargs.pop("config", {}))
+    with torch.no_grad():
+        return model.generate(inputs, generation_config=config, **kwargs)
+
+
+@torch.no_grad()
+def _prefix(model: torch.nn.Module, ids: torch.Tensor) -> Any:
+    return compat.output_cache(model(input_ids=ids, use_cache=True))
+
+
+def text_shapes(name: str, model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 0) -> list[Shape]:
+    """The text-model shapes on one model (24-token prompt; batch of 12 and 20 tokens left-padded)."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    ids = torch.randint(10, VOCAB - 10, (1, 24), generator=gen)
+    ones = lambda n, b=1: torch.ones(b, n, dtype=torch.long)  # noqa: E731
+    ref = last_logits(model, input_ids=ids)
+    floor = floor_of(model, {"input_ids": ids}, ref)
+    cache23, cache20 = _prefix(model, ids[:, :23]), _prefix(model, ids[:, :20])
+    first = _gen(model, ids[:, :16], config={"max_new_tokens": 4})
+    seqs = first.sequences
+    seq_ref = last_logits(model, input_ids=seqs)
+    out = [Shape("sequences + returned cache", model, seqs, {"attention_mask": ones(seqs.shape[1])},
+                 compat.output_cache(first), seq_ref, floor_of(model, {"input_ids": seqs}, seq_ref), seqs.shape[1] - 1),
+           Shape("multi-token suffix, full mask", model, None, {"input_ids": ids[:, 20:], "attention_mask": ones(24)},
+                 cache20, ref, floor, 20),
+           Shape("inputs_embeds + cache", model, None, {"inputs_embeds": model.get_input_embeddings()(ids).detach(),
+                                                        "attention_mask": ones(24)}, cache23, ref, floor, 23),
+           Shape("positional inputs", model, ids[:, -1:], {"attention_mask": ones(24)}, cache23, ref, floor, 23),
+           Shape("beam search from a cache", model, ids[:, -1:], {"attention_mask": ones(24)}, _beams(cache23, 2), ref,
+                 floor, 23, {"num_beams": 2}),
+           Shape("assisted decoding from a cache of prompt[:-1]", model, ids,
+                 {"attention_mask": ones(24), "assistant_model": assistant}, cache23, ref, floor, 23,
+                 models=(model, assistant))]
+    long_ref = last_logits(model, input_ids=ids[:, :20])
+    out.append(Shape("suffix longer than the cache, mask of its own width", model, ids[:, 8:20],
+                     {"attention_mask": ones(12)}, _prefix(model, ids[:, :8]), long_ref,
+                     floor_of(model, {"input_ids": ids[:, :20]}, long_ref), 8))
+    static = _static(model, ids[:, :23])
+    if static is not None:
+        out.append(Shape("StaticCache larger than the sequence", model, ids[:, -1:], {"attention_mask": ones(24)}, static,
+                         ref, floor, 23))
+    return out + [_padded(model, gen)]
+
+
+def _beams(cache: Any, beams: int) -> Any:
+    """The cache of a batch-1 prefix repeated for `beams` beams (generate() expands the inputs, not the cache)."""
+    import copy
+
+    out = copy.deepcopy(cache)
+    out.batch_repeat_interleave(beams)
+    return out
+
+
+def _static(model: torch.nn.Module, ids: torch.Tensor) -> Any:
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=64)
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=True, **{compat.cache_kwarg(model): cache})
+    return cache
+
+
+def _padded(model: torch.nn.Module, gen: torch.Generator) -> Shape:
+    """A left-padded batch (12 and 20 tokens) generated 3 tokens, continued from its sequences and returned cache."""
+    rows = [torch.randint(10, VOCAB - 10, (n,), generator=gen) for n in (12, 20)]
+    ids, mask = torch.zeros(2, 20, dtype=torch.long), torch.zeros(2, 20, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, 20 - len(r):], mask[i, 20 - len(r):] = r, 1
+    first = _gen(model, ids, attention_mask=mask, config={"max_new_tokens": 3})
+    seqs = first.sequences
+    full = torch.cat([mask, torch.ones(2, seqs.shape[1] - 20, dtype=torch.long)], dim=1)
+    kept = [seqs[i][full[i].bool()].view(1, -1) for i in range(2)]
+    ref = torch.cat([last_logits(model, input_ids=k) for k in kept])
+    floor = max((floor_of(model, {"input_ids": k}, last_logits(model, input_ids=k)) for k in kept), key=lambda f: f.threshold)
+    return Shape("left-padded batch: sequences + cache", model, seqs, {"attention_mask": full}, compat.output_cache(first),
+                 ref, floor, [int(k.shape[1]) - 1 for k in kept])
+
+
+def bart_shapes(seed: int = 0) -> list[Shape]:
+    """A tiny BART: encoder ids and mask of 4 columns, decoder_input_ids = its 8 sequences beside a decoder cache of 7,
+    with a decoder mask over them (valid) and without one (generate() then feeds all 8)."""
+    model = tiny_bart(seed)
+    gen = torch.Generator().manual_seed(seed + 3)
+    enc = torch.randint(10, VOCAB - 10, (1, 4), generator=gen)
+    mask = torch.ones_like(enc)
+    first = _gen(model, enc, attention_mask=mask, config={"max_new_tokens": 7, "min_new_tokens": 7})
+    seqs = first.sequences
+    kwargs = {"input_ids": enc, "attention_mask": mask, "decoder_input_ids": seqs}
+    ref = last_logits(model, **kwargs)
+    floor, cache, n = floor_of(model, kwargs, ref), compat.output_cache(first), seqs.shape[1]
+    full = {"attention_mask": mask, "decoder_input_ids": seqs}
+    return [Shape("encoder-decoder: decoder_input_ids = sequences + decoder mask", model, enc,
+                  {**full, "decoder_attention_mask": torch.ones(1, n, dtype=torch.long)}, cache, ref, floor, n - 1),
+            Shape("encoder-decoder: decoder_input_ids = sequences, no decoder mask", model, enc, full, cache,
+                  ref, floor, n - 1)]
+
+
+def mrope_shape(model: torch.nn.Module, prompt: Any) -> Shape:
+    """Qwen3-VL with 4-row position ids (the text row at the processed length beside the three M-RoPE rows)."""
+    from ..continuation import current_position_ids, prefill
+
+    ref, _ = prefill(model, prompt, end=None)
+    _, cache = prefill(model, prompt)
+    three = current_position_ids(model, prompt)
+    four = torch.cat([torch.full((1, 1, 1), prompt.length - 1, dtype=three.dtype), three])
+    kwargs = {"attention_mask": prompt.attention_mask, "position_ids": four}
+    current = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        other, _ = prefill(model, prompt, end=None)
+    finally:
+        model.set_attn_implementation(current)
+    return Shape("M-RoPE position ids with four rows", model, prompt.last_token, kwargs, cache, ref.float(),
+                 noise_floor(ref, [other], torch.float32), prompt.length - 1)
+
+
+@contextmanager
+def checked_calls(models: tuple[torch.nn.Module, ...], rows: list[dict[str, Any]], shape: str) -> Iterator[None]:
+    """Every forward call of `models` with a filled cache, but the first model's first (the guard's), checked on its
+    own arguments: one row each (which model, call index, tokens, cache length, refused or not, message)."""
+    calls = {id(m): 0 for m in models}
+
+    def hook(module: torch.nn.Module) -> Callable[..., None]:
+        def pre(_m: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
+            index, calls[id(module)] = calls[id(module)], calls[id(module)] + 1
+            cache = compat.cache_from_kwargs(kwargs)
+            if (module is models[0] and index == 0) or cache is None or int(_length(cache)) == 0:
+                return
+            message = ""
+            try:
+                check_forward_call(module, kwargs)
+            except ResumeInputError as exc:
+                message = str(exc)
+            mask = kwargs.get("attention_mask")
+            rows.append({"shape": shape, "model": "assistant" if module is not models[0] else "main", "call": index,
+                         "mask": mask[0].tolist() if isinstance(mask, torch.Tensor) and mask.dim() == 2 and
+                         mask.shape[-1] <= 40 else None, "refused": bool(message), "message": message[:160]})
+        return pre
+
+    with ExitStack() as stack:
+        for m in models:
+            handle = m.register_forward_pre_hook(hook(m), with_kwargs=True)
+            stack.callback(handle.remove)
+        yield
+
+
+def _length(cache: Any) -> int:
+    return int(getattr(cache, "self_attention_cache", cache).get_seq_length())
+
+
+def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:
+    """The shape plain (its internal calls checked) and guarded; judged against its reference."""
+    import copy
+
+    rows = s.reference.shape[0]
+    read = lambda out: compat.generate_logits(out)[0][:rows].float()  # noqa: E731 - beams: the first beam's row
+    config = greedy_config(s.model)
+    config.update(**s.config)
+    kwargs = {**s.kwargs, "generation_config": config}
+    try:
+        with checked_calls(s.models or (s.model,), internal, s.shape), torch.no_grad():
+            out = s.model.generate(s.inputs, **{compat.generate_cache_kwarg(s.model): copy.deepcopy(s.cache)}, **kwargs)
+        plain = Outcome(True, read(out).detach().clone())
+    except Exception as exc:  # noqa: BLE001 - recorded: a valid shape that raises plain is a measurement
+        plain = Outcome(False, error_type=type(exc).__name__, error=str(exc).splitlines()[0] if str(exc) else "")
+    error, guarded = guarded_step(s.model, s.inputs, s.cache, first_logits=read, **kwargs)
+    length = with_length(s.model, s.inputs, s.cache, kwargs, s.processed_length)
+    cell = judge("valid", f"{type(s.model).__name__} · {s.shape}", plain, s.reference, s.floor, error, guarded, length)
+    cell.shape = s.shape
+    return cell
+
+
+def population(text_models: dict[str, tuple[torch.nn.Module, torch.nn.Module]], vl_model: torch.nn.Module | None = None,
+               vl_prompt: Any = None, seed: int = 0) -> tuple[list[Cell], list[dict[str, Any]]]:
+    """Every valid shape's cell, and every internal call checked: (cells, internal call rows)."""
+    shapes = [s for model, assistant in text_models.values() for s in text_shapes("", model, assistant, seed)]
+    shapes += bart_shapes(seed)
+    if vl_model is not None:
+        shapes.append(mrope_shape(vl_model, vl_prompt))
+    internal: list[dict[str, Any]] = []
+    cells = [run_shape(s, internal) for s in shapes]
+    for model, assistant in text_models.values():
+        internal += masked_assisted_calls(model, assistant, seed)
+    return cells, internal
+
+
+def masked_assisted_calls(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 0) -> list[dict[str, Any]]:
+    """Assisted decoding from a prompt whose mask has masked tokens mid-sequence ([1, 0 x6, 1, ...]): every internal call."""
+    gen = torch.Generator().manual_seed(seed + 5)
+    ids = torch.randint(10, VOCAB - 10, (1, 16), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[:, 1:7] = 0
+    rows: list[dict[str, Any]] = []
+    with checked_calls((model, assistant), rows, "assisted decoding, masked tokens mid-sequence"):
+        _gen(model, ids, attention_mask=mask, assistant_model=assistant, config={"max_new_tokens": 6})
+    return rows
