@@ -284,3 +284,19 @@ def test_pips_reason_is_its_last_error_line():
             "ERROR: No matching distribution found for kernels<0.20,>=0.19.1\n")
     assert envs._tail(said) == "ERROR: No matching distribution found for kernels<0.20,>=0.19.1"
     assert envs._tail("Traceback\nValueError: bad") == "ValueError: bad"
+
+
+def test_matrix_md_written_by_the_command_shows_the_final_status(tmp_path, monkeypatch):
+    """`make matrix` writes matrix.md after its run record is finished, so a complete run does not read 'still running'."""
+    from helpers.pipeline.run import cli
+
+    def fake_release(release, out_base, stems, jobs, log):
+        _release(out_base, release, claims={"c": "reproduced"})
+        (out_base / "matrix" / release / "run.json").write_text(json.dumps({"run_id": f"r-{release}", "status": "complete"}))
+        return {"release": release, "ok": True, "rc": 0}
+
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    monkeypatch.setattr(matrix_run, "run_release", fake_release)
+    assert cli._matrix(["1.0"], ["01_x"], None) == 0
+    head = (tmp_path / "matrix.md").read_text().split("## What changed")[0]
+    assert "✅ complete" in head and "still running" not in head

@@ -91,9 +91,9 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
                     mine["status"] = "ok"
                 mine["seconds"] = round((mine.get("seconds") or 0.0) + (nb.get("seconds") or 0.0), 2)
             record.write()
-        path = matrix_report.write_matrix(out_base, releases)
         bad = [i["release"] for i in infos if not i.get("ok") or i.get("rc") != 0]
         record.finish("interrupted" if stop.signum is not None else "failed" if bad else "complete")
+        path = matrix_report.write_matrix(out_base, releases)  # after finish: matrix.md shows the final status
     print(f"matrix: {path.name}")
     if bad and stop.signum is None:
         print(f"releases not installed or with failed notebooks: {', '.join(bad)}", file=sys.stderr)
