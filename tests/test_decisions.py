@@ -416,6 +416,6 @@ def test_floor_decisions_record_the_floor_in_their_evidence():
 def test_source_values_are_the_sources():
     d = rope.decide_missing_state_diverges_more(metric(0.45, 0.85), metric(0.138, 0.98), FLOOR)
     assert d.source == {"max_abs_diff_none": 17.1328, "cosine_none": 0.30597, "max_abs_diff_plus_1": 1.21875, "cosine_plus_1": 0.99833}
-    assert boundary.decide_double_processing_diverges(double(), FLOOR).source == {"max_abs_diff": 7.65625, "cosine": 0.8698}
+    assert boundary.decide_double_processing_diverges(double(), FLOOR).source == {"max_abs_diff": 7.65625}
     assert mask_matrix.decide_fails(DROPPED_ALL()).source == {"first_call_input_ids": [1, 0], "past_length": 81}
     assert rope.decide_state_outside_kv([-42], []).source == {"rope_deltas": [-42]}
