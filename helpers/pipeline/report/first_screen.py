@@ -50,7 +50,8 @@ def source_verdict(claims: list[tuple[str, dict[str, Any]]]) -> str:
     sims = [c for _, c in claims if kind_of(c) == "simulation"]
     built = sum(bool((c.get("quote") or {}).get("by_construction")) for c in sims)
     if sims:
-        parts.append(f"{len(sims)} simulation(s)" + (f", {built} holding by construction" if built else ""))
+        parts.append(f"{len(sims)} simulation(s)" + (" (holds by construction)" if built == len(sims) else
+                                                      f", {built} holding by construction" if built else ""))
     return "; ".join(parts) or "nothing decided"
 
 
@@ -75,7 +76,7 @@ def _short_verdict(claims: list[tuple[str, dict[str, Any]]]) -> str:
     if not stmts:
         return "no statement"
     if len(undecided) == len(stmts):
-        return _not_tested(undecided)
+        return "not tested (needs CUDA)" if all(_needs_cuda(s) for s in undecided) else "not tested"
     return f"{tally(stmts).get('reproduced', 0)} of {len(stmts)}"
 
 
@@ -97,8 +98,10 @@ def releases_line(out: Path, run: dict[str, Any], current: list[dict[str, Any]],
                      for rel, res in sorted(rows.items(), key=lambda kv: _version(kv[0])))
     if same:
         nbs = sorted({r["notebook"].split("_", 1)[0] for res in matrix.values() for r in res})
-        dirty = " (uncommitted changes)" if run.get("kit_dirty") or matrix_run.get("kit_dirty") else ""
-        return (f"**Releases measured** (`make matrix`, same kit commit{dirty}, notebooks {' '.join(nbs)}): {text}.")
+        mine_nbs = sorted({r["notebook"].split("_", 1)[0] for r in current})
+        which = "every notebook" if nbs == mine_nbs else f"notebooks {' '.join(nbs)}"
+        dirty = " + uncommitted changes" if run.get("kit_dirty") or matrix_run.get("kit_dirty") else ""
+        return f"**Releases measured** (`make matrix` of this kit commit{dirty}, {which}): {text}."
     stale = " (`outputs/matrix` is from another kit commit: not shown)" if matrix else ""
     return (f"**Releases measured:** {text or 'none'}: only the release this run used{stale}; "
             '`make matrix RELEASES="5.14.1 5.24.0"` then `make report` adds releases.')
@@ -120,7 +123,8 @@ def not_verified_line(current: list[dict[str, Any]]) -> str:
 def repro_block(source: Source) -> list[str]:
     """The source's repro file in a python block, with what it prints; a missing file says so."""
     path = repo_root() / source.repro
-    head = f"**Repro, {code_refs(source.short)}:** {code(source.repro)} prints {source.repro_prints}."
+    head = (f"**Repro, {code_refs(source.short)}:** {code(source.repro)} (torch + transformers, a tiny model from a "
+            f"config, seconds) prints {source.repro_prints}.")
     if not path.is_file():
         return [head, "", f"> ⚠️ {code(source.repro)} is missing from this checkout.", ""]
     return [head, "", "```python", path.read_text().rstrip(), "```", ""]
@@ -149,8 +153,7 @@ def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]], 
     for s in shown:
         mine = [(nb, c) for nb, c in claims if source_key(nb, c) == s.key]
         lines.append(f"- **{code_refs(s.short)}:** {code_refs(source_verdict(mine)) if mine else 'not run in this run'}")
-    lines += ["", releases_line(out, run, current, shown), "", not_verified_line(current), "",
-              "Each repro imports only torch and transformers (a tiny model from a config) and runs in seconds.", ""]
+    lines += ["", releases_line(out, run, current, shown), "", not_verified_line(current), ""]
     for s in shown:
         lines += repro_block(s)
     return lines

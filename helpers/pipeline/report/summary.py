@@ -8,6 +8,8 @@ Results files of any other run (or of none) are shown in "From an earlier run" s
 from __future__ import annotations
 
 import json
+import re
+from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
@@ -173,13 +175,14 @@ def truncate(text: str, limit: int = MAX_CHARS, what: str = "this report") -> st
     cut = cut[: cut.rfind("\n")] if "\n" in cut else cut
     if cut.count("```") % 2:  # never leave a code fence open
         cut += "\n```"
-    if cut.count("<details>") > cut.count("</details>"):
-        cut += "\n\n</details>"
+    cut += "\n\n</details>" * max(0, cut.count("<details>") - cut.count("</details>"))
     return cut + note
 
 
 def details(summary: str, body: list[str]) -> list[str]:
-    """Lines folded into one <details> block (nothing when there is nothing to fold)."""
+    """Lines folded into one <details> block (nothing when there is nothing to fold); the summary's code spans as
+    <code> (Markdown is not rendered inside <summary>, and a reference there must stay out of GitHub's linker)."""
+    summary = re.sub(r"`([^`]*)`", lambda m: "<code>" + html_escape(m.group(1)) + "</code>", code_refs(summary))
     return ["<details><summary>" + summary + "</summary>", "", *body, "</details>", ""] if body else []
 
 
@@ -200,7 +203,7 @@ def build_summary(out: Path | None = None, title: str = "KV resume kit: results"
         record += attach_section(out, {r["notebook"] for r in current})
     lines += details("Run record, counts per kind, attach", record)
     for source, results in by_source(current):
-        lines += details(f"{cell(source.title)}: every claim, its quote and its verdict", source_section(source, results))
+        lines += details(f"{source.title}: every claim, its quote and its verdict", source_section(source, results))
     rest = environment_checks(current) + missing_notebooks(current, run) + notebook_runs(run, timings)
     if current or run.get("environment"):
         rest += environment_section(current, run.get("environment"))
