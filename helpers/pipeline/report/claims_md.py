@@ -88,7 +88,7 @@ def quote_cell(c: dict[str, Any]) -> str:
     role = {"extends": "extends ", "hypothesis": "hypothesis ", "models": "models "}.get(q.get("role", ""), "")
     values = pairs(c.get("source"))
     if q.get("by_construction"):
-        values = "by construction (see the note below)"
+        return cell(f"{role}{text}; holds by construction, not comparable (see the note below)")
     return cell(f"{role}{text}" + (f" ({values})" if values else ""))
 
 
