@@ -167,7 +167,6 @@ def test_the_48947_repro_says_it_needs_cuda_and_exits_0_without_it(tmp_path):
     assert done.returncode == 0 and done.stdout.startswith("needs CUDA"), done.stderr
 
 
-@pytest.mark.e2e
 def test_the_control_repro_prints_the_first_calls_shapes(tmp_path):
     path = ROOT / sources.SOURCES["control"].repro
     done = _fresh(f"import runpy; runpy.run_path({str(path)!r}, run_name='__main__')", tmp_path)
