@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from .pipeline.paths import output_dir
+from .quotes import quote_for
 from .pipeline.run.record import run_stamp
 
 # What each claim is, and the two verdicts a decision can give it (holds, does not hold):
@@ -63,6 +64,8 @@ class Claim:
     # Short sentences shown under the claim's row: what a count counts, a value fixed by construction,
     # a fact of the source the tiny model does not show.
     notes: list[str] = field(default_factory=list)
+    # The source passage the claim tests (helpers.quotes: source, verbatim text, role; {} where none is registered).
+    quote: dict[str, Any] = field(default_factory=dict)
 
 
 def to_jsonable(value: Any) -> Any:
@@ -121,7 +124,8 @@ class Results:
         unknown = sorted(set(kinds) - set(claims))
         if unknown:
             raise KeyError(f"kinds given for undeclared claims {unknown}")
-        self.claims = {cid: Claim(cid, text, kind=kinds.get(cid, "reproduces")) for cid, text in claims.items()}
+        self.claims = {cid: Claim(cid, text, kind=kinds.get(cid, "reproduces"), quote=quote_for(cid))
+                       for cid, text in claims.items()}
         for claim in self.claims.values():
             verdict_for(claim.kind, True)  # pragma: no mutate (only the kind is checked here); an unknown kind is refused before any measurement
         self.extra: dict[str, Any] = {}

@@ -96,6 +96,18 @@ def double(diff_last: float = 0.03) -> list[dict[str, Any]]:
     return rows
 
 
+def refeed(**override: Any) -> list[dict[str, Any]]:
+    """The double-processing rows with the plain re-feed (original, generate, L+1 mask) changed by `override`."""
+    rows = double()
+    for r in rows:
+        r.update({"top1": 7, "top1_reference": 7, "top1_margin_reference": 0.11})
+    plain = next(r for r in rows if r["cache"] == "original" and r["args"] == "full mask (L+1)")
+    plain.update(override)
+    if override.get("top1_equal") is False:
+        plain["top1_reference"] = 3
+    return rows
+
+
 def per_call(**override: Any) -> list[dict[str, Any]]:
     rows = [{"call": "generate", "args": "no mask", "original": "failed", "rebuilt_update": "failed", "same_status": True,
              "logits_bitwise_equal": None},
@@ -224,6 +236,14 @@ NOTEBOOK_04: list[Case] = [
     ("restore: restored", lambda: boundary.decide_mask_and_positions_do_not_restore(RESTORING(0.0), FLOOR), False),
     ("restore: at the threshold (edge)", lambda: boundary.decide_mask_and_positions_do_not_restore(RESTORING(T), FLOOR), False),
     ("restore: nothing ran", lambda: boundary.decide_mask_and_positions_do_not_restore([], FLOOR), False),
+    ("top-1: changed", lambda: boundary.decide_top1_changed(refeed(top1_equal=False)), True),
+    ("top-1: unchanged", lambda: boundary.decide_top1_changed(refeed()), False),
+    ("top-1: no plain re-feed ran", lambda: boundary.decide_top1_changed([brow("original", "no mask", None)]), False),
+    ("cosine: the source's", lambda: boundary.decide_cosine_like_source(refeed(cosine=0.8698)), True),
+    ("cosine: moves less", lambda: boundary.decide_cosine_like_source(refeed(cosine=0.977)), False),
+    ("cosine: moves more", lambda: boundary.decide_cosine_like_source(refeed(cosine=0.5)), False),
+    ("cosine: at the band's edge", lambda: boundary.decide_cosine_like_source(refeed(cosine=1 - 0.1302 / 2)), True),
+    ("cosine: no plain re-feed ran", lambda: boundary.decide_cosine_like_source([]), False),
 ]
 
 # --- cases that kill the mutants the tables above let through (make mutants): one condition changed alone ------
@@ -417,6 +437,6 @@ def test_floor_decisions_record_the_floor_in_their_evidence():
 def test_source_values_are_the_sources():
     d = rope.decide_missing_state_diverges_more(metric(0.45, 0.85), metric(0.138, 0.98), FLOOR)
     assert d.source == {"max_abs_diff_none": 17.1328, "cosine_none": 0.30597, "max_abs_diff_plus_1": 1.21875, "cosine_plus_1": 0.99833}
-    assert boundary.decide_double_processing_diverges(double(), FLOOR).source == {"max_abs_diff": 7.65625, "cosine": 0.8698}
+    assert boundary.decide_double_processing_diverges(double(), FLOOR).source == {"max_abs_diff": 7.65625}
     assert mask_matrix.decide_fails(DROPPED_ALL()).source == {"first_call_input_ids": [1, 0], "past_length": 81}
     assert rope.decide_state_outside_kv([-42], []).source == {"rope_deltas": [-42]}

@@ -29,11 +29,11 @@ def test_kind_counts_put_every_verdict_in_its_place():
 
 def test_headline_counts_the_skipped_finding_and_the_errors():
     counts = claims_md.kind_counts(CLAIMS)
-    assert claims_md.headline(counts, 3) == ("**3 notebook(s), 14 claim(s): 4 of 8 source statement(s) reproduced; "
-                                             "4 claim(s) skipped or in error. Only kind `reproduces` counts as reproduced.**")
+    assert claims_md.headline(counts, 3) == ("**4 of 8 source statement(s) reproduced** (3 notebook(s), 14 claim(s), "
+                                             "4 skipped or in error).")
     one_skip = claims_md.kind_counts([claim("reproduced"), claim("skipped")])
-    assert "1 of 2 source statement(s) reproduced; 1 claim(s) skipped" in claims_md.headline(one_skip, 1)
-    assert "0 of 0 source statement(s) reproduced; 0 claim(s)" in claims_md.headline({}, 0)
+    assert "**1 of 2 source statement(s) reproduced** (1 notebook(s), 2 claim(s), 1 skipped" in claims_md.headline(one_skip, 1)
+    assert "**0 of 0 source statement(s) reproduced** (0 notebook(s), 0 claim(s), 0 skipped" in claims_md.headline({}, 0)
 
 
 def test_counts_table_rows():

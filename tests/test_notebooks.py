@@ -24,6 +24,9 @@ CUDA_ONLY = {"offload.prefill_identical", "offload.decode_drifts", "offload.firs
              "offload.record_stream_removes_drift", "regress.flash_attention_2_matches_sdpa"}
 CPU_ONLY = {"offload.cpu_reports_cuda_requirement"}  # decided only where CUDA is absent
 ENVIRONMENT_CHECKS = {"offload.cpu_reports_cuda_requirement"}  # facts about the machine, never findings
+# Statements of the source the tiny random-weight models do not show (measured: top-1 unchanged, cosine 0.977 where
+# the source's 2B checkpoint changed top-1 at cosine 0.8698); their verdicts say so, and a real checkpoint decides them.
+NOT_ON_TINY = {"boundary.double_processing_top1_changed", "boundary.double_processing_cosine"}
 EXPECTED_CLAIMS = {
     "01_identity_reconstruction": {"identity.cache_metadata_match", "identity.kv_bitwise_equal", "identity.first_step_logits_equal"},
     "02_mask_position_matrix": {"matrix.neither_fails", "matrix.position_only_fails", "matrix.mask_only_works",
@@ -31,9 +34,10 @@ EXPECTED_CLAIMS = {
     "03_rope_deltas_perturbation": {"rope.state_outside_kv", "rope.none_equals_zero", "rope.missing_state_diverges_more_than_off_by_one",
                                     "rope.fresh_instance_diverges", "rope.restored_state_matches"},
     "04_token_boundary_double_processing": {"boundary.valid_split_matches_full_forward", "boundary.double_processing_diverges",
+                                            "boundary.double_processing_top1_changed", "boundary.double_processing_cosine",
                                             "boundary.rebuilt_cache_same_as_original", "boundary.mask_and_positions_do_not_restore"},
     "05_hybrid_offloading_drift": {"offload.prefill_identical", "offload.decode_drifts", "offload.linear_layers_never_moved",
-                                   "offload.prefetch_reads_unordered_copy", "offload.race_replay_drifts_like_report",
+                                   "offload.prefetch_reads_unordered_copy", "offload.race_replay_drifts_by_construction",
                                    "offload.race_not_specific_to_hybrid", "offload.report_loop_reads_previous_forward",
                                    "offload.generate_orders_cross_forward_reads", "offload.prefetched_block_released_with_pending_read",
                                    "offload.first_differing_tensor_is_attention_kv", "offload.ordering_edge_removes_drift",
@@ -101,7 +105,7 @@ def test_notebook_runs_and_its_claims_hold(run, stem):
         if (claim_id in CUDA_ONLY and not cuda) or (claim_id in CPU_ONLY and cuda):
             assert verdict == "skipped", claim_id
         else:
-            expected = verdict_for(kinds[claim_id], True)  # the holding verdict of the claim's kind
+            expected = verdict_for(kinds[claim_id], claim_id not in NOT_ON_TINY)  # the kind's holding verdict
             assert verdict == expected, (claim_id, [c for c in data["claims"] if c["id"] == claim_id])
     for key in ("python", "torch", "transformers", "device", "dtype", "attn_implementation", "model_id", "model_revision", "seed"):
         assert data["environment"][key] is not None, key
@@ -155,8 +159,9 @@ def test_text_only_model(tmp_path, stem):
     finally:
         del os.environ["KVKIT_OUTPUT_DIR"]
     claims = _results(tmp_path / "out", stem)["claims"]
-    verdicts = {c["verdict"] for c in claims}
+    verdicts = {c["verdict"] for c in claims if c["id"] not in NOT_ON_TINY}
     assert verdicts <= {"reproduced", "skipped"} and "reproduced" in verdicts, claims
+    assert {c["verdict"] for c in claims if c["id"] in NOT_ON_TINY} <= {"reproduced", "not_reproduced"}
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=[p.stem for p in SOURCES])

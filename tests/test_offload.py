@@ -154,7 +154,7 @@ def test_notebook_skips_cuda_claims_on_cpu(tmp_path):
         "refutes", "refuted")
     assert (claims["offload.prefetch_reads_unordered_copy"]["kind"], claims["offload.prefetch_reads_unordered_copy"]["verdict"]) == (
         "beyond", "holds")
-    assert claims["offload.race_replay_drifts_like_report"]["kind"] == "simulation"
+    assert claims["offload.race_replay_drifts_by_construction"]["kind"] == "simulation"
     for cid in ("offload.race_not_specific_to_hybrid", "offload.report_loop_reads_previous_forward",
                 "offload.generate_orders_cross_forward_reads", "offload.prefetched_block_released_with_pending_read"):
         assert claims[cid]["kind"] == "beyond" and claims[cid]["verdict"] == "holds", cid

@@ -106,7 +106,7 @@ def test_interrupted_run_is_said_loudly_and_unfinished_notebooks_are_errors(tmp_
     head = text[: text.index("## Counts per kind")]
     assert "**INTERRUPTED**" in head and "This run was interrupted before it finished**: 1 of 3 notebooks finished ok" in head
     claims = _section(text, "## The Qwen3-VL resume-contract control (transformers 5.14.1)")
-    assert "| 02 | `b.one` | reproduces | ⚠️ error | see below | — |" in claims
+    assert "| 02 | `b.one` | reproduces | ⚠️ error | see below | no quote registered |" in claims
     assert "- `b.one` ⚠️ error: interrupted" in claims
     assert "- `03_c` ⚠️ error: no results file from this run: not started" in _section(text, "## Notebooks without results")
     assert "| reproduces | the source states it | 1 reproduced | 0 not_reproduced | 0 | 1 |" in text
@@ -163,9 +163,9 @@ def test_deciding_values_beside_the_source_report(tmp_path):
     text = summary.build_summary(tmp_path)
     assert "| nb | claim | kind | verdict | this run | source |" in text
     assert ("| 03 | `rope.none_equals_zero` | reproduces | ✅ reproduced | max_abs_diff_zero_vs_none=0; cosine=1 "
-            "| max_abs_diff_none_vs_0=17.1; cosine=0.306 |") in text
+            '| "The None and zero cases were identical in this control" (max_abs_diff_none_vs_0=17.1; cosine=0.306) |') in text
     assert "0.451" not in text  # evidence stays in the attached results
-    assert "| 03 | `generic.fallback` | reproduces | ✅ reproduced | in the results file | — |" in text
+    assert "| 03 | `generic.fallback` | reproduces | ✅ reproduced | in the results file | no quote registered |" in text
 
 
 def test_timings_only_from_the_same_run(tmp_path):

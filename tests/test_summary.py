@@ -106,7 +106,7 @@ def test_one_section_per_source_each_opening_with_three_lines_and_the_setup_gap(
     assert "| dtype | float16 | float32 | differs |" in c and "| release | 5.14.1 | 5.17.0 | differs |" in c
     assert "Gap: release 5.17.0 instead of 5.14.1; dtype float32 instead of float16" in c
     b = section(text, f"## {issue}")
-    assert "- **Reproduced:** 0 of 1" in b and "1 refutes (1 refuted); 1 simulation (1 holds)" in b
+    assert "- **Reproduced:** 0 of 1" in b and "1 refutes (1 hypothesis refuted); 1 simulation (1 holds)" in b
     assert "| release | 5.17.0 | 5.17.0 | same |" in b and "| dtype | bfloat16 | float32 | differs |" in b
     assert "1 claim(s) skipped or in error (reasons below)" in b
     assert f"- `b.cuda` ⏭️ skipped: {paste.code_refs(LONG_REASON)}" in b  # the reason whole, never cut
@@ -129,7 +129,7 @@ def test_notes_and_captured_warnings_are_listed_once(tmp_path):
     write(tmp_path, "05_b", [claim("b.one", "reproduces", "reproduced")], warnings=[warning])
     text = summary.build_summary(tmp_path)
     assert "- `a.one`: 6 = 3 caches x 2 argument sets" in text
-    assert "| 01 | `a.one` | reproduces | ✅ reproduced | value=1.5 (see the note below) | value=7.66 |" in text
+    assert "| 01 | `a.one` | reproduces | ✅ reproduced | value=1.5 (see the note below) | no quote registered (value=7.66) |" in text
     assert text.count("causal_conv1d_fn") == 1 and "_(notebooks 01, 05)_" in section(text, "## Environment")
 
 
@@ -170,10 +170,11 @@ def test_the_summary_renders_as_gfm_with_no_link_no_mention_no_cut_cell(tmp_path
     text = summary.build_summary(tmp_path)
     html = _gfm(text)
     assert "<a " not in html, re.findall(r"<a [^>]*>[^<]*</a>", html)
-    outside_code = re.sub(r"<code>.*?</code>", "", html, flags=re.S)
+    outside_code = re.sub(r"<code[^>]*>.*?</code>", "", html, flags=re.S)  # spans and the repros' python blocks
     assert not re.search(r"(?<![\w&])#\d", outside_code), "an issue reference outside a code span"
     assert not re.search(r"(?<![\w`])@\w", outside_code), "an @mention outside a code span"
-    assert "…" not in text and "{\"" not in text and "{'" not in text, "a cut cell or a JSON blob"
+    prose = re.sub(r"^```python\n.*?^```$", "", text, flags=re.S | re.M)
+    assert "…" not in prose and "{\"" not in prose and "{'" not in prose, "a cut cell or a JSON blob"
     tables = _md_tables(text)
     assert html.count("<table>") == len(tables) >= 5
     for rendered, block in zip(re.findall(r"<table>.*?</table>", html, re.S), tables):

@@ -157,7 +157,7 @@ ASSUMPTIONS = {
 
 
 def replay_decision(table: Any) -> Decision:
-    """offload.race_replay_drifts_like_report: at every lag where every unordered read is served stale, the
+    """offload.race_replay_drifts_by_construction: at every lag where every unordered read is served stale, the
     prefill is bitwise equal and every decode step differs beyond the noise floor; with no stale read (lag 0,
     the 5.20.0 edge) every step is bitwise equal. Lags that serve only some stale reads are reported, not decided."""
     def summary(rows: Any) -> dict[str, Any]:

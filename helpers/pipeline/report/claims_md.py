@@ -7,6 +7,7 @@ from typing import Any
 from ...results import KINDS
 from .paste import cell, code, code_refs, fmt_scalar, one_line, pairs
 from .sources import OTHER, SOURCES, Source, kind_of, setup_rows, source_of
+from .statements import Statement, quote_of, statements as source_statements, tally
 
 MARK = {"skipped": "⏭️", "error": "⚠️"}
 KIND_TEXT = {"reproduces": "the source states it", "refutes": "a hypothesis the source puts forward, tested",
@@ -59,13 +60,36 @@ def counts_table(counts: dict[str, dict[str, int]]) -> list[str]:
     return lines
 
 
-def headline(counts: dict[str, dict[str, int]], n_notebooks: int) -> str:
+def headline(counts: dict[str, dict[str, int]], n_notebooks: int, stmts: list[Statement] | None = None) -> str:
+    """N of M source statements reproduced: M distinct quoted statements (a statement two notebooks check counts
+    once), N of them reproduced; without `stmts`, each `reproduces` claim is its own statement."""
     total = sum(sum(v.values()) for v in counts.values())
     rep = counts.get("reproduces", {})
     und = sum(v.get("skipped", 0) + v.get("error", 0) for v in counts.values())
-    return (f"**{n_notebooks} notebook(s), {total} claim(s): {reproduced_count(counts)} of "
-            f"{sum(rep.values())} source statement(s) reproduced; {und} claim(s) skipped or in error. "
-            "Only kind `reproduces` counts as reproduced.**")
+    n, m = ((tally(stmts).get("reproduced", 0), len(stmts)) if stmts is not None
+            else (reproduced_count(counts), sum(rep.values())))
+    claims = f"distinct quoted statements of {sum(rep.values())} `reproduces` claims; " if stmts is not None else ""
+    return (f"**{n} of {m} source statement(s) reproduced** ({claims}{n_notebooks} notebook(s), {total} claim(s), "
+            f"{und} skipped or in error).")
+
+
+VERDICT_WORDS = {("refutes", "refuted"): "hypothesis refuted", ("refutes", "not_refuted"): "hypothesis not refuted"}
+
+
+def verdict_text(kind: str, verdict: str) -> str:
+    """The verdict as a row shows it: its mark, then the word (a refutation reads 'hypothesis refuted')."""
+    return f"{mark(kind, verdict)} {cell(VERDICT_WORDS.get((kind, verdict), verdict))}"
+
+
+def quote_cell(c: dict[str, Any]) -> str:
+    """The source passage a claim tests, whole and quoted, then the source's values; by construction where so."""
+    q = quote_of(c)
+    text = f'"{one_line(q["text"])}"' if q.get("text") else "no quote registered"
+    role = {"extends": "extends ", "hypothesis": "hypothesis ", "models": "models "}.get(q.get("role", ""), "")
+    values = pairs(c.get("source"))
+    if q.get("by_construction"):
+        return cell(f"{role}{text}; holds by construction, not comparable (see the note below)")
+    return cell(f"{role}{text}" + (f" ({values})" if values else ""))
 
 
 def claim_row(nb: str, c: dict[str, Any]) -> str:
@@ -75,18 +99,23 @@ def claim_row(nb: str, c: dict[str, Any]) -> str:
         measured = "see below" if verdict in ("skipped", "error") else "in the results file"
     if c.get("notes"):
         measured += " (see the note below)"
-    return (f"| {cell(nb.split('_', 1)[0])} | {code(c.get('id', '?'))} | {cell(kind)} | {mark(kind, verdict)} "
-            f"{cell(verdict)} | {cell(measured)} | {cell(pairs(c.get('source')) or '—')} |")
+    if quote_of(c).get("not_decided") or quote_of(c).get("by_construction"):
+        measured += "" if "(see the note below)" in measured else " (see the note below)"
+    return (f"| {cell(nb.split('_', 1)[0])} | {code(c.get('id', '?'))} | {cell(kind)} | {verdict_text(kind, verdict)} "
+            f"| {cell(measured)} | {quote_cell(c)} |")
 
 
 def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """The three lines: what reproduced, what is new, what was not tested here and why."""
-    rep = [c for _, c in claims if kind_of(c) == "reproduces"]
-    done = [c for c in rep if c.get("verdict") == "reproduced"]
-    missed = [c.get("id") for c in rep if c.get("verdict") == "not_reproduced"]
-    line1 = (f"- **Reproduced:** {len(done)} of {len(rep)} of the source's statements tested here"
-             + (f"; not reproduced: {', '.join(code(m) for m in missed)}" if missed else "") + "."
-             if rep else "- **Reproduced:** nothing here is a statement of the source (see the kinds below).")
+    stmts = source_statements(claims)
+    count = tally(stmts)
+    missed = [c.get("id") for s in stmts if s.verdict == "not_reproduced" for _, c in s.claims
+              if c.get("verdict") == "not_reproduced"]
+    undecided = count.get("skipped", 0) + count.get("error", 0)
+    line1 = (f"- **Reproduced:** {count.get('reproduced', 0)} of {len(stmts)} of the source's statements tested here"
+             + (f"; not reproduced: {', '.join(code(m) for m in missed)}" if missed else "")
+             + (f"; {undecided} not tested here (reasons below)" if undecided else "") + "."
+             if stmts else "- **Reproduced:** nothing here is a statement of the source (see the kinds below).")
     new = {}
     for _, c in claims:
         kind = kind_of(c)
@@ -95,7 +124,8 @@ def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]]) -> list[s
     parts = []
     for kind, cs in new.items():
         yes = KINDS[kind][0]
-        parts.append(f"{len(cs)} {kind} ({sum(c.get('verdict') == yes for c in cs)} {yes})")
+        word = "hypothesis refuted" if kind == "refutes" else yes
+        parts.append(f"{len(cs)} {kind} ({sum(c.get('verdict') == yes for c in cs)} {word})")
     line2 = "- **New here:** " + ("; ".join(parts) if parts else "nothing beyond the source's own statements") + "."
     skipped = [c for _, c in claims if c.get("verdict") in ("skipped", "error")]
     why = f"{len(skipped)} claim(s) skipped or in error (reasons below); " if skipped else ""
@@ -117,6 +147,10 @@ def source_section(source: Source, results: list[dict[str, Any]]) -> list[str]:
     lines += ["| nb | claim | kind | verdict | this run | source |", "|---|---|---|---|---|---|",
               *[claim_row(nb, c) for nb, c in claims], ""]
     notes = [(c.get("id"), n) for _, c in claims for n in (c.get("notes") or [])]
+    notes += [(c.get("id"), f"by construction: {quote_of(c)['by_construction']}") for _, c in claims
+              if quote_of(c).get("by_construction")]
+    notes += [(c.get("id"), f"not decidable here: {quote_of(c)['not_decided']}") for _, c in claims
+              if quote_of(c).get("not_decided")]
     if notes:
         lines += ["Notes on the rows:", "", *[f"- {code(cid)}: {code_refs(one_line(n))}" for cid, n in notes], ""]
     lines += undecided(claims)

@@ -8,10 +8,14 @@ Results files of any other run (or of none) are shown in "From an earlier run" s
 from __future__ import annotations
 
 import json
+import re
+from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
 from .claims_md import all_claims, by_source, claim_row, counts_table, environment_checks, headline, kind_counts, source_section, statements
+from .first_screen import first_screen
+from .statements import statements as source_statements
 from .paste import MAX_CHARS, cell, code, code_refs, fmt_scalar, one_line
 from ..paths import output_dir
 from .records import load_results, load_run, load_timings, run_id_of, split_by_run
@@ -171,31 +175,46 @@ def truncate(text: str, limit: int = MAX_CHARS, what: str = "this report") -> st
     cut = cut[: cut.rfind("\n")] if "\n" in cut else cut
     if cut.count("```") % 2:  # never leave a code fence open
         cut += "\n```"
-    if cut.count("<details>") > cut.count("</details>"):
-        cut += "\n\n</details>"
+    cut += "\n\n</details>" * max(0, cut.count("<details>") - cut.count("</details>"))
     return cut + note
 
 
+def details(summary: str, body: list[str]) -> list[str]:
+    """Lines folded into one <details> block (nothing when there is nothing to fold); the summary's code spans as
+    <code> (Markdown is not rendered inside <summary>, and a reference there must stay out of GitHub's linker)."""
+    summary = re.sub(r"`([^`]*)`", lambda m: "<code>" + html_escape(m.group(1)) + "</code>", code_refs(summary))
+    return ["<details><summary>" + summary + "</summary>", "", *body, "</details>", ""] if body else []
+
+
 def build_summary(out: Path | None = None, title: str = "KV resume kit: results") -> str:
-    """The SUMMARY.md text for the run named in run.json under `out` (default outputs/)."""
+    """The SUMMARY.md text for the run named in run.json under `out` (default outputs/): the first screen (verdicts,
+    releases, repros), then everything else in <details> sections."""
     out = Path(out) if out else output_dir()
     run, timings = load_run(out), load_timings(out)
     current, others = split_by_run(load_results(out), run.get("run_id"))
-    counts = kind_counts(all_claims(current))
-    lines = [f"# {title}", "", *run_section(run, len(current), timings), headline(counts, len(current)), ""]
+    claims = all_claims(current)
+    counts = kind_counts(claims)
+    head = headline(counts, len(current), source_statements(claims))
+    lines = [f"# {title}", "", *first_screen(out, run, current, head)]
     if others:
         lines += [f"{sum(len(v) for v in others.values())} results file(s) from other runs are listed at the end, apart.", ""]
-    lines += ["## Counts per kind", "", *counts_table(counts), ""]
-    stems = {r["notebook"] for r in current}
+    record = [*run_section(run, len(current), timings), "## Counts per kind", "", *counts_table(counts), ""]
     if current or run:
-        lines += attach_section(out, stems)
+        record += attach_section(out, {r["notebook"] for r in current})
+    lines += details("Run record, counts per kind, attach", record)
     for source, results in by_source(current):
-        lines += source_section(source, results)
-    lines += environment_checks(current) + missing_notebooks(current, run) + notebook_runs(run, timings)
+        lines += details(f"{source.title}: every claim, its quote and its verdict", source_section(source, results))
+    rest = environment_checks(current) + missing_notebooks(current, run) + notebook_runs(run, timings)
     if current or run.get("environment"):
-        lines += environment_section(current, run.get("environment"))
-    lines += earlier_sections(others)
+        rest += environment_section(current, run.get("environment"))
+    lines += details("Environment, notebooks, captured warnings", rest)
+    lines += details("From earlier runs (never counted)", earlier_sections(others))
     return scrub(truncate("\n".join(lines).rstrip() + "\n", what="SUMMARY.md"), out)
+
+
+def first_screen_of(text: str) -> str:
+    """Everything before the first <details>: what a reader sees without opening anything."""
+    return text.split("<details>", 1)[0]
 
 
 def write_summary(out: Path | None = None) -> Path:

@@ -79,7 +79,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/identity.py", ("decide_*", "_rebuilt"), DECISION_TESTS),
     Scope("helpers/mask_matrix.py", ("decide_*", "_dropped", "_unique", "_first_calls", "_one"), DECISION_TESTS),
     Scope("helpers/rope.py", ("decide_*", "_ran", "ratio"), DECISION_TESTS),
-    Scope("helpers/boundary.py", ("decide_*", "_worked", "_smallest"), DECISION_TESTS),
+    Scope("helpers/boundary.py", ("decide_*", "_worked", "_smallest"), DECISION_TESTS + ("tests/test_boundary_claims.py",)),
     Scope("helpers/regress/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_regress.py",)),
     Scope("helpers/api/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_api.py",)),
     Scope("helpers/newimage/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_newimage.py",)),

@@ -1,0 +1,159 @@
+"""SUMMARY.md's first screen (everything before the first <details>, at most FIRST_SCREEN_CHARS): the run in one
+line, the headline over distinct source statements, one verdict line per source, the releases measured, what was
+not verified here, and each source's plain-transformers repro (sources.Source.repro) in a python block."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from .claims_md import all_claims
+from .paste import code, code_refs
+from .records import load_run
+from .sources import SOURCES, Source, kind_of
+from .statements import Statement, first_line, source_key, statements, tally
+from ..paths import repo_root
+
+FIRST_SCREEN_CHARS = 4000
+RUN_MARK = {"complete": "✅ complete", "running": "⏳ still running", "interrupted": "⚠️ **INTERRUPTED**",
+            "failed": "❌ **FAILED**"}
+
+
+def _needs_cuda(stmt: Statement) -> bool:
+    return all("cuda" in r.lower() for r in stmt.reasons)
+
+
+def _not_tested(stmts: list[Statement]) -> str:
+    why = "needs CUDA" if all(_needs_cuda(s) for s in stmts) else "skipped or in error: reasons in the details"
+    return f"not tested here ({why})"
+
+
+def source_verdict(claims: list[tuple[str, dict[str, Any]]]) -> str:
+    """One line: statements reproduced (or not tested and why), hypotheses refuted, simulations by construction."""
+    stmts = statements(claims)
+    count = tally(stmts)
+    done, missed = count.get("reproduced", 0), [s for s in stmts if s.verdict == "not_reproduced"]
+    undecided = [s for s in stmts if s.verdict in ("skipped", "error")]
+    parts = []
+    if stmts and len(undecided) == len(stmts):
+        parts.append(f"⏭️ {_not_tested(undecided)}: {len(stmts)} statement(s)")
+    elif stmts:
+        parts.append(f"{'✅' if not missed else '☑️'} {done} of {len(stmts)} statement(s) reproduced")
+        if missed:
+            parts.append("❌ not reproduced: " + ", ".join(f'"{first_line(s.text, 40)}"' for s in missed))
+        if undecided:
+            parts.append(f"⏭️ {len(undecided)} {_not_tested(undecided)}")
+    for hyp in statements(claims, "refutes"):
+        word = {"refuted": "✅ hypothesis refuted", "not_refuted": "❌ hypothesis not refuted"}.get(hyp.verdict)
+        parts.append(f'{word or "⏭️ hypothesis " + _not_tested([hyp])}: "{first_line(hyp.text, 60)}"')
+    sims = [c for _, c in claims if kind_of(c) == "simulation"]
+    built = sum(bool((c.get("quote") or {}).get("by_construction")) for c in sims)
+    if sims:
+        parts.append(f"{len(sims)} simulation(s)" + (" (holds by construction)" if built == len(sims) else
+                                                      f", {built} holding by construction" if built else ""))
+    return "; ".join(parts) or "nothing decided"
+
+
+def _version(release: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", release))
+
+
+def _load_matrix(out: Path) -> dict[str, list[dict[str, Any]]]:
+    """{release: results files} of outputs/matrix/<release>/results/."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted((out / "matrix").glob("*/results/*.json")):
+        try:
+            found.setdefault(path.parent.parent.name, []).append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError):
+            continue
+    return found
+
+
+def _short_verdict(claims: list[tuple[str, dict[str, Any]]]) -> str:
+    stmts = statements(claims)
+    undecided = [s for s in stmts if s.verdict in ("skipped", "error")]
+    if not stmts:
+        return "no statement"
+    if len(undecided) == len(stmts):
+        return "not tested (needs CUDA)" if all(_needs_cuda(s) for s in undecided) else "not tested"
+    return f"{tally(stmts).get('reproduced', 0)} of {len(stmts)}"
+
+
+def _per_source(results: list[dict[str, Any]], shown: list[Source]) -> str:
+    claims = all_claims(results)
+    per = {s.short: [(nb, c) for nb, c in claims if source_key(nb, c) == s.key] for s in shown}
+    return ", ".join(f"{code_refs(name)} {_short_verdict(mine)}" for name, mine in per.items() if mine)
+
+
+def releases_line(out: Path, run: dict[str, Any], current: list[dict[str, Any]], shown: list[Source]) -> str:
+    """The releases measured with their verdicts: outputs/matrix/ of the same kit commit where present, else this run's."""
+    mine = sorted({str((r.get("environment") or {}).get("transformers")) for r in current} - {"None"})
+    this = {rel: current for rel in mine}
+    matrix_run, matrix = load_run(out / "matrix"), _load_matrix(out)
+    commit = run.get("kit_commit")
+    same = bool(matrix) and bool(commit) and matrix_run.get("kit_commit") == commit
+    rows = {**(matrix if same else {}), **this}
+    text = "; ".join(f"**{rel}**{' (this run)' if rel in this else ''}: {_per_source(res, shown)}"
+                     for rel, res in sorted(rows.items(), key=lambda kv: _version(kv[0])))
+    if same:
+        nbs = sorted({r["notebook"].split("_", 1)[0] for res in matrix.values() for r in res})
+        mine_nbs = sorted({r["notebook"].split("_", 1)[0] for r in current})
+        which = "every notebook" if nbs == mine_nbs else f"notebooks {' '.join(nbs)}"
+        dirty = " + uncommitted changes" if run.get("kit_dirty") or matrix_run.get("kit_dirty") else ""
+        return f"**Releases measured** (`make matrix` of this kit commit{dirty}, {which}): {text}."
+    stale = " (`outputs/matrix` is from another kit commit: not shown)" if matrix else ""
+    return (f"**Releases measured:** {text or 'none'}: only the release this run used{stale}; "
+            '`make matrix RELEASES="5.14.1 5.24.0"` then `make report` adds releases.')
+
+
+def not_verified_line(current: list[dict[str, Any]]) -> str:
+    """What this run could not verify: real checkpoints, CUDA, and the CPU record's stand-in streams."""
+    envs = [r.get("environment") or {} for r in current]
+    parts = []
+    if any(str(e.get("model_id") or "").startswith("tiny-") for e in envs):
+        parts.append("the real checkpoints (tiny random-weight models stand in)")
+    cuda = sum(1 for _, c in all_claims(current) if c.get("verdict") == "skipped" and "cuda" in str(c.get("reason")).lower())
+    if cuda and not any(e.get("cuda_available") for e in envs):
+        parts.append(f"any GPU path: {cuda} claim(s) need CUDA (`make gpu-check`); the CPU record of the copy streams "
+                     "uses stand-in streams")
+    return "**Not verified here:** " + ("; ".join(parts) if parts else "nothing declared") + "."
+
+
+def repro_block(source: Source) -> list[str]:
+    """The source's repro file in a python block, with what it prints; a missing file says so."""
+    path = repo_root() / source.repro
+    head = (f"**Repro, {code_refs(source.short)}:** {code(source.repro)} (torch + transformers, a tiny model from a "
+            f"config, seconds) prints {source.repro_prints}.")
+    if not path.is_file():
+        return [head, "", f"> ⚠️ {code(source.repro)} is missing from this checkout.", ""]
+    return [head, "", "```python", path.read_text().rstrip(), "```", ""]
+
+
+def run_line(run: dict[str, Any], current: list[dict[str, Any]]) -> list[str]:
+    if not run:
+        return ["> ⚠️ **No run record** (run.json is missing): nothing below is presented as one run's. "
+                "Run `make run-all`.", ""]
+    status = run.get("status") or "unknown"
+    commit = f"kit {code(str(run.get('kit_commit'))[:12])}" if run.get("kit_commit") else "kit commit unknown"
+    envs = [r.get("environment") or {} for r in current]
+    where = sorted({f"{e.get('device')}, {e.get('dtype')}" for e in envs if e.get("device")})
+    lines = [f"Run {code(run.get('run_id'))} · {code(run.get('command', '?'))} · {RUN_MARK.get(status, code(status))} · "
+             f"{commit}{' (dirty)' if run.get('kit_dirty') else ''} · {' / '.join(where) or 'environment unknown'}", ""]
+    if status != "complete":
+        lines += [f"> ⚠️ This run is **{status}**: claims of unfinished notebooks are `error` (see the run record below).", ""]
+    return lines
+
+
+def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]], headline: str) -> list[str]:
+    """The lines before the first <details>."""
+    claims = all_claims(current)
+    shown = [s for s in SOURCES.values() if s.repro]
+    lines = [*run_line(run, current), headline, ""]
+    for s in shown:
+        mine = [(nb, c) for nb, c in claims if source_key(nb, c) == s.key]
+        lines.append(f"- **{code_refs(s.short)}:** {code_refs(source_verdict(mine)) if mine else 'not run in this run'}")
+    lines += ["", releases_line(out, run, current, shown), "", not_verified_line(current), ""]
+    for s in shown:
+        lines += repro_block(s)
+    return lines
