@@ -15,6 +15,7 @@ from typing import Any
 # The public names of the sources (helpers.pipeline.report.sources holds their setups).
 CONTROL = "control"  # the Qwen3-VL resume-contract control (transformers 5.14.1)
 ISSUE_48947 = "48947"  # transformers issue #48947 (hybrid offloading drift)
+NEW_IMAGE = "new-image"  # Qwen3-VL multi-turn resume with a new image (QwenLM/Qwen3-VL#1685, #1412): no text quoted
 
 ROLES = {"reproduces": "states", "refutes": "hypothesis", "beyond": "extends", "simulation": "models",
          "environment": "machine"}
@@ -29,6 +30,7 @@ class Quote:
     role: str
     by_construction: str = ""  # a simulation: what makes it hold whatever the hardware does
     not_decided: str = ""  # a fact of the quoted text this kit cannot decide here, and why
+    answers: str = ""  # the source the claim answers where it is not the one quoted (a beyond claim of another thread)
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v}
@@ -52,6 +54,15 @@ _FIRST_REUSE = "the bug appears exactly at the first post-prefill forward call t
 _SCALE = ("the size 7.65625: raw logit differences scale with the model (the tiny model's largest |logit| is below 1); "
           "decided is 'beyond the noise floor', and the cosine and top-1 as claims of their own")
 _NO_GPU = "needs a GPU and the 27B checkpoint; a tiny hybrid stands in, on CUDA only"
+_MM_STATE = "Qwen3-VL also had important multimodal positional state outside the K/V tensors."
+_ONE_IMAGE = "The control was intentionally narrow: - 2B model; - one image;"
+_PRESERVE = ("For Qwen3-VL, preserve the model-side multimodal positional state as well as the K/V tensors if the cache "
+             "moves between model instances or processes.")
+
+
+def _new_image(text: str) -> Quote:
+    """A notebook-09 claim: the control passage it extends (the threads' own text is not quoted here)."""
+    return _q(CONTROL, "extends", text, answers=NEW_IMAGE)
 
 QUOTES: dict[str, Quote] = {
     # 01 identity reconstruction
@@ -147,6 +158,15 @@ QUOTES: dict[str, Quote] = {
     "api.factory_matches_original_every_family": _q(CONTROL, "extends", "- original cache versus identity-rebuilt cache;"),
     "api.factory_refuses_malformed_inputs": _q(CONTROL, "extends", _FACTORY),
     "api.resume_state_portable_to_fresh_instance": _q(CONTROL, "extends", "- original model instance versus fresh model instance;"),
+    # 09 a new image after a cached turn
+    "newimage.natural_call_silently_wrong": _new_image(_ONE_IMAGE),
+    "newimage.positions_explain_it": _new_image(_MM_STATE),
+    "newimage.both_images_raise": _new_image(_ONE_IMAGE),
+    "newimage.text_turn_control_matches": _new_image(_ONE_IMAGE),
+    "newimage.repair_forward_restores": _new_image(_MM_STATE),
+    "newimage.repair_generate_restores": _new_image(_MM_STATE),
+    "newimage.rope_deltas_carried_forward": _new_image(_PRESERVE),
+    "newimage.guard_check_separates": _new_image(_VALIDATION),
 }
 
 

@@ -19,7 +19,8 @@ ROOT = repo_root()
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PREFIX = {"identity": "01_identity_reconstruction", "matrix": "02_mask_position_matrix", "rope": "03_rope_deltas_perturbation",
           "boundary": "04_token_boundary_double_processing", "offload": "05_hybrid_offloading_drift",
-          "triage": "06_rebuild_triage", "regress": "07_regression_families", "api": "08_resume_api"}
+          "triage": "06_rebuild_triage", "regress": "07_regression_families", "api": "08_resume_api",
+          "newimage": "09_new_image_turn"}
 KIND_OF_ROLE = {role: kind for kind, role in quotes.ROLES.items()}
 NEEDS_CUDA = "needs CUDA: offloading moves cache tensors GPU<->CPU on two CUDA streams; here device='cpu'"
 NOT_HERE = {"boundary.double_processing_top1_changed", "boundary.double_processing_cosine"}
@@ -77,20 +78,34 @@ def test_the_first_screen_fits_with_both_sources_verdicts_releases_and_repros(tm
     assert sorted(missed.split(", ")) == ['"cosine similarity: 0.8698"', '"top-1 token: changed"']
     assert '✅ hypothesis refuted: "only the correctness of the linear_attention' in text
     assert "1 simulation(s) (holds by construction)" in text
-    assert "**Releases measured** (`make matrix` of this kit commit, every notebook): **5.14.1**: " in text
-    assert "**5.17.0** (this run)" in text and "**5.24.0**: Qwen3-VL control" in text
+    assert ("**Releases measured** (`make matrix` of this kit commit, every notebook): "
+            "**5.14.1, 5.17.0 (this run), 5.24.0**: Qwen3-VL control 16 of 18") in text
     assert "`#48947` not tested (needs CUDA)" in text
     assert "**Not verified here:** the real checkpoints" in text and "need CUDA (`make gpu-check`)" in text
-    for source in sources.SOURCES.values():
+    whole = summary.build_summary(tmp_path)
+    for source in sources.SOURCES.values():  # the two reports' repros on the screen; a longer one folded right below
         if source.repro:
-            assert (ROOT / source.repro).read_text().rstrip() in text
-    assert text.count("```python") == sum(bool(s.repro) for s in sources.SOURCES.values()) >= 2
-    assert "<details>" in summary.build_summary(tmp_path), "everything else folds below the first screen"
+            body = (ROOT / source.repro).read_text().rstrip()
+            assert body in (text if source.key in ("control", "48947") else whole), source.key
+    assert "- **Qwen3-VL new image:** ✅ 8 of 8 of the kit's own checks hold (kind beyond" in text
+    assert "**Repro, Qwen3-VL new image:** `examples/repro/qwen3_vl_new_image_turn.py` (folded below)." in text
+    assert text.count("```python") == 2
+    assert whole.split("<details>", 2)[1].startswith("<summary>Repro, Qwen3-VL new image"), "folded first, right below"
+
+
+def test_a_repro_that_does_not_fit_is_folded_and_named_on_the_screen(tmp_path):
+    fake_run(tmp_path)
+    screen_lines, folded = first_screen.first_screen(tmp_path, {}, [], "headline", budget=1500)
+    text = "\n".join(screen_lines)
+    assert "```python" not in text and len(folded) == sum(bool(s.repro) for s in sources.SOURCES.values())
+    for s in sources.SOURCES.values():
+        if s.repro:
+            assert f"{s.repro}` (folded below)." in text
 
 
 def test_the_release_line_without_a_matrix_of_this_commit_says_so(tmp_path):
     fake_run(tmp_path)
-    assert "**Releases measured:** **5.17.0** (this run): " in screen(tmp_path)
+    assert "**Releases measured:** **5.17.0 (this run)**: " in screen(tmp_path)
     assert 'only the release this run used; `make matrix RELEASES="5.14.1 5.24.0"` then `make report`' in screen(tmp_path)
     matrix(tmp_path, commit="f" * 40)
     text = screen(tmp_path)
@@ -148,7 +163,7 @@ def test_each_repro_imports_only_torch_and_transformers(source):
     tree = ast.parse((ROOT / source.repro).read_text())
     mods = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     mods |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    assert mods <= {"torch", "transformers", "sys"}, mods
+    assert mods - set(sys.stdlib_module_names) <= {"torch", "transformers"}, mods  # no third-party package besides them
     assert set(source.repro_claims) <= set(quotes.QUOTES)
 
 
@@ -187,3 +202,15 @@ def test_the_48947_loop_runs_on_cpu_with_the_offloaded_arm_standing_in(tmp_path)
     done = _fresh(text, tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [f"{step} max_abs_diff 0.0" for step in range(4)]
+
+
+def test_releases_with_other_verdicts_get_an_entry_of_their_own(tmp_path):
+    fake_run(tmp_path)
+    matrix(tmp_path)
+    path = tmp_path / "matrix" / "5.24.0" / "results" / "02_mask_position_matrix.json"
+    data = json.loads(path.read_text())
+    data["claims"][0]["verdict"] = "not_reproduced"
+    path.write_text(json.dumps(data))
+    text = screen(tmp_path)
+    assert "**5.14.1, 5.17.0 (this run)**: Qwen3-VL control 16 of 18" in text
+    assert "; **5.24.0**: Qwen3-VL control 15 of 18" in text

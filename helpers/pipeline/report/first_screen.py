@@ -47,12 +47,26 @@ def source_verdict(claims: list[tuple[str, dict[str, Any]]]) -> str:
     for hyp in statements(claims, "refutes"):
         word = {"refuted": "✅ hypothesis refuted", "not_refuted": "❌ hypothesis not refuted"}.get(hyp.verdict)
         parts.append(f'{word or "⏭️ hypothesis " + _not_tested([hyp])}: "{first_line(hyp.text, 60)}"')
+    if not parts:
+        parts += _own_checks(claims)
     sims = [c for _, c in claims if kind_of(c) == "simulation"]
     built = sum(bool((c.get("quote") or {}).get("by_construction")) for c in sims)
     if sims:
         parts.append(f"{len(sims)} simulation(s)" + (" (holds by construction)" if built == len(sims) else
                                                       f", {built} holding by construction" if built else ""))
     return "; ".join(parts) or "nothing decided"
+
+
+def _own_checks(claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """A source with no quoted statement: how many of the kit's own checks (kind beyond) hold; never 'reproduced'."""
+    own = [c for _, c in claims if kind_of(c) == "beyond"]
+    if not own:
+        return []
+    held = sum(c.get("verdict") == "holds" for c in own)
+    undecided = sum(c.get("verdict") in ("skipped", "error") for c in own)
+    mark = "✅" if held == len(own) else "☑️"
+    return [f"{mark} {held} of {len(own)} of the kit's own checks hold (kind beyond: not counted as "
+            f"reproduced)" + (f"; {undecided} skipped or in error" if undecided else "")]
 
 
 def _version(release: str) -> tuple:
@@ -74,7 +88,8 @@ def _short_verdict(claims: list[tuple[str, dict[str, Any]]]) -> str:
     stmts = statements(claims)
     undecided = [s for s in stmts if s.verdict in ("skipped", "error")]
     if not stmts:
-        return "no statement"
+        own = [c for _, c in claims if kind_of(c) == "beyond"]
+        return f"{sum(c.get('verdict') == 'holds' for c in own)} of {len(own)} own checks" if own else "no statement"
     if len(undecided) == len(stmts):
         return "not tested (needs CUDA)" if all(_needs_cuda(s) for s in undecided) else "not tested"
     return f"{tally(stmts).get('reproduced', 0)} of {len(stmts)}"
@@ -94,8 +109,10 @@ def releases_line(out: Path, run: dict[str, Any], current: list[dict[str, Any]],
     commit = run.get("kit_commit")
     same = bool(matrix) and bool(commit) and matrix_run.get("kit_commit") == commit
     rows = {**(matrix if same else {}), **this}
-    text = "; ".join(f"**{rel}**{' (this run)' if rel in this else ''}: {_per_source(res, shown)}"
-                     for rel, res in sorted(rows.items(), key=lambda kv: _version(kv[0])))
+    groups: dict[str, list[str]] = {}  # releases with the same verdicts share one entry
+    for rel, res in sorted(rows.items(), key=lambda kv: _version(kv[0])):
+        groups.setdefault(_per_source(res, shown), []).append(f"{rel}{' (this run)' if rel in this else ''}")
+    text = "; ".join(f"**{', '.join(rels)}**: {verdicts}" for verdicts, rels in groups.items())
     if same:
         nbs = sorted({r["notebook"].split("_", 1)[0] for res in matrix.values() for r in res})
         mine_nbs = sorted({r["notebook"].split("_", 1)[0] for r in current})
@@ -123,8 +140,7 @@ def not_verified_line(current: list[dict[str, Any]]) -> str:
 def repro_block(source: Source) -> list[str]:
     """The source's repro file in a python block, with what it prints; a missing file says so."""
     path = repo_root() / source.repro
-    head = (f"**Repro, {code_refs(source.short)}:** {code(source.repro)} (torch + transformers, a tiny model from a "
-            f"config, seconds) prints {source.repro_prints}.")
+    head = f"**Repro, {code_refs(source.short)}:** {code(source.repro)} prints {source.repro_prints}."
     if not path.is_file():
         return [head, "", f"> ⚠️ {code(source.repro)} is missing from this checkout.", ""]
     return [head, "", "```python", path.read_text().rstrip(), "```", ""]
@@ -145,8 +161,10 @@ def run_line(run: dict[str, Any], current: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]], headline: str) -> list[str]:
-    """The lines before the first <details>."""
+def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]], headline: str,
+                 budget: int = FIRST_SCREEN_CHARS) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """The lines before the first <details>, and the repros that would not fit in `budget` characters (with the
+    title's line) as (summary, lines) to fold into <details> right after it; the first screen names each one."""
     claims = all_claims(current)
     shown = [s for s in SOURCES.values() if s.repro]
     lines = [*run_line(run, current), headline, ""]
@@ -154,6 +172,20 @@ def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]], 
         mine = [(nb, c) for nb, c in claims if source_key(nb, c) == s.key]
         lines.append(f"- **{code_refs(s.short)}:** {code_refs(source_verdict(mine)) if mine else 'not run in this run'}")
     lines += ["", releases_line(out, run, current, shown), "", not_verified_line(current), ""]
-    for s in shown:
-        lines += repro_block(s)
-    return lines
+    lines += ["Repros: torch + transformers only, a tiny model from a config, CPU, seconds.", ""]
+    folded = [(s, repro_block(s)) for s in shown]
+    while folded:  # in order, each repro inline while the screen (with one line per folded repro) fits
+        rest = folded[1:]
+        if _size(lines + folded[0][1] + [_folded_line(f) for f, _ in rest]) > budget:
+            break
+        lines, folded = lines + folded[0][1], rest
+    return lines + [_folded_line(s) for s, _ in folded] + ([""] if folded else []), \
+        [(f"Repro, {s.short}: {s.repro}", block) for s, block in folded]
+
+
+def _folded_line(source: Source) -> str:
+    return f"**Repro, {code_refs(source.short)}:** {code(source.repro)} (folded below)."
+
+
+def _size(lines: list[str]) -> int:
+    return len("\n".join(lines)) + 30  # the title line

@@ -44,7 +44,8 @@ def quote_of(claim: dict[str, Any]) -> dict[str, Any]:
 
 def source_key(nb: str, claim: dict[str, Any]) -> str:
     """The source a claim answers: its quote's, else its notebook's."""
-    return quote_of(claim).get("source") or source_of(nb).key
+    quote = quote_of(claim)
+    return quote.get("answers") or quote.get("source") or source_of(nb).key
 
 
 def statements(claims: list[tuple[str, dict[str, Any]]], kind: str = "reproduces") -> list[Statement]:

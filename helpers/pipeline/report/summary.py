@@ -195,7 +195,10 @@ def build_summary(out: Path | None = None, title: str = "KV resume kit: results"
     claims = all_claims(current)
     counts = kind_counts(claims)
     head = headline(counts, len(current), source_statements(claims))
-    lines = [f"# {title}", "", *first_screen(out, run, current, head)]
+    screen, folded = first_screen(out, run, current, head)
+    lines = [f"# {title}", "", *screen]
+    for summary_text, block in folded:
+        lines += details(summary_text, block)
     if others:
         lines += [f"{sum(len(v) for v in others.values())} results file(s) from other runs are listed at the end, apart.", ""]
     record = [*run_section(run, len(current), timings), "## Counts per kind", "", *counts_table(counts), ""]
