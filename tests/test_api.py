@@ -379,3 +379,8 @@ def test_the_upstream_shim_reads_caches_as_the_kit_does(runs):
         assert upstream_shim.compat.cache_layers(run.cache) == list(run.cache.layers)
     model = runs["multimodal"].family.model
     assert upstream_shim.compat.get_rope_state(model) is model.model.rope_deltas
+    from helpers import compat
+
+    assert upstream_shim.compat.TRANSFORMERS_VERSION == compat.TRANSFORMERS_VERSION
+    for name in ("mm_encoder_outputs", "mm_token_type_ids", "past_key_values"):
+        assert upstream_shim.compat.accepts(model.forward, name) == compat.accepts(model.forward, name)
