@@ -384,3 +384,22 @@ def test_the_upstream_shim_reads_caches_as_the_kit_does(runs):
     assert upstream_shim.compat.TRANSFORMERS_VERSION == compat.TRANSFORMERS_VERSION
     for name in ("mm_encoder_outputs", "mm_token_type_ids", "past_key_values"):
         assert upstream_shim.compat.accepts(model.forward, name) == compat.accepts(model.forward, name)
+
+
+def test_group_09_counts_the_new_image_turn(bundle):
+    """09's cells in 08's population: every silently wrong shape refused by new_vision_tokens, the text-only turn and
+    the repair worked and passed, the model's rope_deltas put back."""
+    from helpers import compat
+    from helpers.api import cells as api_cells, groups
+
+    before = compat.get_rope_state(bundle.model)
+    made, floor = groups.group_09(bundle)
+    n = api_cells.counts(made)
+    assert n["silently_wrong"] >= 2 and n["misses"] == 0 and n["false_alarms"] == 0 and floor["noise_threshold"] < 1e-5
+    assert {c.guard_check for c in made if c.plain == "silently_wrong"} == {"new_vision_tokens"}
+    worked = {c.cell for c in made if c.plain == "worked" and c.guard == "passed" and c.with_length == "passed"}
+    assert {"control: text-only turn 2", "repair: generate() at the full-sequence positions"} <= worked
+    assert next(c for c in made if c.cell.startswith("(a) turn-2 ids + image B") and "types" not in c.cell).guard == "raised"
+    after = compat.get_rope_state(bundle.model)
+    assert (before is None and after is None) or torch.equal(before, after)
+    assert groups.group_09(models.load(models.TINY_DENSE)) == ([], {})  # a text-only model: no new-image turn
