@@ -124,7 +124,7 @@ def test_checks_needing_the_processed_length_are_skipped_without_it(runs):
 def test_the_checks_run_in_order_and_one_entry_adds_one():
     names = [c.name for c in CHECKS]
     assert names == ["empty_input", "linear_state", "nothing_fed", "fed_neither", "restart_token", "mask_width", "uneven_layers",
-                     "rope_state", "already_cached", "positions_at_processed"]
+                     "rope_state", "new_vision_tokens", "already_cached", "positions_at_processed"]
     call = api_call.ResumeCall(cache=None, n=1)
 
     def never(c):
@@ -132,6 +132,76 @@ def test_the_checks_run_in_order_and_one_entry_adds_one():
 
     assert guard.first_catch(call, [Check("new_vision_tokens", never)]) == ("new_vision_tokens", "new tokens need new positions")
     assert guard.first_catch(call, [Check("needs_length", never, needs_processed_length=True)]) is None
+
+
+# --- 09's new image in a resumed chat: the new_vision_tokens check ---------------------------------------------
+
+@pytest.fixture(scope="module")
+def new_image():
+    """09's two turns on the tiny Qwen3-VL: (model, chat, turn-1 cache, turn-1 rope_deltas, repaired positions)."""
+    from helpers import compat
+    from helpers.newimage import repair, turns
+
+    vl = models.load(models.TINY_VL)
+    chat = turns.build(vl)
+    cache = turns.turn1_cache(vl.model, chat)
+    return vl.model, chat, cache, compat.get_rope_state(vl.model).clone(), repair.full_positions(vl.model, chat)
+
+
+def _newimage_call(model, chat, key):
+    from helpers.newimage import shapes as turn_shapes
+
+    return turn_shapes.call_kwargs(model, next(s for s in turn_shapes.SHAPES if s.key == key), chat)
+
+
+def test_the_guard_refuses_a_new_image_fed_beside_the_cache(new_image):
+    from helpers import compat
+    from helpers.newimage import guardcheck
+
+    model, chat, cache, turn1, _ = new_image
+    for key in ("a_turn2_ids", "c_full_ids_image_b"):  # turn-2 ids, or the full ids generate() slices to turn 2
+        ids, kwargs = _newimage_call(model, chat, key)
+        compat.set_rope_state(model, turn1.clone())
+        with pytest.raises(ResumeInputError, match="25 new image/video tokens") as info:
+            check_resume_inputs(model, ids, past_key_values=copy.deepcopy(cache), **kwargs)
+        assert info.value.check == "new_vision_tokens" and compat.TRANSFORMERS_VERSION in str(info.value)
+        assert guardcheck.working_route(model) in str(info.value)  # the route that works on this release
+        with pytest.raises(ResumeInputError, match="get_rope_index"):
+            guarded_generate(model, ids, past_key_values=copy.deepcopy(cache), generation_config=greedy_config(model),
+                             **kwargs)
+    assert compat.get_rope_state(model).flatten().tolist() == turn1.flatten().tolist()  # the refusal changed nothing
+
+
+def test_the_guard_passes_the_repaired_call_and_a_text_turn(new_image):
+    from helpers import compat
+    from helpers.newimage import repair
+
+    model, chat, cache, turn1, positions = new_image
+    for ids, kwargs in (repair.call_kwargs(chat, positions), _newimage_call(model, chat, "control_text_turn")):
+        compat.set_rope_state(model, turn1.clone())
+        check_resume_inputs(model, ids, processed_length=chat.cached, past_key_values=copy.deepcopy(cache), **kwargs)
+    ids, kwargs = repair.call_kwargs(chat, positions)
+    three = {**kwargs, "position_ids": positions.rows}  # 3-row ids over the suffix: explicit too
+    check_resume_inputs(model, ids, past_key_values=copy.deepcopy(cache), **three)
+    compat.set_rope_state(model, turn1.clone())
+
+
+def test_the_new_vision_check_reads_what_generate_fed(new_image, monkeypatch):
+    from helpers.newimage import guardcheck
+
+    model, chat, cache, turn1, _ = new_image
+    call = api_call.ResumeCall(cache=cache, n=49, fed=49, keeps_rope_state=True, rope_deltas=turn1, model=model,
+                               fed_ids=chat.turn2_ids)
+    assert guard.first_catch(call)[0] == "new_vision_tokens"
+    text = api_call.ResumeCall(cache=cache, n=22, fed=22, keeps_rope_state=True, rope_deltas=turn1, model=model,
+                               fed_ids=chat.text_turn()[0])
+    assert guard.first_catch(text) is None
+    for quiet in ({"model": None}, {"fed_ids": None}, {"keeps_rope_state": False}, {"decoder_start": 2}):
+        assert guard.first_catch(api_call.ResumeCall(**{**call.__dict__, **quiet})) is None, quiet
+    types = {"mm_token_type_ids": chat.types(chat.full_ids)}
+    monkeypatch.setattr(guardcheck, "recomputes_new_vision_positions", lambda m: True)  # 5.23.0's branch: it recomputes
+    assert guard.first_catch(api_call.ResumeCall(**{**call.__dict__, "multimodal": types})) is None
+    assert guard.first_catch(call)[0] == "new_vision_tokens"  # turn 2's own types, or none: the branch never fires
 
 
 def test_the_whole_sequence_forms(runs):
@@ -309,3 +379,27 @@ def test_the_upstream_shim_reads_caches_as_the_kit_does(runs):
         assert upstream_shim.compat.cache_layers(run.cache) == list(run.cache.layers)
     model = runs["multimodal"].family.model
     assert upstream_shim.compat.get_rope_state(model) is model.model.rope_deltas
+    from helpers import compat
+
+    assert upstream_shim.compat.TRANSFORMERS_VERSION == compat.TRANSFORMERS_VERSION
+    for name in ("mm_encoder_outputs", "mm_token_type_ids", "past_key_values"):
+        assert upstream_shim.compat.accepts(model.forward, name) == compat.accepts(model.forward, name)
+
+
+def test_group_09_counts_the_new_image_turn(bundle):
+    """09's cells in 08's population: every silently wrong shape refused by new_vision_tokens, the text-only turn and
+    the repair worked and passed, the model's rope_deltas put back."""
+    from helpers import compat
+    from helpers.api import cells as api_cells, groups
+
+    before = compat.get_rope_state(bundle.model)
+    made, floor = groups.group_09(bundle)
+    n = api_cells.counts(made)
+    assert n["silently_wrong"] >= 2 and n["misses"] == 0 and n["false_alarms"] == 0 and floor["noise_threshold"] < 1e-5
+    assert {c.guard_check for c in made if c.plain == "silently_wrong"} == {"new_vision_tokens"}
+    worked = {c.cell for c in made if c.plain == "worked" and c.guard == "passed" and c.with_length == "passed"}
+    assert {"control: text-only turn 2", "repair: generate() at the full-sequence positions"} <= worked
+    assert next(c for c in made if c.cell.startswith("(a) turn-2 ids + image B") and "types" not in c.cell).guard == "raised"
+    after = compat.get_rope_state(bundle.model)
+    assert (before is None and after is None) or torch.equal(before, after)
+    assert groups.group_09(models.load(models.TINY_DENSE)) == ([], {})  # a text-only model: no new-image turn

@@ -9,7 +9,7 @@ generate() runs; `fed` is filled from the keyword arguments of the first forward
 from __future__ import annotations  # upstream: drop
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
@@ -47,6 +47,17 @@ def _tokens(kwargs: dict[str, Any], decoder: bool) -> int | None:
     return None
 
 
+# generate()'s multimodal inputs beside the ids: what a vision check reads (new images in the suffix)
+MULTIMODAL = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "mm_token_type_ids",
+              "mm_encoder_outputs")
+
+
+class ResumeInputError(ValueError):
+    """Resume inputs that generate() would take silently or fail on deep inside; the message says what to pass."""
+
+    check: str = ""  # the name of the check that raised it (set by the guard)
+
+
 @dataclass
 class ResumeCall:
     """One resume: the cache, the tokens given (n) and fed (f), the mask and positions given, the model's state."""
@@ -63,6 +74,8 @@ class ResumeCall:
     decoder_start: int | None = None  # an encoder-decoder's decoder_start_token_id
     fed_ids: torch.Tensor | None = None  # the ids of the first model call (None: embeddings, or not captured)
     layer_types: tuple[str, ...] = ()  # the config's per-layer attention types (empty where it lists none)
+    model: Any = None  # the model generate() runs (its config and its release's source, for model-specific checks)
+    multimodal: dict[str, Any] = field(default_factory=dict)  # the MULTIMODAL inputs given (None ones left out)
 
     def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         """Record what generate() gave its first model call (these keyword arguments)."""
@@ -132,7 +145,12 @@ def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: d
     owner = compat.rope_state_owner(model)
     return ResumeCall(cache, n, None, mask, kwargs.get("decoder_position_ids" if decoder else "position_ids"), length, rows,
                       owner is not None, compat.get_rope_state(model) if owner is not None else None,
-                      decoder_start(model) if decoder else None, None, layer_types(model))
+                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs))
+
+
+def multimodal(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The multimodal inputs among a call's keyword arguments (MULTIMODAL, those given)."""
+    return {k: kwargs[k] for k in MULTIMODAL if kwargs.get(k) is not None}
 
 
 def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall | None:
@@ -145,7 +163,7 @@ def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall |
     call = ResumeCall(cache, n, n, kwargs.get("decoder_attention_mask" if decoder else "attention_mask"),
                       kwargs.get("decoder_position_ids" if decoder else "position_ids"), None, None,
                       owner is not None, compat.get_rope_state(model) if owner is not None else None,
-                      decoder_start(model) if decoder else None, None, layer_types(model))
+                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs))
     call.feed(model, kwargs)
     return call
 

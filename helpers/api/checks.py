@@ -14,13 +14,8 @@ import torch
 
 from .. import compat  # upstream: drop
 from ..regress import layers  # upstream: drop
-from .call import ResumeCall, self_attention_cache  # upstream: drop
-
-
-class ResumeInputError(ValueError):
-    """Resume inputs that generate() would take silently or fail on deep inside; the message says what to pass."""
-
-    check: str = ""  # the name of the check that raised it (set by the guard)
+from .call import ResumeCall, ResumeInputError, self_attention_cache  # upstream: drop
+from .new_vision_tokens import new_vision_tokens  # upstream: drop
 
 
 @dataclass(frozen=True)
@@ -186,6 +181,7 @@ CHECKS: list[Check] = [
     Check("mask_width", mask_width),
     Check("uneven_layers", uneven_layers),
     Check("rope_state", rope_state),
+    Check("new_vision_tokens", new_vision_tokens),
     Check("already_cached", already_cached, needs_processed_length=True),
     Check("positions_at_processed", positions_at_processed, needs_processed_length=True),
 ]

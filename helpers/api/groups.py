@@ -1,4 +1,5 @@
-"""The kit's own resume calls, as notebook 08's cells: 02's matrix, 04's boundary, 06's one-token case, 07's families.
+"""The kit's own resume calls, as notebook 08's cells: 02's matrix, 03's rope_deltas, 04's boundary, 06's one-token
+case, 07's families, 09's new-image turn.
 
 Each group builds its calls with the helpers of the notebook it comes from (caches.build_variants,
 continuation.generation_kwargs, boundary.run_all, triage.controls.arg_kwargs, regress.checks.Runner) and judges
@@ -137,28 +138,62 @@ def group_07(runs: dict[str, checks.Runner]) -> tuple[list[Cell], dict[str, Nois
     return [c for cells, _ in measured.values() for c in cells], {name: floor for name, (_, floor) in measured.items()}
 
 
+def _cell_at_state(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor, cache: Any,
+                   kwargs: dict[str, Any], reference: torch.Tensor, floor: NoiseFloor, processed: int,
+                   state: torch.Tensor | None) -> Cell:
+    """A cell whose plain call, guarded call and guard given the processed length each start from the model-side
+    position state `state` (Qwen3-VL's rope_deltas, put back before each)."""
+    from ..continuation import generate_first_step
+    from .cells import guarded_step, judge, with_length
+
+    _put_state(model, state)
+    plain = generate_first_step(model, input_ids, copy.deepcopy(cache), **kwargs)
+    _put_state(model, state)
+    error, guarded = guarded_step(model, None, cache, input_ids=input_ids, **kwargs)
+    _put_state(model, state)
+    length = with_length(model, None, cache, {"input_ids": input_ids, **kwargs}, processed)
+    return judge(group, name, plain, reference, floor, error, guarded, length)
+
+
 def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
     """03's silent case on Qwen3-VL: a mask-only resume with the model's rope_deltas missing (a fresh instance) or
     stale (a text-only prompt's zeros), against the full forward (floor: sdpa vs eager). The model's state is put
     back before each call and after the group."""
-    from ..continuation import generate_first_step
-    from .cells import guarded_step, judge, with_length
-
     reference, _ = prefill(model, prompt, end=None)
     other, kernel = other_attention_logits(model, prompt)
     floor = noise_floor(reference, [other], dtype, what=f"full forward vs the {kernel} kernel's")
     _, prefix = prefill(model, prompt)
     saved = compat.get_rope_state(model)
     kwargs = {"attention_mask": prompt.attention_mask}
-    cells = []
-    for name, state in (("rope_deltas missing · mask_only", None),
-                        ("rope_deltas stale · mask_only", None if saved is None else torch.zeros_like(saved))):
-        _put_state(model, state)
-        plain = generate_first_step(model, prompt.last_token, copy.deepcopy(prefix), **kwargs)
-        _put_state(model, state)
-        error, guarded = guarded_step(model, None, prefix, input_ids=prompt.last_token, **kwargs)
-        _put_state(model, state)
-        length = with_length(model, None, prefix, {"input_ids": prompt.last_token, **kwargs}, prompt.length - 1)
-        cells.append(judge("03", name, plain, reference, floor, error, guarded, length))
+    cells = [_cell_at_state("03", name, model, prompt.last_token, prefix, kwargs, reference, floor, prompt.length - 1, state)
+             for name, state in (("rope_deltas missing · mask_only", None),
+                                 ("rope_deltas stale · mask_only", None if saved is None else torch.zeros_like(saved)))]
+    _put_state(model, saved)
+    return cells, floor.evidence()
+
+
+def group_09(bundle: Any, seed: int = 0) -> tuple[list[Cell], dict[str, Any]]:
+    """09's new image in a resumed Qwen3-VL chat: every call shape this release takes (helpers.newimage.shapes) and the
+    repair (generate() at turn 2's positions from the full sequence), each from a copy of turn 1's cache with
+    rope_deltas at turn 1's value, against one forward over both turns (the text-only turn: over its own), 09's floor.
+    None on a model without multimodal position state; the model's state is put back afterwards."""
+    from ..newimage import repair, shapes as turn_shapes, turns
+
+    model = bundle.model
+    if not bundle.is_multimodal or compat.rope_state_owner(model) is None:
+        return [], {}
+    saved = compat.get_rope_state(model)
+    chat = turns.build(bundle, seed)
+    reference = turns.reference(model, chat)
+    text_reference = prefill(model, chat.text_turn()[1], end=None)[0]
+    floor = turns.noise_floor(model, chat, reference, bundle.dtype)
+    cache = turns.turn1_cache(model, chat)
+    turn1 = compat.get_rope_state(model).clone()
+    calls = [(s.label, *turn_shapes.call_kwargs(model, s, chat), text_reference if s.ids == "text" else reference)
+             for s in turn_shapes.SHAPES if not turn_shapes.unsupported(model, s, chat)]
+    calls.append(("repair: generate() at the full-sequence positions",
+                  *repair.call_kwargs(chat, repair.full_positions(model, chat)), reference))
+    cells = [_cell_at_state("09", name, model, ids, cache, kwargs, ref, floor, chat.cached, turn1)
+             for name, ids, kwargs, ref in calls]
     _put_state(model, saved)
     return cells, floor.evidence()

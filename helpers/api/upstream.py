@@ -3,8 +3,8 @@
 The file states the resume contract, not a measurement: documented usage asserts equality with the full computation
 (and that the guard passes it, changing nothing); misuse asserts a clear ValueError under the guard, and for plain
 generate() is an xfail whose reason is "generate() should raise here". No expectation comes from the release it runs
-on. It is the guard (upstream_shim, call, checks, guard) + upstream_cases + upstream_contract, relative imports
-dropped: torch, transformers and pytest only. `--releases 5.14.1 5.24.0` runs it with each release's python as well
+on. It is the guard (upstream_shim, call, newimage/guardcheck, new_vision_tokens, checks, guard) + upstream_cases +
+upstream_contract, relative imports dropped: torch, transformers and pytest only. `--releases 5.14.1 5.24.0` runs it with each release's python as well
 (.venv-tf/<release>, helpers.pipeline.matrix.envs).
 
     python -m helpers.api.upstream [--releases R ...] [--out PATH] [--no-run]
@@ -21,7 +21,8 @@ from ..pipeline.paths import output_dir
 
 HERE = Path(__file__).resolve().parent
 FILE_NAME = "test_resume_contract.py"
-MODULES = ("upstream_shim.py", "call.py", "checks.py", "guard.py", "upstream_cases.py", "upstream_contract.py")
+MODULES = ("upstream_shim.py", "call.py", "../newimage/guardcheck.py", "new_vision_tokens.py", "checks.py", "guard.py",
+           "upstream_cases.py", "upstream_contract.py")
 HEAD = ('"""The KV-cache resume contract of generate(), as tests (written by kv-resume-kit, `make upstream-tests`).\n\n'
         'Documented usage equals the full computation and passes the proposed resume guard unchanged; misuse raises a '
         'clear\nValueError under the guard, and plain generate() is expected to raise too (xfail: "generate() should '
@@ -32,7 +33,8 @@ def _body(name: str) -> str:
     """A module's text after its docstring, without the lines marked `# upstream: drop` (its relative imports)."""
     text = (HERE / name).read_text().split('"""', 2)[2]
     lines = [line for line in text.splitlines() if not line.endswith("# upstream: drop")]
-    return f"\n# --- {name} " + "-" * (100 - len(name)) + "\n" + "\n".join(lines).strip("\n") + "\n"
+    label = name.removeprefix("../")
+    return f"\n# --- {label} " + "-" * (100 - len(label)) + "\n" + "\n".join(lines).strip("\n") + "\n"
 
 
 def render() -> str:

@@ -1,8 +1,8 @@
 """Tiny models, prompts and one-step helpers for the resume contract tests (upstream_contract.py).
 
 Standalone: torch and transformers only. Tiny models are built from configs with seeded random weights, as
-transformers' own tests do: Qwen3 (dense, sliding/full interleaved), Llama, Qwen3.5 (hybrid), Qwen3-VL, BART. The
-tolerance of a comparison is a floor measured on the same model: its full forward under sdpa vs eager, times 4.
+transformers' own tests do: Qwen3 (dense, sliding/full interleaved), Llama, Qwen3.5 (hybrid), Qwen3-VL (and a
+second chat turn with a new image after its prompt), BART. The tolerance of a comparison is a floor measured on the same model: its full forward under sdpa vs eager, times 4.
 """
 from __future__ import annotations  # upstream: drop
 
@@ -181,3 +181,63 @@ def text_positions(m: torch.nn.Module, position: int) -> torch.Tensor:
         return torch.tensor([[position]])
     return torch.full((3, 1, 1), position) + deltas.view(1, -1, 1)
 
+
+
+# --- a second chat turn with a new image (Qwen3-VL), resumed from the first turn's cache -------------------------
+
+@functools.lru_cache(maxsize=None)
+def second_turn() -> dict[str, torch.Tensor]:
+    """Turn 2 after prompt("multimodal"): 8 text tokens, a new 160x160 image (25 tokens in its block), 14 text tokens."""
+    gen = torch.Generator().manual_seed(2)
+    ids = torch.cat([torch.randint(10, 1900, (1, 8), generator=gen),
+                     torch.tensor([[VISION_START] + [IMAGE_TOKEN] * 25 + [VISION_END]]),
+                     torch.randint(10, 1900, (1, 14), generator=gen)], dim=1)
+    return {"input_ids": ids, "pixel_values": torch.randn(100, 3 * 2 * 16 * 16, generator=gen),
+            "image_grid_thw": torch.tensor([[1, 10, 10]])}
+
+
+def both_turns(text_only: bool = False) -> dict[str, torch.Tensor]:
+    """Forward kwargs of both turns as one sequence with both images (or turn 2 without its image block)."""
+    one, two = prompt("multimodal"), second_turn()
+    turn2 = two["input_ids"][:, [i for i in range(two["input_ids"].shape[1]) if not 8 <= i < 35]] if text_only \
+        else two["input_ids"]
+    ids = torch.cat([one["input_ids"], turn2], dim=1)
+    out = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+           "pixel_values": one["pixel_values"] if text_only else torch.cat([one["pixel_values"], two["pixel_values"]]),
+           "image_grid_thw": one["image_grid_thw"] if text_only else torch.cat([one["image_grid_thw"], two["image_grid_thw"]])}
+    if "mm_token_type_ids" in one:
+        out["mm_token_type_ids"] = (ids == IMAGE_TOKEN).long()
+    return out
+
+
+@torch.no_grad()
+def first_turn_cache(m: torch.nn.Module) -> Any:
+    """The cache of all of turn 1, its rope_deltas left on the model (as a prefill leaves them)."""
+    getattr(m, "model", m).rope_deltas = None
+    out = m(**prompt("multimodal"), use_cache=True)
+    return getattr(out, "cache", None) or out.past_key_values
+
+
+def second_turn_kwargs(m: torch.nn.Module, text_only: bool = False) -> dict[str, torch.Tensor]:
+    """generate() kwargs of turn 2 as people pass them: its own ids, its image, the full mask (and its own types)."""
+    full, past = both_turns(text_only), prompt("multimodal")["input_ids"].shape[1]
+    ids = full["input_ids"][:, past:]
+    out = {"input_ids": ids, "attention_mask": full["attention_mask"]}
+    if not text_only:
+        out.update(pixel_values=second_turn()["pixel_values"], image_grid_thw=second_turn()["image_grid_thw"])
+    if "mm_token_type_ids" in full:
+        out["mm_token_type_ids"] = (ids == IMAGE_TOKEN).long()
+    return out
+
+
+@torch.no_grad()
+def second_turn_positions(m: torch.nn.Module) -> torch.Tensor:
+    """Turn 2's position ids, 4 rows (the sequence index over t, h, w): the model's get_rope_index over both turns'
+    ids and grids, sliced to turn 2."""
+    full, owner = both_turns(), getattr(m, "model", m)
+    kwargs = {"image_grid_thw": full["image_grid_thw"], "attention_mask": full["attention_mask"]}
+    if "mm_token_type_ids" in full and _accepts(owner.get_rope_index, "mm_token_type_ids"):
+        kwargs["mm_token_type_ids"] = full["mm_token_type_ids"]
+    positions, _ = owner.get_rope_index(full["input_ids"], **kwargs)
+    past, n = prompt("multimodal")["input_ids"].shape[1], full["input_ids"].shape[1]
+    return torch.cat([torch.arange(past, n).view(1, 1, -1), positions[:, :, past:]])

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from .guard import guarded_generate  # upstream: drop
-from .upstream_cases import (assert_close, build, cache_kw, full_logits, model, prefix_cache, prompt,  # upstream: drop
-                             rebuild_update, step, text_positions)  # upstream: drop
+from .upstream_cases import (assert_close, both_turns, build, cache_kw, first_turn_cache, full_logits,  # upstream: drop
+                             model, prefix_cache, prompt, rebuild_update, second_turn_kwargs,  # upstream: drop
+                             second_turn_positions, step, text_positions)  # upstream: drop
 
 TEXT = ["dense", "llama"]
 SHOULD_RAISE = "generate() should raise here"
@@ -140,6 +141,18 @@ def test_mrope_position_ids_with_four_rows():
     assert_close(got, full_logits(m, p), "multimodal")
 
 
+@pytest.mark.parametrize("text_only", [False, True], ids=["new_image", "text_only"])
+def test_second_turn_from_the_first_turns_cache(text_only):
+    """A chat's second turn resumed from the first turn's cache equals one forward over both turns: with a new image at
+    the positions get_rope_index gives over both turns' ids and grids (4 rows), a text-only turn as it is."""
+    m = model("multimodal")
+    target = full_logits(m, both_turns(text_only))
+    cache = first_turn_cache(m)
+    positions = {} if text_only else {"position_ids": second_turn_positions(m)}
+    got, _ = both_ways(m, None, cache, **second_turn_kwargs(m, text_only), **positions)
+    assert_close(got, target, "multimodal")
+
+
 @pytest.mark.parametrize("kind", ["dense", "multimodal", "sliding"])
 def test_identity_rebuild_into_a_config_aware_cache(kind):
     m, p = model(kind), prompt(kind)
@@ -221,6 +234,9 @@ def _other_misuse(case: str) -> tuple[torch.nn.Module, Any, Any, dict[str, Any],
         for i, layer in enumerate(cache.layers):
             layer.keys, layer.values = layer.keys[:, :, -(20 - 4 * i):].clone(), layer.values[:, :, -(20 - 4 * i):].clone()
         return m, p["input_ids"][:, -1:], cache, {"attention_mask": ones(int(cache.get_seq_length()) + 1)}, "position_ids"
+    if case == "new_image_without_positions":  # a second turn's new image, positions left to generate()
+        m = model("multimodal")
+        return m, None, first_turn_cache(m), second_turn_kwargs(m), "get_rope_index"
     m, p = model("multimodal"), prompt("multimodal")  # rope_deltas_missing: a fresh instance
     cache = prefix_cache(m, p)
     fresh = build("multimodal")
@@ -228,7 +244,7 @@ def _other_misuse(case: str) -> tuple[torch.nn.Module, Any, Any, dict[str, Any],
 
 
 OTHER = ["decoder_ids_without_decoder_mask", "assisted_from_prefix_cache", "hybrid_linear_layers_empty",
-         "per_layer_compressed_without_positions", "rope_deltas_missing"]
+         "per_layer_compressed_without_positions", "rope_deltas_missing", "new_image_without_positions"]
 
 
 @pytest.mark.parametrize("case", OTHER)

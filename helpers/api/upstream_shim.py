@@ -1,11 +1,13 @@
 """The few cache and model readers the guard uses (helpers.compat, helpers.regress.layers), standalone for the
-upstream file: torch only. tests/test_api.py checks they read every family's cache as the kit's own do."""
+upstream file: torch and transformers only. tests/test_api.py checks they read every family's cache as the kit's own do."""
 from __future__ import annotations  # upstream: drop
 
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
 import torch
+import transformers
 
 
 def _cache_from_kwargs(kwargs: dict[str, Any]) -> Any:
@@ -43,6 +45,7 @@ def _layer_length(layer: Any) -> int | None:
 
 
 compat = SimpleNamespace(
+    TRANSFORMERS_VERSION=transformers.__version__, accepts=lambda fn, name: name in inspect.signature(fn).parameters,
     cache_from_kwargs=_cache_from_kwargs, cache_layers=lambda cache: list(getattr(cache, "layers", [])),
     rope_state_owner=_rope_state_owner, text_config=_text_config,
     get_rope_state=lambda m: getattr(_rope_state_owner(m), "rope_deltas", None),

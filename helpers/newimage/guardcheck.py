@@ -6,14 +6,14 @@ generate() resumed from a non-empty cache places the uncached tokens at text pos
 never. New image or video tokens in the suffix placed that way are silently wrong (notebook 09). The check takes
 what generate() receives and returns None, or a message naming the route that works on the installed release.
 """
-from __future__ import annotations
+from __future__ import annotations  # upstream: drop
 
 import inspect
 from typing import Any
 
 import torch
 
-from .. import compat
+from .. import compat  # upstream: drop
 
 
 def recomputes_new_vision_positions(model: torch.nn.Module) -> bool:
@@ -70,19 +70,26 @@ def check_new_vision_tokens(model: torch.nn.Module, input_ids: torch.Tensor | No
                             attention_mask: torch.Tensor | None = None, cache: Any = None, **kwargs: Any) -> str | None:
     """None, or why generate() would place the new vision tokens of this resume at the wrong 3-D positions."""
     cache = cache if cache is not None else compat.cache_from_kwargs(kwargs)
-    if input_ids is None or cache is None or compat.rope_state_owner(model) is None:
+    if input_ids is None or cache is None:
         return None
     past = int(cache.get_seq_length())
-    if past == 0:
+    return check_uncached(model, _uncached(input_ids, attention_mask, past), past, kwargs.get("position_ids"),
+                          kwargs.get("mm_token_type_ids"))
+
+
+def check_uncached(model: torch.nn.Module, uncached: torch.Tensor, past: int, position_ids: Any = None,
+                   mm_token_type_ids: Any = None) -> str | None:
+    """The same, given the tokens generate() feeds beside a cache of `past` (the resume guard reads them off its first
+    model call) and the position_ids / mm_token_type_ids generate() was given."""
+    if past == 0 or compat.rope_state_owner(model) is None:
         return None
-    suffix = _uncached(input_ids, attention_mask, past)
     vision = _vision_ids(model)
-    n_new = int(sum(int((suffix == v).sum()) for v in vision))
-    if n_new == 0 or _explicit_3d(kwargs.get("position_ids"), int(suffix.shape[1])):
+    n_new = int(sum(int((uncached == v).sum()) for v in vision))
+    if n_new == 0 or _explicit_3d(position_ids, int(uncached.shape[1])):
         return None
-    if _recomputed(model, kwargs.get("mm_token_type_ids"), past):
+    if _recomputed(model, mm_token_type_ids, past):
         return None
-    return (f"the cache holds {past} tokens and the {int(suffix.shape[1])} uncached ones include {n_new} new image/video "
+    return (f"the cache holds {past} tokens and the {int(uncached.shape[1])} uncached ones include {n_new} new image/video "
             f"tokens: generate() on transformers {compat.TRANSFORMERS_VERSION} would place them at text positions shifted "
             f"by the stored rope_deltas ({_state(model)}) instead of their (t, h, w) positions, silently. Instead, "
             + working_route(model))

@@ -66,13 +66,18 @@ def direct_forward(model: torch.nn.Module, turns: TwoTurns, cache: Any, position
     return out, seen.summary(), mine
 
 
+def call_kwargs(turns: TwoTurns, positions: Positions) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(input_ids, the other generate() kwargs) of the repaired call: turn 2 and image B at the full-sequence positions."""
+    return turns.turn2_ids, {"position_ids": positions.with_text_row(), **_image_kwargs(turns)}
+
+
 def generate_at(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positions,
                 turn1_state: torch.Tensor) -> tuple[Outcome, dict[str, Any]]:
     """generate() one step over turn 2 with the repaired positions passed explicitly (where the release uses them)."""
     compat.set_rope_state(model, turn1_state.clone())
+    ids, kwargs = call_kwargs(turns, positions)
     with probe.first_call(model) as seen:
-        out = generate_first_step(model, turns.turn2_ids, copy.deepcopy(cache),
-                                  position_ids=positions.with_text_row(), **_image_kwargs(turns))
+        out = generate_first_step(model, ids, copy.deepcopy(cache), **kwargs)
     return out, seen.summary()
 
 
