@@ -166,6 +166,8 @@ def test_text_only_model(tmp_path, stem):
 
 @pytest.mark.parametrize("path", SOURCES, ids=[p.stem for p in SOURCES])
 def test_notebook_shape(path):
+    raw = json.loads(path.read_text())["cells"]
+    assert all(c.get("id") for c in raw) and len({c["id"] for c in raw}) == len(raw), "every cell has a unique id"
     nb = nbformat.read(path, as_version=4)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(not c.outputs and c.execution_count is None for c in code), "commit notebooks with outputs cleared"
