@@ -22,6 +22,7 @@ from helpers import compat, continuation, inputs, models, processor
 from helpers.pipeline.run import execute
 from helpers.pipeline.paths import repo_root
 
+from tinyfacts import NOT_ON_TINY  # tests/ is on sys.path
 import fakeckpt  # tests/ is on sys.path (pytest's default rootdir-relative import)
 
 NOTEBOOKS = ("01_identity_reconstruction", "02_mask_position_matrix", "03_rope_deltas_perturbation",
@@ -198,9 +199,12 @@ def test_notebooks_on_local_folder(folders, runs, layout):
         assert env["model_id"] == folders[layout].name and REVISION.match(env["model_revision"])
         assert env["processor"].startswith("AutoProcessor" if _has_torchvision() else "fallback: ")
         verdicts = {c["id"]: c["verdict"] for c in data["claims"]}
-        # As on the tiny default: every claim of notebooks 01-04 reproduced (none is skipped there).
-        held = {c["id"]: verdict_for(c["kind"], True) for c in data["claims"]}
-        assert verdicts and verdicts == held, (stem, [c for c in data["claims"] if c["verdict"] != held[c["id"]]])
+        # As on the tiny default: every claim of notebooks 01-04 reproduced (none is skipped there), except the
+        # statements a tiny random model cannot show, which are decided either way.
+        held = {c["id"]: verdict_for(c["kind"], True) for c in data["claims"] if c["id"] not in NOT_ON_TINY}
+        assert verdicts and {k: verdicts[k] for k in held} == held, \
+            (stem, [c for c in data["claims"] if c["id"] in held and c["verdict"] != held[c["id"]]])
+        assert {verdicts[k] for k in set(verdicts) & NOT_ON_TINY} <= {"reproduced", "not_reproduced"}
 
 
 @pytest.mark.e2e
