@@ -81,13 +81,13 @@ def test_the_first_screen_fits_with_both_sources_verdicts_releases_and_repros(tm
     assert ("**Releases measured** (`make matrix` of this kit commit, every notebook): "
             "**5.14.1, 5.17.0 (this run), 5.24.0**: Qwen3-VL control 16 of 18") in text
     assert "`#48947` not tested (needs CUDA)" in text
-    assert "**Not verified here:** the real checkpoints" in text and "need CUDA (`make gpu-check`)" in text
+    assert "**Not verified here:** the real checkpoints" in text and "need CUDA (`make gpu-check`;" in text
     whole = summary.build_summary(tmp_path)
     for source in sources.SOURCES.values():  # the two reports' repros on the screen; a longer one folded right below
         if source.repro:
             body = (ROOT / source.repro).read_text().rstrip()
             assert body in (text if source.key in ("control", "48947") else whole), source.key
-    assert "- **Qwen3-VL new image:** ✅ 8 of 8 of the kit's own checks hold (kind beyond" in text
+    assert "- **Qwen3-VL new image:** ✅ 8 of 8 own checks hold (kind beyond" in text
     assert "**Repro, Qwen3-VL new image:** `examples/repro/qwen3_vl_new_image_turn.py` (folded below)." in text
     assert text.count("```python") == 2
     assert whole.split("<details>", 2)[1].startswith("<summary>Repro, Qwen3-VL new image"), "folded first, right below"
@@ -212,5 +212,21 @@ def test_releases_with_other_verdicts_get_an_entry_of_their_own(tmp_path):
     data["claims"][0]["verdict"] = "not_reproduced"
     path.write_text(json.dumps(data))
     text = screen(tmp_path)
-    assert "**5.14.1, 5.17.0 (this run)**: Qwen3-VL control 16 of 18" in text
-    assert "; **5.24.0**: Qwen3-VL control 15 of 18" in text
+    assert "**5.14.1, 5.17.0 (this run), 5.24.0**: Qwen3-VL control 16 of 18 on 5.14.1-5.17.0, 15 of 18 on 5.24.0 · " in text
+
+
+def test_the_kits_own_checks_are_shown_per_release_only_where_they_change(tmp_path):
+    fake_run(tmp_path)
+    matrix(tmp_path)
+    head = next(line for line in screen(tmp_path).splitlines() if line.startswith("**Releases measured"))
+    assert "own checks" not in head.split("· `#48947`", 1)[0], "the control's own checks do not change: not shown"
+    path = tmp_path / "matrix" / "5.24.0" / "results" / "05_hybrid_offloading_drift.json"
+    data = json.loads(path.read_text())
+    for c in data["claims"]:
+        if c["kind"] == "beyond" and c["verdict"] == "holds":
+            c["verdict"] = "fails"
+    path.write_text(json.dumps(data))
+    text = screen(tmp_path)
+    line = next(line for line in text.splitlines() if line.startswith("**Releases measured"))
+    assert "`#48947` not tested (needs CUDA); own checks 5 of 5 on 5.14.1-5.17.0, 0 of 5 on 5.24.0 · " in line
+    assert line.endswith("Qwen3-VL new image own checks 8 of 8."), "a source with no statement shows its own checks"

@@ -65,8 +65,7 @@ def _own_checks(claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
     held = sum(c.get("verdict") == "holds" for c in own)
     undecided = sum(c.get("verdict") in ("skipped", "error") for c in own)
     mark = "✅" if held == len(own) else "☑️"
-    return [f"{mark} {held} of {len(own)} of the kit's own checks hold (kind beyond: not counted as "
-            f"reproduced)" + (f"; {undecided} skipped or in error" if undecided else "")]
+    return [f"{mark} {held} of {len(own)} own checks hold (kind beyond, not counted as reproduced)" + (f"; {undecided} skipped or in error" if undecided else "")]
 
 
 def _version(release: str) -> tuple:
@@ -85,20 +84,53 @@ def _load_matrix(out: Path) -> dict[str, list[dict[str, Any]]]:
 
 
 def _short_verdict(claims: list[tuple[str, dict[str, Any]]]) -> str:
+    """The source's quoted statements on one release in a few words ('' where it has none)."""
     stmts = statements(claims)
     undecided = [s for s in stmts if s.verdict in ("skipped", "error")]
     if not stmts:
-        own = [c for _, c in claims if kind_of(c) == "beyond"]
-        return f"{sum(c.get('verdict') == 'holds' for c in own)} of {len(own)} own checks" if own else "no statement"
+        return ""
     if len(undecided) == len(stmts):
         return "not tested (needs CUDA)" if all(_needs_cuda(s) for s in undecided) else "not tested"
     return f"{tally(stmts).get('reproduced', 0)} of {len(stmts)}"
 
 
-def _per_source(results: list[dict[str, Any]], shown: list[Source]) -> str:
-    claims = all_claims(results)
-    per = {s.short: [(nb, c) for nb, c in claims if source_key(nb, c) == s.key] for s in shown}
-    return ", ".join(f"{code_refs(name)} {_short_verdict(mine)}" for name, mine in per.items() if mine)
+def _own_count(claims: list[tuple[str, dict[str, Any]]]) -> str:
+    own = [c for _, c in claims if kind_of(c) == "beyond" and c.get("verdict") not in ("skipped", "error")]
+    return f"{sum(c.get('verdict') == 'holds' for c in own)} of {len(own)}" if own else ""  # of those decided
+
+
+def _runs(values: dict[str, str], releases: list[str]) -> str:
+    """'X' (the same on every release), or 'X on 5.14.1, Y on 5.17.0-5.19.0' (consecutive releases joined)."""
+    runs: list[tuple[str, list[str]]] = []
+    for rel in releases:
+        if runs and runs[-1][0] == values[rel]:
+            runs[-1][1].append(rel)
+        else:
+            runs.append((values[rel], [rel]))
+    if len(runs) == 1:
+        return runs[0][0]  # the same on every release named in the line's head
+    return ", ".join(f"{v} on {rels[0]}" + (f"-{rels[-1]}" if len(rels) > 1 else "") for v, rels in runs)
+
+
+def _per_source(rows: dict[str, list[dict[str, Any]]], shown: list[Source]) -> str:
+    """Per source: its statements' verdicts across releases, then its own checks where they change (or are all)."""
+    releases = sorted(rows, key=_version)
+    by_release = {rel: all_claims(res) for rel, res in rows.items()}
+    parts = []
+    for src in shown:
+        mine = {rel: [(nb, c) for nb, c in by_release[rel] if source_key(nb, c) == src.key] for rel in releases}
+        rels = [rel for rel in releases if mine[rel]]
+        if not rels:
+            continue
+        stated = {rel: _short_verdict(mine[rel]) for rel in rels}
+        own = {rel: _own_count(mine[rel]) for rel in rels}
+        text = []
+        if any(stated.values()):
+            text.append(_runs(stated, rels))
+        if any(own.values()) and (not text or len(set(own.values())) > 1):
+            text.append("own checks " + _runs(own, rels))
+        parts.append(f"{code_refs(src.short)} {'; '.join(text)}")
+    return " · ".join(parts)
 
 
 def releases_line(out: Path, run: dict[str, Any], current: list[dict[str, Any]], shown: list[Source]) -> str:
@@ -109,18 +141,16 @@ def releases_line(out: Path, run: dict[str, Any], current: list[dict[str, Any]],
     commit = run.get("kit_commit")
     same = bool(matrix) and bool(commit) and matrix_run.get("kit_commit") == commit
     rows = {**(matrix if same else {}), **this}
-    groups: dict[str, list[str]] = {}  # releases with the same verdicts share one entry
-    for rel, res in sorted(rows.items(), key=lambda kv: _version(kv[0])):
-        groups.setdefault(_per_source(res, shown), []).append(f"{rel}{' (this run)' if rel in this else ''}")
-    text = "; ".join(f"**{', '.join(rels)}**: {verdicts}" for verdicts, rels in groups.items())
+    names = ", ".join(f"{rel}{' (this run)' if rel in this else ''}" for rel in sorted(rows, key=_version))
+    text = _per_source(rows, shown)
     if same:
         nbs = sorted({r["notebook"].split("_", 1)[0] for res in matrix.values() for r in res})
         mine_nbs = sorted({r["notebook"].split("_", 1)[0] for r in current})
         which = "every notebook" if nbs == mine_nbs else f"notebooks {' '.join(nbs)}"
         dirty = " + uncommitted changes" if run.get("kit_dirty") or matrix_run.get("kit_dirty") else ""
-        return f"**Releases measured** (`make matrix` of this kit commit{dirty}, {which}): {text}."
+        return f"**Releases measured** (`make matrix` of this kit commit{dirty}, {which}): **{names}**: {text}."
     stale = " (`outputs/matrix` is from another kit commit: not shown)" if matrix else ""
-    return (f"**Releases measured:** {text or 'none'}: only the release this run used{stale}; "
+    return (f"**Releases measured:** **{names or 'none'}**: {text}; only the release this run used{stale}; "
             '`make matrix RELEASES="5.14.1 5.24.0"` then `make report` adds releases.')
 
 
@@ -132,8 +162,7 @@ def not_verified_line(current: list[dict[str, Any]]) -> str:
         parts.append("the real checkpoints (tiny random-weight models stand in)")
     cuda = sum(1 for _, c in all_claims(current) if c.get("verdict") == "skipped" and "cuda" in str(c.get("reason")).lower())
     if cuda and not any(e.get("cuda_available") for e in envs):
-        parts.append(f"any GPU path: {cuda} claim(s) need CUDA (`make gpu-check`); the CPU record of the copy streams "
-                     "uses stand-in streams")
+        parts.append(f"{cuda} claim(s) that need CUDA (`make gpu-check`; the CPU record's copy streams are stand-ins)")
     return "**Not verified here:** " + ("; ".join(parts) if parts else "nothing declared") + "."
 
 
@@ -172,7 +201,7 @@ def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]], 
         mine = [(nb, c) for nb, c in claims if source_key(nb, c) == s.key]
         lines.append(f"- **{code_refs(s.short)}:** {code_refs(source_verdict(mine)) if mine else 'not run in this run'}")
     lines += ["", releases_line(out, run, current, shown), "", not_verified_line(current), ""]
-    lines += ["Repros: torch + transformers only, a tiny model from a config, CPU, seconds.", ""]
+    lines += ["Each repro: torch + transformers only, a tiny model from a config, CPU, seconds.", ""]
     folded = [(s, repro_block(s)) for s in shown]
     while folded:  # in order, each repro inline while the screen (with one line per folded repro) fits
         rest = folded[1:]
