@@ -212,7 +212,7 @@ def test_releases_with_other_verdicts_get_an_entry_of_their_own(tmp_path):
     data["claims"][0]["verdict"] = "not_reproduced"
     path.write_text(json.dumps(data))
     text = screen(tmp_path)
-    assert "**5.14.1, 5.17.0 (this run), 5.24.0**: Qwen3-VL control 16 of 18 on 5.14.1-5.17.0, 15 of 18 on 5.24.0 · " in text
+    assert "**5.14.1, 5.17.0 (this run), 5.24.0**: Qwen3-VL control 16 of 18 on 5.14.1/5.17.0, 15 of 18 on 5.24.0 · " in text
 
 
 def test_the_kits_own_checks_are_shown_per_release_only_where_they_change(tmp_path):
@@ -228,5 +228,5 @@ def test_the_kits_own_checks_are_shown_per_release_only_where_they_change(tmp_pa
     path.write_text(json.dumps(data))
     text = screen(tmp_path)
     line = next(line for line in text.splitlines() if line.startswith("**Releases measured"))
-    assert "`#48947` not tested (needs CUDA); own checks 5 of 5 on 5.14.1-5.17.0, 0 of 5 on 5.24.0 · " in line
+    assert "`#48947` not tested (needs CUDA); own checks 5 of 5 on 5.14.1/5.17.0, 0 of 5 on 5.24.0 · " in line
     assert line.endswith("Qwen3-VL new image own checks 8 of 8."), "a source with no statement shows its own checks"

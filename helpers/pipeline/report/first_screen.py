@@ -100,7 +100,7 @@ def _own_count(claims: list[tuple[str, dict[str, Any]]]) -> str:
 
 
 def _runs(values: dict[str, str], releases: list[str]) -> str:
-    """'X' (the same on every release), or 'X on 5.14.1, Y on 5.17.0-5.19.0' (consecutive releases joined)."""
+    """'X' (the same on every release), or 'X on 5.14.1, Y on 5.17.0/5.19.0' (consecutive releases joined)."""
     runs: list[tuple[str, list[str]]] = []
     for rel in releases:
         if runs and runs[-1][0] == values[rel]:
@@ -109,7 +109,7 @@ def _runs(values: dict[str, str], releases: list[str]) -> str:
             runs.append((values[rel], [rel]))
     if len(runs) == 1:
         return runs[0][0]  # the same on every release named in the line's head
-    return ", ".join(f"{v} on {rels[0]}" + (f"-{rels[-1]}" if len(rels) > 1 else "") for v, rels in runs)
+    return ", ".join(f"{v} on {'/'.join(rels)}" for v, rels in runs)  # the releases measured, none implied between
 
 
 def _per_source(rows: dict[str, list[dict[str, Any]]], shown: list[Source]) -> str:
