@@ -112,6 +112,17 @@ def test_notebook_runs_and_its_claims_hold(run, stem):
 
 
 @pytest.mark.e2e
+def test_the_whole_runs_summary_is_not_truncated_and_its_first_screen_fits(run):
+    """Every notebook's claims in one SUMMARY.md under the paste limit with nothing cut, both reports' repros inline."""
+    from helpers.pipeline.report import first_screen, paste, summary
+
+    text = (run / "SUMMARY.md").read_text()
+    assert "**Truncated:**" not in text and len(text) < paste.MAX_CHARS - 4000, len(text)  # room for a real run's warnings
+    screen = summary.first_screen_of(text)
+    assert len(screen) <= first_screen.FIRST_SCREEN_CHARS and screen.count("```python") == 2, len(screen)
+
+
+@pytest.mark.e2e
 def test_two_cpu_runs_give_identical_numbers(run, tmp_path):
     again = tmp_path / "again"
     os.environ["KVKIT_OUTPUT_DIR"] = str(again)

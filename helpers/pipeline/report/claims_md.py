@@ -175,13 +175,17 @@ def undecided(claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def statements(claims: list[tuple[str, dict[str, Any]]], title: str) -> list[str]:
-    """Each claim's statement and the reason of its verdict, in a collapsed block."""
+    """Each claim's reason, in a collapsed block; its statement too where the verdict is not the kind's holding one
+    (a claim that holds is read from its id, quote and reason; every statement is in the results files and pages)."""
     if not claims:
         return []
-    lines = [f"<details><summary>{title} ({len(claims)} claims)</summary>", ""]
+    lines = [f"<details><summary>{title} ({len(claims)} claims)</summary>", "",
+             "Each claim's reason; the claim's own statement where its verdict is not the kind's holding one.", ""]
     for nb, c in claims:
+        holds = mark(kind_of(c), str(c.get("verdict"))) == "✅"
+        said = "" if holds else f"{code_refs(one_line(c.get('statement', '')))} "
         lines.append(f"- {code(c.get('id'))} ({cell(kind_of(c))}, {cell(c.get('verdict'))}): "
-                     f"{code_refs(one_line(c.get('statement', '')))} _Why:_ {code_refs(one_line(c.get('reason', '')))}")
+                     f"{said}_Why:_ {code_refs(one_line(c.get('reason', '')))}")
     return lines + ["", "</details>", ""]
 
 
