@@ -153,7 +153,7 @@ QUOTES: dict[str, Quote] = {
     "regress.mask_contract_holds_across_families": _q(CONTROL, "states", _SLICED),
     "regress.flash_attention_2_matches_sdpa": _q(CONTROL, "extends", "- eager, SDPA, and FlashAttention where applicable;"),
     # 08 resume API
-    "api.guard_catches_every_silent_case": _q(CONTROL, "extends", _VALIDATION),
+    "api.guard_catches_or_names_every_silent_case": _q(CONTROL, "extends", _VALIDATION),
     "api.guard_passes_every_valid_call": _q(CONTROL, "extends", _VALIDATION),
     "api.factory_matches_original_every_family": _q(CONTROL, "extends", "- original cache versus identity-rebuilt cache;"),
     "api.factory_refuses_malformed_inputs": _q(CONTROL, "extends", _FACTORY),

@@ -48,7 +48,7 @@ EXPECTED_CLAIMS = {
                                "regress.sliding_rebuild_depends_on_kernel",
                                "regress.hybrid_update_rebuild_drops_linear_state", "regress.left_padded_resume_needs_padded_mask",
                                "regress.mask_contract_holds_across_families", "regress.flash_attention_2_matches_sdpa"},
-    "08_resume_api": {"api.guard_catches_every_silent_case", "api.guard_passes_every_valid_call",
+    "08_resume_api": {"api.guard_catches_or_names_every_silent_case", "api.guard_passes_every_valid_call",
                       "api.factory_matches_original_every_family", "api.factory_refuses_malformed_inputs",
                       "api.resume_state_portable_to_fresh_instance"},
     "09_new_image_turn": {"newimage.natural_call_silently_wrong", "newimage.positions_explain_it", "newimage.both_images_raise",
@@ -116,7 +116,7 @@ def test_the_whole_runs_summary_is_not_truncated_and_its_first_screen_fits(run):
     """Every notebook's claims in one SUMMARY.md under the paste limit with nothing cut, both reports' repros inline."""
     from helpers.pipeline.report import first_screen, paste, summary
 
-    text = (run / "SUMMARY.md").read_text()
+    text = summary.build_summary(run)
     assert "**Truncated:**" not in text and len(text) < paste.MAX_CHARS - 4000, len(text)  # room for a real run's warnings
     screen = summary.first_screen_of(text)
     assert len(screen) <= first_screen.FIRST_SCREEN_CHARS and screen.count("```python") == 2, len(screen)
