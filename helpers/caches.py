@@ -22,6 +22,13 @@ class Variant:
     unavailable: str | None = None
 
 
+def kv_geometry(text: Any) -> tuple[int, int]:
+    """(key/value heads, head dim) a text config's attention layers store."""
+    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    return heads, head_dim
+
+
 def kv_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Detached clones of every layer's (keys, values)."""
     pairs = []

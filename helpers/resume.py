@@ -120,8 +120,7 @@ def capture(model: torch.nn.Module, cache: Any, suffix_ids: torch.Tensor, attent
 def model_expectations(model: torch.nn.Module) -> dict[str, Any]:
     """What a state must match to resume in `model`: layers, KV heads, head dim, dtype, device."""
     cfg = compat.text_config(model.config)
-    heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    heads, head_dim = caches.kv_geometry(cfg)
     param = next(model.parameters())
     return {"n_layers": int(cfg.num_hidden_layers), "kv_heads": heads, "head_dim": head_dim,
             "dtype": param.dtype, "device": param.device, "has_rope_state": compat.rope_state_owner(model) is not None}

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import torch
 
 from .. import compat
+from ..caches import kv_geometry
 from ..regress import layers
 
 LinearStates = dict[str, dict[int, torch.Tensor]]  # {"conv": {state_idx: t}, "recurrent": {state_idx: t}}
@@ -27,13 +28,6 @@ def layer_types(text: Any) -> list[str]:
     """The decoder's per-layer types (`full_attention` everywhere where the config lists none)."""
     types = getattr(text, "layer_types", None)
     return list(types) if types else ["full_attention"] * int(text.num_hidden_layers)
-
-
-def kv_geometry(text: Any) -> tuple[int, int]:
-    """(key/value heads, head dim) a config's attention layers store."""
-    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
-    return heads, head_dim
 
 
 def _check_pair(i: int, pair: Any, heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from .. import compat
+from ..caches import kv_geometry
 
 POISON = 1024.0  # exact in bfloat16 and float32; far outside the tiny models' K/V
 MAX_BLOCKS = 4096  # per size: a bound on the check-out loop
@@ -51,9 +52,7 @@ class SimPool:
 
 def kv_nbytes(model: torch.nn.Module, ids: torch.Tensor, n_steps: int) -> list[int]:
     """Bytes of one offloaded K or V of `model` at every length the arm offloads (prefill, then one more per step)."""
-    text = compat.text_config(model.config)
-    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    heads, head_dim = kv_geometry(compat.text_config(model.config))
     elt = next(model.parameters()).element_size()
     batch, seq = ids.shape[0], ids.shape[1]
     return [batch * heads * (seq + k) * head_dim * elt for k in range(n_steps)]
