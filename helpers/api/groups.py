@@ -25,12 +25,18 @@ from ..triage import run as triage_run
 from .cells import Cell, run_cell
 
 
-def group_02(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
-    """02's four cache variants x four argument sets, against the full forward (floor: sdpa vs eager)."""
+def _kernel_floor(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[torch.Tensor, Any, Any]:
+    """The full forward's logits, its noise floor against the other attention kernel, and the prefix's cache."""
     reference, _ = prefill(model, prompt, end=None)
     other, kernel = other_attention_logits(model, prompt)
     floor = noise_floor(reference, [other], dtype, what=f"full forward vs the {kernel} kernel's")
     _, prefix = prefill(model, prompt)
+    return reference, floor, prefix
+
+
+def group_02(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
+    """02's four cache variants x four argument sets, against the full forward (floor: sdpa vs eager)."""
+    reference, floor, prefix = _kernel_floor(model, prompt, dtype)
     positions = current_position_ids(model, prompt)
     variants = {n: v for n, v in caches.build_variants(prefix, model.config).items() if v.cache is not None}
     processed = prompt.length - 1
@@ -159,10 +165,7 @@ def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     """03's silent case on Qwen3-VL: a mask-only resume with the model's rope_deltas missing (a fresh instance) or
     stale (a text-only prompt's zeros), against the full forward (floor: sdpa vs eager). The model's state is put
     back before each call and after the group."""
-    reference, _ = prefill(model, prompt, end=None)
-    other, kernel = other_attention_logits(model, prompt)
-    floor = noise_floor(reference, [other], dtype, what=f"full forward vs the {kernel} kernel's")
-    _, prefix = prefill(model, prompt)
+    reference, floor, prefix = _kernel_floor(model, prompt, dtype)
     saved = compat.get_rope_state(model)
     kwargs = {"attention_mask": prompt.attention_mask}
     cells = [_cell_at_state("03", name, model, prompt.last_token, prefix, kwargs, reference, floor, prompt.length - 1, state)

@@ -10,7 +10,8 @@ from .diff import change_section
 from .kinds import detail_section
 from .facts import differences, distinct_texts, group_differences
 from ..paths import output_dir
-from ..report.summary import RUN_STATUS, commit_text, truncate
+from ..report.records import RUN_STATUS
+from ..report.summary import commit_text, truncate
 from ..report.paste import VERDICT_MARK, cell, fmt_compact
 from ..report.records import load_run
 from ..report.scrub import scrub

@@ -3,21 +3,18 @@ line, the headline over distinct source statements, one verdict line per source,
 not verified here, and each source's plain-transformers repro (sources.Source.repro) in a python block."""
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
 from .claims_md import all_claims
 from .paste import code, code_refs
-from .records import load_run
+from .records import RUN_STATUS, load_results, load_run
 from .sources import SOURCES, Source, kind_of
-from .statements import Statement, first_line, source_key, statements, tally
+from .statements import Statement, first_line, quote_of, source_key, statements, tally
 from ..paths import repo_root
 
 FIRST_SCREEN_CHARS = 4000
-RUN_MARK = {"complete": "✅ complete", "running": "⏳ still running", "interrupted": "⚠️ **INTERRUPTED**",
-            "failed": "❌ **FAILED**"}
 
 
 def _needs_cuda(stmt: Statement) -> bool:
@@ -50,7 +47,7 @@ def source_verdict(claims: list[tuple[str, dict[str, Any]]]) -> str:
     if not parts:
         parts += _own_checks(claims)
     sims = [c for _, c in claims if kind_of(c) == "simulation"]
-    built = sum(bool((c.get("quote") or {}).get("by_construction")) for c in sims)
+    built = sum(bool(quote_of(c).get("by_construction")) for c in sims)
     if sims:
         parts.append(f"{len(sims)} simulation(s)" + (" (holds by construction)" if built == len(sims) else
                                                       f", {built} holding by construction" if built else ""))
@@ -73,14 +70,9 @@ def _version(release: str) -> tuple:
 
 
 def _load_matrix(out: Path) -> dict[str, list[dict[str, Any]]]:
-    """{release: results files} of outputs/matrix/<release>/results/."""
-    found: dict[str, list[dict[str, Any]]] = {}
-    for path in sorted((out / "matrix").glob("*/results/*.json")):
-        try:
-            found.setdefault(path.parent.parent.name, []).append(json.loads(path.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    return found
+    """{release: results files} of outputs/matrix/<release>/results/ (releases with none left out)."""
+    found = {d.name: load_results(d) for d in sorted((out / "matrix").glob("*/")) if (d / "results").is_dir()}
+    return {release: results for release, results in found.items() if results}
 
 
 def _short_verdict(claims: list[tuple[str, dict[str, Any]]]) -> str:
@@ -183,7 +175,7 @@ def run_line(run: dict[str, Any], current: list[dict[str, Any]]) -> list[str]:
     commit = f"kit {code(str(run.get('kit_commit'))[:12])}" if run.get("kit_commit") else "kit commit unknown"
     envs = [r.get("environment") or {} for r in current]
     where = sorted({f"{e.get('device')}, {e.get('dtype')}" for e in envs if e.get("device")})
-    lines = [f"Run {code(run.get('run_id'))} · {code(run.get('command', '?'))} · {RUN_MARK.get(status, code(status))} · "
+    lines = [f"Run {code(run.get('run_id'))} · {code(run.get('command', '?'))} · {RUN_STATUS.get(status, code(status))} · "
              f"{commit}{' (dirty)' if run.get('kit_dirty') else ''} · {' / '.join(where) or 'environment unknown'}", ""]
     if status != "complete":
         lines += [f"> ⚠️ This run is **{status}**: claims of unfinished notebooks are `error` (see the run record below).", ""]

@@ -7,6 +7,10 @@ from typing import Any
 
 from ..paths import output_dir
 
+# How a run record's status reads in SUMMARY.md and matrix.md.
+RUN_STATUS = {"complete": "✅ complete", "running": "⏳ still running (or stopped without saying so)",
+              "interrupted": "⚠️ **INTERRUPTED**", "failed": "❌ **FAILED**"}
+
 
 def load_json(path: Path) -> dict[str, Any]:
     """A JSON object from `path`; {} when it is missing, unreadable or not an object."""

@@ -18,15 +18,13 @@ from .first_screen import first_screen
 from .statements import statements as source_statements
 from .paste import MAX_CHARS, cell, code, code_refs, fmt_scalar, one_line
 from ..paths import output_dir
-from .records import load_results, load_run, load_timings, run_id_of, split_by_run
+from .records import RUN_STATUS, load_results, load_run, load_timings, run_id_of, split_by_run
 from .scrub import scrub, scrub_outputs
 from .share import ARCHIVE, current_stems, share_members, write_share
 
 ENV_KEYS = ("python", "torch", "transformers", "platform", "cuda_available", "device", "device_name", "dtype",
             "attn_implementation", "model_id", "model_revision", "processor", "seed")
 MODEL_KEYS = ("model_id", "model_revision", "dtype", "attn_implementation", "device")
-RUN_STATUS = {"complete": "✅ complete", "running": "⏳ still running (or stopped without saying so)",
-              "interrupted": "⚠️ **INTERRUPTED**", "failed": "❌ **FAILED**"}
 NB_STATUS = {"ok": "✅ ok", "failed": "❌ failed", "interrupted": "⚠️ interrupted", "not_started": "⏭️ not started"}
 
 
