@@ -22,7 +22,8 @@ IN_FIRST_CALL = "inside the first model call"
 AFTER_FIRST_CALL = "after the first model call returned"
 
 
-def _shape(value: Any) -> list[int] | None:
+def shape_of(value: Any) -> list[int] | None:
+    """A tensor's shape as a list; None for anything else."""
     return list(value.shape) if isinstance(value, torch.Tensor) else None
 
 
@@ -30,9 +31,9 @@ def describe_call(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Shapes of input_ids, attention_mask, position_ids and the cache length of one forward call."""
     cache = cache_from_kwargs(kwargs)
     return {
-        "input_ids_shape": _shape(kwargs.get("input_ids")),
-        "attention_mask_shape": _shape(kwargs.get("attention_mask")),
-        "position_ids_shape": _shape(kwargs.get("position_ids")),
+        "input_ids_shape": shape_of(kwargs.get("input_ids")),
+        "attention_mask_shape": shape_of(kwargs.get("attention_mask")),
+        "position_ids_shape": shape_of(kwargs.get("position_ids")),
         "past_length": int(cache.get_seq_length()) if cache is not None else None,
     }
 
@@ -87,7 +88,7 @@ def trace(model: torch.nn.Module) -> Iterator[Trace]:
     def rotary(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         if record.started == 1 and record.finished == 0:
             positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
-            record.rotary_position_shapes.append(_shape(positions))
+            record.rotary_position_shapes.append(shape_of(positions))
 
     with hooked(model, pre, post, rotary):
         yield record

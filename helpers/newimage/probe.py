@@ -9,12 +9,7 @@ from typing import Any, Iterator
 import torch
 
 from .. import compat
-from ..capture import hooked
-from ..compat import cache_from_kwargs
-
-
-def _shape(value: Any) -> list[int] | None:
-    return list(value.shape) if isinstance(value, torch.Tensor) else None
+from ..capture import describe_call, hooked, shape_of
 
 
 def flat(value: Any) -> list | None:
@@ -36,17 +31,12 @@ class FirstCall:
 
 def describe(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The inputs of one forward call that decide turn 2's positions and image features."""
-    cache = cache_from_kwargs(kwargs)
-    ids = kwargs.get("input_ids")
     encoded = kwargs.get("mm_encoder_outputs")
-    return {"input_ids_shape": _shape(ids), "input_ids": flat(ids),
-            "attention_mask_shape": _shape(kwargs.get("attention_mask")),
-            "pixel_values_shape": _shape(kwargs.get("pixel_values")),
+    return {**describe_call(kwargs), "input_ids": flat(kwargs.get("input_ids")),
+            "pixel_values_shape": shape_of(kwargs.get("pixel_values")),
             "image_grid_thw": flat(kwargs.get("image_grid_thw")),
-            "mm_token_type_ids_shape": _shape(kwargs.get("mm_token_type_ids")),
+            "mm_token_type_ids_shape": shape_of(kwargs.get("mm_token_type_ids")),
             "mm_encoder_outputs": sorted(encoded) if isinstance(encoded, dict) else None,
-            "position_ids_shape": _shape(kwargs.get("position_ids")),
-            "past_length": int(cache.get_seq_length()) if cache is not None else None,
             "rope_deltas_before": flat(compat.get_rope_state(model))}
 
 
