@@ -126,6 +126,12 @@ def set_rope_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
     setattr(owner, ROPE_STATE_ATTR, value)
 
 
+def put_rope_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
+    """A copy of `value` as the model-side position state where the model keeps one; nothing where it keeps none."""
+    if rope_state_owner(model) is not None:
+        set_rope_state(model, None if value is None else value.clone())
+
+
 def accepts_mm_token_type_ids(model: torch.nn.Module) -> bool:
     """Whether the multimodal forward takes `mm_token_type_ids` (needed for M-RoPE on newer releases)."""
     return accepts(model.forward, "mm_token_type_ids")

@@ -32,11 +32,11 @@ def assigned(cache, model, transform=lambda x: x):
 def repaired(base, cache, state_after=None) -> dict:
     """Every repair of `cache`, generate()'s own step (full mask) as the unrepaired one."""
     state = base.saved_state if state_after is None else state_after
-    triage_run._set_state(base.model, state)
+    compat.put_rope_state(base.model, state)
     full = controls.generate_step(base.model, base.prompt, cache, {},
                                   attention_mask=controls.full_mask(base.prompt, int(cache.get_seq_length())))
     out = repairs.run_all(base, cache, {"full": full, "resumed": full}, state)
-    triage_run._set_state(base.model, base.saved_state)
+    compat.put_rope_state(base.model, base.saved_state)
     return out
 
 
@@ -60,7 +60,7 @@ def test_reregistering_restores_the_assignment_rebuild_not_an_assigned_int8_copy
 
 def test_the_saved_state_restores_a_probe_that_moved_it_not_an_eviction(base):
     probe = rebuilds.load(f"{EXAMPLE}:probe_then_copy")
-    triage_run._set_state(base.model, base.saved_state)
+    compat.put_rope_state(base.model, base.saved_state)
     cache = probe(base.prefix_cache, base.model, base.prompt)
     after = compat.get_rope_state(base.model).clone()
     assert not torch.equal(after, base.saved_state)

@@ -76,12 +76,6 @@ def group_04(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     return cells, floor.evidence()
 
 
-def _put_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
-    """The model-side position state the prefix prefill left (Qwen3-VL), put back before a call."""
-    if compat.rope_state_owner(model) is not None:
-        compat.set_rope_state(model, None if value is None else value.clone())
-
-
 def group_06(bundle: Any, prompt: Prompt, sink: int = 4, window: int = 16) -> tuple[list[Cell], dict[str, Any]]:
     """06's one-token case: each built-in rebuild x the four argument sets, against that rebuild's explicit-position
     forward (logical positions, full mask: an engine's resume of the same cache), 06's floor."""
@@ -93,13 +87,13 @@ def group_06(bundle: Any, prompt: Prompt, sink: int = 4, window: int = 16) -> tu
     for name, a in applied.items():
         cache = a.rebuilt.cache
         logical = a.rebuilt.processed_length if a.rebuilt.processed_length is not None else processed
-        _put_state(model, base.saved_state)
+        compat.put_rope_state(model, base.saved_state)
         explicit = triage_controls.explicit_step(model, prompt, cache, triage_controls.logical_positions(model, prompt, logical))
         reference = explicit.logits if explicit.ok else None
         physical = int(cache.get_seq_length())
         for arg_set in triage_controls.ARG_SETS:
             kwargs = triage_controls.arg_kwargs(arg_set, prompt, physical, base.positions)
-            _put_state(model, base.saved_state)
+            compat.put_rope_state(model, base.saved_state)
             cell = run_cell("06", f"{name} · {arg_set}", model, prompt.last_token, cache, kwargs, reference, base.floor, logical)
             if reference is None and cell.plain != "raised":
                 cell.undecided = f"no reference: the explicit-position forward raised ({explicit.error_type})"
@@ -152,11 +146,11 @@ def _cell_at_state(group: str, name: str, model: torch.nn.Module, input_ids: tor
     from ..continuation import generate_first_step
     from .cells import guarded_step, judge, with_length
 
-    _put_state(model, state)
+    compat.put_rope_state(model, state)
     plain = generate_first_step(model, input_ids, copy.deepcopy(cache), **kwargs)
-    _put_state(model, state)
+    compat.put_rope_state(model, state)
     error, guarded = guarded_step(model, None, cache, input_ids=input_ids, **kwargs)
-    _put_state(model, state)
+    compat.put_rope_state(model, state)
     length = with_length(model, None, cache, {"input_ids": input_ids, **kwargs}, processed)
     return judge(group, name, plain, reference, floor, error, guarded, length)
 
@@ -171,7 +165,7 @@ def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     cells = [_cell_at_state("03", name, model, prompt.last_token, prefix, kwargs, reference, floor, prompt.length - 1, state)
              for name, state in (("rope_deltas missing · mask_only", None),
                                  ("rope_deltas stale · mask_only", None if saved is None else torch.zeros_like(saved)))]
-    _put_state(model, saved)
+    compat.put_rope_state(model, saved)
     return cells, floor.evidence()
 
 
@@ -198,5 +192,5 @@ def group_09(bundle: Any, seed: int = 0) -> tuple[list[Cell], dict[str, Any]]:
                   *repair.call_kwargs(chat, repair.full_positions(model, chat)), reference))
     cells = [_cell_at_state("09", name, model, ids, cache, kwargs, ref, floor, chat.cached, turn1)
              for name, ids, kwargs, ref in calls]
-    _put_state(model, saved)
+    compat.put_rope_state(model, saved)
     return cells, floor.evidence()

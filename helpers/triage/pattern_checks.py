@@ -14,9 +14,10 @@ from typing import Any
 import pandas as pd
 import torch
 
+from .. import compat
 from ..continuation import prefill
 from .controls import FULL, Step, diff, full_mask, generate_step
-from .run import Baseline, Triaged, _set_state
+from .run import Baseline, Triaged
 
 
 def _caches(base: Baseline, results: dict[str, Triaged]) -> dict[str, Any]:
@@ -38,23 +39,23 @@ def _first_steps(base: Baseline, results: dict[str, Triaged]) -> dict[str, Step]
 def reuse_rows(base: Baseline, results: dict[str, Triaged]) -> list[dict[str, Any]]:
     """prompt_reuse: suffix A and suffix B from deep copies, then A and B on one object without a copy."""
     second, model, extra = base.case.second, base.model, base.generate_kwargs
-    _set_state(model, base.saved_state)
+    compat.put_rope_state(model, base.saved_state)
     reference_b, _ = prefill(model, second, end=None)
     firsts, rows = _first_steps(base, results), []
     for name, cache in _caches(base, results).items():
         physical = int(cache.get_seq_length())
-        _set_state(model, base.saved_state)
+        compat.put_rope_state(model, base.saved_state)
         b = generate_step(model, second, cache, extra, attention_mask=full_mask(second, physical))
         shared = copy.deepcopy(cache)
-        _set_state(model, base.saved_state)
+        compat.put_rope_state(model, base.saved_state)
         generate_step(model, base.prompt, shared, extra, copy_cache=False, attention_mask=full_mask(base.prompt, physical))
-        _set_state(model, base.saved_state)
+        compat.put_rope_state(model, base.saved_state)
         reused = generate_step(model, second, shared, extra, copy_cache=False,
                                attention_mask=full_mask(second, int(shared.get_seq_length())))
         rows += [_row(base, name, "suffix A, deep copy", firsts[name], base.reference),
                  _row(base, name, "suffix B, deep copy", b, reference_b),
                  _row(base, name, "suffix B after A on the same object (no deepcopy)", reused, reference_b)]
-    _set_state(model, base.saved_state)
+    compat.put_rope_state(model, base.saved_state)
     return rows
 
 
@@ -62,12 +63,12 @@ def continue_rows(base: Baseline, results: dict[str, Triaged]) -> list[dict[str,
     """continue_generate: generate(sequences, their full mask, the returned cache) vs the kit's suffix-only call."""
     model, prompt, firsts, rows = base.model, base.prompt, _first_steps(base, results), []
     for name, cache in _caches(base, results).items():
-        _set_state(model, base.saved_state)
+        compat.put_rope_state(model, base.saved_state)
         threads = generate_step(model, prompt, cache, base.generate_kwargs, input_ids=prompt.input_ids,
                                 attention_mask=prompt.attention_mask)
         rows += [_row(base, name, "suffix only + full mask (the kit's working set)", firsts[name], base.reference),
                  _row(base, name, "all sequences + their mask (as the threads call it)", threads, base.reference)]
-    _set_state(model, base.saved_state)
+    compat.put_rope_state(model, base.saved_state)
     return rows
 
 

@@ -21,11 +21,6 @@ from .facts import Repair
 from .walk import AT_PROCESSED, FULL_MASK, REREGISTER, SAVED_STATE
 
 
-def _set_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
-    if compat.rope_state_owner(model) is not None:
-        compat.set_rope_state(model, None if value is None else value.clone())
-
-
 def as_repair(name: str, step: Step, reference: torch.Tensor, unrepaired: Step | None = None) -> Repair:
     """A repaired step -> Repair (max |diff| vs the full forward; the error and stage when it raised)."""
     return Repair(name, diff(step, Step(True, reference)), step.ok, "" if step.ok else f"{step.error_type} at {step.stage}",
@@ -53,9 +48,9 @@ def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: tor
         if resume_on == "fresh_instance" and fresh:
             out[SAVED_STATE] = as_repair(SAVED_STATE, fresh["fresh instance, state restored"], ref, unrepaired["full"])
         else:
-            _set_state(model, base.saved_state)
+            compat.put_rope_state(model, base.saved_state)
             out[SAVED_STATE] = as_repair(SAVED_STATE, generate_step(model, prompt, cache, kw, **mask), ref, unrepaired["full"])
-    _set_state(model, state_after)
+    compat.put_rope_state(model, state_after)
     try:
         again = reregistered(cache, model, prompt.processed)
     except Exception as exc:  # noqa: BLE001 - a cache transformers' path cannot take is a measurement
@@ -63,11 +58,11 @@ def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: tor
     else:
         step = generate_step(model, prompt, again, kw, attention_mask=full_mask(prompt, int(again.get_seq_length())))
         out[REREGISTER] = as_repair(REREGISTER, step, ref, unrepaired["full"])
-    _set_state(model, state_after)
+    compat.put_rope_state(model, state_after)
     positions = logical_positions(model, prompt, prompt.processed)
     step = generate_step(model, prompt, cache, kw, position_ids=positions, **mask)
     out[AT_PROCESSED] = as_repair(AT_PROCESSED, step, ref, unrepaired["resumed"])
-    _set_state(model, base.saved_state)
+    compat.put_rope_state(model, base.saved_state)
     return out
 
 

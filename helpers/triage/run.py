@@ -69,7 +69,7 @@ def prepare(bundle: Any, case: Prompt | patterns.Case, generate_kwargs: dict[str
     saved = compat.get_rope_state(model)  # as the prefix prefill (or the first generate) left it
     saved = None if saved is None else saved.clone()
     reference, _ = prefill(model, prompt, end=None)
-    _set_state(model, saved)
+    compat.put_rope_state(model, saved)
     positions = logical_positions(model, prompt, prompt.processed)
     original = arg_set_steps(model, prompt, prefix, positions, extra)
     explicit = explicit_step(model, prompt, prefix, positions)
@@ -80,21 +80,16 @@ def prepare(bundle: Any, case: Prompt | patterns.Case, generate_kwargs: dict[str
     return Baseline(model, prompt, reference, prefix, saved, positions, original, explicit, floor, fresh, extra, case)
 
 
-def _set_state(model: torch.nn.Module, value: torch.Tensor | None) -> None:
-    if compat.rope_state_owner(model) is not None:
-        compat.set_rope_state(model, None if value is None else value.clone())
-
-
 def _fresh_steps(base: Baseline, cache: Any) -> dict[str, Step]:
     """Control 4: the rebuilt cache on a fresh instance, without and with the saved model-side state."""
     if base.fresh is None:
         return {}
     mask = {"attention_mask": full_mask(base.prompt, int(cache.get_seq_length()))}
-    _set_state(base.fresh, None)
+    compat.put_rope_state(base.fresh, None)
     bare = generate_step(base.fresh, base.prompt, cache, base.generate_kwargs, **mask)
-    _set_state(base.fresh, base.saved_state)
+    compat.put_rope_state(base.fresh, base.saved_state)
     restored = generate_step(base.fresh, base.prompt, cache, base.generate_kwargs, **mask)
-    _set_state(base.fresh, None)
+    compat.put_rope_state(base.fresh, None)
     return {"fresh instance, no state": bare, "fresh instance, state restored": restored}
 
 
@@ -118,12 +113,12 @@ def apply_all(base: Baseline, specs: dict[str, rebuilds.RebuildFn]) -> dict[str,
     """Apply every rebuild before any control runs (a raise is one RebuildError line); the state is put back after each."""
     out = {}
     for name, fn in specs.items():
-        _set_state(base.model, base.saved_state)
+        compat.put_rope_state(base.model, base.saved_state)
         rebuilt = rebuilds.apply(fn, name, base.prefix_cache, base.model, base.prompt)
         after = compat.get_rope_state(base.model) if base.saved_state is not None else None
         changed = base.saved_state is not None and (after is None or not torch.equal(after, base.saved_state))
         out[name] = Applied(name, rebuilt, None if after is None else after.clone(), bool(changed))
-        _set_state(base.model, base.saved_state)
+        compat.put_rope_state(base.model, base.saved_state)
     return out
 
 
@@ -131,9 +126,9 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     """Controls 1-4 on one applied rebuild; the verdict is `triage.choose_branch` of the result."""
     model, prompt, name, rebuilt = base.model, base.prompt, applied.name, applied.rebuilt
     kv = kv_table(base.prefix_cache, rebuilt.cache, rebuilt.kept)
-    _set_state(model, applied.state_after)  # the instance as the rebuild left it
+    compat.put_rope_state(model, applied.state_after)  # the instance as the rebuild left it
     steps = arg_set_steps(model, prompt, rebuilt.cache, base.positions, base.generate_kwargs)
-    _set_state(model, base.saved_state)
+    compat.put_rope_state(model, base.saved_state)
     restored = (generate_step(model, prompt, rebuilt.cache, base.generate_kwargs, **_full(prompt, rebuilt.cache))
                 if applied.state_changed else None)
     processed = prompt.processed
@@ -141,7 +136,7 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     explicit = explicit_step(model, prompt, rebuilt.cache, logical_positions(model, prompt, logical))
     resumed = resume_step(base, rebuilt, steps, logical)
     fresh = _fresh_steps(base, rebuilt.cache)
-    _set_state(model, base.saved_state)
+    compat.put_rope_state(model, base.saved_state)
     fixes = repairs.run_all(base, rebuilt.cache, {"full": steps[FULL], "resumed": resumed}, applied.state_after, fresh, resume_on)
     delta = None if base.saved_state is None or not prompt.is_multimodal else int(base.saved_state.reshape(-1)[0])
     extra = {"positions_include_rope_deltas": delta if delta is not None else "no (text positions)",
@@ -229,13 +224,13 @@ def backend_outcomes(base: Baseline, t: Triaged, backends: tuple[str, ...] = ("s
     for backend in backends:
         model.set_attn_implementation(backend)
         try:
-            _set_state(model, base.saved_state)
+            compat.put_rope_state(model, base.saved_state)
             original = generate_step(model, base.prompt, base.prefix_cache, base.generate_kwargs, **_full(base.prompt, base.prefix_cache))
-            _set_state(model, base.saved_state)
+            compat.put_rope_state(model, base.saved_state)
             rebuilt = generate_step(model, base.prompt, t.rebuilt.cache, base.generate_kwargs, **_full(base.prompt, t.rebuilt.cache))
         finally:
             model.set_attn_implementation(current)
-            _set_state(model, base.saved_state)
+            compat.put_rope_state(model, base.saved_state)
         out[backend] = {"ok": rebuilt.ok, "error_type": rebuilt.error_type, "stage": rebuilt.stage, "error": rebuilt.error[:200],
                         "error_layer": rebuilt.call.get("error_layer"), "original_ok": original.ok,
                         "max_abs_diff_vs_original": diff(original, rebuilt)}
