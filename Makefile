@@ -80,20 +80,20 @@ GPU_CHECK_ARGS = -m helpers.pipeline.tools.gpu_check $(if $(RELEASES_GPU),--rele
 	--timeout $(GPU_STEP_TIMEOUT) --budget $(GPU_BUDGET) $(if $(GPU_OUT),--out $(GPU_OUT))
 GPU_PLAN_ARGS = -m helpers.pipeline.tools.gpu_plan $(if $(RELEASES_GPU),--releases $(RELEASES_GPU)) --timeout $(GPU_STEP_TIMEOUT)
 # gpu-plan: what gpu-check would run, without CUDA (releases, layouts, arms and their lag, pool poisoning, timeout, minutes).
-gpu-plan: ## what gpu-check would run, printed without CUDA: releases, layouts, arms and lag, poisoning, timeout, minutes
-	@if [ "$(GPU_PY)" != "$(PY)" ] && $(GPU_PY) -c "import torch" 2>/dev/null; then \
-		PYTHONPATH="$(CURDIR)" $(GPU_PY) $(GPU_PLAN_ARGS); \
+# $(call gpu_py,ARGS,ECHO): GPU_PY (other than the kit's .venv) runs ARGS as it is when its torch imports (ECHO=1
+# prints the command first); else the kit's .venv is built first.
+gpu_py = if [ "$(GPU_PY)" != "$(PY)" ] && $(GPU_PY) -c "import torch" 2>/dev/null; then \
+		$(if $(2),echo "PYTHONPATH=$(CURDIR) $(GPU_PY) $(1)";) \
+		PYTHONPATH="$(CURDIR)" $(GPU_PY) $(1); \
 	else \
-		$(MAKE) --no-print-directory env && $(PY) $(GPU_PLAN_ARGS); \
+		$(MAKE) --no-print-directory env && $(PY) $(1); \
 	fi
 
+gpu-plan: ## what gpu-check would run, printed without CUDA: releases, layouts, arms and lag, poisoning, timeout, minutes
+	@$(call gpu_py,$(GPU_PLAN_ARGS))
+
 gpu-check: ## notebook 05's CUDA-only claims on a GPU machine (RELEASES_GPU=, GPU_PY=, GPU_OUT=, GPU_STEP_TIMEOUT=, GPU_BUDGET=); refuses in one line without CUDA
-	@if [ "$(GPU_PY)" != "$(PY)" ] && $(GPU_PY) -c "import torch" 2>/dev/null; then \
-		echo "PYTHONPATH=$(CURDIR) $(GPU_PY) $(GPU_CHECK_ARGS)"; \
-		PYTHONPATH="$(CURDIR)" $(GPU_PY) $(GPU_CHECK_ARGS); \
-	else \
-		$(MAKE) --no-print-directory env && $(PY) $(GPU_CHECK_ARGS); \
-	fi
+	@$(call gpu_py,$(GPU_CHECK_ARGS),1)
 
 # gpu-wheels: the wheels gpu-check's second release installs from on a machine without network, into wheels/
 # (GPU_WHEELS= to add others); ensure_env installs from wheels/ alone (--no-index) when it holds the release.
