@@ -126,8 +126,8 @@ def test_the_checks_run_in_order_and_one_entry_adds_one():
     assert names == ["empty_input", "ledger_tokens", "ledger_length", "linear_state", "nothing_fed", "fed_neither",
                      "restart_token", "ledger_mask", "mask_width", "uneven_layers", "rope_state", "new_vision_tokens",
                      "already_cached", "positions_at_processed", "ledger_positions"]
-    assert [c.name for c in CHECKS if c.untracked_only] == ["nothing_fed", "uneven_layers", "rope_state", "already_cached",
-                                                            "positions_at_processed"]
+    assert [c.name for c in CHECKS if c.untracked_only] == ["nothing_fed", "mask_width", "uneven_layers", "rope_state",
+                                                            "already_cached", "positions_at_processed"]
     call = api_call.ResumeCall(cache=None, n=1)
 
     def never(c):

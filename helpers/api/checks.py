@@ -4,7 +4,7 @@ A check raises `ResumeInputError` saying what to pass instead, or returns. `CHEC
 runs; a check that needs the caller's processed length (which generate() is never given) says so, and is skipped
 where it is absent, so its catches are counted apart. Where the cache has a token ledger (helpers.api.ledger), the
 ledger's checks (helpers.api.ledger_checks) decide what the shape rules marked `untracked_only` guessed from lengths
-(nothing_fed, uneven_layers, rope_state, already_cached, positions_at_processed): those run only for untracked caches
+(nothing_fed, mask_width, uneven_layers, rope_state, already_cached, positions_at_processed): those run only for untracked caches
 (or embeddings, whose ids the ledger cannot compare). A check marked `needs_positions` runs at the text rotary
 embedding's first call, where the positions the model rotates with are known. Adding a check is one function (in its own module if it is
 long) and one `Check(...)` entry in `CHECKS` (docs/api.md, "Adding a check").
@@ -209,7 +209,7 @@ CHECKS: list[Check] = [
     Check("fed_neither", fed_neither),
     Check("restart_token", restart_token),
     Check("ledger_mask", ledger_mask),
-    Check("mask_width", mask_width),
+    Check("mask_width", mask_width, untracked_only=True),
     Check("uneven_layers", uneven_layers, untracked_only=True),
     Check("rope_state", rope_state, untracked_only=True),
     Check("new_vision_tokens", new_vision_tokens),

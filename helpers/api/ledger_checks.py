@@ -11,6 +11,8 @@ read at the text rotary embedding, so the model's own position state, M-RoPE's r
 """
 from __future__ import annotations  # upstream: drop
 
+from typing import Any
+
 import torch
 
 from .call import ResumeCall, ResumeInputError  # upstream: drop
@@ -44,11 +46,29 @@ def ledger_tokens(call: ResumeCall) -> None:
                      f"another request after the common prefix (a cache reused without copy.deepcopy?); copy.deepcopy "
                      f"the cache before each reuse, or crop it to the common prefix of {p} tokens (cache.crop({p}))",
                      crop=p)
-    mask = torch.cat([led.mask.to(ids.device), torch.ones(ids.shape[0], n, dtype=torch.long, device=ids.device)], 1)
+    if _tail(led, ids) and past > n:  # the given tokens are the cache's own last ones: cached already
+        raise refuse("ledger_tokens", f"input_ids are the cache's last {n} token(s), cached already: generate() would "
+                     f"process them twice; crop the cache to {past - n} tokens (cache.crop({past - n})) with a mask of "
+                     f"{past} columns, or pass only new tokens", crop=past - n,
+                     attention_mask=_mask(led.first(past - n), n, ids.device))
     raise refuse("ledger_tokens", f"input_ids do not start with the cache's tokens (position 0: cached "
                  f"{int(led.token_ids[0, 0])}, given {int(ids[0, 0])}), so they are the new tokens, not the whole sequence "
                  f"generate() reads them as: pass attention_mask with {past + n} columns (the {past} cached slots' "
-                 f"mask + {n} ones for these tokens)", attention_mask=mask)
+                 f"mask + {n} ones for these tokens) and position_ids from {led.next_positions().tolist()}",
+                 attention_mask=_mask(led, n, ids.device), position_ids=next_positions(led, n))
+
+
+def _mask(led: Ledger, n: int, device: Any) -> torch.Tensor:
+    """The cached slots' mask + n ones."""
+    return torch.cat([led.mask.to(device), torch.ones(led.batch, n, dtype=torch.long, device=device)], 1)
+
+
+def _tail(led: Ledger, ids: torch.Tensor | None, k: int | None = None) -> bool:
+    """Whether the first k given ids (all where None) are the cache's last k tokens in every row."""
+    if ids is None:
+        return False
+    k = int(ids.shape[-1]) if k is None else k
+    return 0 < k <= led.length and bool((led.token_ids[:, led.length - k:] == ids[:, :k].cpu()).all())
 
 
 def ledger_length(call: ResumeCall) -> None:
@@ -94,15 +114,13 @@ def ledger_positions(call: ResumeCall) -> None:
     if got.shape != want.shape or torch.equal(got, want):
         return
     f, ids = int(fed.shape[-1]), call.fed_ids
-    p = int(got.min())
-    if p < led.length and ids is not None and p + ids.shape[-1] <= led.length and bool(
-            (led.token_ids[:, p:p + ids.shape[-1]] == ids.cpu()).all()):
-        mask = call.mask2d()
-        fixed = {} if mask is None else {"attention_mask": torch.cat(
-            [led.mask[:, :p].to(mask.device, mask.dtype), torch.ones_like(mask[:, :f])], 1)}
-        raise refuse("ledger_positions", f"the fed token(s) at position {p} are cached already (the same ids at the same "
-                     f"positions): crop the cache to {p} tokens (cache.crop({p})) with a mask of {p + f} columns, or pass "
-                     f"only tokens after position {led.length - 1}", crop=p, **fixed)
+    k = int((want - got).max())  # positions the fed tokens overlap with the cached ones
+    if k > 0 and bool((want - got == k).all()) and k <= f and _tail(led, ids, k):
+        keep = led.length - k
+        raise refuse("ledger_positions", f"the first {k} fed token(s) are the cache's last {k}, at the same positions "
+                     f"(cached already): crop the cache to {keep} tokens (cache.crop({keep})) with a mask of {keep + f} "
+                     f"columns, or pass only tokens after position {int(want.max()) - 1}", crop=keep,
+                     attention_mask=_mask(led.first(keep), f, ids.device))
     raise refuse("ledger_positions", f"the model would place the first fed token at position(s) {got.tolist()}, but the "
                  f"cache's rows continue at {want.tolist()} (their last slots were written at {(want - 1).tolist()}): "
                  f"pass position_ids starting at {want.tolist()}", position_ids=next_positions(led, f))
