@@ -11,7 +11,9 @@ from .cells import Cell
 
 BLIND_SPOTS: list[tuple[str, str, str]] = [
     ("04", "double processing", "a cache of L tokens, one token and an L+1-column mask are exactly a valid next step: "
-                                "which tokens built the cache is not among generate()'s inputs"),
+                                "which tokens built the cache is not among generate()'s inputs; with a ledger too, a "
+                                "suffix equal to the cache's last token at the next position is a repeated token "
+                                "(resume on the whole ids repairs it)"),
     ("06", "streaming · mask_only", "a cache evicted to the same length in every layer, with a mask one column wider, "
                                     "is exactly an uncompressed cache of that length: how many tokens were processed "
                                     "before eviction is the caller's knowledge"),

@@ -51,6 +51,7 @@ class Cell:
     fix: dict[str, Any] | None = None  # the refusal's fix (helpers.api.reuse.apply_fix), where it names one
     resume_diff: float | None = None  # helpers.api.resume on the whole sequence vs the reference ('' where not run)
     resume_status: str = ""  # worked / silently_wrong / raised ('' where not run)
+    resume_error: str = ""  # what resume raised
     resume_scope: str = ""  # why resume does not apply to this call ('' where it does)
     rerun: Any = None  # (fix) -> (status, max |diff|): the call again with the fix applied (notebook 08's advice)
 
@@ -62,7 +63,7 @@ class Cell:
                 "guard_message": self.guard_message[:160], "guarded_equals_plain": self.guarded_equals_plain,
                 "undecided": self.undecided, "shape": self.shape, "untracked": self.untracked,
                 "untracked_check": self.untracked_check, "tracked": self.tracked, "resume": self.resume_status,
-                "resume_diff": self.resume_diff}
+                "resume_diff": self.resume_diff, "resume_error": self.resume_error, "resume_scope": self.resume_scope}
 
 
 def plain_status(outcome: Outcome, reference: torch.Tensor | None, floor: NoiseFloor) -> tuple[str, float | None]:
@@ -170,15 +171,17 @@ def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None
 
     cell.rerun = rerun
     if whole is not None and reference is not None:
+        extra = dict(resume_kwargs if resume_kwargs is not None else {
+            k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids", "input_ids", "inputs_embeds")})
+        config = extra.pop("generation_config", None) or greedy_config(model)
         put()
-        extra = resume_kwargs if resume_kwargs is not None else {
-            k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids", "input_ids", "inputs_embeds")}
         try:
             with torch.no_grad():
-                out = resume(model, whole, copy.deepcopy(cache), generation_config=greedy_config(model), **extra)
+                out = resume(model, whole, copy.deepcopy(cache), generation_config=config, **extra)
             got = Outcome(True, (read or (lambda o: compat.generate_logits(o)[0]))(out).detach().clone())
         except Exception as exc:  # noqa: BLE001 - recorded: resume refused or raised
             got = Outcome(False, error_type=type(exc).__name__, error=str(exc)[:200])
+            cell.resume_error = f"{type(exc).__name__}: {exc}"[:200]
         cell.resume_status, cell.resume_diff = plain_status(got, reference, floor)
     put()
     return cell

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..compare import Decision
+from . import blind
 from .cells import Cell, counts
 
 SOURCE_LEDGER = {"transformers docs": "Re-use Cache to continue generation: copy.deepcopy the prompt cache for each "
@@ -23,23 +24,27 @@ def _names(cells: list[Cell]) -> list[str]:
 
 
 def decide_ledger_refuses(cells: list[Cell], internal: list[dict[str, Any]] | None = None) -> Decision:
-    """Every silently wrong tracked cell refused (by the tracked guard), no working tracked cell refused, no internal
-    call refused."""
+    """Every silently wrong tracked cell refused by the tracked guard or a named blind spot (helpers.api.blind: even
+    its ledger is a valid call's), no working tracked cell refused, no internal call refused."""
     tracked = [c for c in cells if c.tracked and not c.undecided]
     wrong = [c for c in tracked if c.plain == "silently_wrong"]
-    missed = [c for c in wrong if c.guard != "raised"]
+    passed = [c for c in wrong if c.guard != "raised"]
+    missed = [c for c in passed if not blind.reason(c)]  # a named blind spot: its inputs and ledger are a valid call's
     alarms = [c for c in tracked if c.plain == "worked" and c.guard == "raised"]
     refused = [f"{r['shape']} · {r['model']} call {r['call']}" for r in internal or [] if r.get("refused")]
     holds = bool(wrong) and not missed and not alarms and not refused
-    why = (f"all {len(wrong)} silently wrong tracked cells refused; 0 of {sum(c.plain == 'worked' for c in tracked)} "
+    why = (f"{len(wrong) - len(passed)} of {len(wrong)} silently wrong tracked cells refused, the other {len(passed)} "
+           f"named blind spots ({_names(passed)}); 0 of {sum(c.plain == 'worked' for c in tracked)} "
            f"working tracked cells and 0 of {len(internal or [])} internal calls refused" if holds else
            "no tracked cell was silently wrong: nothing to refuse" if not wrong else
            f"missed: {_names(missed)}; false alarms: {_names(alarms)}; internal calls refused: {refused}")
     untracked = [c for c in cells if not c.tracked and not c.undecided]
     return Decision(holds, why, {"tracked": counts(tracked), "tracked_untracked_guard": counts(tracked, "untracked"),
                                  "untracked_caches": counts(untracked), "missed": _names(missed),
-                                 "false_alarms": _names(alarms), "internal_refused": refused},
-                    {"silently_wrong_tracked": len(wrong), "refused": len(wrong) - len(missed),
+                                 "false_alarms": _names(alarms), "internal_refused": refused,
+                                 "named_blind_spots": {f"{c.group}: {c.cell}": blind.reason(c) for c in passed}},
+                    {"silently_wrong_tracked": len(wrong), "refused": len(wrong) - len(passed),
+                     "named_blind_spots": len(passed) - len(missed), "unnamed_misses": len(missed),
                      "refused_without_ledger": sum(c.untracked == "raised" for c in wrong),
                      "false_alarms": len(alarms), "internal_refused": len(refused)}, SOURCE_LEDGER)
 

@@ -49,7 +49,7 @@ def as_rows(positions: torch.Tensor, batch: int, f: int) -> torch.Tensor:
     elif p.dim() == 2:
         p = p.unsqueeze(0)
     p = p[..., -f:]
-    return p.expand(p.shape[0], batch, p.shape[-1]) if p.shape[1] != batch else p
+    return p.expand(p.shape[0], batch, p.shape[-1]) if p.shape[1] == 1 and batch != 1 else p
 
 
 def rotary_positions(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
