@@ -72,9 +72,11 @@ def _tail(led: Ledger, ids: torch.Tensor | None, k: int | None = None) -> bool:
 
 
 def ledger_length(call: ResumeCall) -> None:
-    """A cache holding at least as many tokens as the whole ids it should precede (nothing would be fed)."""
-    led = call.ledger
-    if led is None or not _whole(call):
+    """A cache holding at least as many tokens as the whole ids it should precede (ids sliced as a whole sequence, or
+    a mask as wide as the ids alone: nothing new would be fed)."""
+    led, mask = call.ledger, call.mask2d()
+    as_whole = _whole(call) or (call.given_ids is not None and (mask is None or int(mask.shape[-1]) == call.n))
+    if led is None or not as_whole:
         return
     past, n = led.length, call.n
     if past >= n and led.common_prefix(call.given_ids) >= n:
