@@ -152,8 +152,8 @@ def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None
               reference: torch.Tensor | None, floor: NoiseFloor, whole: torch.Tensor | None = None,
               state: Any = "keep", inputs: torch.Tensor | None = None, read: Any = None,
               resume_kwargs: dict[str, Any] | None = None) -> Cell:
-    """The cell's untracked guard, its refusal's fix (rerun on demand: `cell.rerun(fix)`), and `resume` on `whole`
-    (the whole sequence) where given; `state`: the model-side position state put back before each call."""
+    """The cell's untracked guard, its refusal's fix (rerun on demand: `cell.rerun(fix)`), and, for a silently wrong
+    cell, `resume` on `whole` (the whole sequence) where given; `state`: the model-side position state put back before each call."""
     def put() -> None:
         if state != "keep":
             compat.put_rope_state(model, state)
@@ -170,7 +170,7 @@ def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None
         return plain_status(out, reference, floor)
 
     cell.rerun = rerun
-    if whole is not None and reference is not None:
+    if whole is not None and reference is not None and cell.plain == "silently_wrong":  # what resume is for
         extra = dict(resume_kwargs if resume_kwargs is not None else {
             k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids", "input_ids", "inputs_embeds")})
         config = extra.pop("generation_config", None) or greedy_config(model)
