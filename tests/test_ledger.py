@@ -81,9 +81,23 @@ def test_the_ledger_records_tokens_and_positions_and_travels(model):
     beams.batch_repeat_interleave(2)
     assert ledger_of(beams).batch == 2
     assert ledger_of(without_ledger(cache)) is None
-    evicted = copy.deepcopy(cache)
-    keep_slots(evicted, [0, 1, 9])
-    assert ledger_of(evicted) is None  # the K/V still hold 10 slots: a ledger of 3 does not describe them
+    stale = copy.deepcopy(cache)
+    keep_slots(stale, [0, 1, 9])
+    assert ledger_of(stale) is None  # the K/V still hold 10 slots: a ledger of 3 does not describe them
+
+
+def test_an_eviction_keeps_the_retained_slots_entries_and_the_guard_names_the_positions(model):
+    (ids,) = ids_of(13)
+    cache = prefill(model, ids[:, :12])
+    kept = [0, 1, 2, 3, 8, 9, 10, 11]  # a sink of 4 and a window of 4 (06's streaming shape)
+    pairs = [(k[:, :, kept], v[:, :, kept]) for k, v in export_tensors(cache)[0]]
+    led = ledger_of(cache).slots(kept)
+    evicted = kv_cache_from_tensors(pairs, model.config, token_ids=led.token_ids, positions=led.positions)
+    assert ledger_of(evicted).positions[0, 0].tolist() == kept
+    mask = torch.ones(1, 9, dtype=torch.long)
+    error = refusal(model, ids[:, -1:], evicted, attention_mask=mask)
+    assert error.check == "ledger_positions" and "[12]" in str(error) and error.fix["position_ids"].tolist() == [[12]]
+    assert refusal(model, ids[:, -1:], evicted, attention_mask=mask, position_ids=torch.tensor([[12]])) is None
 
 
 def test_generate_extends_the_ledger_and_an_untracked_cache_stays_untracked(model):

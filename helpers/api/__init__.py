@@ -5,7 +5,7 @@ from .factory import FactoryError, export_tensors, kv_cache_from_tensors
 from .guard import check_forward_call, check_resume_inputs, guarded_generate
 from .ledger import Ledger, keep_slots, ledger_of
 from .reuse import resume
-from .track import track
+from .tracking import track
 
 __all__ = ["CHECKS", "Check", "FactoryError", "Ledger", "ResumeInputError", "check_forward_call", "check_resume_inputs",
            "export_tensors", "guarded_generate", "keep_slots", "kv_cache_from_tensors", "ledger_of", "resume", "track"]

@@ -19,7 +19,7 @@ import torch
 
 from .. import compat  # upstream: drop
 from .call import ResumeCall, first_call_hook, from_forward, from_generate, is_encoder_decoder  # upstream: drop
-from .track import as_rows, rotary_hook  # upstream: drop
+from .tracking import as_rows, rotary_hook  # upstream: drop
 from .checks import CHECKS, Check, ResumeInputError  # upstream: drop
 
 Processed = int | torch.Tensor | list[int] | None
