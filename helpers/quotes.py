@@ -49,6 +49,10 @@ _SLIDING = ("Other cache layer types can have different semantics—for example,
 _VALIDATION = ("detect a non-empty cache combined with a short suffix and an attention mask that covers only that suffix, "
                "then raise a useful error or warning instead of silently slicing to an empty input.")
 _FACTORY = "validating K/V shapes, dtype, device, and batch size;"
+_CONTRACT = ("Resuming generate() from a non-empty cache requires an unambiguous contract between the cached prefix, the "
+             "unprocessed suffix, the full attention mask, and any model-specific positional state.")
+_ENGINES = ("In-forward methods, patched attention implementations, and inference engines that own their resume state may "
+            "cross a different boundary.")
 _LINEAR_HYPOTHESIS = "only the correctness of the linear_attention layers' recurrent/conv state under offload looks broken."
 _FIRST_REUSE = "the bug appears exactly at the first post-prefill forward call that reuses the cache"
 _SCALE = ("the size 7.65625: raw logit differences scale with the model (the tiny model's largest |logit| is below 1); "
@@ -158,6 +162,9 @@ QUOTES: dict[str, Quote] = {
     "api.factory_matches_original_every_family": _q(CONTROL, "extends", "- original cache versus identity-rebuilt cache;"),
     "api.factory_refuses_malformed_inputs": _q(CONTROL, "extends", _FACTORY),
     "api.resume_state_portable_to_fresh_instance": _q(CONTROL, "extends", "- original model instance versus fresh model instance;"),
+    "api.ledger_guard_refuses_every_silent_tracked_case": _q(CONTROL, "extends", _CONTRACT),
+    "api.every_refusal_advice_restores": _q(CONTROL, "extends", _VALIDATION),
+    "api.resume_matches_full_forward": _q(CONTROL, "extends", _ENGINES),
     # 09 a new image after a cached turn
     "newimage.natural_call_silently_wrong": _new_image(_ONE_IMAGE),
     "newimage.positions_explain_it": _new_image(_MM_STATE),

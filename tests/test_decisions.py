@@ -350,13 +350,14 @@ def registered() -> dict[str, list[str]]:
 def every_case() -> list[tuple[str, Callable[[], Any], bool]]:
     """This file's tables and the kill-test tables of the other deciding modules (tests/test_kill_*.py)."""
     import test_kill_api
+    import test_kill_ledger
     import test_kill_newimage
     import test_kill_offload
     import test_kill_regress
     import test_kill_tree
 
     return ([case for table in TABLES.values() for case in table] + test_kill_tree.CASES + test_kill_offload.CASES
-            + test_kill_regress.CASES + test_kill_api.CASES + test_kill_newimage.CASES)
+            + test_kill_regress.CASES + test_kill_api.CASES + test_kill_newimage.CASES + test_kill_ledger.CASES)
 
 
 def _holds(value: Any) -> bool | None:

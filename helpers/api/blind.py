@@ -2,7 +2,9 @@
 
 `BLIND_SPOTS` matches a cell by its group and a part of its name. A silently wrong cell the guard passes on
 generate()'s own inputs counts as a named miss only where one of these says why those inputs are those of a valid
-call; any other miss is unexplained and fails notebook 08's claim. Whether the caller's processed length catches it
+call; any other miss is unexplained and fails notebook 08's claim. With a token ledger (helpers.api.ledger) the guard
+refuses 03's stale rope_deltas, 07's all-ones mask and the suffix longer than the cache; these stay blind spots for
+untracked caches only. 04's re-fed token under an L+1 mask stays one with a ledger too. Whether the caller's processed length catches it
 is measured per cell, not stated here.
 """
 from __future__ import annotations
@@ -11,7 +13,9 @@ from .cells import Cell
 
 BLIND_SPOTS: list[tuple[str, str, str]] = [
     ("04", "double processing", "a cache of L tokens, one token and an L+1-column mask are exactly a valid next step: "
-                                "which tokens built the cache is not among generate()'s inputs"),
+                                "which tokens built the cache is not among generate()'s inputs; with a ledger too, a "
+                                "suffix equal to the cache's last token at the next position is a repeated token "
+                                "(resume on the whole ids repairs it)"),
     ("06", "streaming · mask_only", "a cache evicted to the same length in every layer, with a mask one column wider, "
                                     "is exactly an uncompressed cache of that length: how many tokens were processed "
                                     "before eviction is the caller's knowledge"),

@@ -16,6 +16,7 @@ import torch
 
 from .. import compat  # upstream: drop
 from ..regress import layers  # upstream: drop
+from .ledger import Ledger, ledger_of  # upstream: drop
 
 
 def self_attention_cache(cache: Any) -> Any:
@@ -56,6 +57,7 @@ class ResumeInputError(ValueError):
     """Resume inputs that generate() would take silently or fail on deep inside; the message says what to pass."""
 
     check: str = ""  # the name of the check that raised it (set by the guard)
+    fix: dict[str, Any] = {}  # what replaces the call's arguments (crop / attention_mask / position_ids), where known
 
 
 @dataclass
@@ -76,6 +78,9 @@ class ResumeCall:
     layer_types: tuple[str, ...] = ()  # the config's per-layer attention types (empty where it lists none)
     model: Any = None  # the model generate() runs (its config and its release's source, for model-specific checks)
     multimodal: dict[str, Any] = field(default_factory=dict)  # the MULTIMODAL inputs given (None ones left out)
+    given_ids: torch.Tensor | None = None  # the ids given (the decoder's for an encoder-decoder); None: embeddings
+    ledger: Ledger | None = None  # what the cache holds, where it is tracked (helpers.api.ledger.of)
+    fed_positions: torch.Tensor | None = None  # [rows, batch, f]: the positions the first call rotates with
 
     def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         """Record what generate() gave its first model call (these keyword arguments)."""
@@ -143,9 +148,11 @@ def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: d
     length, rows = processed(processed_length)
     mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
     owner = compat.rope_state_owner(model)
+    ids = given.get("decoder_input_ids" if decoder else "input_ids")
     return ResumeCall(cache, n, None, mask, kwargs.get("decoder_position_ids" if decoder else "position_ids"), length, rows,
                       owner is not None, compat.get_rope_state(model) if owner is not None else None,
-                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs))
+                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs),
+                      ids if isinstance(ids, torch.Tensor) else None, ledger_of(cache))
 
 
 def multimodal(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -163,8 +170,10 @@ def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall |
     call = ResumeCall(cache, n, n, kwargs.get("decoder_attention_mask" if decoder else "attention_mask"),
                       kwargs.get("decoder_position_ids" if decoder else "position_ids"), None, None,
                       owner is not None, compat.get_rope_state(model) if owner is not None else None,
-                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs))
+                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs),
+                      None, ledger_of(cache))
     call.feed(model, kwargs)
+    call.given_ids = call.fed_ids
     return call
 
 

@@ -20,6 +20,8 @@ from ..compare import NoiseFloor
 from ..continuation import Outcome, generate_first_step, greedy_config
 from ..regress.cells import max_diff
 from .guard import ResumeInputError, check_resume_inputs, guarded_generate
+from .ledger import ledger_of, without_ledger
+from .reuse import apply_fix, resume
 
 PLAIN = ("worked", "silently_wrong", "raised")
 GUARDED = ("passed", "raised")
@@ -43,6 +45,15 @@ class Cell:
     with_length: str = ""  # the guard given the caller's processed length: passed / raised ('' where none is known)
     with_length_check: str = ""
     shape: str = ""  # the valid call shape the cell belongs to ('' for the kit's own cells)
+    untracked: str = ""  # the guard on the same call with the cache's ledger removed (today's guard): passed / raised
+    untracked_check: str = ""
+    tracked: bool = False  # the cache had a ledger
+    fix: dict[str, Any] | None = None  # the refusal's fix (helpers.api.reuse.apply_fix), where it names one
+    resume_diff: float | None = None  # helpers.api.resume on the whole sequence vs the reference ('' where not run)
+    resume_status: str = ""  # worked / silently_wrong / raised ('' where not run)
+    resume_error: str = ""  # what resume raised
+    resume_scope: str = ""  # why resume does not apply to this call ('' where it does)
+    rerun: Any = None  # (fix) -> (status, max |diff|): the call again with the fix applied (notebook 08's advice)
 
     def row(self) -> dict[str, Any]:
         return {"group": self.group, "cell": self.cell, "plain": self.plain, "guard": self.guard,
@@ -50,7 +61,9 @@ class Cell:
                 "check_with_length": self.with_length_check, "max_abs_diff": self.max_abs_diff,
                 "threshold": self.threshold, "plain_error": self.plain_error[:120],
                 "guard_message": self.guard_message[:160], "guarded_equals_plain": self.guarded_equals_plain,
-                "undecided": self.undecided, "shape": self.shape}
+                "undecided": self.undecided, "shape": self.shape, "untracked": self.untracked,
+                "untracked_check": self.untracked_check, "tracked": self.tracked, "resume": self.resume_status,
+                "resume_diff": self.resume_diff, "resume_error": self.resume_error, "resume_scope": self.resume_scope}
 
 
 def plain_status(outcome: Outcome, reference: torch.Tensor | None, floor: NoiseFloor) -> tuple[str, float | None]:
@@ -76,6 +89,8 @@ def with_length(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any,
         check_resume_inputs(model, inputs, processed_length=processed_length, **_cache_kwargs(model, cache), **kwargs)
     except ResumeInputError as exc:
         return "raised", exc.check
+    except Exception:  # noqa: BLE001 - generate()'s own error, raised unchanged: the guard added no refusal
+        return "passed", ""
     return "passed", ""
 
 
@@ -101,20 +116,88 @@ def judge(group: str, name: str, plain: Outcome, reference: torch.Tensor | None,
     same = None
     if guarded is not None:
         same = bool(guarded.ok == plain.ok and (not plain.ok or torch.equal(guarded.logits, plain.logits)))
-    return Cell(group, name, status, "raised" if error is not None else "passed", value, floor.threshold,
+    cell = Cell(group, name, status, "raised" if error is not None else "passed", value, floor.threshold,
                 plain.error_summary()[:200] if not plain.ok else "", str(error or ""), same,
                 guard_check=getattr(error, "check", ""), with_length=length[0], with_length_check=length[1])
+    cell.fix = dict(getattr(error, "fix", None) or {}) if error is not None else None
+    return cell
 
 
 def run_cell(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor, cache: Any,
              kwargs: dict[str, Any], reference: torch.Tensor | None, floor: NoiseFloor,
-             processed_length: Any, plain: Outcome | None = None) -> Cell:
-    """Plain generate() (or the kit's own recorded `plain` outcome), the guarded call, the guard with the length."""
+             processed_length: Any, plain: Outcome | None = None, whole: torch.Tensor | None = None,
+             state: Any = "keep") -> Cell:
+    """Plain generate() (or the kit's own recorded `plain` outcome), the guarded call, the guard with the length, and
+    the follow-ups (`follow_up`; `state`: the model-side position state each starts from, "keep": as it is)."""
     if plain is None:
         plain = generate_first_step(model, input_ids, copy.deepcopy(cache), **kwargs)
     error, guarded = guarded_step(model, None, cache, input_ids=input_ids, **kwargs)
     length = with_length(model, None, cache, {"input_ids": input_ids, **kwargs}, processed_length)
-    return judge(group, name, plain, reference, floor, error, guarded, length)
+    cell = judge(group, name, plain, reference, floor, error, guarded, length)
+    return follow_up(cell, model, input_ids, cache, kwargs, reference, floor, whole, state)
+
+
+def untracked_guard(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwargs: dict[str, Any]) -> tuple[str, str]:
+    """(passed / raised, the check) of the guard on the same call with the ledger removed: today's guard."""
+    try:
+        check_resume_inputs(model, inputs, **{compat.generate_cache_kwarg(model): without_ledger(cache)}, **kwargs)
+    except ResumeInputError as exc:
+        return "raised", exc.check
+    except Exception:  # noqa: BLE001 - generate()'s own error: the guard added no refusal
+        return "passed", ""
+    return "passed", ""
+
+
+def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None, cache: Any, kwargs: dict[str, Any],
+              reference: torch.Tensor | None, floor: NoiseFloor, whole: torch.Tensor | None = None,
+              state: Any = "keep", inputs: torch.Tensor | None = None, read: Any = None,
+              resume_kwargs: dict[str, Any] | None = None) -> Cell:
+    """The cell's untracked guard, its refusal's fix (rerun on demand: `cell.rerun(fix)`), and, for a silently wrong
+    cell, `resume` on `whole` (the whole sequence) where given; `state`: the model-side position state put back before each call."""
+    def put() -> None:
+        if state != "keep":
+            compat.put_rope_state(model, state)
+
+    given = {**kwargs, **({"input_ids": input_ids} if input_ids is not None else {})}
+    cell.tracked = ledger_of(cache) is not None
+    put()
+    cell.untracked, cell.untracked_check = untracked_guard(model, inputs, cache, given) if cell.tracked else (cell.guard, cell.guard_check)
+
+    def rerun(fix: dict[str, Any]) -> tuple[str, float | None]:
+        fixed_cache, fixed = apply_fix(fix, cache, given)
+        put()
+        out = _first_step(model, inputs, fixed_cache, fixed, read)
+        return plain_status(out, reference, floor)
+
+    cell.rerun = rerun
+    if whole is not None and reference is not None and cell.plain == "silently_wrong":  # what resume is for
+        extra = dict(resume_kwargs if resume_kwargs is not None else {
+            k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids", "input_ids", "inputs_embeds")})
+        config = extra.pop("generation_config", None) or greedy_config(model)
+        put()
+        try:
+            with torch.no_grad():
+                out = resume(model, whole, copy.deepcopy(cache), generation_config=config, **extra)
+            got = Outcome(True, (read or (lambda o: compat.generate_logits(o)[0]))(out).detach().clone())
+        except Exception as exc:  # noqa: BLE001 - recorded: resume refused or raised
+            got = Outcome(False, error_type=type(exc).__name__, error=str(exc)[:200])
+            cell.resume_error = f"{type(exc).__name__}: {exc}"[:200]
+        cell.resume_status, cell.resume_diff = plain_status(got, reference, floor)
+    put()
+    return cell
+
+
+@torch.no_grad()
+def _first_step(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwargs: dict[str, Any],
+                read: Any = None) -> Outcome:
+    """generate()'s first greedy step with these arguments (positional `inputs` where given)."""
+    read = read or (lambda out: compat.generate_logits(out)[0])
+    kwargs = {"generation_config": greedy_config(model), **kwargs}
+    try:
+        out = model.generate(inputs, **{compat.generate_cache_kwarg(model): cache}, **kwargs)
+        return Outcome(True, read(out).detach().clone())
+    except Exception as exc:  # noqa: BLE001 - recorded
+        return Outcome(False, error_type=type(exc).__name__, error=str(exc).splitlines()[0] if str(exc) else "")
 
 
 def confusion(cells: list[Cell], guard: str = "guard") -> dict[str, dict[str, int]]:
@@ -126,7 +209,7 @@ def confusion(cells: list[Cell], guard: str = "guard") -> dict[str, dict[str, in
     return table
 
 
-def counts(cells: list[Cell], guard: str = "guard") -> dict[str, int]:
+def counts(cells: list[Cell], guard: str = "guard") -> dict[str, int]:  # guard: 'guard', 'with_length', 'untracked'
     """misses (silently wrong, guard passed), false alarms (worked, guard raised), caught, clean passes, clearer errors."""
     decided = [c for c in cells if not c.undecided and getattr(c, guard)]
 

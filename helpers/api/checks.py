@@ -2,7 +2,11 @@
 
 A check raises `ResumeInputError` saying what to pass instead, or returns. `CHECKS` is the ordered list the guard
 runs; a check that needs the caller's processed length (which generate() is never given) says so, and is skipped
-where it is absent, so its catches are counted apart. Adding a check is one function (in its own module if it is
+where it is absent, so its catches are counted apart. Where the cache has a token ledger (helpers.api.ledger), the
+ledger's checks (helpers.api.ledger_checks) decide what the shape rules marked `untracked_only` guessed from lengths
+(nothing_fed, mask_width, uneven_layers, rope_state, already_cached, positions_at_processed): those run only for untracked caches
+(or embeddings, whose ids the ledger cannot compare). A check marked `needs_positions` runs at the text rotary
+embedding's first call, where the positions the model rotates with are known. Adding a check is one function (in its own module if it is
 long) and one `Check(...)` entry in `CHECKS` (docs/api.md, "Adding a check").
 """
 from __future__ import annotations  # upstream: drop
@@ -15,6 +19,7 @@ import torch
 from .. import compat  # upstream: drop
 from ..regress import layers  # upstream: drop
 from .call import ResumeCall, ResumeInputError, self_attention_cache  # upstream: drop
+from .ledger_checks import ledger_length, ledger_mask, ledger_positions, ledger_tokens  # upstream: drop
 from .new_vision_tokens import new_vision_tokens  # upstream: drop
 
 
@@ -25,6 +30,24 @@ class Check:
     name: str
     run: Callable[[ResumeCall], None]
     needs_processed_length: bool = False
+    untracked_only: bool = False  # a shape rule the ledger decides: run only where the cache has no ledger
+    needs_positions: bool = False  # reads the positions the first call rotates with (call.fed_positions)
+
+    def applies(self, call: ResumeCall) -> bool:
+        """Whether this check runs on this call (processed length given; no ledger deciding it)."""
+        if self.needs_processed_length and call.processed_length is None:
+            return False
+        return not (self.untracked_only and call.ledger is not None and call.given_ids is not None)
+
+
+def _with_fix(error: ResumeInputError, **fix: object) -> ResumeInputError:
+    error.fix = dict(fix)
+    return error
+
+
+def _ones(call: ResumeCall, columns: int) -> torch.Tensor:
+    rows = call.given_ids.shape[0] if call.given_ids is not None else 1
+    return torch.ones(rows, columns, dtype=torch.long)
 
 
 def empty_input(call: ResumeCall) -> None:
@@ -52,14 +75,17 @@ def nothing_fed(call: ResumeCall) -> None:
     past, _ = call.lengths
     mask, n = call.mask2d(), call.n
     if mask is None and call.attention_mask is None:
-        raise ResumeInputError(f"no attention_mask: the cache holds {past} tokens and input_ids {n}; generate() reads "
-                               f"input_ids as the whole sequence and slices off its first {past} tokens, so no token "
-                               f"reaches the model. Pass attention_mask with {past + n} columns (cached + suffix)")
+        raise _with_fix(ResumeInputError(f"no attention_mask: the cache holds {past} tokens and input_ids {n}; generate() "
+                                         f"reads input_ids as the whole sequence and slices off its first {past} tokens, "
+                                         f"so no token reaches the model. Pass attention_mask with {past + n} columns "
+                                         f"(cached + suffix)"), attention_mask=_ones(call, past + n))
     if mask is not None and int(mask.shape[-1]) == n:
-        raise ResumeInputError(f"attention_mask covers only the suffix ({n} columns) while the cache holds {past} tokens: "
-                               f"pass the full mask of {past + n} columns (the cached prefix's mask + the suffix's)")
-    raise ResumeInputError(f"generate() feeds the model none of the {n} tokens given beside a cache of {past}: pass the "
-                           f"suffix with an attention_mask of {past + n} columns (cached + suffix)")
+        raise _with_fix(ResumeInputError(f"attention_mask covers only the suffix ({n} columns) while the cache holds {past} "
+                                         f"tokens: pass the full mask of {past + n} columns (the cached prefix's mask + the "
+                                         f"suffix's)"), attention_mask=_ones(call, past + n))
+    raise _with_fix(ResumeInputError(f"generate() feeds the model none of the {n} tokens given beside a cache of {past}: "
+                                     f"pass the suffix with an attention_mask of {past + n} columns (cached + suffix)"),
+                    attention_mask=_ones(call, past + n))
 
 
 def fed_neither(call: ResumeCall) -> None:
@@ -78,9 +104,10 @@ def restart_token(call: ResumeCall) -> None:
     if call.decoder_start is None or ids is None or ids.shape[-1] == 0 or past == 0:
         return
     if bool((ids[:, 0] == call.decoder_start).all()):
-        raise ResumeInputError(f"generate() feeds all {call.f} decoder_input_ids, the decoder start token first, beside a "
-                               f"decoder cache of {past} tokens: pass decoder_attention_mask over the whole sequence "
-                               f"({call.n} columns, so generate() feeds only what is not cached), or only the new tokens")
+        raise _with_fix(ResumeInputError(f"generate() feeds all {call.f} decoder_input_ids, the decoder start token first, "
+                                         f"beside a decoder cache of {past} tokens: pass decoder_attention_mask over the "
+                                         f"whole sequence ({call.n} columns, so generate() feeds only what is not "
+                                         f"cached), or only the new tokens"), decoder_attention_mask=_ones(call, call.n))
 
 
 def mask_width(call: ResumeCall) -> None:
@@ -91,8 +118,9 @@ def mask_width(call: ResumeCall) -> None:
     past, widest = call.lengths
     m, f = int(mask.shape[-1]), call.f
     if m not in (past + f, widest + f):
-        raise ResumeInputError(f"attention_mask has {m} columns; a resume from a cache of {past} tokens with {call.n} new "
-                               f"tokens needs {past + call.n} (cached + suffix)")
+        raise _with_fix(ResumeInputError(f"attention_mask has {m} columns; a resume from a cache of {past} tokens with "
+                                         f"{call.n} new tokens needs {past + call.n} (cached + suffix)"),
+                        attention_mask=_ones(call, past + call.n))
 
 
 def uneven_layers(call: ResumeCall) -> None:
@@ -174,14 +202,18 @@ def positions_at_processed(call: ResumeCall) -> None:
 
 CHECKS: list[Check] = [
     Check("empty_input", empty_input),
+    Check("ledger_tokens", ledger_tokens),
+    Check("ledger_length", ledger_length),
     Check("linear_state", linear_state),
-    Check("nothing_fed", nothing_fed),
+    Check("nothing_fed", nothing_fed, untracked_only=True),
     Check("fed_neither", fed_neither),
     Check("restart_token", restart_token),
-    Check("mask_width", mask_width),
-    Check("uneven_layers", uneven_layers),
-    Check("rope_state", rope_state),
+    Check("ledger_mask", ledger_mask),
+    Check("mask_width", mask_width, untracked_only=True),
+    Check("uneven_layers", uneven_layers, untracked_only=True),
+    Check("rope_state", rope_state, untracked_only=True),
     Check("new_vision_tokens", new_vision_tokens),
-    Check("already_cached", already_cached, needs_processed_length=True),
-    Check("positions_at_processed", positions_at_processed, needs_processed_length=True),
+    Check("already_cached", already_cached, needs_processed_length=True, untracked_only=True),
+    Check("positions_at_processed", positions_at_processed, needs_processed_length=True, untracked_only=True),
+    Check("ledger_positions", ledger_positions, needs_positions=True),
 ]

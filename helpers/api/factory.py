@@ -16,6 +16,7 @@ import torch
 from .. import compat
 from ..caches import kv_geometry
 from ..regress import layers
+from .ledger import attach_ledger, ledger_from_tensors
 
 LinearStates = dict[str, dict[int, torch.Tensor]]  # {"conv": {state_idx: t}, "recurrent": {state_idx: t}}
 
@@ -118,9 +119,13 @@ def validate(kv_pairs: Sequence[Any], config: Any, processed_length: int | None 
 
 
 def kv_cache_from_tensors(kv_pairs: Sequence[Any], config: Any, *, processed_length: int | None = None,
-                          linear_states: dict[int, LinearStates] | None = None) -> Any:
-    """A validated `DynamicCache(config=...)` holding these K/V (and linear states); FactoryError on a mismatch."""
+                          linear_states: dict[int, LinearStates] | None = None, token_ids: torch.Tensor | None = None,
+                          positions: torch.Tensor | None = None) -> Any:
+    """A validated `DynamicCache(config=...)` holding these K/V (and linear states); FactoryError on a mismatch.
+    `token_ids` [batch, slots] (and `positions` [batch, slots] or [3, batch, slots], default 0..slots-1): the token
+    ledger the guard reads (helpers.api.ledger), one entry per stored slot."""
     checked = validate(kv_pairs, config, processed_length, linear_states)
+    ledger = _ledger(checked, token_ids, positions)
     cache = compat.dynamic_cache(compat.text_config(config))
     built = compat.cache_layers(cache)
     for i, states in sorted((linear_states or {}).items()):
@@ -132,7 +137,25 @@ def kv_cache_from_tensors(kv_pairs: Sequence[Any], config: Any, *, processed_len
         cache.update(keys.detach().clone(), values.detach().clone(), i)
         if processed_length is not None and layers.is_sliding(built[i]):
             layers.copy_processed_length(SimpleNamespace(cumulative_length=processed_length), built[i])
-    return cache
+    return cache if ledger is None else attach_ledger(cache, ledger)
+
+
+def _ledger(checked: dict[int, tuple[torch.Tensor, torch.Tensor]], token_ids: torch.Tensor | None,
+            positions: torch.Tensor | None) -> Any:
+    """The ledger of the given ids and positions, checked against the stored slots (None where no ids are given)."""
+    if token_ids is None:
+        if positions is not None:
+            raise FactoryError("positions given without token_ids: the ledger needs both (or token_ids alone)")
+        return None
+    ledger = ledger_from_tensors(token_ids, positions)
+    keys = checked[min(checked)][0] if checked else None
+    want = (int(keys.shape[0]), int(keys.shape[-2])) if keys is not None else None
+    if want is not None and (ledger.batch, ledger.length) != want:
+        raise FactoryError(f"token_ids: {ledger.batch} rows x {ledger.length} slots, the K/V hold {want[0]} x {want[1]}")
+    if ledger.positions.shape[1:] != ledger.token_ids.shape:
+        raise FactoryError(f"positions: shape {list(ledger.positions.shape)} does not match token_ids "
+                           f"{list(ledger.token_ids.shape)}")
+    return ledger
 
 
 def export_tensors(cache: Any) -> tuple[list[Any], dict[int, LinearStates], int]:

@@ -25,6 +25,12 @@ from ..triage import run as triage_run
 from .cells import Cell, run_cell
 
 
+def _state(model: torch.nn.Module) -> Any:
+    """The model-side position state as it is now (a copy), or "keep" for a model that keeps none."""
+    state = compat.get_rope_state(model) if compat.rope_state_owner(model) is not None else "keep"
+    return state.clone() if isinstance(state, torch.Tensor) else state
+
+
 def _kernel_floor(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[torch.Tensor, Any, Any]:
     """The full forward's logits, its noise floor against the other attention kernel, and the prefix's cache."""
     reference, _ = prefill(model, prompt, end=None)
@@ -39,9 +45,10 @@ def group_02(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     reference, floor, prefix = _kernel_floor(model, prompt, dtype)
     positions = current_position_ids(model, prompt)
     variants = {n: v for n, v in caches.build_variants(prefix, model.config).items() if v.cache is not None}
-    processed = prompt.length - 1
+    processed, state = prompt.length - 1, _state(model)
     cells = [run_cell("02", f"{name} · {g}", model, prompt.last_token, v.cache, generation_kwargs(g, prompt, positions),
-                      reference, floor, processed) for g in GENERATION_VARIANTS for name, v in variants.items()]
+                      reference, floor, processed, whole=prompt.input_ids, state=state)
+             for g in GENERATION_VARIANTS for name, v in variants.items()]
     return cells, floor.evidence()
 
 
@@ -65,14 +72,15 @@ def group_04(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     _, full_cache = prefill(model, prompt, end=None)
     _, prefix = prefill(model, prompt)  # the model-side state of the valid split's prefill, as 04 leaves it
     cache_of = {"original": full_cache, "rebuilt_update": caches.rebuild_by_update(full_cache, compat.text_config(model.config))}
-    positions = current_position_ids(model, prompt)
+    positions, state = current_position_ids(model, prompt), _state(model)
     cells = []
     for r in runs:
         if r.call != "generate":
             continue
         cache = prefix if r.boundary == "valid split" else cache_of[r.cache]
         cells.append(run_cell("04", f"{r.boundary} · {r.cache} · {r.args}", model, prompt.last_token, cache,
-                              _boundary_kwargs(r, prompt, positions), reference, floor, prompt.length - 1, plain=r.outcome))
+                              _boundary_kwargs(r, prompt, positions), reference, floor, prompt.length - 1, plain=r.outcome,
+                              whole=prompt.input_ids, state=state))
     return cells, floor.evidence()
 
 
@@ -94,7 +102,10 @@ def group_06(bundle: Any, prompt: Prompt, sink: int = 4, window: int = 16) -> tu
         for arg_set in triage_controls.ARG_SETS:
             kwargs = triage_controls.arg_kwargs(arg_set, prompt, physical, base.positions)
             compat.put_rope_state(model, base.saved_state)
-            cell = run_cell("06", f"{name} · {arg_set}", model, prompt.last_token, cache, kwargs, reference, base.floor, logical)
+            cell = run_cell("06", f"{name} · {arg_set}", model, prompt.last_token, cache, kwargs, reference, base.floor, logical,
+                            whole=prompt.input_ids, state=base.saved_state)
+            if cell.guard_check in ("uneven_layers", "positions_at_processed"):  # its message: positions at `logical`
+                cell.fix = {"position_ids": triage_controls.logical_positions(model, prompt, logical)}
             if reference is None and cell.plain != "raised":
                 cell.undecided = f"no reference: the explicit-position forward raised ({explicit.error_type})"
             cells.append(cell)
@@ -116,7 +127,12 @@ def family_cells(run: checks.Runner) -> tuple[list[Cell], NoiseFloor]:
         run._restore(model)
         plain = run.generate(cache, **kwargs)
         run._restore(model)
-        return run_cell("07", f"{fam.name} · {name}", model, fam.suffix, cache, kwargs, reference, floor, processed, plain=plain)
+        made = run_cell("07", f"{fam.name} · {name}", model, fam.suffix, cache, kwargs, reference, floor, processed, plain=plain,
+                        whole=fam.prompt.input_ids, state=_state(model))
+        if made.guard_check == "linear_state":  # its message: rebuild it with its states (the family's own rebuild)
+            made.fix = {"cache": rebuilds.family_rebuild(run.cache, model.config)}
+        run._restore(model)
+        return made
 
     out = [cell(f"original · {v}", run.cache, run.arg_kwargs(v)) for v in GENERATION_VARIANTS]
     try:
@@ -140,11 +156,12 @@ def group_07(runs: dict[str, checks.Runner]) -> tuple[list[Cell], dict[str, Nois
 
 def _cell_at_state(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor, cache: Any,
                    kwargs: dict[str, Any], reference: torch.Tensor, floor: NoiseFloor, processed: int,
-                   state: torch.Tensor | None) -> Cell:
+                   state: torch.Tensor | None, whole: torch.Tensor | None = None,
+                   resume_kwargs: dict[str, Any] | None = None) -> Cell:
     """A cell whose plain call, guarded call and guard given the processed length each start from the model-side
     position state `state` (Qwen3-VL's rope_deltas, put back before each)."""
     from ..continuation import generate_first_step
-    from .cells import guarded_step, judge, with_length
+    from .cells import follow_up, guarded_step, judge, with_length
 
     compat.put_rope_state(model, state)
     plain = generate_first_step(model, input_ids, copy.deepcopy(cache), **kwargs)
@@ -152,7 +169,8 @@ def _cell_at_state(group: str, name: str, model: torch.nn.Module, input_ids: tor
     error, guarded = guarded_step(model, None, cache, input_ids=input_ids, **kwargs)
     compat.put_rope_state(model, state)
     length = with_length(model, None, cache, {"input_ids": input_ids, **kwargs}, processed)
-    return judge(group, name, plain, reference, floor, error, guarded, length)
+    cell = judge(group, name, plain, reference, floor, error, guarded, length)
+    return follow_up(cell, model, input_ids, cache, kwargs, reference, floor, whole, state, resume_kwargs=resume_kwargs)
 
 
 def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
@@ -162,7 +180,8 @@ def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     reference, floor, prefix = _kernel_floor(model, prompt, dtype)
     saved = compat.get_rope_state(model)
     kwargs = {"attention_mask": prompt.attention_mask}
-    cells = [_cell_at_state("03", name, model, prompt.last_token, prefix, kwargs, reference, floor, prompt.length - 1, state)
+    cells = [_cell_at_state("03", name, model, prompt.last_token, prefix, kwargs, reference, floor, prompt.length - 1, state,
+                            prompt.input_ids)
              for name, state in (("rope_deltas missing · mask_only", None),
                                  ("rope_deltas stale · mask_only", None if saved is None else torch.zeros_like(saved)))]
     compat.put_rope_state(model, saved)
@@ -190,7 +209,13 @@ def group_09(bundle: Any, seed: int = 0) -> tuple[list[Cell], dict[str, Any]]:
              for s in turn_shapes.SHAPES if not turn_shapes.unsupported(model, s, chat)]
     calls.append(("repair: generate() at the full-sequence positions",
                   *repair.call_kwargs(chat, repair.full_positions(model, chat)), reference))
-    cells = [_cell_at_state("09", name, model, ids, cache, kwargs, ref, floor, chat.cached, turn1)
+    own = repair.call_kwargs(chat, repair.full_positions(model, chat))[1]  # turn 2's own images, for resume
+    own = {k: v for k, v in own.items() if k not in ("position_ids", "attention_mask")}
+    cells = [_cell_at_state("09", name, model, ids, cache, kwargs, ref, floor, chat.cached, turn1,
+                            chat.full_ids if ref is reference else None, own)
              for name, ids, kwargs, ref in calls]
+    for cell in cells:  # new_vision_tokens names 09's route: generate() at the full-sequence positions
+        if cell.guard_check == "new_vision_tokens":
+            cell.fix = {"call": calls[-1][1:3]}
     compat.put_rope_state(model, saved)
     return cells, floor.evidence()

@@ -12,37 +12,46 @@ from __future__ import annotations  # upstream: drop
 
 import copy
 import warnings
-from typing import Any, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from .. import compat  # upstream: drop
-from .call import ResumeCall, first_call_hook, from_forward, from_generate  # upstream: drop
+from .call import ResumeCall, first_call_hook, from_forward, from_generate, is_encoder_decoder  # upstream: drop
+from .tracking import as_rows, rotary_hook  # upstream: drop
 from .checks import CHECKS, Check, ResumeInputError  # upstream: drop
 
 Processed = int | torch.Tensor | list[int] | None
 
 
-def first_catch(call: ResumeCall, checks: Sequence[Check] = CHECKS) -> tuple[str, str] | None:
-    """(check name, message) of the first check that refuses the call, or None."""
+def first_error(call: ResumeCall, checks: Sequence[Check] = CHECKS,
+                positions: bool | None = None) -> ResumeInputError | None:
+    """The first check's refusal (its `check` name and `fix` set), or None; `positions`: only the checks that read the
+    fed positions (True), only the others (False), all (None)."""
     for check in checks:
-        if check.needs_processed_length and call.processed_length is None:
+        if not check.applies(call) or (positions is not None and check.needs_positions != positions):
             continue
         try:
             check.run(call)
         except ResumeInputError as exc:
-            return check.name, str(exc)
+            exc.check = exc.check or check.name
+            return exc
     return None
 
 
-def run_checks(call: ResumeCall | None, checks: Sequence[Check] = CHECKS) -> None:
+def first_catch(call: ResumeCall, checks: Sequence[Check] = CHECKS) -> tuple[str, str] | None:
+    """(check name, message) of the first check that refuses the call, or None."""
+    error = first_error(call, checks)
+    return None if error is None else (error.check, str(error))
+
+
+def run_checks(call: ResumeCall | None, checks: Sequence[Check] = CHECKS, positions: bool | None = None) -> None:
     """Raise the first check's ResumeInputError (nothing to check where no filled cache is given)."""
     if call is None or call.lengths[1] == 0:
         return
-    caught = first_catch(call, checks)
-    if caught is not None:
-        error = ResumeInputError(caught[1])
-        error.check = caught[0]
+    error = first_error(call, checks, positions)
+    if error is not None:
         raise error
 
 
@@ -50,12 +59,47 @@ class _Stop(Exception):
     """Raised by the dry run's hook to leave generate() before its first model call computes anything."""
 
 
-def feed_by_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[str, Any], call: ResumeCall) -> None:
-    """Record in `call` what generate() feeds its first model call for these arguments (on a copy of the cache; the
-    model's rope_deltas put back); nothing where generate() raised before calling the model."""
+def cache_positions(call: ResumeCall, kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """Where the model has no rotary embedding: the positions given, else the cache positions of what is fed."""
+    given = kwargs.get("decoder_position_ids" if is_encoder_decoder(call.model) else "position_ids")
+    rows = call.given_ids.shape[0] if call.given_ids is not None else 1
+    if isinstance(given, torch.Tensor):
+        return as_rows(given, rows, call.f)
+    return (call.lengths[0] + torch.arange(call.f)).view(1, 1, -1).expand(1, rows, call.f)
 
-    def stop(call_kwargs: dict[str, Any]) -> None:
-        call.feed(model, call_kwargs)
+
+@contextmanager
+def checked_first_call(model: torch.nn.Module, call: ResumeCall, then: Callable[[], None] | None = None) -> Iterator[None]:
+    """The checks at generate()'s first model call: those on its arguments at the model's pre-hook, those on the fed
+    positions at the text rotary embedding's first call (at once where the model has none); `then()` after both."""
+    has_rotary: list[bool] = []
+    kwargs_seen: dict[str, Any] = {}
+
+    def on_positions(positions: torch.Tensor | None) -> None:
+        rows = call.given_ids.shape[0] if call.given_ids is not None else 1
+        call.fed_positions = (as_rows(positions, rows, call.f) if positions is not None and call.f
+                              else cache_positions(call, kwargs_seen))
+        run_checks(call, positions=True)
+        if then is not None:
+            then()
+
+    def on_call(kwargs: dict[str, Any]) -> None:
+        kwargs_seen.update(kwargs)
+        call.feed(model, kwargs)
+        run_checks(call, positions=False)
+        if not has_rotary[0]:
+            on_positions(None)
+
+    with rotary_hook(model, on_positions) as rotary, first_call_hook(model, on_call):
+        has_rotary.append(rotary)
+        yield
+
+
+def _dry_run(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[str, Any], call: ResumeCall) -> None:
+    """generate() up to its first model call (on a copy of the cache; the model's rope_deltas put back), the checks
+    run there; generate()'s own error, where it raised before the model, re-raised unchanged."""
+
+    def stop() -> None:
         raise _Stop
 
     name = next(k for k in ("past_key_values", "cache") if kwargs.get(k) is not None)
@@ -63,12 +107,10 @@ def feed_by_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs
     owner = compat.rope_state_owner(model)
     state = compat.get_rope_state(model) if owner is not None else None
     try:
-        with torch.no_grad(), first_call_hook(model, stop), warnings.catch_warnings():
+        with torch.no_grad(), checked_first_call(model, call, stop), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # generate()'s advice on this dry run's length is not the caller's
             model.generate(inputs, **args)
     except _Stop:
-        pass
-    except Exception:  # noqa: BLE001 - generate() refused before the model: its own error stands, nothing was fed
         pass
     finally:
         if owner is not None:
@@ -77,17 +119,23 @@ def feed_by_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs
 
 def check_resume_inputs(model: torch.nn.Module, inputs: torch.Tensor | None = None, *,
                         processed_length: Processed = None, **kwargs: Any) -> None:
-    """Raise ResumeInputError (what to pass instead) for generate() arguments that resume a cache wrongly."""
+    """Raise ResumeInputError (what to pass instead) for generate() arguments that resume a cache wrongly; an error
+    generate() itself raises first is raised unchanged."""
     call = from_generate(model, inputs, kwargs, processed_length)
     if call is None or call.lengths[1] == 0:
         return
-    feed_by_generate(model, inputs, kwargs, call)
-    run_checks(call)
+    _dry_run(model, inputs, kwargs, call)
 
 
 def check_forward_call(model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
-    """The checks on one forward call's own arguments (what generate() feeds at any step, e.g. assisted decoding's)."""
-    run_checks(from_forward(model, kwargs))
+    """The checks on one forward call's own arguments (what generate() feeds at any step, e.g. assisted decoding's);
+    the position checks where the call is given its positions."""
+    call = from_forward(model, kwargs)
+    run_checks(call, positions=False)
+    given = kwargs.get("decoder_position_ids" if is_encoder_decoder(model) else "position_ids")
+    if call is not None and isinstance(given, torch.Tensor) and call.f:
+        call.fed_positions = as_rows(given, call.given_ids.shape[0] if call.given_ids is not None else 1, call.f)
+        run_checks(call, positions=True)
 
 
 def guarded_generate(model: torch.nn.Module, inputs: torch.Tensor | None = None, *args: Any,
@@ -96,10 +144,12 @@ def guarded_generate(model: torch.nn.Module, inputs: torch.Tensor | None = None,
     call = from_generate(model, inputs, kwargs, processed_length)
     if call is None or call.lengths[1] == 0:
         return model.generate(inputs, *args, **kwargs)
-
-    def check(call_kwargs: dict[str, Any]) -> None:
-        call.feed(model, call_kwargs)
-        run_checks(call)
-
-    with first_call_hook(model, check):
-        return model.generate(inputs, *args, **kwargs)
+    owner = compat.rope_state_owner(model)
+    state = compat.get_rope_state(model) if owner is not None else None
+    try:
+        with checked_first_call(model, call):
+            return model.generate(inputs, *args, **kwargs)
+    except ResumeInputError:
+        if owner is not None:  # refused inside the first call: the model's position state as it was
+            compat.set_rope_state(model, state)
+        raise

@@ -19,7 +19,7 @@ import torch
 from .. import compat
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import Outcome, greedy_config
-from .cells import Cell, guarded_step, judge, with_length
+from .cells import Cell, follow_up, guarded_step, judge, with_length
 from .checks import ResumeInputError
 from .guard import check_forward_call
 
@@ -40,6 +40,7 @@ class Shape:
     processed_length: Any
     config: dict[str, Any] = field(default_factory=dict)  # GenerationConfig fields over the greedy one-step config
     models: tuple[torch.nn.Module, ...] = ()  # whose forward calls are checked (the assistant's too)
+    whole: torch.Tensor | None = None  # the whole sequence, for helpers.api.resume (None: embeddings, beams, decoder)
 
 
 def tiny_llama(seed: int = 0, attn: str = "sdpa", layers: int = 2) -> torch.nn.Module:
@@ -105,25 +106,26 @@ def text_shapes(name: str, model: torch.nn.Module, assistant: torch.nn.Module, s
     seqs = first.sequences
     seq_ref = last_logits(model, input_ids=seqs)
     out = [Shape("sequences + returned cache", model, seqs, {"attention_mask": ones(seqs.shape[1])},
-                 compat.output_cache(first), seq_ref, floor_of(model, {"input_ids": seqs}, seq_ref), seqs.shape[1] - 1),
+                 compat.output_cache(first), seq_ref, floor_of(model, {"input_ids": seqs}, seq_ref), seqs.shape[1] - 1,
+                 whole=seqs),
            Shape("multi-token suffix, full mask", model, None, {"input_ids": ids[:, 20:], "attention_mask": ones(24)},
-                 cache20, ref, floor, 20),
+                 cache20, ref, floor, 20, whole=ids),
            Shape("inputs_embeds + cache", model, None, {"inputs_embeds": model.get_input_embeddings()(ids).detach(),
                                                         "attention_mask": ones(24)}, cache23, ref, floor, 23),
-           Shape("positional inputs", model, ids[:, -1:], {"attention_mask": ones(24)}, cache23, ref, floor, 23),
+           Shape("positional inputs", model, ids[:, -1:], {"attention_mask": ones(24)}, cache23, ref, floor, 23, whole=ids),
            Shape("beam search from a cache", model, ids[:, -1:], {"attention_mask": ones(24)}, _beams(cache23, 2), ref,
                  floor, 23, {"num_beams": 2}),
            Shape("assisted decoding from a cache of prompt[:-1]", model, ids,
                  {"attention_mask": ones(24), "assistant_model": assistant}, cache23, ref, floor, 23,
-                 models=(model, assistant))]
+                 models=(model, assistant), whole=ids)]
     long_ref = last_logits(model, input_ids=ids[:, :20])
     out.append(Shape("suffix longer than the cache, mask of its own width", model, ids[:, 8:20],
                      {"attention_mask": ones(12)}, _prefix(model, ids[:, :8]), long_ref,
-                     floor_of(model, {"input_ids": ids[:, :20]}, long_ref), 8))
+                     floor_of(model, {"input_ids": ids[:, :20]}, long_ref), 8, whole=ids[:, :20]))
     static = _static(model, ids[:, :23])
     if static is not None:
         out.append(Shape("StaticCache larger than the sequence", model, ids[:, -1:], {"attention_mask": ones(24)}, static,
-                         ref, floor, 23))
+                         ref, floor, 23, whole=ids))
     return out + [_padded(model, gen)]
 
 
@@ -158,13 +160,15 @@ def _padded(model: torch.nn.Module, gen: torch.Generator) -> Shape:
     ref = torch.cat([last_logits(model, input_ids=k) for k in kept])
     floor = max((floor_of(model, {"input_ids": k}, last_logits(model, input_ids=k)) for k in kept), key=lambda f: f.threshold)
     return Shape("left-padded batch: sequences + cache", model, seqs, {"attention_mask": full}, compat.output_cache(first),
-                 ref, floor, [int(k.shape[1]) - 1 for k in kept])
+                 ref, floor, [int(k.shape[1]) - 1 for k in kept], whole=seqs)
 
 
-def bart_shapes(seed: int = 0) -> list[Shape]:
+def bart_shapes(seed: int = 0, prepare: Callable[[torch.nn.Module], Any] | None = None) -> list[Shape]:
     """A tiny BART: encoder ids and mask of 4 columns, decoder_input_ids = its 8 sequences beside a decoder cache of 7,
     with a decoder mask over them (valid) and without one (generate() then feeds all 8)."""
     model = tiny_bart(seed)
+    if prepare is not None:  # e.g. helpers.api.track
+        prepare(model)
     gen = torch.Generator().manual_seed(seed + 3)
     enc = torch.randint(10, VOCAB - 10, (1, 4), generator=gen)
     mask = torch.ones_like(enc)
@@ -196,7 +200,7 @@ def mrope_shape(model: torch.nn.Module, prompt: Any) -> Shape:
     finally:
         model.set_attn_implementation(current)
     return Shape("M-RoPE position ids with four rows", model, prompt.last_token, kwargs, cache, ref.float(),
-                 noise_floor(ref, [other], torch.float32), prompt.length - 1)
+                 noise_floor(ref, [other], torch.float32), prompt.length - 1, whole=prompt.input_ids)
 
 
 @contextmanager
@@ -252,14 +256,20 @@ def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:
     length = with_length(s.model, s.inputs, s.cache, kwargs, s.processed_length)
     cell = judge("valid", f"{type(s.model).__name__} · {s.shape}", plain, s.reference, s.floor, error, guarded, length)
     cell.shape = s.shape
+    cell = follow_up(cell, s.model, None, s.cache, kwargs, s.reference, s.floor, s.whole, inputs=s.inputs, read=read)
+    if s.whole is None:
+        cell.resume_scope = ("an encoder-decoder: resume takes a decoder-only model's whole ids" if
+                             getattr(s.model.config, "is_encoder_decoder", False) else "no whole ids (embeddings or beams)")
     return cell
 
 
 def population(text_models: dict[str, tuple[torch.nn.Module, torch.nn.Module]], vl_model: torch.nn.Module | None = None,
-               vl_prompt: Any = None, seed: int = 0) -> tuple[list[Cell], list[dict[str, Any]]]:
-    """Every valid shape's cell, and every internal call checked: (cells, internal call rows)."""
+               vl_prompt: Any = None, seed: int = 0,
+               prepare: Callable[[torch.nn.Module], Any] | None = None) -> tuple[list[Cell], list[dict[str, Any]]]:
+    """Every valid shape's cell, and every internal call checked: (cells, internal call rows); `prepare(model)` on the
+    models built here (the tiny BART), e.g. helpers.api.track."""
     shapes = [s for model, assistant in text_models.values() for s in text_shapes("", model, assistant, seed)]
-    shapes += bart_shapes(seed)
+    shapes += bart_shapes(seed, prepare)
     if vl_model is not None:
         shapes.append(mrope_shape(vl_model, vl_prompt))
     internal: list[dict[str, Any]] = []

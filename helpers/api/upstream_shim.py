@@ -44,7 +44,22 @@ def _layer_length(layer: Any) -> int | None:
     return int(layer.get_seq_length())
 
 
-compat = SimpleNamespace(
+def _output_cache(output: Any) -> Any:
+    for name in ("cache", "past_key_values"):
+        if getattr(output, name, None) is not None:
+            return getattr(output, name)
+    return None
+
+
+def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The text model's rotary embedding (the first `rotary_emb` that is not a vision tower's), or None."""
+    for name, module in model.named_modules():
+        if name.endswith("rotary_emb") and "visual" not in name and "Vision" not in type(module).__name__:
+            return module
+    return None
+
+
+compat = SimpleNamespace(output_cache=_output_cache,
     TRANSFORMERS_VERSION=transformers.__version__, accepts=lambda fn, name: name in inspect.signature(fn).parameters,
     cache_from_kwargs=_cache_from_kwargs, cache_layers=lambda cache: list(getattr(cache, "layers", [])),
     rope_state_owner=_rope_state_owner, text_config=_text_config,

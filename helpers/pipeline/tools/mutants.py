@@ -82,6 +82,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/boundary.py", ("decide_*", "_worked", "_smallest"), DECISION_TESTS + ("tests/test_boundary_claims.py",)),
     Scope("helpers/regress/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_regress.py",)),
     Scope("helpers/api/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_api.py",)),
+    Scope("helpers/api/ledger_decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_ledger.py",)),
     Scope("helpers/newimage/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_newimage.py",)),
     Scope("helpers/newimage/guardcheck.py", ("check_new_vision_tokens", "check_uncached", "_uncached", "_explicit_3d", "_recomputed"),
           ("tests/test_newimage.py",)),

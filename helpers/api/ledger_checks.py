@@ -1,0 +1,128 @@
+"""The guard's checks that read the cache's token ledger (helpers.api.ledger): what the cache holds, not its lengths.
+
+Each runs only where the cache has a ledger (`track(model)`, or the factory given token ids) and raises
+`ResumeInputError` with `fix`: the arguments that replace the call's (`crop`: keep the first N cached tokens;
+`attention_mask` / `position_ids`: pass these), which notebook 08 applies and compares with the full forward.
+In order: `ledger_tokens` (ids generate() reads as a whole sequence that differ from the cached tokens: a cache reused
+without copy.deepcopy, or a suffix passed without the cached columns of its mask), `ledger_length` (a cache holding
+all the ids it should precede), `ledger_mask` (a mask that attends to slots written as padding), `ledger_positions`
+(the positions the model would rotate the first fed token with do not continue each row's last cached position;
+read at the text rotary embedding, so the model's own position state, M-RoPE's rope_deltas, is included).
+"""
+from __future__ import annotations  # upstream: drop
+
+from typing import Any
+
+import torch
+
+from .call import ResumeCall, ResumeInputError  # upstream: drop
+from .ledger import Ledger  # upstream: drop
+
+
+def refuse(check: str, message: str, **fix: object) -> ResumeInputError:
+    error = ResumeInputError(message)
+    error.check, error.fix = check, dict(fix)
+    return error
+
+
+def _whole(call: ResumeCall) -> bool:
+    """generate() reads the ids as the whole sequence (it feeds fewer than given, the cached part sliced off)."""
+    return call.given_ids is not None and call.fed is not None and call.f != call.n
+
+
+def ledger_tokens(call: ResumeCall) -> None:
+    """Ids read as the whole sequence whose first tokens differ from the cached ones."""
+    led, ids = call.ledger, call.given_ids
+    if led is None or not _whole(call):
+        return
+    past, n = led.length, call.n
+    p = led.common_prefix(ids)
+    if p >= min(n, past):
+        return
+    if p > 0:
+        row = int((led.token_ids[:, p].to(ids.device) != ids[:, p]).nonzero()[0])
+        raise refuse("ledger_tokens", f"input_ids differ from the cached tokens at position {p} (row {row}: cached "
+                     f"{int(led.token_ids[row, p])}, given {int(ids[row, p])}): the cache holds {past - p} token(s) of "
+                     f"another request after the common prefix (a cache reused without copy.deepcopy?); copy.deepcopy "
+                     f"the cache before each reuse, or crop it to the common prefix of {p} tokens (cache.crop({p}))",
+                     crop=p)
+    if _tail(led, ids) and past > n:  # the given tokens are the cache's own last ones: cached already
+        raise refuse("ledger_tokens", f"input_ids are the cache's last {n} token(s), cached already: generate() would "
+                     f"process them twice; crop the cache to {past - n} tokens (cache.crop({past - n})) with a mask of "
+                     f"{past} columns, or pass only new tokens", crop=past - n,
+                     attention_mask=_mask(led.first(past - n), n, ids.device))
+    raise refuse("ledger_tokens", f"input_ids do not start with the cache's tokens (position 0: cached "
+                 f"{int(led.token_ids[0, 0])}, given {int(ids[0, 0])}), so they are the new tokens, not the whole sequence "
+                 f"generate() reads them as: pass attention_mask with {past + n} columns (the {past} cached slots' "
+                 f"mask + {n} ones for these tokens) and position_ids from {led.next_positions().tolist()}",
+                 attention_mask=_mask(led, n, ids.device), position_ids=next_positions(led, n))
+
+
+def _mask(led: Ledger, n: int, device: Any) -> torch.Tensor:
+    """The cached slots' mask + n ones."""
+    return torch.cat([led.mask.to(device), torch.ones(led.batch, n, dtype=torch.long, device=device)], 1)
+
+
+def _tail(led: Ledger, ids: torch.Tensor | None, k: int | None = None) -> bool:
+    """Whether the first k given ids (all where None) are the cache's last k tokens in every row."""
+    if ids is None:
+        return False
+    k = int(ids.shape[-1]) if k is None else k
+    return 0 < k <= led.length and bool((led.token_ids[:, led.length - k:] == ids[:, :k].cpu()).all())
+
+
+def ledger_length(call: ResumeCall) -> None:
+    """A cache holding at least as many tokens as the whole ids it should precede (ids sliced as a whole sequence, or
+    a mask as wide as the ids alone: nothing new would be fed)."""
+    led, mask = call.ledger, call.mask2d()
+    as_whole = _whole(call) or (call.given_ids is not None and (mask is None or int(mask.shape[-1]) == call.n))
+    if led is None or not as_whole:
+        return
+    past, n = led.length, call.n
+    if past >= n and led.common_prefix(call.given_ids) >= n:
+        raise refuse("ledger_length", f"the cache holds {past} tokens, the first {n} of them these input_ids: nothing "
+                     f"is left to feed; crop the cache to {n - 1} tokens (cache.crop({n - 1})) so generate() feeds the "
+                     f"last one", crop=n - 1)
+
+
+def ledger_mask(call: ResumeCall) -> None:
+    """A 2-D mask whose cached columns attend to slots the cache wrote as padding."""
+    led, mask = call.ledger, call.mask2d()
+    if led is None or mask is None or int(mask.shape[-1]) < led.length or int(mask.shape[0]) != led.batch:
+        return
+    cached = mask[:, :led.length].long().cpu()
+    wrong = ((cached != 0) & (led.mask == 0)).nonzero()
+    if wrong.numel():
+        row, slot = (int(v) for v in wrong[0])
+        fixed = torch.cat([led.mask.to(mask.device, mask.dtype), mask[:, led.length:]], 1)
+        raise refuse("ledger_mask", f"attention_mask attends to cached slot {slot} of row {row}, which the cache wrote as "
+                     f"padding (mask 0): pass the mask the cached slots were written with (zeros on padding) + the new "
+                     f"tokens' columns", attention_mask=fixed)
+
+
+def next_positions(led: Ledger, f: int) -> torch.Tensor:
+    """The position_ids that continue each row: [batch, f], or [3, batch, f] for an M-RoPE ledger (text tokens)."""
+    start = led.next_positions()
+    ids = start.view(-1, 1) + torch.arange(f).view(1, -1)
+    return ids if led.positions.shape[0] == 1 else ids.unsqueeze(0).expand(led.positions.shape[0], *ids.shape).clone()
+
+
+def ledger_positions(call: ResumeCall) -> None:
+    """The first fed token's positions (as the model rotates them) continue each row's last cached position."""
+    led, fed = call.ledger, call.fed_positions
+    if led is None or fed is None or fed.shape[-1] == 0 or led.length == 0:
+        return
+    got, want = fed[..., 0].amin(0).cpu(), led.next_positions()
+    if got.shape != want.shape or torch.equal(got, want):
+        return
+    f, ids = int(fed.shape[-1]), call.fed_ids
+    k = int((want - got).max())  # positions the fed tokens overlap with the cached ones
+    if k > 0 and bool((want - got == k).all()) and k <= f and _tail(led, ids, k):
+        keep = led.length - k
+        raise refuse("ledger_positions", f"the first {k} fed token(s) are the cache's last {k}, at the same positions "
+                     f"(cached already): crop the cache to {keep} tokens (cache.crop({keep})) with a mask of {keep + f} "
+                     f"columns, or pass only tokens after position {int(want.max()) - 1}", crop=keep,
+                     attention_mask=_mask(led.first(keep), f, ids.device))
+    raise refuse("ledger_positions", f"the model would place the first fed token at position(s) {got.tolist()}, but the "
+                 f"cache's rows continue at {want.tolist()} (their last slots were written at {(want - 1).tolist()}): "
+                 f"pass position_ids starting at {want.tolist()}", position_ids=next_positions(led, f))
