@@ -31,7 +31,7 @@ from ..regress import layers
 from ..regress import rebuilds as family
 
 RebuildFn = Callable[[Any, torch.nn.Module, Any], Any]
-BUILTINS = ("identity", "streaming", "int8", "per_layer")
+BUILTINS = ("identity", "streaming", "int8", "per_layer", "crop_short", "reused_no_copy")
 
 
 class RebuildError(RuntimeError):
@@ -123,12 +123,37 @@ def int8(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
     return _rebuild(cache, model, lambda _i, k, v: [(_int8_roundtrip(k), _int8_roundtrip(v))])
 
 
+def crop_short(cache: Any, model: torch.nn.Module, prompt: Any, short: int = 1) -> Any:
+    """`copy.deepcopy(cache)` then `crop(n - short)`: every attention layer's last `short` slots dropped (through the
+    layer classes, so sliding and hybrid layers take it; linear states stay whole). An exact prefix, not a compression."""
+    return _rebuild(cache, model, lambda _i, k, v: [(k[..., :-short, :].clone(), v[..., :-short, :].clone())])
+
+
+QUESTION_IDS = [10 + b for b in b" Why"]  # reused_no_copy: the other request's question (the tiny models' byte ids)
+
+
+@torch.no_grad()
+def reused_no_copy(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
+    """The prefix-caching recipe without `copy.deepcopy`: another request's `generate()` (the cached prefix + a 4-token
+    question, 2 new tokens) ran on this very cache object, so it holds 5 slots of that request after the prefix
+    (a StaticCache: as many as its free slots allow)."""
+    n = int(cache.get_seq_length())
+    room = int(compat.cache_layers(cache)[0].max_cache_len) - n if patterns.is_static(cache) else len(QUESTION_IDS) + 1
+    question = torch.tensor([QUESTION_IDS[:max(room - 1, 1)]], device=prompt.input_ids.device)
+    ids = torch.cat([prompt.input_ids[:, :n], question.expand(prompt.input_ids.shape[0], -1)], dim=1)
+    mask = torch.cat([prompt.attention_mask[:, :n], torch.ones_like(ids[:, n:])], dim=1)
+    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False,
+                   **{compat.generate_cache_kwarg(model): cache})
+    return cache
+
+
 def builtin(name: str, sink: int = 4, window: int = 16) -> RebuildFn:
     """A built-in rebuild by name (streaming and per_layer get the notebook's S and W)."""
     table: dict[str, RebuildFn] = {
         "identity": identity, "int8": int8,
         "streaming": functools.partial(streaming, sink=sink, window=window),
         "per_layer": functools.partial(per_layer, sink=sink, window=window),
+        "crop_short": crop_short, "reused_no_copy": reused_no_copy,
     }
     if name not in table:
         raise RebuildError(f"rebuild {name!r}: no built-in of that name (built-ins: {', '.join(BUILTINS)})")
