@@ -14,7 +14,7 @@ from ..compare import NoiseFloor
 from .facts import (ArgSet, Controls, LayerState, Repair, ResumeState, SlotLayer, consistent,  # noqa: F401 - re-exported
                     identical, metadata_differs, model_state_differs, slot_kind, slot_layers, slot_verdict)
 from .leaves import MEANING, NEXT  # noqa: F401 - the leaves' texts, re-exported
-from .walk import LEAVES, NODES, REPAIR_LEAF, choose_branch  # noqa: F401 - re-exported
+from .walk import LEAVES, NODES, QUESTIONS, REPAIR_LEAF, choose_branch  # noqa: F401 - re-exported
 
 
 def _fmt(value: Any) -> str:
