@@ -444,8 +444,14 @@ def test_notebook_06_decides_its_claims(tmp_path, monkeypatch):
         "triage.per_layer_lengths_outcome": ("beyond", "holds"), "triage.per_layer_lengths_by_backend": ("beyond", "holds")}
     assert {n: v["branch"] for n, v in data["measurements"]["triage"].items()} == {
         "identity": "no_defect", "streaming": "compression_positions_and_loss", "int8": "reconstruction_copy",
-        "per_layer": "compression_positions_and_loss"}
+        "per_layer": "compression_positions_and_loss", "crop_short": "prefix_short", "reused_no_copy": "extra_slots"}
     assert data["measurements"]["triage"]["streaming"]["repairs"][-1]["name"] == "continue_at_processed_length"
+    assert [(r["name"], r["restores"]) for r in data["measurements"]["triage"]["crop_short"]["repairs"]] == [
+        ("full_mask", False), ("refeed_whole_ids", True)]
+    assert data["measurements"]["triage"]["reused_no_copy"]["repairs"][-1] | {"max_abs_diff": 0} == {
+        "name": "crop_to_processed", "max_abs_diff": 0, "restores": True}
+    short = {r["state"]: r for r in data["measurements"]["control0_resume_state"]["crop_short"]}
+    assert short["layer 0 slots by content (vs the original's)"]["rebuilt"].endswith("missing 80 (last)")
     assert data["measurements"]["triage"]["identity"]["repairs"] == [
         {"name": "full_mask", "max_abs_diff": data["measurements"]["triage"]["identity"]["repairs"][0]["max_abs_diff"],
          "restores": True}]
