@@ -21,8 +21,8 @@ def sets(diff: float | None = 0.0, error: str = "RuntimeError") -> list[tree.Arg
 
 
 def ctl(**kw: Any) -> tree.Controls:
-    base = dict(rebuild="x", floor=FLOOR, arg_sets=sets(), processed_length=82, original_lengths=[82] * 4,
-                rebuilt_lengths=[82] * 4, classes_equal=True, kv_max_abs_diff=0.0,
+    base = dict(rebuild="x", floor=FLOOR, arg_sets=sets(), processed_length=82,
+                rebuilt_lengths=[82] * 4,
                 identity_identical=True, identity_worst=0.0)
     return tree.Controls(**{**base, **kw})
 
@@ -98,16 +98,16 @@ def test_the_path_records_each_answer_and_its_numbers():
     assert v["repairs"] == [{"name": "saved_state", "max_abs_diff": ABOVE, "restores": False},
                             {"name": "full_mask", "max_abs_diff": 1e-7, "restores": True}]
     assert v["note"] == "resume_contract"
-    v = tree.choose_branch(ctl(arg_sets=sets(0.3), slots=COPIED, kv_max_abs_diff=0.01, repairs=fixes(full_mask=0.3)))
+    v = tree.choose_branch(ctl(arg_sets=sets(0.3), slots=COPIED, repairs=fixes(full_mask=0.3)))
     assert [(d["node"], d["answer"]) for d in v["path"]] == [
         ("identical", False), ("only_rebuilt", True), ("full_mask", False), ("model_state", False), ("metadata", False),
         ("prefix_short", False), ("extra_slots", False), ("compressed", False), ("kv_differ", True)]
     assert v["path"][1]["numbers"] == {"differing": ["mask_only", "both"]}
-    assert v["path"][-1]["numbers"] == {"slots": "content", "layers_content": [0, 1, 2, 3], "kv_max_abs_diff": 0.01,
-                                        "full_mask_max_abs_diff": 0.3, "noise_threshold": T}
+    assert v["path"][-1]["numbers"] == {"slots": "content", "layers_content": [0, 1, 2, 3], "full_mask_max_abs_diff": 0.3,
+                                        "noise_threshold": T}
 
 
-EVICT = dict(arg_sets=sets(0.98), rebuilt_lengths=[20] * 4, kv_max_abs_diff=None, slots=slots([*range(4), *range(66, 82)]),
+EVICT = dict(arg_sets=sets(0.98), rebuilt_lengths=[20] * 4, slots=slots([*range(4), *range(66, 82)]),
              original_state=layer_states([82] * 4), rebuilt_state=layer_states([20] * 4))
 
 
@@ -146,7 +146,7 @@ def test_metadata_and_state_leaves_through_each_condition():
     differ = dict(arg_sets=sets(0.3), original_state=layer_states([82] * 4))
     assert branch(ctl(**differ)) == "unexplained"
     assert branch(ctl(**differ, slots=COPIED)) == "reconstruction_copy"
-    assert branch(ctl(**differ, kv_max_abs_diff=1e-9)) == "unexplained", "the slot comparison decides, not a max |diff|"
+    assert branch(ctl(**differ, slots=slots([*range(81), 80]))) == "reconstruction_copy", "a slot stored twice: reordered"
     meta = fixes(reregister_via_update=T)
     for cell in (dict(init=False), dict(reported=[0] * 4), dict(cls="Other")):
         assert branch(ctl(**differ, rebuilt_state=layer_states([82] * 4, **cell), repairs=meta)) == "cache_metadata", cell
@@ -165,7 +165,7 @@ def test_metadata_and_state_leaves_through_each_condition():
     assert branch(ctl(**differ, repairs=fixes(full_mask=ABOVE))) == "unexplained"
     last = tree.choose_branch(ctl(**differ, repairs=fixes(full_mask=0.3, reregister_via_update=0.0)))["path"][-1]
     assert last["node"] == "nothing_visible" and last["numbers"] == {
-        "slots": "same", "classes_equal": True, "restoring_repairs_without_a_table_cell": ["reregister_via_update"]}
+        "slots": "same", "restoring_repairs_without_a_table_cell": ["reregister_via_update"]}
 
 
 def test_render_shows_unchecked_and_declined_nodes():
@@ -174,7 +174,7 @@ def test_render_shows_unchecked_and_declined_nodes():
     assert "+-- [ ] slot comparison: slots no original slot holds" in text
     assert "+-- [x] no cell of control 0 explains it and no repair restores  -> unexplained" in text
     assert "    +--     resumed on a fresh instance" in text  # not reached: no mark
-    assert text.splitlines()[1] == ("decided by: slots=same; classes_equal=True; "
+    assert text.splitlines()[1] == ("decided by: slots=same; "
                                     "restoring_repairs_without_a_table_cell=['reregister_via_update']")
     assert "  - reregister_via_update: 0 -> restores" in text and "although no cell of control 0 points at it" in text
     assert tree.render("r", {"branch": "unexplained", "path": []}).splitlines()[1] == "decided by: the first decision"

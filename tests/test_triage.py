@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import compat
-from helpers.triage import rebuilds
+from helpers.triage import rebuilds, slots
 from helpers.triage import tree as triage
 from helpers.compare import NoiseFloor
 from helpers.pipeline.run import execute
@@ -59,15 +59,15 @@ def fix(name: str, d: float | None, vs: float | None = None, ok: bool = True) ->
 
 def controls(rebuilt: triage.ResumeState | None = None, repairs: list[triage.Repair] | None = None, **kw) -> triage.Controls:
     """An identity-like outcome (control 0 equal, the full mask restores); keyword arguments change one control."""
-    base = dict(rebuild="x", floor=FLOOR, arg_sets=arg_sets(), processed_length=82, original_lengths=[82] * 4,
-                rebuilt_lengths=[82] * 4, classes_equal=True, kv_max_abs_diff=0.0, slots=held(),
+    base = dict(rebuild="x", floor=FLOOR, arg_sets=arg_sets(), processed_length=82,
+                rebuilt_lengths=[82] * 4, slots=held(),
                 identity_identical=True, identity_worst=0.0, original_state=state(), rebuilt_state=rebuilt or state(),
                 repairs={r.name: r for r in (repairs or [fix("full_mask", 1e-7)])}, identity_remaining=4e-7)
     base.update(kw)
     return triage.Controls(**base)
 
 
-EVICTED = dict(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_max_abs_diff=None, slots=held([0, 1, 2, 3, *range(66, 82)]),
+EVICTED = dict(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, slots=held([0, 1, 2, 3, *range(66, 82)]),
                rebuilt=state([20] * 4), extra={"generate_position": -22, "logical_position": 39})
 
 
@@ -94,7 +94,7 @@ LEAF_CASES = {
     "compression_positions_and_loss": evicted(fix("continue_at_processed_length", 0.81, vs=0.36)),
     "compression_information_loss": evicted(fix("continue_at_processed_length", 0.94, vs=0.0)),
     "compression_unresolved": evicted(fix("continue_at_processed_length", None, ok=False)),
-    "reconstruction_copy": controls(arg_sets=arg_sets(1.6e-3), slots=COPIED, kv_max_abs_diff=0.013,
+    "reconstruction_copy": controls(arg_sets=arg_sets(1.6e-3), slots=COPIED,
                                     repairs=[fix("full_mask", 1.6e-3)]),
     "unexplained": controls(arg_sets=arg_sets(0.3), repairs=[fix("full_mask", 0.3)]),
 }
@@ -385,7 +385,7 @@ def test_builtin_rebuilds_use_update_and_keep_what_they_say(bundle, prompt, pref
     assert all(torch.equal(a.keys, b.keys) for a, b in zip(ident.cache.layers, prefix_cache.layers))
     stream = rebuilds.apply(rebuilds.load("streaming", 4, 16), "streaming", prefix_cache, bundle.model, prompt)
     assert [l.get_seq_length() for l in stream.cache.layers] == [20] * 4 and stream.processed_length == n
-    assert stream.kept[0] == list(range(4)) + list(range(n - 16, n))
+    assert slots.describe(0, slots.compare(prefix_cache, stream.cache)[0]) == f"evicted: 20 slots; original 0-3, {n - 16}-{n - 1}; missing 4-{n - 17} (middle)"
     assert torch.equal(stream.cache.layers[2].keys[..., 4:, :], prefix_cache.layers[2].keys[..., -16:, :])
     per = rebuilds.apply(rebuilds.load("per_layer", 4, 16), "per_layer", prefix_cache, bundle.model, prompt)
     assert [l.get_seq_length() for l in per.cache.layers] == [4 + w for w in rebuilds.layer_windows(4, 16)] == [20, 16, 12, 8]
@@ -519,10 +519,10 @@ def test_builtins_work_on_sliding_and_hybrid_caches(model_id):
     ident = rebuilds.apply(rebuilds.load("identity"), "identity", cache, family.model, family.prompt)
     assert layers.cache_state_equal(cache, ident.cache)
     stream = rebuilds.apply(rebuilds.load("streaming", 4, 8), "streaming", cache, family.model, family.prompt)
-    for a, b, kept in zip(cache.layers, stream.cache.layers, stream.kept):
+    for a, b in zip(cache.layers, stream.cache.layers):
         assert type(a) is type(b)
         if layers.has_linear_state(a):
-            assert layers.layer_state_equal(a, b) and kept == []  # linear states copied whole
+            assert layers.layer_state_equal(a, b)  # linear states copied whole
         else:
             assert layers.layer_length(b) == (29 if layers.is_sliding(a) else 12)  # a sliding layer keeps its processed length
     q = rebuilds.apply(rebuilds.load("int8"), "int8", cache, family.model, family.prompt)

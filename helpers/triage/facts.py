@@ -86,10 +86,7 @@ class Controls:
     floor: NoiseFloor
     arg_sets: list[ArgSet]
     processed_length: int
-    original_lengths: list[int]
     rebuilt_lengths: list[int]
-    classes_equal: bool
-    kv_max_abs_diff: float | None = None
     identity_identical: bool | None = None  # the identity control's first decision (None: not run)
     identity_worst: float | None = None
     state_changed: bool = False  # the rebuild changed the model-side state of the instance

@@ -44,7 +44,6 @@ class Rebuilt:
 
     cache: Any
     processed_length: int | None = None
-    kept: list[list[int]] | None = None  # per layer: the original positions of the tokens kept
     info: dict[str, Any] = field(default_factory=dict)
     resume: bool = False  # returned as a resume state: generate() is given positions at processed_length
 
@@ -73,23 +72,17 @@ def identity(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
 
 
 def _sink_and_window(cache: Any, model: torch.nn.Module, windows: list[int], sink: int) -> Rebuilt:
-    """Per attention layer: `update()` the first `sink` stored tokens, then `update()` the last `windows[i]` (appended).
-
-    Positions in `kept` are the stored slots' original positions (a sliding layer stores only its window);
-    linear-attention layers keep their state whole (kept: [])."""
-    kept: list[list[int]] = [[] for _ in compat.cache_layers(cache)]
-    processed = int(cache.get_seq_length())
+    """Per attention layer: `update()` the first `sink` stored tokens, then `update()` the last `windows[i]` (appended);
+    linear-attention layers keep their state whole. Which slots were kept, control 0's slot comparison measures."""
 
     def transform(i: int, keys: torch.Tensor, values: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         length = int(keys.shape[-2])
-        offset = processed - length  # a sliding layer's stored slots are the last `length` processed tokens
         s = min(sink, length)
         w = max(0, min(windows[i], length - s))
-        kept[i] = [offset + p for p in list(range(s)) + list(range(length - w, length))]
         chunks = [(keys[..., :s, :].clone(), values[..., :s, :].clone())]
         return chunks + ([(keys[..., length - w:, :].clone(), values[..., length - w:, :].clone())] if w else [])
 
-    return Rebuilt(_rebuild(cache, model, transform), processed, kept, {"sink": sink, "windows": windows})
+    return Rebuilt(_rebuild(cache, model, transform), int(cache.get_seq_length()), {"sink": sink, "windows": windows})
 
 
 def streaming(cache: Any, model: torch.nn.Module, prompt: Any, sink: int = 4, window: int = 16) -> Rebuilt:

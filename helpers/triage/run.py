@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
 import torch
 
 from .. import compat
@@ -21,8 +20,7 @@ from ..inputs import Prompt
 from ..regress import layers
 from .facts import ArgSet, Controls, identical, slot_verdict
 from .walk import choose_branch
-from .controls import (ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step,
-                              kv_table, logical_positions)
+from .controls import ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step, logical_positions
 
 
 @dataclass
@@ -50,7 +48,6 @@ class Triaged:
     name: str
     rebuilt: rebuilds.Rebuilt
     controls: Controls
-    kv: pd.DataFrame
     steps: dict[str, Step]
     explicit: Step
     fresh: dict[str, Step] = field(default_factory=dict)
@@ -125,7 +122,6 @@ def apply_all(base: Baseline, specs: dict[str, rebuilds.RebuildFn]) -> dict[str,
 def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resume_on: str = "same_instance") -> Triaged:
     """Controls 1-4 on one applied rebuild; the verdict is `triage.choose_branch` of the result."""
     model, prompt, name, rebuilt = base.model, base.prompt, applied.name, applied.rebuilt
-    kv = kv_table(base.prefix_cache, rebuilt.cache, rebuilt.kept)
     compat.put_rope_state(model, applied.state_after)  # the instance as the rebuild left it
     steps = arg_set_steps(model, prompt, rebuilt.cache, base.positions, base.generate_kwargs)
     compat.put_rope_state(model, base.saved_state)
@@ -150,9 +146,7 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
              "explicit_vs_full_forward": diff(explicit, Step(True, base.reference))}
     controls = Controls(
         rebuild=name, floor=base.floor, arg_sets=arg_sets(base, steps), processed_length=processed,
-        original_lengths=layers.lengths(base.prefix_cache), rebuilt_lengths=layers.lengths(rebuilt.cache),
-        classes_equal=bool((kv.class_original == kv.class_rebuilt).all()), slots=matched,
-        kv_max_abs_diff=float(kv.kv_max_abs_diff.max()) if kv.kv_max_abs_diff.notna().any() else None,
+        rebuilt_lengths=layers.lengths(rebuilt.cache), slots=matched,
         state_changed=applied.state_changed, restored_diff=diff(restored, base.original[FULL]) if restored else None,
         fresh_bare_diff=diff(fresh.get("fresh instance, no state"), steps[FULL]) if fresh else None,
         fresh_restored_diff=diff(fresh.get("fresh instance, state restored"), steps[FULL]) if fresh else None,
@@ -169,7 +163,7 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     controls.identity_identical, numbers = identical(identity.controls if identity is not None else controls)
     controls.identity_worst = numbers["worst_max_abs_diff"]
     controls.identity_remaining = (identity.controls if identity is not None else controls).extra["explicit_vs_full_forward"]
-    out = Triaged(name, rebuilt, controls, kv, steps, explicit, fresh)
+    out = Triaged(name, rebuilt, controls, steps, explicit, fresh)
     out.verdict = choose_branch(controls)
     return out
 

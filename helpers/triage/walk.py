@@ -150,10 +150,10 @@ def choose_branch(c: Controls) -> dict[str, Any]:
     if w.step("compressed", kind in COMPRESSION, **shown, processed_length=c.processed_length,
               stored_slots=[s.stored for s in c.rebuilt_state.layers] if c.rebuilt_state else None):
         return w.done(_compression_leaf(c, w))
-    if w.step("kv_differ", kind in CHANGED, **shown, kv_max_abs_diff=c.kv_max_abs_diff, **w.numbers(FULL_MASK)):
+    if w.step("kv_differ", kind in CHANGED, **shown, **w.numbers(FULL_MASK)):
         return w.done("reconstruction_copy")
     restoring = [name for name in REPAIR_LEAF if w.restores(name)]  # every repair shown; none names a leaf here
-    w.step("nothing_visible", True, slots=kind, classes_equal=c.classes_equal, restoring_repairs_without_a_table_cell=restoring)
+    w.step("nothing_visible", True, slots=kind, restoring_repairs_without_a_table_cell=restoring)
     return w.done("unexplained")
 
 
