@@ -101,7 +101,7 @@ def test_the_path_records_each_answer_and_its_numbers():
     v = tree.choose_branch(ctl(arg_sets=sets(0.3), slots=COPIED, repairs=fixes(full_mask=0.3)))
     assert [(d["node"], d["answer"]) for d in v["path"]] == [
         ("identical", False), ("only_rebuilt", True), ("full_mask", False), ("model_state", False), ("metadata", False),
-        ("prefix_short", False), ("extra_slots", False), ("compressed", False), ("kv_differ", True)]
+        ("compressed", False), ("kv_differ", True)]
     assert v["path"][1]["numbers"] == {"differing": ["mask_only", "both"]}
     assert v["path"][-1]["numbers"] == {"slots": "content", "layers_content": [0, 1, 2, 3], "full_mask_max_abs_diff": 0.3,
                                         "noise_threshold": T}

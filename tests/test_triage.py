@@ -274,7 +274,9 @@ def test_render_marks_the_taken_path_and_lists_the_repairs():
     text = triage.render("streaming", triage.choose_branch(LEAF_CASES["compression_positions"]))
     assert text.splitlines()[0].startswith("rebuild 'streaming'  ->  compression_positions")
     assert "[x] slot comparison: original slots evicted (first, middle, last)" in text
-    assert "[ ] slot comparison: the original's first slots, N short" in text
+    assert "+--     slot comparison: the original's first slots, N short" in text, "asked only of a short prefix"
+    short = triage.render("crop_short", triage.choose_branch(LEAF_CASES["prefix_short"]))
+    assert "[x] slot comparison: the original's first slots, N short" in short
     assert "[x] the repair restores the full forward  -> compression_positions" in text
     assert "[ ] original and rebuilt behave identically" in text
     assert "stored_slots=[20, 20, 20, 20]" in text

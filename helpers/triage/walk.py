@@ -142,11 +142,9 @@ def choose_branch(c: Controls) -> dict[str, Any]:
               **(w.numbers(REREGISTER) if meta else {})):
         return w.done("cache_metadata")
     kind, shown = slot_verdict(c.slots), _slot_numbers(c)
-    short, extra = kind == "prefix_short", kind == "extra"
-    if w.step("prefix_short", short and w.restores(REFEED), **shown, **(w.numbers(REFEED) if short else {})):
-        return w.done("prefix_short")
-    if w.step("extra_slots", extra and w.restores(CROP), **shown, **(w.numbers(CROP) if extra else {})):
-        return w.done("extra_slots")
+    for node, fix, of_kind in (("prefix_short", REFEED, "prefix_short"), ("extra_slots", CROP, "extra")):
+        if kind == of_kind and w.step(node, w.restores(fix), **shown, **w.numbers(fix)):  # asked only of its kind
+            return w.done(node)
     if w.step("compressed", kind in COMPRESSION, **shown, processed_length=c.processed_length,
               stored_slots=[s.stored for s in c.rebuilt_state.layers] if c.rebuilt_state else None):
         return w.done(_compression_leaf(c, w))
