@@ -90,6 +90,9 @@ def test_the_refeed_restores_an_exact_prefix_one_short_not_a_cache_missing_its_f
     assert repaired(base, short, kind="prefix_short")[REFEED].restores(base.floor)
     first = rebuilds._rebuild(base.prefix_cache, base.model, lambda _i, k, v: [(k[..., 1:, :].clone(), v[..., 1:, :].clone())])
     assert slot_verdict(slots.compare(base.prefix_cache, first)) == "evicted"
+    n = base.prompt.processed  # control 0's cells: the same lengths, told apart by which slot is missing
+    assert slots.described(base.prefix_cache, short)[0] == f"prefix_short: {n - 1} slots; original 0-{n - 2}; missing {n - 1} (last)"
+    assert slots.described(base.prefix_cache, first)[0] == f"evicted: {n - 1} slots; original 1-{n - 1}; missing 0 (first)"
     assert not repaired(base, first, kind="prefix_short")[REFEED].restores(base.floor)
 
 
