@@ -119,6 +119,7 @@ def test_the_slot_comparison_names_exchanged_layers_and_which_slots_are_missing(
     evicted = slots.compare(base.prefix_cache, rebuilds.streaming(base.prefix_cache, base.model, None).cache)
     assert slots.describe(0, evicted[0]).endswith("missing 4-64 (middle)")
     assert slots.where([0, 1, 40, 80], 81) == ["first", "middle", "last"] and slots.where([80], 81) == ["last"]
+    assert slots.where(list(range(81)), 81) == ["all"] and slots.where([0], 81) == ["first"]
 
 
 def test_a_repair_that_raises_is_recorded_with_its_stage(bundle, prompt):

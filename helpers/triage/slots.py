@@ -71,10 +71,10 @@ def described(original: Any, rebuilt: Any) -> list[str]:
 
 
 def where(missing: list[int], n: int) -> list[str]:
-    """Which slots are missing, per contiguous run: 'first' (the run holds slot 0), 'last' (slot n-1), else 'middle'."""
+    """Which slots are missing, per contiguous run: 'all', 'first' (the run holds slot 0), 'last' (slot n-1), 'middle'."""
     out: list[str] = []
     for run in spans(missing).split(", "):
-        lo, _, hi = run.partition("-")
-        name = "first" if int(lo) == 0 else "last" if int(hi or lo) == n - 1 else "middle"
+        lo, hi = int(run.partition("-")[0]), int(run.partition("-")[2] or run)
+        name = "all" if (lo, hi) == (0, n - 1) else "first" if lo == 0 else "last" if hi == n - 1 else "middle"
         out += [] if name in out else [name]
     return out
