@@ -19,7 +19,7 @@ import importlib
 import importlib.util
 import inspect
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,11 +40,10 @@ class RebuildError(RuntimeError):
 
 @dataclass
 class Rebuilt:
-    """What a rebuild gave back: the cache and, when it says so, the logical length and kept positions."""
+    """What a rebuild gave back: the cache and, when it says so, the logical length."""
 
     cache: Any
     processed_length: int | None = None
-    info: dict[str, Any] = field(default_factory=dict)
     resume: bool = False  # returned as a resume state: generate() is given positions at processed_length
 
 
@@ -82,7 +81,7 @@ def _sink_and_window(cache: Any, model: torch.nn.Module, windows: list[int], sin
         chunks = [(keys[..., :s, :].clone(), values[..., :s, :].clone())]
         return chunks + ([(keys[..., length - w:, :].clone(), values[..., length - w:, :].clone())] if w else [])
 
-    return Rebuilt(_rebuild(cache, model, transform), int(cache.get_seq_length()), {"sink": sink, "windows": windows})
+    return Rebuilt(_rebuild(cache, model, transform), int(cache.get_seq_length()))
 
 
 def streaming(cache: Any, model: torch.nn.Module, prompt: Any, sink: int = 4, window: int = 16) -> Rebuilt:
