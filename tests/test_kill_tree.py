@@ -21,8 +21,8 @@ def sets(diff: float | None = 0.0, error: str = "RuntimeError") -> list[tree.Arg
 
 
 def ctl(**kw: Any) -> tree.Controls:
-    base = dict(rebuild="x", floor=FLOOR, arg_sets=sets(), processed_length=82, original_lengths=[82] * 4,
-                rebuilt_lengths=[82] * 4, classes_equal=True, kv_bitwise_equal=True, kv_max_abs_diff=0.0,
+    base = dict(rebuild="x", floor=FLOOR, arg_sets=sets(), processed_length=82,
+                rebuilt_lengths=[82] * 4,
                 identity_identical=True, identity_worst=0.0)
     return tree.Controls(**{**base, **kw})
 
@@ -55,9 +55,11 @@ def test_identical_and_its_numbers():
     assert tree.identical(ctl(arg_sets=sets(None)))[1]["worst_max_abs_diff"] is None
 
 
-def test_lengths_changed_ignores_missing_lengths():
-    assert not tree.lengths_changed(ctl()) and not tree.lengths_changed(ctl(rebuilt_lengths=[None, 82]))
-    assert tree.lengths_changed(ctl(rebuilt_lengths=[82, 20])) and tree.lengths_changed(ctl(rebuilt_lengths=[None, 83]))
+def slots(kept: list[int | None], n: int = 82, layers: int = 4) -> list[tree.SlotLayer]:
+    return [tree.SlotLayer(n, [None if k is None else (i, k) for k in kept]) for i in range(layers)]
+
+
+COPIED = slots([None] * 82)
 
 
 def layer_states(stored: list[int], reported: list[int] | None = None, init: bool = True, cls: str = "L") -> tree.ResumeState:
@@ -96,15 +98,16 @@ def test_the_path_records_each_answer_and_its_numbers():
     assert v["repairs"] == [{"name": "saved_state", "max_abs_diff": ABOVE, "restores": False},
                             {"name": "full_mask", "max_abs_diff": 1e-7, "restores": True}]
     assert v["note"] == "resume_contract"
-    v = tree.choose_branch(ctl(arg_sets=sets(0.3), kv_bitwise_equal=False, kv_max_abs_diff=0.01, repairs=fixes(full_mask=0.3)))
+    v = tree.choose_branch(ctl(arg_sets=sets(0.3), slots=COPIED, repairs=fixes(full_mask=0.3)))
     assert [(d["node"], d["answer"]) for d in v["path"]] == [
         ("identical", False), ("only_rebuilt", True), ("full_mask", False), ("model_state", False), ("metadata", False),
         ("compressed", False), ("kv_differ", True)]
     assert v["path"][1]["numbers"] == {"differing": ["mask_only", "both"]}
-    assert v["path"][-1]["numbers"] == {"kv_max_abs_diff": 0.01, "full_mask_max_abs_diff": 0.3, "noise_threshold": T}
+    assert v["path"][-1]["numbers"] == {"slots": "content", "layers_content": [0, 1, 2, 3], "full_mask_max_abs_diff": 0.3,
+                                        "noise_threshold": T}
 
 
-EVICT = dict(arg_sets=sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None,
+EVICT = dict(arg_sets=sets(0.98), rebuilt_lengths=[20] * 4, slots=slots([*range(4), *range(66, 82)]),
              original_state=layer_states([82] * 4), rebuilt_state=layer_states([20] * 4))
 
 
@@ -121,15 +124,16 @@ def test_compression_leaves_through_each_condition():
     assert branch(ctl(**EVICT, **at(ABOVE, vs=None))) == "compression_positions_and_loss"
     assert branch(ctl(**EVICT, **at(None))) == "compression_unresolved"
     assert branch(ctl(**EVICT)) == "compression_unresolved", "the repair did not run"
-    same = {**EVICT, "rebuilt_state": layer_states([82] * 4)}
-    assert branch(ctl(**same, **at(T))) == "reconstruction_copy", "fewer reported slots are not compression: stored ones are"
-    more = {**EVICT, "rebuilt_state": layer_states([83] * 4)}
-    assert branch(ctl(**more, **at(T))) == "reconstruction_copy", "more stored slots than processed tokens: not compression"
-    one = {**EVICT, "rebuilt_state": layer_states([82, 82, 82, 81])}
-    assert tree.compressed(ctl(**one)) == [3]
-    assert tree.compressed(ctl(**{**EVICT, "rebuilt_state": layer_states([None, 20, 20, 20])})) == [1, 2, 3]
+    same = {**EVICT, "slots": slots(list(range(82)))}
+    assert branch(ctl(**same, **at(T))) == "unexplained", "fewer reported slots are not compression: evicted ones are"
+    more = {**EVICT, "slots": slots([*range(82), None])}
+    assert branch(ctl(**more, **at(T))) == "unexplained", "extra slots whose crop did not run: not compression"
+    one = slots(list(range(82)), layers=3) + [tree.SlotLayer(82, [(3, k) for k in range(1, 82)])]
+    assert tree.slot_layers(one, "evicted") == [3] and branch(ctl(**{**EVICT, "slots": one}, **at(T))) == "compression_positions"
+    assert branch(ctl(**{**EVICT, "slots": one[:3] + [tree.SlotLayer(82, [(2, k) for k in range(82)])]}, **at(T))) \
+        == "reconstruction_copy", "a layer holding another layer's slots: exchanged, not compressed"
     v = tree.choose_branch(ctl(**EVICT, **at(ABOVE, vs=T)))
-    assert v["path"][-1] == {"node": "information_lost", "question": tree.NODES[10][2], "answer": True,
+    assert v["path"][-1] == {"node": "information_lost", "question": tree.QUESTIONS["information_lost"], "answer": True,
                              "numbers": {"repaired_vs_generate": T, "noise_threshold": T}}
     assert [(d["node"], d["answer"]) for d in v["path"][-4:]] == [("positions_restore", False), ("unresolved", False),
                                                                  ("positions_and_loss", False), ("information_lost", True)]
@@ -141,8 +145,8 @@ def test_compression_leaves_through_each_condition():
 def test_metadata_and_state_leaves_through_each_condition():
     differ = dict(arg_sets=sets(0.3), original_state=layer_states([82] * 4))
     assert branch(ctl(**differ)) == "unexplained"
-    assert branch(ctl(**differ, kv_bitwise_equal=False)) == "reconstruction_copy"
-    assert branch(ctl(**differ, kv_max_abs_diff=1e-9)) == "reconstruction_copy"
+    assert branch(ctl(**differ, slots=COPIED)) == "reconstruction_copy"
+    assert branch(ctl(**differ, slots=slots([*range(81), 80]))) == "reconstruction_copy", "a slot stored twice: reordered"
     meta = fixes(reregister_via_update=T)
     for cell in (dict(init=False), dict(reported=[0] * 4), dict(cls="Other")):
         assert branch(ctl(**differ, rebuilt_state=layer_states([82] * 4, **cell), repairs=meta)) == "cache_metadata", cell
@@ -161,16 +165,16 @@ def test_metadata_and_state_leaves_through_each_condition():
     assert branch(ctl(**differ, repairs=fixes(full_mask=ABOVE))) == "unexplained"
     last = tree.choose_branch(ctl(**differ, repairs=fixes(full_mask=0.3, reregister_via_update=0.0)))["path"][-1]
     assert last["node"] == "nothing_visible" and last["numbers"] == {
-        "kv_bitwise_equal": True, "classes_equal": True, "restoring_repairs_without_a_table_cell": ["reregister_via_update"]}
+        "slots": "same", "restoring_repairs_without_a_table_cell": ["reregister_via_update"]}
 
 
 def test_render_shows_unchecked_and_declined_nodes():
     v = tree.choose_branch(ctl(arg_sets=sets(0.3), repairs=fixes(full_mask=0.3, reregister_via_update=0.0)))
     text = tree.render("r", v)
-    assert "+-- [ ] control 0: stored K/V differ from the original's" in text
+    assert "+-- [ ] slot comparison: slots no original slot holds" in text
     assert "+-- [x] no cell of control 0 explains it and no repair restores  -> unexplained" in text
     assert "    +--     resumed on a fresh instance" in text  # not reached: no mark
-    assert text.splitlines()[1] == ("decided by: kv_bitwise_equal=True; classes_equal=True; "
+    assert text.splitlines()[1] == ("decided by: slots=same; "
                                     "restoring_repairs_without_a_table_cell=['reregister_via_update']")
     assert "  - reregister_via_update: 0 -> restores" in text and "although no cell of control 0 points at it" in text
     assert tree.render("r", {"branch": "unexplained", "path": []}).splitlines()[1] == "decided by: the first decision"
@@ -182,7 +186,7 @@ def test_render_shows_unchecked_and_declined_nodes():
 ASSIGNED = ctl(arg_sets=sets(1.15), original_state=layer_states([82] * 4), rebuilt_state=layer_states([82] * 4, [0] * 4, init=False),
                repairs=fixes(full_mask=1.15, reregister_via_update=4e-7))
 RETAINED = ctl(**EVICT)  # 82 processed, 20 retained: generate continues at 20 instead of 82 (shift -62)
-PER_LAYER = dict(arg_sets=sets(0.91), rebuilt_lengths=[20, 16, 12, 8], kv_bitwise_equal=False)
+PER_LAYER = dict(arg_sets=sets(0.91), rebuilt_lengths=[20, 16, 12, 8], slots=COPIED)
 SILENT = {"ok": True, "max_abs_diff_vs_original": 0.9, "stage": ""}
 RAISED = {"ok": False, "error_type": "RuntimeError", "stage": "modeling_x.py:eager_attention_forward"}
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import compat
-from helpers.triage import rebuilds
+from helpers.triage import rebuilds, slots
 from helpers.triage import tree as triage
 from helpers.compare import NoiseFloor
 from helpers.pipeline.run import execute
@@ -43,21 +43,31 @@ def state(stored: list[int | None] | None = None, reported: list[int | None] | N
                               model_state=model_state)
 
 
+def held(kept: list[int | None] | None = None, n: int = 82, layers: int = 4) -> list[triage.SlotLayer]:
+    """The slot comparison: every layer holds the original's slots `kept` in this order (None: a slot no original
+    slot holds); default: all 82."""
+    kept = list(range(n)) if kept is None else kept
+    return [triage.SlotLayer(n, [None if k is None else (i, k) for k in kept]) for i in range(layers)]
+
+
+SHORT, EXTRA, COPIED = held(list(range(81))), held(list(range(82)) + [None] * 5), held([None] * 82)
+
+
 def fix(name: str, d: float | None, vs: float | None = None, ok: bool = True) -> triage.Repair:
     return triage.Repair(name, d, ok, "" if ok else "RuntimeError at eager_attention_forward", vs)
 
 
 def controls(rebuilt: triage.ResumeState | None = None, repairs: list[triage.Repair] | None = None, **kw) -> triage.Controls:
     """An identity-like outcome (control 0 equal, the full mask restores); keyword arguments change one control."""
-    base = dict(rebuild="x", floor=FLOOR, arg_sets=arg_sets(), processed_length=82, original_lengths=[82] * 4,
-                rebuilt_lengths=[82] * 4, classes_equal=True, kv_bitwise_equal=True, kv_max_abs_diff=0.0,
+    base = dict(rebuild="x", floor=FLOOR, arg_sets=arg_sets(), processed_length=82,
+                rebuilt_lengths=[82] * 4, slots=held(),
                 identity_identical=True, identity_worst=0.0, original_state=state(), rebuilt_state=rebuilt or state(),
                 repairs={r.name: r for r in (repairs or [fix("full_mask", 1e-7)])}, identity_remaining=4e-7)
     base.update(kw)
     return triage.Controls(**base)
 
 
-EVICTED = dict(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, kv_bitwise_equal=False, kv_max_abs_diff=None,
+EVICTED = dict(arg_sets=arg_sets(0.98), rebuilt_lengths=[20] * 4, slots=held([0, 1, 2, 3, *range(66, 82)]),
                rebuilt=state([20] * 4), extra={"generate_position": -22, "logical_position": 39})
 
 
@@ -76,11 +86,15 @@ LEAF_CASES = {
         original_state=state(model_state=[-42]), repairs=[fix("full_mask", 0.45), fix("saved_state", 0.0)]),
     "cache_metadata": controls(arg_sets=arg_sets(1.15), rebuilt=ASSIGNED, rebuilt_lengths=[0] * 4,
                                repairs=[fix("full_mask", 1.15), fix("reregister_via_update", 4e-7)]),
+    "prefix_short": controls(arg_sets=arg_sets(0.17), rebuilt=state([81] * 4), rebuilt_lengths=[81] * 4, slots=SHORT,
+                             repairs=[fix("full_mask", 0.17), fix("refeed_whole_ids", 4.8e-7)]),
+    "extra_slots": controls(arg_sets=arg_sets(0.42), rebuilt=state([87] * 4), rebuilt_lengths=[87] * 4, slots=EXTRA,
+                            repairs=[fix("full_mask", 0.42), fix("crop_to_processed", 4.2e-7)]),
     "compression_positions": evicted(fix("continue_at_processed_length", 1e-6, vs=0.36)),
     "compression_positions_and_loss": evicted(fix("continue_at_processed_length", 0.81, vs=0.36)),
     "compression_information_loss": evicted(fix("continue_at_processed_length", 0.94, vs=0.0)),
     "compression_unresolved": evicted(fix("continue_at_processed_length", None, ok=False)),
-    "reconstruction_copy": controls(arg_sets=arg_sets(1.6e-3), kv_bitwise_equal=False, kv_max_abs_diff=0.013,
+    "reconstruction_copy": controls(arg_sets=arg_sets(1.6e-3), slots=COPIED,
                                     repairs=[fix("full_mask", 1.6e-3)]),
     "unexplained": controls(arg_sets=arg_sets(0.3), repairs=[fix("full_mask", 0.3)]),
 }
@@ -95,12 +109,16 @@ CONTRADICTED = {
                                                                 state_changed=False, rebuilt_state=state(model_state=[-42])),
                                                         "unexplained"),
     "cache_metadata": (replace(LEAF_CASES["cache_metadata"], rebuilt_state=state()), "unexplained"),
-    "compression_positions": (replace(LEAF_CASES["compression_positions"], rebuilt_state=state()), "reconstruction_copy"),
+    "prefix_short": (replace(LEAF_CASES["prefix_short"], repairs={"full_mask": fix("full_mask", 0.17),
+                     "refeed_whole_ids": fix("refeed_whole_ids", 0.17), "continue_at_processed_length":
+                     fix("continue_at_processed_length", 0.2, vs=0.1)}), "compression_positions_and_loss"),
+    "extra_slots": (replace(LEAF_CASES["extra_slots"], slots=held(list(range(82)) + [None] * 4 + [3])), "reconstruction_copy"),
+    "compression_positions": (replace(LEAF_CASES["compression_positions"], slots=held()), "unexplained"),
     "compression_positions_and_loss": (evicted(fix("continue_at_processed_length", 0.81, vs=2e-6)), "compression_information_loss"),
     "compression_information_loss": (evicted(fix("continue_at_processed_length", 0.94, vs=2.1e-6)),
                                      "compression_positions_and_loss"),
     "compression_unresolved": (evicted(fix("continue_at_processed_length", 2e-6, vs=0.36)), "compression_positions"),
-    "reconstruction_copy": (replace(LEAF_CASES["reconstruction_copy"], kv_bitwise_equal=True, kv_max_abs_diff=0.0), "unexplained"),
+    "reconstruction_copy": (replace(LEAF_CASES["reconstruction_copy"], slots=held()), "unexplained"),
     "unexplained": (replace(LEAF_CASES["unexplained"], rebuilt_state=ASSIGNED,
                             repairs={"full_mask": fix("full_mask", 0.3), "reregister_via_update": fix("reregister_via_update", 0.0)}),
                     "cache_metadata"),
@@ -157,17 +175,53 @@ def test_a_failure_only_for_the_rebuilt_cache_is_not_the_contract():
     assert triage.choose_branch(LEAF_CASES["resume_contract"])["path"][0]["answer"] is False
 
 
-def test_compression_is_fewer_stored_slots_not_a_different_reported_length():
+def test_compression_is_evicted_slots_by_content_not_a_different_reported_length():
     """The assignment rebuild reports length 0 with every slot stored: metadata, not compression (the issue's case)."""
     v = triage.choose_branch(LEAF_CASES["cache_metadata"])
     assert "compressed" not in [d["node"] for d in v["path"]]
-    assert triage.compressed(LEAF_CASES["cache_metadata"]) == [] and triage.metadata_differs(LEAF_CASES["cache_metadata"]) == [0, 1, 2, 3]
+    assert triage.slot_verdict(LEAF_CASES["cache_metadata"].slots) == "same"
+    assert triage.metadata_differs(LEAF_CASES["cache_metadata"]) == [0, 1, 2, 3]
     no_repair = replace(LEAF_CASES["cache_metadata"], repairs={"full_mask": fix("full_mask", 1.15)})
     v = triage.choose_branch(no_repair)
     assert v["branch"] == "unexplained" and [d["node"] for d in v["path"]][-2:] == ["kv_differ", "nothing_visible"]
     sliding = state([82, 16], [82, 82])  # a sliding layer stores its window and reports what it processed
     assert triage.metadata_differs(controls(original_state=sliding, rebuilt=sliding)) == []
-    assert triage.compressed(controls(original_state=sliding, rebuilt=state([82, 12], [82, 82]))) == [1]
+
+
+def test_slot_decisions_each_with_a_contradicting_twin():
+    """Each slot kind from the content a layer holds, and the twin one slot away that the rule must not take."""
+    kind = lambda kept, n=6, i=0: triage.slot_kind(i, triage.SlotLayer(n, [None if k is None else (i, k) if  # noqa: E731
+                                                                                  isinstance(k, int) else k for k in kept]))
+    assert kind([0, 1, 2, 3, 4, 5]) == "same" and kind([0, 1, 2, 3, 5, 4]) == "reordered"
+    assert kind([0, 1, 2, 3, 4]) == "prefix_short" and kind([1, 2, 3, 4, 5]) == "evicted", "the first slot, not the last"
+    assert kind([0, 1, 2, 4, 5]) == "evicted" and kind([0, 1, 2, 2, 5]) == "reordered"
+    assert kind([0, 1, 2, 3, 4, 5, None]) == "extra" and kind([0, 1, 2, 3, 4, None, None]) == "content"
+    assert kind([0, 1, 2, 3, 4, 5, None, 1]) == "content", "an original slot after the extra ones: not a plain append"
+    assert kind([None] * 6) == "content" and kind([(1, k) for k in range(6)]) == "exchanged"
+    assert kind([]) == "evicted" and kind([], n=None) == "same"
+    assert triage.slot_kind(0, triage.SlotLayer(None, [], same_state=False)) == "content"
+    verdict = lambda *layers: triage.slot_verdict([triage.SlotLayer(3, [(i, k) if k is not None else None  # noqa: E731
+                                                                        for k in kept]) for i, kept in enumerate(layers)])
+    assert verdict([0, 1, 2], [0, 1, 2]) == "same" and verdict([0, 1], [0, 1, 2]) == "prefix_short"
+    assert verdict([0, 1], [0, 2]) == "evicted", "one evicted layer makes the cache a compression"
+    assert verdict([0, 1, 2, None], [0, 1, 2]) == "extra" and verdict([0, 1, 2, None], [None, 1, 2]) == "content"
+    assert triage.slot_layers(held(list(range(81))) + held(n=82, layers=1), "prefix_short") == [0, 1, 2, 3]
+
+
+def test_a_prefix_short_cache_is_not_compression_when_its_refeed_restores():
+    """An exact prefix one slot short: prefix_short when the re-feed restores; an eviction of the first slot, with the
+    same lengths, is a compression; a re-feed past the floor moves the walk on to the compression leaves."""
+    v = triage.choose_branch(LEAF_CASES["prefix_short"])
+    assert v["path"][-1]["numbers"]["layers_prefix_short"] == [0, 1, 2, 3] and v["repairs"][-1]["restores"]
+    first = replace(LEAF_CASES["prefix_short"], slots=held(list(range(1, 82))))
+    assert triage.choose_branch(first)["branch"] == "compression_unresolved", "first slot evicted: no re-feed tried"
+    at_floor = lambda d: triage.choose_branch(replace(LEAF_CASES["prefix_short"], repairs={  # noqa: E731
+        "refeed_whole_ids": fix("refeed_whole_ids", d)}))["branch"]
+    assert at_floor(FLOOR.threshold) == "prefix_short" and at_floor(FLOOR.threshold * 1.01) == "compression_unresolved"
+    extra = lambda d: triage.choose_branch(replace(LEAF_CASES["extra_slots"], repairs={  # noqa: E731
+        "crop_to_processed": fix("crop_to_processed", d)}))["branch"]
+    assert extra(FLOOR.threshold) == "extra_slots" and extra(FLOOR.threshold * 1.01) == "unexplained"
+    assert "crop_to_processed" not in [r["name"] for r in triage.choose_branch(LEAF_CASES["prefix_short"])["repairs"]]
 
 
 def test_compression_is_split_by_the_continue_at_processed_length_repair():
@@ -219,7 +273,10 @@ def test_every_leaf_says_what_to_do_next():
 def test_render_marks_the_taken_path_and_lists_the_repairs():
     text = triage.render("streaming", triage.choose_branch(LEAF_CASES["compression_positions"]))
     assert text.splitlines()[0].startswith("rebuild 'streaming'  ->  compression_positions")
-    assert "[x] control 0: fewer stored slots than processed tokens" in text
+    assert "[x] slot comparison: original slots evicted (first, middle, last)" in text
+    assert "+--     slot comparison: the original's first slots, N short" in text, "asked only of a short prefix"
+    short = triage.render("crop_short", triage.choose_branch(LEAF_CASES["prefix_short"]))
+    assert "[x] slot comparison: the original's first slots, N short" in short
     assert "[x] the repair restores the full forward  -> compression_positions" in text
     assert "[ ] original and rebuilt behave identically" in text
     assert "stored_slots=[20, 20, 20, 20]" in text
@@ -258,7 +315,7 @@ def test_retained_length_claim_and_its_contradictions(tmp_path):
 
 
 def test_per_layer_claim_outcomes_and_contradictions(tmp_path):
-    c = controls(arg_sets=arg_sets(0.91), rebuilt_lengths=[20, 16, 12, 8], kv_bitwise_equal=False)
+    c = controls(arg_sets=arg_sets(0.91), rebuilt_lengths=[20, 16, 12, 8])
     full = c.arg_sets[2]
     holds, why, evidence, deciding = triage.decide_per_layer(c, full, {"attention_masks": [None] * 4})
     assert holds and deciding["outcome"] == "silent_difference" and "silent difference" in why
@@ -330,7 +387,7 @@ def test_builtin_rebuilds_use_update_and_keep_what_they_say(bundle, prompt, pref
     assert all(torch.equal(a.keys, b.keys) for a, b in zip(ident.cache.layers, prefix_cache.layers))
     stream = rebuilds.apply(rebuilds.load("streaming", 4, 16), "streaming", prefix_cache, bundle.model, prompt)
     assert [l.get_seq_length() for l in stream.cache.layers] == [20] * 4 and stream.processed_length == n
-    assert stream.kept[0] == list(range(4)) + list(range(n - 16, n))
+    assert slots.describe(0, slots.compare(prefix_cache, stream.cache)[0]) == f"evicted: 20 slots; original 0-3, {n - 16}-{n - 1}; missing 4-{n - 17} (middle)"
     assert torch.equal(stream.cache.layers[2].keys[..., 4:, :], prefix_cache.layers[2].keys[..., -16:, :])
     per = rebuilds.apply(rebuilds.load("per_layer", 4, 16), "per_layer", prefix_cache, bundle.model, prompt)
     assert [l.get_seq_length() for l in per.cache.layers] == [4 + w for w in rebuilds.layer_windows(4, 16)] == [20, 16, 12, 8]
@@ -389,8 +446,14 @@ def test_notebook_06_decides_its_claims(tmp_path, monkeypatch):
         "triage.per_layer_lengths_outcome": ("beyond", "holds"), "triage.per_layer_lengths_by_backend": ("beyond", "holds")}
     assert {n: v["branch"] for n, v in data["measurements"]["triage"].items()} == {
         "identity": "no_defect", "streaming": "compression_positions_and_loss", "int8": "reconstruction_copy",
-        "per_layer": "compression_positions_and_loss"}
+        "per_layer": "compression_positions_and_loss", "crop_short": "prefix_short", "reused_no_copy": "extra_slots"}
     assert data["measurements"]["triage"]["streaming"]["repairs"][-1]["name"] == "continue_at_processed_length"
+    assert [(r["name"], r["restores"]) for r in data["measurements"]["triage"]["crop_short"]["repairs"]] == [
+        ("full_mask", False), ("refeed_whole_ids", True)]
+    assert data["measurements"]["triage"]["reused_no_copy"]["repairs"][-1] | {"max_abs_diff": 0} == {
+        "name": "crop_to_processed", "max_abs_diff": 0, "restores": True}
+    short = {r["state"]: r for r in data["measurements"]["control0_resume_state"]["crop_short"]}
+    assert short["layer 0 slots by content (vs the original's)"]["rebuilt"].endswith("missing 80 (last)")
     assert data["measurements"]["triage"]["identity"]["repairs"] == [
         {"name": "full_mask", "max_abs_diff": data["measurements"]["triage"]["identity"]["repairs"][0]["max_abs_diff"],
          "restores": True}]
@@ -458,10 +521,10 @@ def test_builtins_work_on_sliding_and_hybrid_caches(model_id):
     ident = rebuilds.apply(rebuilds.load("identity"), "identity", cache, family.model, family.prompt)
     assert layers.cache_state_equal(cache, ident.cache)
     stream = rebuilds.apply(rebuilds.load("streaming", 4, 8), "streaming", cache, family.model, family.prompt)
-    for a, b, kept in zip(cache.layers, stream.cache.layers, stream.kept):
+    for a, b in zip(cache.layers, stream.cache.layers):
         assert type(a) is type(b)
         if layers.has_linear_state(a):
-            assert layers.layer_state_equal(a, b) and kept == []  # linear states copied whole
+            assert layers.layer_state_equal(a, b)  # linear states copied whole
         else:
             assert layers.layer_length(b) == (29 if layers.is_sliding(a) else 12)  # a sliding layer keeps its processed length
     q = rebuilds.apply(rebuilds.load("int8"), "int8", cache, family.model, family.prompt)

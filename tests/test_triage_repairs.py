@@ -8,9 +8,12 @@ from transformers import DynamicCache
 from transformers.models.qwen3.modeling_qwen3 import rotate_half
 
 from helpers import compat
-from helpers.triage import controls, rebuilds, repairs
+import copy
+
+from helpers.triage import controls, rebuilds, repairs, slots
 from helpers.triage import run as triage_run
-from helpers.triage.walk import AT_PROCESSED, FULL_MASK, REREGISTER, SAVED_STATE
+from helpers.triage.facts import slot_kind, slot_verdict
+from helpers.triage.walk import AT_PROCESSED, CROP, FULL_MASK, REFEED, REREGISTER, SAVED_STATE
 
 EXAMPLE = "examples/my_rebuild.py"
 
@@ -29,13 +32,13 @@ def assigned(cache, model, transform=lambda x: x):
     return new
 
 
-def repaired(base, cache, state_after=None) -> dict:
-    """Every repair of `cache`, generate()'s own step (full mask) as the unrepaired one."""
+def repaired(base, cache, state_after=None, kind: str = "same") -> dict:
+    """Every repair of `cache` (`kind`: the slot verdict), generate()'s own step (full mask) as the unrepaired one."""
     state = base.saved_state if state_after is None else state_after
     compat.put_rope_state(base.model, state)
     full = controls.generate_step(base.model, base.prompt, cache, {},
                                   attention_mask=controls.full_mask(base.prompt, int(cache.get_seq_length())))
-    out = repairs.run_all(base, cache, {"full": full, "resumed": full}, state)
+    out = repairs.run_all(base, cache, {"full": full, "resumed": full}, state, slots=kind)
     compat.put_rope_state(base.model, base.saved_state)
     return out
 
@@ -75,6 +78,48 @@ def test_continuing_at_the_processed_length_restores_a_full_cache_and_removes_an
     out = repaired(base, rebuilds.streaming(base.prefix_cache, base.model, None).cache)
     fix = out[AT_PROCESSED]
     assert not fix.restores(base.floor) and base.floor.differs(fix.vs_unrepaired)  # positions moved, loss remains
+
+
+def test_the_refeed_restores_an_exact_prefix_one_short_not_a_cache_missing_its_first_slot(base):
+    """copy.deepcopy + crop(n - 1) (what crop_short builds, bitwise): the whole ids re-feed the missing token; the same
+    lengths with the first slot evicted do not restore."""
+    short = copy.deepcopy(base.prefix_cache)
+    short.crop(-1)  # drop one token (a negative count: the same on every 5.x)
+    built = rebuilds.crop_short(base.prefix_cache, base.model, base.prompt)
+    assert slots.compare(short, built) == slots.compare(short, short) and slot_verdict(slots.compare(base.prefix_cache, short)) == "prefix_short"
+    assert repaired(base, short, kind="prefix_short")[REFEED].restores(base.floor)
+    first = rebuilds._rebuild(base.prefix_cache, base.model, lambda _i, k, v: [(k[..., 1:, :].clone(), v[..., 1:, :].clone())])
+    assert slot_verdict(slots.compare(base.prefix_cache, first)) == "evicted"
+    n = base.prompt.processed  # control 0's cells: the same lengths, told apart by which slot is missing
+    assert slots.described(base.prefix_cache, short)[0] == f"prefix_short: {n - 1} slots; original 0-{n - 2}; missing {n - 1} (last)"
+    assert slots.described(base.prefix_cache, first)[0] == f"evicted: {n - 1} slots; original 1-{n - 1}; missing 0 (first)"
+    assert not repaired(base, first, kind="prefix_short")[REFEED].restores(base.floor)
+
+
+def test_the_crop_restores_a_reused_cache_not_one_whose_shared_slots_changed(base):
+    reused = rebuilds.reused_no_copy(copy.deepcopy(base.prefix_cache), base.model, base.prompt)
+    compat.put_rope_state(base.model, base.saved_state)
+    matched = slots.compare(base.prefix_cache, reused)
+    assert slot_verdict(matched) == "extra" and len(matched[0].matches) == base.prompt.processed + 5
+    assert "5 slots no original slot holds" in slots.describe(0, matched[0])
+    assert repaired(base, reused, kind="extra")[CROP].restores(base.floor)
+    wrong = rebuilds.int8(reused, base.model, None)
+    assert slot_verdict(slots.compare(base.prefix_cache, wrong)) == "content"
+    assert not repaired(base, wrong, kind="extra")[CROP].restores(base.floor)
+
+
+def test_the_slot_comparison_names_exchanged_layers_and_which_slots_are_missing(base):
+    pairs = [(layer.keys, layer.values) for layer in base.prefix_cache.layers]
+    swapped = DynamicCache(config=base.model.config.get_text_config(decoder=True))
+    for i, (k, v) in enumerate([pairs[1], pairs[0], *pairs[2:]]):
+        swapped.update(k.clone(), v.clone(), i)
+    matched = slots.compare(base.prefix_cache, swapped)
+    assert [slot_kind(i, s) for i, s in enumerate(matched)] == ["exchanged", "exchanged", "same", "same"]
+    assert "holds layer 1's slots" in slots.describe(0, matched[0])
+    evicted = slots.compare(base.prefix_cache, rebuilds.streaming(base.prefix_cache, base.model, None).cache)
+    assert slots.describe(0, evicted[0]).endswith("missing 4-64 (middle)")
+    assert slots.where([0, 1, 40, 80], 81) == ["first", "middle", "last"] and slots.where([80], 81) == ["last"]
+    assert slots.where(list(range(81)), 81) == ["all"] and slots.where([0], 81) == ["first"]
 
 
 def test_a_repair_that_raises_is_recorded_with_its_stage(bundle, prompt):
@@ -123,7 +168,8 @@ def test_localize_tells_rotation_from_content_and_finds_the_first_slot(prefix_ca
     assert (loc["layer"], loc["slot"], loc["differs_in"]) == (1, 7, "values") and "keys_differ_by" not in loc
     assert repairs.localize(prefix_cache, _copy(prefix_cache, lambda i, k, v: (k, v))) == {}
     longer = _copy(prefix_cache, lambda i, k, v: (torch.cat([k, k[..., -1:, :]], -2), torch.cat([v, v[..., -1:, :]], -2)))
-    assert repairs.localize(prefix_cache, longer)["differs_in"].startswith("slot count")
+    assert repairs.localize(prefix_cache, longer) == {}, "a shape change is the slot comparison's to name"
+    assert slot_kind(0, slots.compare(prefix_cache, longer)[0]) == "reordered"
 
 
 def test_topk_kept_against_the_floor(base):

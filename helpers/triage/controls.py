@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-import pandas as pd
 import torch
 
 from .. import compat
@@ -198,40 +197,6 @@ def diff(a: Step | None, b: Step | None) -> float | None:
     if a is None or b is None or not (a.ok and b.ok):
         return None
     return float(logit_metrics(a.logits, b.logits)["max_abs_diff"])
-
-
-def _kv_equal(a: Any, b: Any) -> bool:
-    """K/V bits equal where both layers hold K/V; linear-attention state equal where they hold that."""
-    if a is None or b is None:
-        return False
-    kv = not (layers.has_kv(a) or layers.has_kv(b)) or (
-        layers.has_kv(a) and layers.has_kv(b) and a.keys.shape == b.keys.shape and a.keys.dtype == b.keys.dtype
-        and torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values))
-    linear = not layers.has_linear_state(a) or layers.layer_state_equal(a, b)
-    return bool(kv and linear)
-
-
-def kv_table(original: Any, rebuilt: Any, kept: list[list[int]] | None = None) -> pd.DataFrame:
-    """Control 1, per layer: classes, lengths (None: linear attention), shapes, bitwise equality (K/V, or the
-    conv/recurrent states of a linear-attention layer), max |diff| where K/V shapes match."""
-    rows = []
-    lo, lr = compat.cache_layers(original), compat.cache_layers(rebuilt)
-    for i in range(max(len(lo), len(lr))):
-        a, b = (lo[i] if i < len(lo) else None), (lr[i] if i < len(lr) else None)
-        ka, va = (a.keys, a.values) if layers.has_kv(a) else (None, None)
-        kb, vb = (b.keys, b.values) if layers.has_kv(b) else (None, None)
-        same_shape = ka is not None and kb is not None and ka.shape == kb.shape and va.shape == vb.shape
-        rows.append({"layer": i, "class_original": type(a).__name__ if a is not None else None,
-                     "class_rebuilt": type(b).__name__ if b is not None else None,
-                     "length_original": layers.layer_length(a) if a is not None else None,
-                     "length_rebuilt": layers.layer_length(b) if b is not None else None,
-                     "shape_original": list(ka.shape) if ka is not None else None,
-                     "shape_rebuilt": list(kb.shape) if kb is not None else None,
-                     "kv_bitwise_equal": _kv_equal(a, b),
-                     "kv_max_abs_diff": float(max((ka.float() - kb.float()).abs().max(), (va.float() - vb.float()).abs().max()))
-                     if same_shape else None,
-                     "kept": spans(kept[i]) if kept and i < len(kept) else ""})
-    return pd.DataFrame(rows).set_index("layer")
 
 
 def spans(positions: list[int]) -> str:

@@ -34,6 +34,15 @@ class LayerState:
 
 
 @dataclass
+class SlotLayer:
+    """One rebuilt layer's stored slots matched by content (bits) to the original cache's slots."""
+
+    original: int | None  # slots the original's same layer stores (None: no K/V, a linear-attention layer)
+    matches: list[tuple[int, int] | None]  # per rebuilt slot: (layer, slot) of the original slot with its bits, else None
+    same_state: bool | None = None  # a linear-attention layer: conv/recurrent states equal the original's
+
+
+@dataclass
 class ResumeState:
     """Control 0 for one cache: every state a complete resume contract must distinguish."""
 
@@ -45,8 +54,8 @@ class ResumeState:
     next_position: int | None  # the position generate() gave the next token (captured at the rotary embedding)
     logical_position: int | None  # the position of the processed length (explicit step, captured)
     layers: list[LayerState] = field(default_factory=list)
-    kept: list[str] = field(default_factory=list)  # per layer: the original positions retained
     model_state: list | None = None  # model-specific metadata (Qwen3-VL's rope_deltas), None: the model keeps none
+    slots: list[str] = field(default_factory=list)  # per layer: its slots by content against the original's
 
 
 @dataclass
@@ -77,11 +86,7 @@ class Controls:
     floor: NoiseFloor
     arg_sets: list[ArgSet]
     processed_length: int
-    original_lengths: list[int]
     rebuilt_lengths: list[int]
-    classes_equal: bool
-    kv_bitwise_equal: bool
-    kv_max_abs_diff: float | None = None
     identity_identical: bool | None = None  # the identity control's first decision (None: not run)
     identity_worst: float | None = None
     state_changed: bool = False  # the rebuild changed the model-side state of the instance
@@ -96,6 +101,7 @@ class Controls:
     identity_remaining: float | None = None  # the identity rebuild's explicit step vs the full forward (its floor)
     localized: dict[str, Any] = field(default_factory=dict)  # reconstruction_copy: first differing layer/slot, kind
     topk: dict[str, Any] = field(default_factory=dict)  # reconstruction_copy: top-1/top-5 kept vs the full forward
+    slots: list[SlotLayer] = field(default_factory=list)  # control 0's slot comparison, per rebuilt layer
 
 
 def consistent(a: ArgSet, floor: NoiseFloor) -> bool:
@@ -118,22 +124,12 @@ def identical(c: Controls) -> tuple[bool, dict[str, Any]]:
     return same, {"per_argument_set": per, "worst_max_abs_diff": worst, "noise_threshold": c.floor.threshold}
 
 
-def lengths_changed(c: Controls) -> bool:
-    """Some layer reports a length other than the processed length (shown; the tree decides from control 0)."""
-    return any(n is not None and n != c.processed_length for n in c.rebuilt_lengths)
-
-
 # --- control 0's questions (the table's differing cells) ----------------------------------------
 
 def _pairs(c: Controls) -> list[tuple[LayerState, LayerState]]:
     if c.original_state is None or c.rebuilt_state is None:
         return []
     return list(zip(c.original_state.layers, c.rebuilt_state.layers))
-
-
-def compressed(c: Controls) -> list[int]:
-    """Layers storing fewer slots than the original stores for the processed tokens (compression, by the table)."""
-    return [i for i, (o, r) in enumerate(_pairs(c)) if o.stored is not None and r.stored is not None and r.stored < o.stored]
 
 
 def metadata_differs(c: Controls) -> list[int]:
@@ -151,6 +147,39 @@ def model_state_differs(c: Controls) -> bool:
     return c.original_state.model_state != c.rebuilt_state.model_state or c.state_changed
 
 
-def kv_content_differs(c: Controls) -> bool:
-    """Stored K/V differ from the original's where the shapes match (or bits differ with nothing evicted)."""
-    return (c.kv_max_abs_diff is not None and c.kv_max_abs_diff > 0) or (not c.kv_bitwise_equal and not compressed(c))
+def slot_kind(i: int, s: SlotLayer) -> str:
+    """What rebuilt layer i holds against the original's layer i, by slot content: 'same', 'prefix_short' (the
+    original's first slots, fewer), 'extra' (every original slot in order, then slots no original slot holds),
+    'evicted' (original slots in order, some missing), 'exchanged' (another layer's slots), 'reordered' (original
+    slots out of order or repeated), 'content' (slots no original slot holds, or a linear state that differs)."""
+    if not s.matches:
+        return ("evicted" if s.original else "content" if s.same_state is False else "same")
+    if any(m is not None and m[0] != i for m in s.matches):
+        return "exchanged"
+    idx, n = [None if m is None else m[1] for m in s.matches], s.original or 0
+    if all(j is None for j in idx):
+        return "content"
+    if len(idx) > n and idx[:n] == list(range(n)) and all(j is None for j in idx[n:]):
+        return "extra"
+    if None in idx:
+        return "content"
+    if idx == list(range(n)):
+        return "same"
+    if idx == list(range(len(idx))):
+        return "prefix_short"
+    return "evicted" if all(a < b for a, b in zip(idx, idx[1:])) else "reordered"
+
+
+CHANGED = ("content", "exchanged", "reordered")  # the copy changed what the slots hold
+COMPRESSION = ("evicted", "prefix_short")  # fewer original slots, in order (a prefix whose re-feed did not restore)
+
+
+def slot_verdict(slots: list[SlotLayer]) -> str:
+    """The cache's slots against the original's: a changed layer decides, then an eviction, a short prefix, extra."""
+    kinds = {slot_kind(i, s) for i, s in enumerate(slots)}
+    return next((k for k in (*CHANGED, "evicted", "prefix_short", "extra") if k in kinds), "same")
+
+
+def slot_layers(slots: list[SlotLayer], *kinds: str) -> list[int]:
+    """Layers whose slot kind is one of `kinds`."""
+    return [i for i, s in enumerate(slots) if slot_kind(i, s) in kinds]

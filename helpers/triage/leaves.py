@@ -9,6 +9,10 @@ MEANING = {
     "model_side_state": "state outside the K/V tensors (Qwen3-VL's multimodal positions: notebook 03)",
     "cache_metadata": "config/cache-layer metadata: the K/V are stored, but the layers do not report them "
                       "(layer classes, is_initialized, reported lengths)",
+    "prefix_short": "the cache is an exact prefix of the original, N slots short (a crop, not a compression): the "
+                    "missing tokens were never re-fed",
+    "extra_slots": "the cache holds every original slot, then slots no original slot holds (another request's, e.g. a "
+                   "prompt cache reused without copy.deepcopy)",
     "compression_positions": "logical positions after compression: generate() continues at the retained length",
     "compression_positions_and_loss": "two defects: generate() continues at the retained length, and the compression "
                                       "itself loses information",
@@ -32,6 +36,10 @@ NEXT = {
     "cache_metadata": "register the K/V through transformers' own path (update() on DynamicCache(config=model.config."
                       "get_text_config())) instead of assigning layer.keys/.values: the kit did, and it restores the full "
                       "forward",
+    "prefix_short": "pass generate() the whole ids (cached prefix + the missing tokens + suffix) with their full mask, so "
+                    "it re-feeds what the cache lacks: the kit did, and it restores the full forward",
+    "extra_slots": "crop the cache to the processed length (cache.crop(n)), or copy.deepcopy the prompt cache before "
+                   "each reuse: the kit cropped it, and it restores the full forward",
     "compression_positions": "continue at the processed length: return a resume state {'past_key_values': cache, "
                              "'processed_length': n} from the rebuild, or pass position_ids = processed length "
                              "(+ rope_deltas for Qwen3-VL) with a mask sized to the stored slots: the kit did, and it "

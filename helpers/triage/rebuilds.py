@@ -19,7 +19,7 @@ import importlib
 import importlib.util
 import inspect
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,7 +31,7 @@ from ..regress import layers
 from ..regress import rebuilds as family
 
 RebuildFn = Callable[[Any, torch.nn.Module, Any], Any]
-BUILTINS = ("identity", "streaming", "int8", "per_layer")
+BUILTINS = ("identity", "streaming", "int8", "per_layer", "crop_short", "reused_no_copy")
 
 
 class RebuildError(RuntimeError):
@@ -40,12 +40,10 @@ class RebuildError(RuntimeError):
 
 @dataclass
 class Rebuilt:
-    """What a rebuild gave back: the cache and, when it says so, the logical length and kept positions."""
+    """What a rebuild gave back: the cache and, when it says so, the logical length."""
 
     cache: Any
     processed_length: int | None = None
-    kept: list[list[int]] | None = None  # per layer: the original positions of the tokens kept
-    info: dict[str, Any] = field(default_factory=dict)
     resume: bool = False  # returned as a resume state: generate() is given positions at processed_length
 
 
@@ -73,23 +71,17 @@ def identity(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
 
 
 def _sink_and_window(cache: Any, model: torch.nn.Module, windows: list[int], sink: int) -> Rebuilt:
-    """Per attention layer: `update()` the first `sink` stored tokens, then `update()` the last `windows[i]` (appended).
-
-    Positions in `kept` are the stored slots' original positions (a sliding layer stores only its window);
-    linear-attention layers keep their state whole (kept: [])."""
-    kept: list[list[int]] = [[] for _ in compat.cache_layers(cache)]
-    processed = int(cache.get_seq_length())
+    """Per attention layer: `update()` the first `sink` stored tokens, then `update()` the last `windows[i]` (appended);
+    linear-attention layers keep their state whole. Which slots were kept, control 0's slot comparison measures."""
 
     def transform(i: int, keys: torch.Tensor, values: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         length = int(keys.shape[-2])
-        offset = processed - length  # a sliding layer's stored slots are the last `length` processed tokens
         s = min(sink, length)
         w = max(0, min(windows[i], length - s))
-        kept[i] = [offset + p for p in list(range(s)) + list(range(length - w, length))]
         chunks = [(keys[..., :s, :].clone(), values[..., :s, :].clone())]
         return chunks + ([(keys[..., length - w:, :].clone(), values[..., length - w:, :].clone())] if w else [])
 
-    return Rebuilt(_rebuild(cache, model, transform), processed, kept, {"sink": sink, "windows": windows})
+    return Rebuilt(_rebuild(cache, model, transform), int(cache.get_seq_length()))
 
 
 def streaming(cache: Any, model: torch.nn.Module, prompt: Any, sink: int = 4, window: int = 16) -> Rebuilt:
@@ -123,12 +115,42 @@ def int8(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
     return _rebuild(cache, model, lambda _i, k, v: [(_int8_roundtrip(k), _int8_roundtrip(v))])
 
 
+def crop_short(cache: Any, model: torch.nn.Module, prompt: Any, short: int = 1) -> Any:
+    """`copy.deepcopy(cache)` then `crop(n - short)`: every attention layer's last `short` slots dropped (through the
+    layer classes, so sliding and hybrid layers take it; linear states stay whole; a sliding layer's processed length
+    goes down with it, as crop() does). An exact prefix, not a compression."""
+    out = _rebuild(cache, model, lambda _i, k, v: [(k[..., :-short, :].clone(), v[..., :-short, :].clone())])
+    for layer in compat.cache_layers(out):
+        if hasattr(layer, "cumulative_length") and layers.has_kv(layer):
+            layer.cumulative_length -= short
+    return out
+
+
+QUESTION_IDS = [10 + b for b in b" Why"]  # reused_no_copy: the other request's question (the tiny models' byte ids)
+
+
+@torch.no_grad()
+def reused_no_copy(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
+    """The prefix-caching recipe without `copy.deepcopy`: another request's `generate()` (the cached prefix + a 4-token
+    question, 2 new tokens) ran on this very cache object, so it holds 5 slots of that request after the prefix
+    (a StaticCache: as many as its free slots allow)."""
+    n = int(cache.get_seq_length())
+    room = int(compat.cache_layers(cache)[0].max_cache_len) - n if patterns.is_static(cache) else len(QUESTION_IDS) + 1
+    question = torch.tensor([QUESTION_IDS[:max(room - 1, 1)]], device=prompt.input_ids.device)
+    ids = torch.cat([prompt.input_ids[:, :n], question.expand(prompt.input_ids.shape[0], -1)], dim=1)
+    mask = torch.cat([prompt.attention_mask[:, :n], torch.ones_like(ids[:, n:])], dim=1)
+    model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, do_sample=False,
+                   **{compat.generate_cache_kwarg(model): cache})
+    return cache
+
+
 def builtin(name: str, sink: int = 4, window: int = 16) -> RebuildFn:
     """A built-in rebuild by name (streaming and per_layer get the notebook's S and W)."""
     table: dict[str, RebuildFn] = {
         "identity": identity, "int8": int8,
         "streaming": functools.partial(streaming, sink=sink, window=window),
         "per_layer": functools.partial(per_layer, sink=sink, window=window),
+        "crop_short": crop_short, "reused_no_copy": reused_no_copy,
     }
     if name not in table:
         raise RebuildError(f"rebuild {name!r}: no built-in of that name (built-ins: {', '.join(BUILTINS)})")

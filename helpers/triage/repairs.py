@@ -18,7 +18,8 @@ from ..regress import layers
 from ..regress import rebuilds as family
 from .controls import Step, diff, full_mask, generate_step, logical_positions
 from .facts import Repair
-from .walk import AT_PROCESSED, FULL_MASK, REREGISTER, SAVED_STATE
+from .state import stored_slots
+from .walk import AT_PROCESSED, CROP, FULL_MASK, REFEED, REREGISTER, SAVED_STATE
 
 
 def as_repair(name: str, step: Step, reference: torch.Tensor, unrepaired: Step | None = None) -> Repair:
@@ -37,10 +38,18 @@ def reregistered(cache: Any, model: torch.nn.Module, processed: int | None = Non
     return again
 
 
+def cropped(cache: Any, original: Any, model: torch.nn.Module) -> Any:
+    """`cache` with every attention layer cut back to the slots the original's layer stores (a DynamicCache's
+    crop(processed length), through transformers' own layer classes so sliding and hybrid layers take it too)."""
+    keep = [stored_slots(layer) for layer in compat.cache_layers(original)]
+    return family.layer_aware(cache, model.config, lambda i, k, v: [(k[..., :keep[i], :], v[..., :keep[i], :])])
+
+
 def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: torch.Tensor | None,
-            fresh: dict[str, Step] | None = None, resume_on: str = "same_instance") -> dict[str, Repair]:
+            fresh: dict[str, Step] | None = None, resume_on: str = "same_instance", slots: str = "same") -> dict[str, Repair]:
     """Every repair that applies to `cache` (a `run.Baseline` for the model, prompt, reference and saved state);
-    `unrepaired`: generate()'s steps from the rebuilt cache as the user resumes it ('full' and 'resumed')."""
+    `unrepaired`: generate()'s steps from the rebuilt cache as the user resumes it ('full' and 'resumed'); `slots`:
+    the slot comparison's verdict (a short prefix gets the re-feed, extra slots the crop)."""
     model, prompt, ref, kw = base.model, base.prompt, base.reference, base.generate_kwargs
     out = {FULL_MASK: as_repair(FULL_MASK, unrepaired["full"], ref)}
     mask = {"attention_mask": full_mask(prompt, int(cache.get_seq_length()))}
@@ -59,6 +68,15 @@ def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: tor
         step = generate_step(model, prompt, again, kw, attention_mask=full_mask(prompt, int(again.get_seq_length())))
         out[REREGISTER] = as_repair(REREGISTER, step, ref, unrepaired["full"])
     compat.put_rope_state(model, state_after)
+    if slots == "prefix_short":  # the whole ids: generate() feeds what the cache lacks
+        step = generate_step(model, prompt, cache, kw, input_ids=prompt.input_ids, attention_mask=prompt.attention_mask)
+        out[REFEED] = as_repair(REFEED, step, ref, unrepaired["full"])
+        compat.put_rope_state(model, state_after)
+    if slots == "extra":
+        again = cropped(cache, base.prefix_cache, model)
+        step = generate_step(model, prompt, again, kw, attention_mask=full_mask(prompt, int(again.get_seq_length())))
+        out[CROP] = as_repair(CROP, step, ref, unrepaired["full"])
+        compat.put_rope_state(model, state_after)
     positions = logical_positions(model, prompt, prompt.processed)
     step = generate_step(model, prompt, cache, kw, position_ids=positions, **mask)
     out[AT_PROCESSED] = as_repair(AT_PROCESSED, step, ref, unrepaired["resumed"])
@@ -85,7 +103,7 @@ def rotation_only(a: torch.Tensor, b: torch.Tensor) -> dict[str, Any]:
 
 def localize(original: Any, rebuilt: Any) -> dict[str, Any]:
     """The first layer and slot where the stored K/V differ (same shapes), keys or values, and for keys whether only
-    a rotation tells them apart; {} when no layer of matching shape differs."""
+    a rotation tells them apart; {} when no layer of matching shape differs (the slot comparison says what differs)."""
     for i, (a, b) in enumerate(zip(compat.cache_layers(original), compat.cache_layers(rebuilt))):
         if not (layers.has_kv(a) and layers.has_kv(b)) or a.keys.shape != b.keys.shape or a.values.shape != b.values.shape:
             continue
@@ -100,16 +118,6 @@ def localize(original: Any, rebuilt: Any) -> dict[str, Any]:
         if kd.any():
             out.update(rotation_only(a.keys, b.keys))
         return out
-    return _first_shape_change(original, rebuilt)
-
-
-def _first_shape_change(original: Any, rebuilt: Any) -> dict[str, Any]:
-    """The first layer storing more slots than the original (a copy that duplicated slots); {} when none does."""
-    for i, (a, b) in enumerate(zip(compat.cache_layers(original), compat.cache_layers(rebuilt))):
-        wa, wb = layers.stored_width(a), layers.stored_width(b)
-        if wa is not None and wb is not None and wb > wa:
-            return {"layer": i, "slot": wa, "differs_in": f"slot count ({wb} stored for the original's {wa})",
-                    "keys_max_abs_diff": None, "values_max_abs_diff": None}
     return {}
 
 

@@ -10,19 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import pandas as pd
 import torch
 
 from .. import compat
-from . import patterns, rebuilds, repairs, state
+from . import patterns, rebuilds, repairs, slots, state
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import prefill
 from ..inputs import Prompt
 from ..regress import layers
-from .facts import ArgSet, Controls, identical
+from .facts import ArgSet, Controls, identical, slot_verdict
 from .walk import choose_branch
-from .controls import (ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step,
-                              kv_table, logical_positions)
+from .controls import ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step, logical_positions
 
 
 @dataclass
@@ -50,7 +48,6 @@ class Triaged:
     name: str
     rebuilt: rebuilds.Rebuilt
     controls: Controls
-    kv: pd.DataFrame
     steps: dict[str, Step]
     explicit: Step
     fresh: dict[str, Step] = field(default_factory=dict)
@@ -125,7 +122,6 @@ def apply_all(base: Baseline, specs: dict[str, rebuilds.RebuildFn]) -> dict[str,
 def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resume_on: str = "same_instance") -> Triaged:
     """Controls 1-4 on one applied rebuild; the verdict is `triage.choose_branch` of the result."""
     model, prompt, name, rebuilt = base.model, base.prompt, applied.name, applied.rebuilt
-    kv = kv_table(base.prefix_cache, rebuilt.cache, rebuilt.kept)
     compat.put_rope_state(model, applied.state_after)  # the instance as the rebuild left it
     steps = arg_set_steps(model, prompt, rebuilt.cache, base.positions, base.generate_kwargs)
     compat.put_rope_state(model, base.saved_state)
@@ -137,7 +133,10 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     resumed = resume_step(base, rebuilt, steps, logical)
     fresh = _fresh_steps(base, rebuilt.cache)
     compat.put_rope_state(model, base.saved_state)
-    fixes = repairs.run_all(base, rebuilt.cache, {"full": steps[FULL], "resumed": resumed}, applied.state_after, fresh, resume_on)
+    matched = slots.compare(base.prefix_cache, rebuilt.cache)
+    kind = slot_verdict(matched)
+    fixes = repairs.run_all(base, rebuilt.cache, {"full": steps[FULL], "resumed": resumed}, applied.state_after, fresh,
+                            resume_on, kind)
     delta = None if base.saved_state is None or not prompt.is_multimodal else int(base.saved_state.reshape(-1)[0])
     extra = {"positions_include_rope_deltas": delta if delta is not None else "no (text positions)",
              "generate_args": RESUME_ARGS if rebuilt.resume else FULL,
@@ -147,25 +146,24 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
              "explicit_vs_full_forward": diff(explicit, Step(True, base.reference))}
     controls = Controls(
         rebuild=name, floor=base.floor, arg_sets=arg_sets(base, steps), processed_length=processed,
-        original_lengths=layers.lengths(base.prefix_cache), rebuilt_lengths=layers.lengths(rebuilt.cache),
-        classes_equal=bool((kv.class_original == kv.class_rebuilt).all()), kv_bitwise_equal=bool(kv.kv_bitwise_equal.all()),
-        kv_max_abs_diff=float(kv.kv_max_abs_diff.max()) if kv.kv_max_abs_diff.notna().any() else None,
+        rebuilt_lengths=layers.lengths(rebuilt.cache), slots=matched,
         state_changed=applied.state_changed, restored_diff=diff(restored, base.original[FULL]) if restored else None,
         fresh_bare_diff=diff(fresh.get("fresh instance, no state"), steps[FULL]) if fresh else None,
         fresh_restored_diff=diff(fresh.get("fresh instance, state restored"), steps[FULL]) if fresh else None,
         resume_on=resume_on, extra=extra, repairs=fixes,
         original_state=state.measure(base.prefix_cache, processed, prompt.length - processed, base.original[FULL].call,
-                                     base.original_explicit.call, model_state=base.saved_state),
+                                     base.original_explicit.call, slots=slots.described(base.prefix_cache, base.prefix_cache),
+                                     model_state=base.saved_state),
         rebuilt_state=state.measure(rebuilt.cache, processed, prompt.length - processed, resumed.call, explicit.call,
                                     rebuilt.processed_length if rebuilt.resume else None,
-                                    kv.kept.tolist() if rebuilt.kept else None, applied.state_after),
+                                    [slots.describe(i, s) for i, s in enumerate(matched)], applied.state_after),
         localized=repairs.localize(base.prefix_cache, rebuilt.cache),
         topk=repairs.topk_kept(base.reference, steps[FULL], base.floor))
     # the identity control's first decision (for the identity rebuild itself: its own)
     controls.identity_identical, numbers = identical(identity.controls if identity is not None else controls)
     controls.identity_worst = numbers["worst_max_abs_diff"]
     controls.identity_remaining = (identity.controls if identity is not None else controls).extra["explicit_vs_full_forward"]
-    out = Triaged(name, rebuilt, controls, kv, steps, explicit, fresh)
+    out = Triaged(name, rebuilt, controls, steps, explicit, fresh)
     out.verdict = choose_branch(controls)
     return out
 

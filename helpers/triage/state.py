@@ -37,15 +37,16 @@ def _state_values(state: torch.Tensor | None) -> list | None:
 
 
 def measure(cache: Any, processed: int, suffix: int, call: dict[str, Any], explicit_call: dict[str, Any],
-            carried: int | None = None, kept: list[str] | None = None, model_state: torch.Tensor | None = None) -> ResumeState:
+            carried: int | None = None, slots: list[str] | None = None, model_state: torch.Tensor | None = None) -> ResumeState:
     """One cache's resume state. `call`: what generate() (full mask) reached the model with (captured); `explicit_call`:
-    the step at the processed length's positions; `model_state`: the model-side state the rebuild left."""
+    the step at the processed length's positions; `slots`: per layer, its slots by content against the original's
+    (`helpers.triage.slots.describe`); `model_state`: the model-side state the rebuild left."""
     ls = layer_states(cache)
     first = next((s.stored for s in ls if s.stored is not None), 0)
     return ResumeState(processed_tokens=processed, carried_processed=carried, reported_length=int(cache.get_seq_length()),
                        suffix=suffix, full_mask=first + suffix, next_position=call.get("rotary_position"),
                        logical_position=explicit_call.get("rotary_position"), layers=ls,
-                       kept=list(kept or []), model_state=_state_values(model_state))
+                       model_state=_state_values(model_state), slots=list(slots or []))
 
 
 ROWS = (
@@ -62,23 +63,13 @@ LAYER_ROWS = (("class", "cls"), ("stored slots", "stored"), ("reported length", 
               ("is_initialized", "initialized"))
 
 
-def _span(s: LayerState) -> str:
-    """The original positions a layer holds: its last `stored` processed tokens (all of them on a full layer)."""
-    if not s.stored or s.reported is None:
-        return "-"
-    first = max(s.reported - s.stored, 0)
-    return f"{first}-{first + s.stored - 1}"
-
-
 def table(original: ResumeState, rebuilt: ResumeState) -> pd.DataFrame:
     """Rows: the states; columns: original, rebuilt, differs ('<<' marks a differing cell)."""
     rows = [(name, "", fn(original), fn(rebuilt)) for name, fn in ROWS]
     for i, (o, r) in enumerate(zip(original.layers, rebuilt.layers)):
         rows += [(f"layer {i} {label}", "", getattr(o, attr), getattr(r, attr)) for label, attr in LAYER_ROWS]
-        kept_o = original.kept[i] if i < len(original.kept) else ""
-        kept_r = rebuilt.kept[i] if i < len(rebuilt.kept) else ""
-        if kept_r:
-            rows.append((f"layer {i} retained positions", "", kept_o or _span(o), kept_r))
+        if i < len(rebuilt.slots):
+            rows.append((f"layer {i} slots by content (vs the original's)", "", original.slots[i], rebuilt.slots[i]))
     df = pd.DataFrame([{"state": n, "original": o, "rebuilt": r} for n, _, o, r in rows])
     df["differs"] = ["<<" if str(o) != str(r) else "" for o, r in zip(df.original, df.rebuilt)]
     df["original"] = df.original.map(str)

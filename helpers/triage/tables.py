@@ -6,7 +6,7 @@ from typing import Any
 import pandas as pd
 
 from .. import plots
-from .tree import ArgSet
+from .tree import ArgSet, slot_kind
 from .controls import ARG_SETS, FULL, Step, diff, step_row
 from .run import Baseline, Triaged
 
@@ -14,9 +14,10 @@ STEP_COLUMNS = ["result", "input_ids_shape", "attention_mask_shape", "position_i
                 "past_length", "vs_original", "vs_full_forward", "top1_equal_full_forward", "stage", "error"]
 
 
-def metadata_table(results: dict[str, Triaged]) -> pd.DataFrame:
-    """Control 1 for every rebuild: per layer classes, lengths, shapes, bits, max |diff|, kept positions."""
-    return pd.concat({name: t.kv for name, t in results.items()}, names=["rebuild"])
+def slot_table(results: dict[str, Triaged]) -> pd.DataFrame:
+    """Control 1 for every rebuild: per layer, its K/V slots by content against the original's (kind and which)."""
+    return pd.DataFrame([{"rebuild": name, "layer": i, "slots": slot_kind(i, s), "held": t.controls.rebuilt_state.slots[i]}
+                         for name, t in results.items() for i, s in enumerate(t.controls.slots)]).set_index(["rebuild", "layer"])
 
 
 def first_step_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
@@ -35,7 +36,6 @@ def positions_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame
         e, c = t.controls.extra, t.controls
         gen_ref = diff(t.steps[FULL], Step(True, base.reference))
         rows.append({"rebuild": name, "layer_lengths": c.rebuilt_lengths, "processed_length": c.processed_length,
-                     "lengths_differ": any(n is not None and n != c.processed_length for n in c.rebuilt_lengths),
                      "logical_length_used": t.rebuilt.processed_length if t.rebuilt.processed_length is not None else c.processed_length,
                      "generate_position": e["generate_position"], "explicit_position": e["logical_position"],
                      "positions_include_rope_deltas": delta is not None, "rope_deltas": delta,

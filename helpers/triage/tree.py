@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..compare import NoiseFloor
-from .facts import (ArgSet, Controls, LayerState, Repair, ResumeState, compressed, consistent,  # noqa: F401 - re-exported
-                    identical, kv_content_differs, lengths_changed, metadata_differs, model_state_differs)
+from .facts import (ArgSet, Controls, LayerState, Repair, ResumeState, SlotLayer, consistent,  # noqa: F401 - re-exported
+                    identical, metadata_differs, model_state_differs, slot_kind, slot_layers, slot_verdict)
 from .leaves import MEANING, NEXT  # noqa: F401 - the leaves' texts, re-exported
-from .walk import LEAVES, NODES, REPAIR_LEAF, choose_branch  # noqa: F401 - re-exported
+from .walk import LEAVES, NODES, QUESTIONS, REPAIR_LEAF, choose_branch  # noqa: F401 - re-exported
 
 
 def _fmt(value: Any) -> str:
@@ -63,6 +63,9 @@ def note_lines(verdict: dict[str, Any]) -> list[str]:
         out.append(f"what remains after continuing at the processed length: {_fmt(r['after_continue_at_processed_length'])}, "
                    f"against the identity rebuild's {_fmt(r['identity_vs_full_forward'])} (noise threshold "
                    f"{_fmt(r['noise_threshold'])}; {_fmt(r['times_identity'])} times the identity's): no repair removes it")
+    if n.get("slots"):
+        out.append(f"slots by content: layers {n['slots']['layers']} differ from the original's; layer "
+                   f"{n['slots']['layers'][0]}: {n['slots']['first']}")
     if n.get("localized"):
         loc = n["localized"]
         keys = (f"; the keys differ by {loc['keys_differ_by']} (per rotary pair: norm gap {_fmt(loc['pair_norm_max_gap'])} "

@@ -9,17 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from .facts import Controls, Repair, compressed, consistent, identical, kv_content_differs, metadata_differs, model_state_differs
+from .facts import (CHANGED, COMPRESSION, Controls, Repair, consistent, identical, metadata_differs, model_state_differs,
+                    slot_layers, slot_verdict)
 
-LEAVES = ("no_defect", "resume_contract", "model_side_state", "cache_metadata", "compression_positions",
+LEAVES = ("no_defect", "resume_contract", "model_side_state", "cache_metadata", "prefix_short", "extra_slots",
+          "compression_positions",
           "compression_positions_and_loss", "compression_information_loss", "compression_unresolved",
           "reconstruction_copy", "unexplained")
 
 # repair names, in the order the walk tries them, and the leaf each one names when it restores
-FULL_MASK, SAVED_STATE, REREGISTER, AT_PROCESSED = ("full_mask", "saved_state", "reregister_via_update",
-                                                    "continue_at_processed_length")
+FULL_MASK, SAVED_STATE, REREGISTER, REFEED, CROP, AT_PROCESSED = (
+    "full_mask", "saved_state", "reregister_via_update", "refeed_whole_ids", "crop_to_processed", "continue_at_processed_length")
 REPAIR_LEAF = {FULL_MASK: "resume_contract", SAVED_STATE: "model_side_state", REREGISTER: "cache_metadata",
-               AT_PROCESSED: "compression_positions"}
+               REFEED: "prefix_short", CROP: "extra_slots", AT_PROCESSED: "compression_positions"}
 
 # (node id, depth, question, leaf reached when the answer is yes)
 NODES = (
@@ -34,14 +36,20 @@ NODES = (
      "model_side_state"),
     ("metadata", 1, "control 0: layer class, is_initialized or reported length vs stored slots differ; repair: the "
      "same K/V re-registered through update() on DynamicCache(config=...)", "cache_metadata"),
-    ("compressed", 1, "control 0: fewer stored slots than processed tokens; repair: continue at the processed length", None),
+    ("prefix_short", 1, "slot comparison: the original's first slots, N short (not compression); repair: re-feed the "
+     "missing tokens (the whole ids to generate())", "prefix_short"),
+    ("extra_slots", 1, "slot comparison: every original slot, then slots no original slot holds; repair: crop to the "
+     "processed length", "extra_slots"),
+    ("compressed", 1, "slot comparison: original slots evicted (first, middle, last); repair: continue at the processed "
+     "length", None),
     ("positions_restore", 2, "the repair restores the full forward", "compression_positions"),
     ("positions_and_loss", 2, "the repair changes generate()'s step (a position defect), what remains differs "
      "from the full forward (the compression's loss)", "compression_positions_and_loss"),
     ("information_lost", 2, "the repair changes nothing (generate() already continues at the processed length); "
      "what remains is the compression's loss", "compression_information_loss"),
     ("unresolved", 2, "the repair raised: no single mask fits the per-layer lengths", "compression_unresolved"),
-    ("kv_differ", 1, "control 0: stored K/V differ from the original's at the same slots (no generic repair: localized)",
+    ("kv_differ", 1, "slot comparison: slots no original slot holds, another layer's slots, or slots out of order (no "
+     "generic repair: localized)",
      "reconstruction_copy"),
     ("nothing_visible", 1, "no cell of control 0 explains it and no repair restores", "unexplained"),
 )
@@ -80,6 +88,7 @@ class _Walk:
 
 
 LOSS = ("compression_positions_and_loss", "compression_information_loss")
+SLOT_LEAVES = ("prefix_short", "extra_slots", "compression_positions", *LOSS, "compression_unresolved", "reconstruction_copy")
 
 
 def notes(c: Controls, leaf: str) -> dict[str, Any]:
@@ -94,8 +103,11 @@ def notes(c: Controls, leaf: str) -> dict[str, Any]:
                             "times_identity": None if not ident or r.max_abs_diff is None else r.max_abs_diff / ident}
     if leaf == "reconstruction_copy":
         out["localized"], out["topk"] = c.localized, c.topk
+    differing = slot_layers(c.slots, *COMPRESSION, "extra", *CHANGED)
+    if leaf in SLOT_LEAVES and differing and c.rebuilt_state is not None and c.rebuilt_state.slots:
+        out["slots"] = {"layers": differing, "first": c.rebuilt_state.slots[differing[0]]}
     stored = {s.stored for s in c.rebuilt_state.layers if s.stored is not None} if c.rebuilt_state else set()
-    if len(stored) > 1 and compressed(c):  # a compression that left the layers different lengths
+    if len(stored) > 1 and slot_verdict(c.slots) in COMPRESSION:  # a compression that left the layers different lengths
         raised = r is not None and not r.ok
         out["per_layer"] = {"stored_slots": [s.stored for s in c.rebuilt_state.layers],
                             "why": "no single attention mask fits different per-layer lengths under eager attention or "
@@ -129,16 +141,24 @@ def choose_branch(c: Controls) -> dict[str, Any]:
     if w.step("metadata", bool(meta) and w.restores(REREGISTER), layers_differing=meta,
               **(w.numbers(REREGISTER) if meta else {})):
         return w.done("cache_metadata")
-    fewer = compressed(c)
-    if w.step("compressed", bool(fewer), layers_compressed=fewer, processed_length=c.processed_length,
+    kind, shown = slot_verdict(c.slots), _slot_numbers(c)
+    for node, fix, of_kind in (("prefix_short", REFEED, "prefix_short"), ("extra_slots", CROP, "extra")):
+        if kind == of_kind and w.step(node, w.restores(fix), **shown, **w.numbers(fix)):  # asked only of its kind
+            return w.done(node)
+    if w.step("compressed", kind in COMPRESSION, **shown, processed_length=c.processed_length,
               stored_slots=[s.stored for s in c.rebuilt_state.layers] if c.rebuilt_state else None):
         return w.done(_compression_leaf(c, w))
-    if w.step("kv_differ", kv_content_differs(c), kv_max_abs_diff=c.kv_max_abs_diff, **w.numbers(FULL_MASK)):
+    if w.step("kv_differ", kind in CHANGED, **shown, **w.numbers(FULL_MASK)):
         return w.done("reconstruction_copy")
     restoring = [name for name in REPAIR_LEAF if w.restores(name)]  # every repair shown; none names a leaf here
-    w.step("nothing_visible", True, kv_bitwise_equal=c.kv_bitwise_equal, classes_equal=c.classes_equal,
-           restoring_repairs_without_a_table_cell=restoring)
+    w.step("nothing_visible", True, slots=kind, restoring_repairs_without_a_table_cell=restoring)
     return w.done("unexplained")
+
+
+def _slot_numbers(c: Controls) -> dict[str, Any]:
+    """The slot comparison's verdict and the layers of each kind (what the slot decisions show)."""
+    kinds = ("prefix_short", "extra", "evicted", *CHANGED)
+    return {"slots": slot_verdict(c.slots), **{f"layers_{k}": slot_layers(c.slots, k) for k in kinds if slot_layers(c.slots, k)}}
 
 
 def _compression_leaf(c: Controls, w: _Walk) -> str:
