@@ -55,6 +55,11 @@ EXPECTED_CLAIMS = {
                           "newimage.text_turn_control_matches", "newimage.repair_forward_restores",
                           "newimage.repair_generate_restores", "newimage.rope_deltas_carried_forward",
                           "newimage.guard_check_separates"},
+    "10_rollback_hybrid": {"rollback.dense_crop_restores", "rollback.plain_crop_never_silently_wrong",
+                           "rollback.hybrid_recorded_crop_keeps_recurrent_state", "rollback.recording_without_count_runs",
+                           "rollback.sliding_recorded_crop_restores", "rollback.static_crop_refused",
+                           "rollback.multi_token_continuation_matches", "rollback.hand_rebuild_keeps_length",
+                           "rollback.kit_rebuild_keeps_length"},
 }
 # Kinds declared by notebooks 01-04 (every other claim of theirs is `reproduces`: a statement of the control).
 KINDS_01_04 = {"rope.fresh_instance_diverges": "beyond", "rope.restored_state_matches": "beyond"}
