@@ -186,6 +186,12 @@ QUOTES: dict[str, Quote] = {
     "rollback.multi_token_continuation_matches": _rollback(_HYBRID),
     "rollback.hand_rebuild_keeps_length": _rollback(_IDENTITY),
     "rollback.kit_rebuild_keeps_length": _rollback(_IDENTITY),
+    "rollback.assisted_never_silently_wrong": _rollback(_HYBRID),
+    "rollback.assisted_refused_on_hybrid": _rollback(_HYBRID),
+    "rollback.static_reuse_past_capacity_raises": _rollback(_HYBRID),
+    "rollback.static_second_call_reallocates": _rollback(_HYBRID),
+    "rollback.static_max_cache_len_ignored": _rollback(_HYBRID),
+    "rollback.static_user_cache_beside_config_refused": _rollback(_HYBRID),
 }
 
 

@@ -91,3 +91,29 @@ def test_max_diff_marks_shape_mismatch_and_missing():
     assert states.max_diff(torch.zeros(2), torch.ones(2)) == 1.0
     assert math.isinf(states.max_diff(torch.zeros(2), torch.zeros(3)))
     assert states.max_diff(None, torch.zeros(1)) is None
+
+
+def _a(family: str, way: str, outcome: str) -> dict:
+    return {"family": family, "way": way, "outcome": outcome, "error": "ValueError: stateful" if outcome == "refused" else None}
+
+
+def test_assisted_decisions_contradicted():
+    rows = [_a(f, w, "equal") for f in ("dense", "hybrid") for w in ("greedy", "prompt lookup", "own assistant")]
+    assert decisions.decide_assisted_never_wrong(rows).holds and not decisions.decide_assisted_refused(rows).holds  # 5.25.0
+    refused = rows[:4] + [_a("hybrid", "prompt lookup", "refused"), _a("hybrid", "own assistant", "refused")]
+    assert decisions.decide_assisted_never_wrong(refused).holds and decisions.decide_assisted_refused(refused).holds
+    wrong = rows[:-1] + [_a("hybrid", "own assistant", "differs")]
+    d = decisions.decide_assisted_never_wrong(wrong)
+    assert not d.holds and d.deciding["differs"] == ["hybrid · own assistant"]
+    assert not decisions.decide_assisted_never_wrong([_a("dense", "greedy", "differs")]).holds  # greedy vs no cache
+
+
+def test_static_decisions_contradicted():
+    rows = [{"case": "user StaticCache(max_cache_len=20), reused", "outcome": "raises", "error": "IndexError"},
+            {"case": "cache_implementation='static', cache_config max_cache_len=64", "outcome": "matches", "capacity": 35,
+             "requested": 64, "needed": 35}]
+    assert decisions.decide_static_case(rows, "user StaticCache", "raises").holds
+    assert not decisions.decide_static_case([{**rows[0], "outcome": "silently wrong"}], "user StaticCache", "raises").holds
+    assert decisions.decide_max_cache_len_ignored(rows).holds
+    assert not decisions.decide_max_cache_len_ignored([{**rows[1], "capacity": 64}]).holds  # honoured
+    assert not decisions.decide_max_cache_len_ignored([{**rows[1], "outcome": "silently wrong"}]).holds

@@ -118,3 +118,46 @@ def decide_rebuild(rows: list[dict[str, Any]], names: tuple[str, ...]) -> Decisi
                      f"{' ' + r['error'] if r.get('error') else ''}" for r in bad))
     return Decision(bool(original) and all(chosen) and not bad, why, {"rows": [original, *chosen]},
                     {"lengths": {r.get("rebuild"): r.get("length") for r in chosen}, "original_length": original.get("length")}, {})
+
+
+def decide_assisted_never_wrong(rows: list[dict[str, Any]]) -> Decision:
+    """Every family's greedy equals its no-cache run, and no assisted way that ran gave other tokens."""
+    wrong = [f"{r['family']} · {r['way']}" for r in rows if r.get("outcome") == "differs"]
+    refused = [f"{r['family']} · {r['way']}" for r in rows if r.get("outcome") == "refused"]
+    greedy_ok = all(r.get("outcome") == "equal" for r in rows if r.get("way") == "greedy")
+    holds = bool(rows) and greedy_ok and not wrong
+    why = (f"{sum(r.get('outcome') == 'equal' for r in rows)} runs equal to no-cache greedy; refused: {refused or 'none'}"
+           if holds else f"other tokens than no-cache greedy: {wrong or 'greedy itself'}")
+    slim = [{k: v for k, v in r.items() if k not in ("tokens", "no_cache_tokens")} for r in rows]
+    return Decision(holds, why, {"rows": slim}, {"differs": wrong, "refused": refused}, {})
+
+
+def decide_assisted_refused(rows: list[dict[str, Any]], family: str = "hybrid") -> Decision:
+    """Both assisted ways (prompt lookup, own assistant) raise on that family."""
+    mine = [r for r in rows if r.get("family") == family and r.get("way") != "greedy"]
+    ran = [r["way"] for r in mine if r.get("outcome") != "refused"]
+    why = (f"{family}: refused ({mine[0].get('error')})" if mine and not ran else f"{family}: ran with {ran}")
+    return Decision(bool(mine) and not ran, why, {"rows": [{k: r.get(k) for k in ("way", "outcome", "error")} for r in mine]},
+                    {"ran": ran}, {})
+
+
+def _case(rows: list[dict[str, Any]], starts: str) -> dict[str, Any]:
+    return next((r for r in rows if str(r.get("case", "")).startswith(starts)), {})
+
+
+def decide_static_case(rows: list[dict[str, Any]], starts: str, outcome: str) -> Decision:
+    """The static-reuse case whose description starts with `starts` came out as `outcome` (raises / matches)."""
+    row = _case(rows, starts)
+    holds = row.get("outcome") == outcome
+    why = f"{row.get('case')}: {row.get('outcome')}" + (f" ({row.get('error')})" if row.get("error") else "")
+    return Decision(holds, why, row, {"outcome": row.get("outcome"), "expected": outcome}, {})
+
+
+def decide_max_cache_len_ignored(rows: list[dict[str, Any]]) -> Decision:
+    """cache_config max_cache_len: the static cache generate() allocates has the call's size, not the one requested,
+    and the tokens are right."""
+    row = _case(rows, "cache_implementation='static', cache_config")
+    cap, requested = row.get("capacity"), row.get("requested")
+    holds = row.get("outcome") == "matches" and cap is not None and requested is not None and cap != requested
+    why = f"requested max_cache_len {requested}, allocated {cap} (the call needs {row.get('needed')}); {row.get('outcome')}"
+    return Decision(holds, why, row, {"capacity": cap, "requested": requested}, {})
