@@ -188,6 +188,7 @@ QUOTES: dict[str, Quote] = {
     "rollback.kit_rebuild_keeps_length": _rollback(_IDENTITY),
     "rollback.assisted_never_silently_wrong": _rollback(_HYBRID),
     "rollback.assisted_refused_on_hybrid": _rollback(_HYBRID),
+    "rollback.assisted_refused_on_static": _rollback(_HYBRID),
     "rollback.static_reuse_past_capacity_raises": _rollback(_HYBRID),
     "rollback.static_second_call_reallocates": _rollback(_HYBRID),
     "rollback.static_max_cache_len_ignored": _rollback(_HYBRID),

@@ -60,7 +60,8 @@ EXPECTED_CLAIMS = {
                            "rollback.sliding_recorded_crop_restores", "rollback.static_crop_refused",
                            "rollback.multi_token_continuation_matches", "rollback.hand_rebuild_keeps_length",
                            "rollback.kit_rebuild_keeps_length", "rollback.assisted_never_silently_wrong",
-                           "rollback.assisted_refused_on_hybrid", "rollback.static_reuse_past_capacity_raises",
+                           "rollback.assisted_refused_on_hybrid", "rollback.assisted_refused_on_static",
+                           "rollback.static_reuse_past_capacity_raises",
                            "rollback.static_second_call_reallocates", "rollback.static_max_cache_len_ignored",
                            "rollback.static_user_cache_beside_config_refused"},
 }

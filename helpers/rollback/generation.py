@@ -26,8 +26,8 @@ def _error(exc: BaseException) -> str:
 
 @torch.no_grad()
 def greedy(model: torch.nn.Module, ids: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
-    """{'tokens', 'cache', 'calls', 'multi_token_calls'} of a greedy generate(), or {'error'}; calls: forward calls of
-    `model` (multi-token ones after the prefill are draft verifications)."""
+    """{'tokens', 'cache', 'calls', 'first_call_drafts', 'multi_token_calls'} of a greedy generate(), or {'error'}; calls:
+    forward calls of `model`; drafts verified with the prefill (prompt lookup), multi-token calls after it."""
     calls: list[int] = []
     hook = model.register_forward_pre_hook(lambda _m, _a, kw: calls.append(int(kw["input_ids"].shape[1])), with_kwargs=True)
     try:
@@ -38,6 +38,7 @@ def greedy(model: torch.nn.Module, ids: torch.Tensor, **kwargs: Any) -> dict[str
     finally:
         hook.remove()
     return {"tokens": out.sequences[0, ids.shape[1]:].tolist(), "cache": compat.output_cache(out), "calls": len(calls),
+            "first_call_drafts": calls[0] - int(ids.shape[1]) if calls else None,
             "multi_token_calls": sum(n > 1 for n in calls[1:])}
 
 
@@ -52,6 +53,7 @@ def assisted_rows(families: dict[str, Family], seed: int = 0) -> list[dict[str, 
                             ("own assistant", {"assistant_model": model})):
             got = greedy(model, ids, **extra, **kwargs)
             row = {"family": name, "way": way, "error": got.get("error"), "calls": got.get("calls"),
+                   "drafts_in_prefill": got.get("first_call_drafts"),
                    "verifications": got.get("multi_token_calls"), "tokens": got.get("tokens"),
                    "no_cache_tokens": reference.get("tokens")}
             row["outcome"] = "refused" if got.get("error") else ("equal" if got["tokens"] == reference.get("tokens") else "differs")
