@@ -163,3 +163,20 @@ def generate_cache_kwarg(model: torch.nn.Module) -> str:
     """Name under which `generate()` takes a starting cache: it follows the forward signature
     (`generate()` itself takes **kwargs; 5.24 deprecates `past_key_values` there in favour of `cache`)."""
     return cache_kwarg(model)
+
+
+# --- linear-attention layers' own token count (5.25.0+) -------------------------------------------
+
+LINEAR_LENGTH_ATTR = "cumulative_length_linear"
+
+
+def carry_linear_length(target: Any, source: Any) -> bool:
+    """Set a linear-attention layer's own token count from `source` (a layer, or a token count) where this
+    release keeps one (`cumulative_length_linear`, 5.25.0+, which `get_seq_length()` answers from when the
+    layer is layer 0); False, changing nothing, where the release (or `source`) has none."""
+    current = getattr(target, LINEAR_LENGTH_ATTR, None)
+    value = getattr(source, LINEAR_LENGTH_ATTR, None) if not isinstance(source, (int, torch.Tensor)) else source
+    if not isinstance(current, torch.Tensor) or value is None:
+        return False
+    current.fill_(int(value))
+    return True

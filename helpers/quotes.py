@@ -16,6 +16,7 @@ from typing import Any
 CONTROL = "control"  # the Qwen3-VL resume-contract control (transformers 5.14.1)
 ISSUE_48947 = "48947"  # transformers issue #48947 (hybrid offloading drift)
 NEW_IMAGE = "new-image"  # Qwen3-VL multi-turn resume with a new image (QwenLM/Qwen3-VL#1685, #1412): no text quoted
+ROLLBACK = "rollback"  # hybrid rollback and continuation (transformers #49036, PR #45513, 5.25.0's cache rewrite): no text quoted
 
 ROLES = {"reproduces": "states", "refutes": "hypothesis", "beyond": "extends", "simulation": "models",
          "environment": "machine"}
@@ -67,6 +68,14 @@ _PRESERVE = ("For Qwen3-VL, preserve the model-side multimodal positional state 
 def _new_image(text: str) -> Quote:
     """A notebook-09 claim: the control passage it extends (the threads' own text is not quoted here)."""
     return _q(CONTROL, "extends", text, answers=NEW_IMAGE)
+
+def _rollback(text: str) -> Quote:
+    """A notebook-10 claim: the control passage it extends (the threads' own text is not quoted here)."""
+    return _q(CONTROL, "extends", text, answers=ROLLBACK)
+
+
+_HYBRID = "- sliding/hybrid caches;"
+_IDENTITY = "- original cache versus identity-rebuilt cache;"
 
 QUOTES: dict[str, Quote] = {
     # 01 identity reconstruction
@@ -174,6 +183,23 @@ QUOTES: dict[str, Quote] = {
     "newimage.repair_generate_restores": _new_image(_MM_STATE),
     "newimage.rope_deltas_carried_forward": _new_image(_PRESERVE),
     "newimage.guard_check_separates": _new_image(_VALIDATION),
+    # 10 rollback, continuation and the 5.25.0 rebuild change on the hybrid
+    "rollback.dense_crop_restores": _rollback(_HYBRID),
+    "rollback.plain_crop_never_silently_wrong": _rollback(_HYBRID),
+    "rollback.hybrid_recorded_crop_keeps_recurrent_state": _rollback(_HYBRID),
+    "rollback.recording_without_count_runs": _rollback(_HYBRID),
+    "rollback.sliding_recorded_crop_restores": _rollback(_HYBRID),
+    "rollback.static_crop_refused": _rollback(_HYBRID),
+    "rollback.multi_token_continuation_matches": _rollback(_HYBRID),
+    "rollback.hand_rebuild_keeps_length": _rollback(_IDENTITY),
+    "rollback.kit_rebuild_keeps_length": _rollback(_IDENTITY),
+    "rollback.assisted_never_silently_wrong": _rollback(_HYBRID),
+    "rollback.assisted_refused_on_hybrid": _rollback(_HYBRID),
+    "rollback.assisted_refused_on_static": _rollback(_HYBRID),
+    "rollback.static_reuse_past_capacity_raises": _rollback(_HYBRID),
+    "rollback.static_second_call_reallocates": _rollback(_HYBRID),
+    "rollback.static_max_cache_len_ignored": _rollback(_HYBRID),
+    "rollback.static_user_cache_beside_config_refused": _rollback(_HYBRID),
 }
 
 

@@ -20,7 +20,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 PREFIX = {"identity": "01_identity_reconstruction", "matrix": "02_mask_position_matrix", "rope": "03_rope_deltas_perturbation",
           "boundary": "04_token_boundary_double_processing", "offload": "05_hybrid_offloading_drift",
           "triage": "06_rebuild_triage", "regress": "07_regression_families", "api": "08_resume_api",
-          "newimage": "09_new_image_turn"}
+          "newimage": "09_new_image_turn", "rollback": "10_rollback_hybrid"}
 KIND_OF_ROLE = {role: kind for kind, role in quotes.ROLES.items()}
 NEEDS_CUDA = "needs CUDA: offloading moves cache tensors GPU<->CPU on two CUDA streams; here device='cpu'"
 NOT_HERE = {"boundary.double_processing_top1_changed", "boundary.double_processing_cosine"}

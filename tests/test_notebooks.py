@@ -56,6 +56,15 @@ EXPECTED_CLAIMS = {
                           "newimage.text_turn_control_matches", "newimage.repair_forward_restores",
                           "newimage.repair_generate_restores", "newimage.rope_deltas_carried_forward",
                           "newimage.guard_check_separates"},
+    "10_rollback_hybrid": {"rollback.dense_crop_restores", "rollback.plain_crop_never_silently_wrong",
+                           "rollback.hybrid_recorded_crop_keeps_recurrent_state", "rollback.recording_without_count_runs",
+                           "rollback.sliding_recorded_crop_restores", "rollback.static_crop_refused",
+                           "rollback.multi_token_continuation_matches", "rollback.hand_rebuild_keeps_length",
+                           "rollback.kit_rebuild_keeps_length", "rollback.assisted_never_silently_wrong",
+                           "rollback.assisted_refused_on_hybrid", "rollback.assisted_refused_on_static",
+                           "rollback.static_reuse_past_capacity_raises",
+                           "rollback.static_second_call_reallocates", "rollback.static_max_cache_len_ignored",
+                           "rollback.static_user_cache_beside_config_refused"},
 }
 # Kinds declared by notebooks 01-04 (every other claim of theirs is `reproduces`: a statement of the control).
 KINDS_01_04 = {"rope.fresh_instance_diverges": "beyond", "rope.restored_state_matches": "beyond"}

@@ -207,3 +207,28 @@ def test_flash_status_names_each_missing_piece(monkeypatch):
     ok, why = checks.flash_status("cuda", "float32")
     assert not ok and "float16 or bfloat16" in why
     assert checks.flash_status("cuda", "bfloat16") == (True, "")
+
+
+class _LinearLayer:
+    """A stand-in linear-attention layer: conv/recurrent states, and a token count where `count` is given."""
+
+    def __init__(self, count: int | None) -> None:
+        self.conv_states, self.recurrent_states = {0: torch.ones(1, 2, 4)}, {0: torch.ones(1, 2, 2)}
+        if count is not None:
+            setattr(self, compat.LINEAR_LENGTH_ATTR, torch.tensor(count))
+
+
+def test_carry_linear_length_sets_the_count_where_the_release_keeps_one():
+    target = _LinearLayer(4)  # 5.25.0+: update_conv_state of a 4-wide conv state counted 4 tokens
+    assert compat.carry_linear_length(target, _LinearLayer(23)) and int(target.cumulative_length_linear) == 23
+    assert compat.carry_linear_length(target, 7) and int(target.cumulative_length_linear) == 7
+    older = _LinearLayer(None)  # releases before 5.25.0 keep no count: nothing to carry
+    assert not compat.carry_linear_length(older, 23) and not hasattr(older, compat.LINEAR_LENGTH_ATTR)
+    assert not compat.carry_linear_length(_LinearLayer(4), _LinearLayer(None))
+
+
+def test_layer_state_equal_sees_a_linear_count_that_differs():
+    a, b = _LinearLayer(23), _LinearLayer(4)  # same states, counts 23 vs 4: the 5.25.0 rebuild that lost its count
+    assert not layers.layer_state_equal(a, b)
+    b.cumulative_length_linear.fill_(23)
+    assert layers.layer_state_equal(a, b)

@@ -133,6 +133,8 @@ def kv_cache_from_tensors(kv_pairs: Sequence[Any], config: Any, *, processed_len
                                  recurrent_states=dict(states.get("recurrent") or {}),
                                  conv_kernel_size=dict(states.get("conv_kernel_size") or {}))
         layers.copy_linear_state(source, built[i])
+        compat.carry_linear_length(built[i], processed_length if processed_length is not None
+                                   else max((int(k.shape[-2]) for k, _ in checked.values()), default=0))
     for i, (keys, values) in sorted(checked.items()):
         cache.update(keys.detach().clone(), values.detach().clone(), i)
         if processed_length is not None and layers.is_sliding(built[i]):

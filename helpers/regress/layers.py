@@ -51,13 +51,15 @@ def widths(cache: Any) -> list[int | None]:
 
 
 def copy_linear_state(source: Any, target: Any) -> None:
-    """Copy every conv and recurrent state of `source` into `target` through the layer's own update methods."""
+    """Copy every conv and recurrent state of `source` into `target` through the layer's own update methods,
+    and the layer's own token count where the release keeps one (`compat.carry_linear_length`)."""
     for idx, conv in source.conv_states.items():
         if conv is not None:
             target.update_conv_state(conv.detach().clone(), idx, conv_kernel_size=source.conv_kernel_size.get(idx))
         recurrent = source.recurrent_states.get(idx)
         if recurrent is not None:
             target.update_recurrent_state(recurrent.detach().clone(), idx)
+    compat.carry_linear_length(target, source)
 
 
 def copy_processed_length(source: Any, target: Any) -> None:
@@ -68,12 +70,15 @@ def copy_processed_length(source: Any, target: Any) -> None:
 
 
 def layer_state_equal(a: Any, b: Any) -> bool:
-    """Same layer class, K/V bits, reported length and linear states (bitwise)."""
+    """Same layer class, K/V bits, reported length, linear states (bitwise) and linear token count where kept."""
     if type(a) is not type(b) or layer_length(a) != layer_length(b):
         return False
     if has_kv(a) != has_kv(b) or (has_kv(a) and not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values))):
         return False
     if has_linear_state(a):
+        own_a, own_b = (getattr(x, compat.LINEAR_LENGTH_ATTR, None) for x in (a, b))  # 5.25.0+: the layer's own count
+        if (own_a is None) != (own_b is None) or (own_a is not None and int(own_a) != int(own_b)):
+            return False
         for name in ("conv_states", "recurrent_states"):
             sa, sb = getattr(a, name), getattr(b, name)
             if sa.keys() != sb.keys():

@@ -30,6 +30,11 @@ RELEVANT: dict[str, tuple[str, ...]] = {
     "09": (f"{_QWEN3_VL}.Qwen3VLForConditionalGeneration._prepare_position_ids_for_generation",
            f"{_QWEN3_VL}.Qwen3VLModel.compute_3d_position_ids", f"{_QWEN3_VL}.Qwen3VLModel.get_rope_index",
            f"{_QWEN3_VL}.Qwen3VLModel.forward|mm_encoder_outputs"),
+    "10": ("transformers.cache_utils.Cache.crop", "transformers.cache_utils.Cache.activate_past_recording",
+           "transformers.cache_utils.LinearAttentionCacheLayerMixin.crop",
+           "transformers.cache_utils.LinearAttentionLayer.update_conv_state", "transformers.cache_utils.StaticLayer.crop",
+           "transformers.generation.utils.GenerationMixin._validate_generation_mode|assist",
+           "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation"),
 }
 
 

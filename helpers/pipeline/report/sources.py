@@ -49,6 +49,12 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "examples/repro/qwen3_vl_new_image_turn.py",
            "max |logit diff| of the natural turn-2 call against one forward over both turns, and turn 2's positions",
            (), "Qwen3-VL new image"),
+    Source("rollback", "Rolling a hybrid's cache back and continuing it (transformers `#49036`, PR `#45513`, 5.25.0's "
+           "linear-attention cache rewrite)",
+           {}, "the threads' checkpoints and code (their text could not be read from this machine, so every claim is the "
+           "kit's own, kind beyond; the tiny random-weight hybrid stands in), the 64-layer 48/16 layout and the "
+           "quantized cache.",
+           short="rollback"),  # its repro, examples/repro/hybrid_rollback_rebuild.py, is left off the first screen (no room)
     Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
            "place (no source setup to compare: the tree is the control's, the rebuilds are this kit's)."),
@@ -66,6 +72,7 @@ NOTEBOOK_SOURCE = {
     "07": "control",
     "08": "control",
     "09": "new-image",
+    "10": "rollback",
 }
 
 

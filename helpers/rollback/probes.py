@@ -1,0 +1,167 @@
+"""The measurements of notebook 10: (a) rollback by crop(-k), (b) multi-token continuation on the hybrid,
+(e) what a rebuilt hybrid reports and what generate() then feeds. Failures are rows, not exceptions."""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from .. import compat
+from ..compare import NoiseFloor, max_abs_diff
+from ..continuation import generate_first_step
+from ..regress import layers, rebuilds
+from . import states
+from .setup import Family, forward
+
+MODES = ("plain", "record", "record_keep")  # crop without recording; after activate_past_recording(); with (k)
+MODE_HOW = {"plain": "crop(-k), no recording", "record": "activate_past_recording() before the k tokens, crop(-k)",
+            "record_keep": "activate_past_recording(recurrent_states_to_keep=k) before the k tokens, crop(-k)"}
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+
+
+def _start_recording(cache: Any, mode: str, k: int) -> str | None:
+    """Switch recording on as `mode` says; the error where the release does not offer it."""
+    try:
+        if mode == "record":
+            cache.activate_past_recording()
+        elif mode == "record_keep":
+            cache.activate_past_recording(recurrent_states_to_keep=k)
+    except Exception as exc:  # noqa: BLE001 - not offered on this release
+        return _error(exc)
+    return None
+
+
+@dataclass
+class Fresh:
+    """The cache that never saw the k tokens, and its next-token logits: what every rollback is compared with."""
+
+    cache: Any
+    next_logits: torch.Tensor
+
+
+def fresh_of(family: Family, ids: torch.Tensor, prompt: int, k: int) -> Fresh:
+    """Prefill ids[:prompt]; the logits of the next unseen token ids[prompt + k] fed to a copy of it."""
+    cache = family.new_cache()
+    forward(family.model, ids[:, :prompt], cache)
+    return Fresh(cache, forward(family.model, ids[:, prompt + k:prompt + k + 1], copy.deepcopy(cache))[:, -1])
+
+
+def rollback_row(family: Family, ids: torch.Tensor, prompt: int, k: int, mode: str, floor: NoiseFloor,
+                 fresh: Fresh) -> dict[str, Any]:
+    """Prefill ids[:prompt], (recording as `mode` says) process k more, crop(-k), feed the next unseen token; against
+    `fresh`, a cache that never saw the k tokens: its states and the next token's logits."""
+    row: dict[str, Any] = {"family": family.name, "mode": mode, "how": MODE_HOW[mode], "k": k}
+    rolled = family.new_cache()
+    forward(family.model, ids[:, :prompt], rolled)
+    refused = _start_recording(rolled, mode, k)
+    if refused:
+        return {**row, "outcome": "not offered", "error": refused}
+    try:
+        forward(family.model, ids[:, prompt:prompt + k], rolled)
+    except Exception as exc:  # noqa: BLE001 - 5.25.0: a k-token forward after activate_past_recording() raises
+        return {**row, "outcome": "raised while recording", "error": _error(exc)}
+    try:
+        rolled.crop(-k)
+    except Exception as exc:  # noqa: BLE001 - a refusal is the measurement
+        return {**row, "outcome": "refused", "error": _error(exc)}
+    held = states.reported_length(fresh.cache)
+    row.update(length=states.reported_length(rolled), fresh_length=held,
+               **{f"{name}_diff": v for name, v in states.state_diffs(rolled, fresh.cache, held).items()})
+    try:
+        diff = max_abs_diff(fresh.next_logits, forward(family.model, ids[:, prompt + k:prompt + k + 1], rolled)[:, -1])
+    except Exception as exc:  # noqa: BLE001 - a continuation that raises after the crop
+        return {**row, "outcome": "raised after crop", "error": _error(exc)}
+    row["next_logits_diff"] = diff
+    row["outcome"] = "restored" if floor.matches(diff) else "silently wrong"
+    return row
+
+
+def rollback_rows(families: dict[str, Family], ids: torch.Tensor, prompt: int, k: int,
+                  floors: dict[str, NoiseFloor]) -> list[dict[str, Any]]:
+    """Every family in every mode."""
+    rows = []
+    for name, family in families.items():
+        fresh = fresh_of(family, ids, prompt, k)
+        rows += [rollback_row(family, ids, prompt, k, mode, floors[name], fresh) for mode in MODES]
+    return rows
+
+
+def continuation_rows(family: Family, ids: torch.Tensor, suffixes: tuple[int, ...]) -> list[dict[str, Any]]:
+    """A suffix of s tokens on the cache of the rest, by forward() and by generate() with the full ids and mask,
+    against the full forward's last logits (and, for forward(), all s positions)."""
+    full = forward(family.model, ids)
+    n, rows = int(ids.shape[1]), []
+    for s in suffixes:
+        cache = family.new_cache()
+        forward(family.model, ids[:, :n - s], cache)
+        gen_cache = copy.deepcopy(cache)
+        out = forward(family.model, ids[:, n - s:], cache)
+        rows.append({"suffix": s, "call": "forward()", "fed": s, "max_abs_diff": max_abs_diff(full[:, -1], out[:, -1]),
+                     "all_positions_diff": max_abs_diff(full[:, -s:], out)})
+        got = generate_first_step(family.model, ids, gen_cache, attention_mask=torch.ones_like(ids))
+        fed = (got.first_call.get("input_ids_shape") or [None, None])[1]
+        rows.append({"suffix": s, "call": "generate()", "fed": fed, "error": got.error_summary() or None,
+                     "max_abs_diff": max_abs_diff(full[:, -1], got.logits) if got.ok else None})
+    return rows
+
+
+def hand_rebuild(cache: Any, config: Any) -> DynamicCache:
+    """A hybrid rebuilt by hand the documented way: `DynamicCache(config=...)`, `update()` per attention layer,
+    `update_conv_state` / `update_recurrent_state` per linear layer; no token count carried (nothing documents one)."""
+    rebuilt = DynamicCache(config=compat.text_config(config))
+    for i, (layer, target) in enumerate(zip(cache.layers, rebuilt.layers)):
+        if layers.has_linear_state(layer):
+            for idx, conv in layer.conv_states.items():
+                if conv is not None:
+                    target.update_conv_state(conv.clone(), idx, conv_kernel_size=layer.conv_kernel_size.get(idx))
+                if layer.recurrent_states.get(idx) is not None:
+                    target.update_recurrent_state(layer.recurrent_states[idx].clone(), idx)
+        if layers.has_kv(layer):
+            rebuilt.update(layer.keys.clone(), layer.values.clone(), i)
+    return rebuilt
+
+
+def _factory(cache: Any, config: Any) -> Any:
+    from ..api import export_tensors, kv_cache_from_tensors
+
+    pairs, linear, processed = export_tensors(cache)
+    return kv_cache_from_tensors(pairs, config, processed_length=processed, linear_states=linear)
+
+
+REBUILDS = {
+    "control recipe": (lambda c, cfg: rebuilds.control_rebuild(c), rebuilds.CONTROL_HOW),
+    "hand-written (layer methods)": (hand_rebuild, "DynamicCache(config) + update() / update_conv_state() / "
+                                     "update_recurrent_state(), no token count"),
+    "kit family rebuild": (rebuilds.family_rebuild, "helpers.regress.rebuilds.family_rebuild (carries the linear count)"),
+    "kit factory": (_factory, "helpers.api.kv_cache_from_tensors(export_tensors(cache))"),
+}
+
+
+def rebuild_rows(family: Family, ids: torch.Tensor) -> list[dict[str, Any]]:
+    """The cache of ids[:-1] rebuilt each way of REBUILDS: the length it reports, how many tokens generate() with
+    the full ids and mask then feeds, its first-step logits against the original cache's (bitwise expected)."""
+    original = family.new_cache()
+    forward(family.model, ids[:, :-1], original)
+    mask = torch.ones_like(ids)
+    base = generate_first_step(family.model, ids, copy.deepcopy(original), attention_mask=mask)
+    rows = [{"rebuild": "original", "length": states.reported_length(original), "fed": (base.first_call.get("input_ids_shape") or [None, None])[1],
+             "max_abs_diff": 0.0, "how": "the cache of the prefill itself"}]
+    for name, (build, how) in REBUILDS.items():
+        row: dict[str, Any] = {"rebuild": name, "how": how}
+        try:
+            rebuilt = build(original, family.model.config)
+        except Exception as exc:  # noqa: BLE001 - a rebuild that cannot be made is a measurement
+            rows.append({**row, "error": _error(exc)})
+            continue
+        row["length"] = states.reported_length(rebuilt)  # before generate() extends it
+        got = generate_first_step(family.model, ids, rebuilt, attention_mask=mask)
+        rows.append({**row, "fed": (got.first_call.get("input_ids_shape") or [None, None])[1],
+                     "max_abs_diff": max_abs_diff(base.logits, got.logits) if got.ok else None,
+                     "error": got.error_summary() or None})
+    return rows
