@@ -33,7 +33,7 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "stands in; pass `-p model_id ...` online), the 8B MMBench-Video result and video prompts (outside the "
            "control's own scope too).",
            "examples/repro/resume_contract_qwen3_vl.py",
-           "the first model call's input_ids shape (the source: [1, 0] without the full mask, [1, 1] with it)",
+           "expected vs got first model call without and with the full mask (the source: [1, 0] and a failure, [1, 1] and it works)",
            ("matrix.neither_fails", "matrix.mask_only_works"), "Qwen3-VL control"),
     Source("48947", "transformers issue #48947: hybrid offloading drift",
            {"release": "5.17.0", "dtype": "bfloat16", "device": "cuda (RTX PRO 6000 Blackwell)",
@@ -41,13 +41,13 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "the 27B checkpoint and the CUDA copy streams themselves where no GPU is present: those claims are "
            "skipped with the reason, and the race is replayed as a simulation.",
            "examples/repro/offloading_48947.py",
-           "max |logit diff| per step, offloading on vs off (the report: 0.0, 2.1171875, 7.625, 17.4375)",
+           "on CPU the prefetch reads left unordered after their offload copy; with CUDA max |logit diff| per step, offloading on vs off (the report: 0.0, 2.1171875, 7.625, 17.4375)",
            ("offload.prefill_identical", "offload.decode_drifts"), "#48947"),
     Source("new-image", "A new image after a cached turn (Qwen3-VL multi-turn resume: `QwenLM/Qwen3-VL#1685`, `QwenLM/Qwen3-VL#1412`)",
            {}, "the threads' own checkpoints, images and code (their text could not be read from this machine, so every "
            "claim is the kit's own, kind beyond; the tiny random-weight default stands in; pass `-p model_id ...` online).",
            "examples/repro/qwen3_vl_new_image_turn.py",
-           "max |logit diff| of the natural turn-2 call against one forward over both turns, and turn 2's positions",
+           "expected vs got max |logit diff| of the natural turn-2 call against one forward over both turns, turn 2's positions and the repair's",
            (), "Qwen3-VL new image"),
     Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
