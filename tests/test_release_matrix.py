@@ -198,7 +198,7 @@ def test_release_record_carries_no_machine_path(tmp_path, monkeypatch):
         release, ok=False, python=str(paths.repo_root() / ".venv-tf" / release / "bin" / "python"), reason="test"))
     matrix_run.run_release("9.9.9", tmp_path, log=lambda *a, **k: None)
     text = (tmp_path / "matrix" / "9.9.9" / "release.json").read_text()
-    assert str(paths.repo_root()) not in text and "{kit}/.venv-tf/9.9.9/bin/python" in text
+    assert str(paths.repo_root()) not in text and "./.venv-tf/9.9.9/bin/python" in text
 
 
 def test_matrix_names_its_run_and_says_loudly_when_it_did_not_finish(tmp_path):

@@ -103,7 +103,7 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
 def _share(jobs: int | None) -> int:
     """`make share`: the run-all on the pinned release, the newest release through the matrix runner, the report."""
     from ..matrix import share
-    from ..report import summary
+    from ..report import html, summary
 
     info = share.resolve()
     print(f"share: pinned {info['pinned']}, newest {info['newest']} ({info['resolved']})", flush=True)
@@ -111,6 +111,7 @@ def _share(jobs: int | None) -> int:
     share.write_releases(output_dir(), info)  # after the run-all, which removes the previous one's
     if info["newest"] != info["pinned"]:
         rc = _matrix([info["newest"]], None, jobs) or rc
+    html.write_html()  # again, now that every notebook's results are there: each page's ask reads its source's
     path = summary.write_summary()
     print(f"{path.name} ({len(path.read_text()):,} chars; first screen "
           f"{len(summary.first_screen_of(path.read_text())):,})")
