@@ -73,3 +73,38 @@ def test_another_runs_timings_never_go_in(tmp_path):
     _outputs(tmp_path)
     (tmp_path / "timings.json").write_text(json.dumps({"run_id": "someone-else"}))
     assert "timings.json" not in share.share_members(tmp_path, {"01_a"})
+
+
+# --------------------------------------------------------------------------- make share: the pinned and the newest release
+
+def test_make_share_resolves_the_newest_from_the_index_and_falls_back_offline_saying_so():
+    from helpers.pipeline.matrix import share as make_share
+    from helpers.pipeline.matrix.envs import pinned_release
+
+    got = make_share.resolve(lambda: ["5.14.1", "5.17.0", "5.26.0"])
+    assert got == {"pinned": pinned_release(), "newest": "5.26.0", "resolved": "package index"}
+
+    def offline() -> list[str]:
+        raise RuntimeError("pip could not list transformers releases: no network")
+    got = make_share.resolve(offline)
+    assert got["newest"] == make_share.KNOWN_NEWEST == "5.25.0"
+    assert got["resolved"].startswith("offline (newest the kit knows; pip could not list")
+
+
+def test_make_share_runs_all_on_the_pinned_then_the_newest_through_the_matrix_then_the_report(tmp_path, monkeypatch):
+    """The orchestration alone, the runs mocked: run-all, releases.json after it, the matrix on the newest only."""
+    from helpers.pipeline.matrix import share as make_share
+    from helpers.pipeline.report import html
+    from helpers.pipeline.run import cli
+
+    calls: list[tuple] = []
+    monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
+    monkeypatch.setattr(make_share, "resolve", lambda: {"pinned": "5.17.0", "newest": "5.25.0", "resolved": "package index"})
+    monkeypatch.setattr(cli, "_recorded", lambda command, paths, pairs, jobs, report: calls.append(
+        ("run", command, (tmp_path / "releases.json").exists())) or 0)
+    monkeypatch.setattr(cli, "_matrix", lambda releases, stems, jobs: calls.append(("matrix", tuple(releases))) or 0)
+    monkeypatch.setattr(html, "write_html", lambda *a, **k: calls.append(("html",)) or ([], []))
+    assert cli.main(["share"]) == 0
+    assert calls == [("run", "share", False), ("matrix", ("5.25.0",)), ("html",)]
+    assert json.loads((tmp_path / "releases.json").read_text())["newest"] == "5.25.0"
+    assert (tmp_path / "SUMMARY.md").is_file()

@@ -85,8 +85,9 @@ def control(by_release: dict[str, Claims], out: Path) -> Lines:
         ev = neither.get("evidence") or {}
         if neither.get("verdict") == "reproduced":
             err = next(iter((ev.get("errors") or {}).values()), "")
-            shape = (ev.get("first_call_input_ids") or [["?"]])[0]
-            symptom[rel] = f"its first model call gets `input_ids` {shape} and raises {_error(err)}"
+            shape = (ev.get("first_call_input_ids") or [None])[0]
+            symptom[rel] = (f"its first model call gets `input_ids` {shape} and raises {_error(err)}" if shape and err
+                            else f"fails ({str(neither.get('reason', ''))[:110]})")
         elif neither:
             symptom[rel] = f"not as the source says: {neither.get('reason', '')[:110]}"
         diff = (mask.get("evidence") or {}).get("max_abs_diff_vs_full_forward") or {}

@@ -87,7 +87,7 @@ def count_line(by_release: dict[str, Claims]) -> str:
         decided = next((c for _, c in hyp.claims if c.get("verdict") == hyp.verdict), hyp.claims[0][1])
         why = first_sentence(decided.get("reason") or "", 110)
         parts.append(f'hypothesis "{hyp.text[:60]}…" {word}' + (f" ({why})" if word != "not tested" else ""))
-    apart = [f'"{s.text[:40]}" by construction' for s in c.by_construction]
+    apart = [f'"{s.text.rsplit(": ", 1)[-1][:40]}" by construction' for s in c.by_construction]
     apart += [f"{len(c.cited)} decided by the same measurement as `{c.cited[0].cites[0]}` (cited, not recounted)"] if c.cited else []
     sims = [x for _, x in last if kind_of(x) == "simulation"]
     apart += [f"{len(sims)} simulation(s)"] if sims else []
