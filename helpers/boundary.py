@@ -128,9 +128,9 @@ def by_chance(claim_id: str, rate: dict[str, Any]) -> str:
         got = f"top-1 changed on {rate.get('top1_changed')} of {n} prompts ({100 * (rate.get('top1_changed_rate') or 0):.0f}%)"
     else:
         got = (f"cosine {rate.get('cosine_min'):.3f}-{rate.get('cosine_max'):.3f} (median {rate.get('cosine_median'):.3f}) "
-               f"over {n} prompts, the source's {SOURCE_COSINE}") if n else "no re-feed ran"
-    return (f"not decided by a tiny random-weight model: {got}, so one prompt decides it by chance; the real 2B "
-            "checkpoint decides it (`-p model_id Qwen/Qwen3-VL-2B-Instruct` online)")
+               f"over {n} prompts against the source's {SOURCE_COSINE}") if n else "no re-feed ran"
+    return (f"{got} on a tiny random-weight model, which decides it by chance: the real 2B checkpoint decides it "
+            "(`-p model_id Qwen/Qwen3-VL-2B-Instruct` online)")
 
 
 def top1_margin(reference: torch.Tensor) -> float:

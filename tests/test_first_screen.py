@@ -211,7 +211,7 @@ def test_a_tiny_models_coin_flip_is_a_rate_over_at_least_30_prompts_and_the_real
     assert "12 of 40 prompts (30%)" in why and "the real 2B checkpoint decides it" in why
     why = boundary.by_chance("boundary.double_processing_cosine", {"ran": 40, "cosine_min": 0.97, "cosine_max": 0.99,
                                                                     "cosine_median": 0.98})
-    assert "cosine 0.970-0.990 (median 0.980) over 40 prompts, the source's 0.8698" in why
+    assert "cosine 0.970-0.990 (median 0.980) over 40 prompts against the source's 0.8698" in why
 
 
 def test_a_missing_repro_file_is_said_not_hidden():

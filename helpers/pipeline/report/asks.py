@@ -13,6 +13,9 @@ from .paste import fmt_scalar
 from .records import load_json
 
 Claims = list[tuple[str, dict[str, Any]]]  # (notebook, claim) of one source on one release
+# The claim whose first change each writer reports (`make share` bisects it where pinned and newest differ).
+BISECT = (("02", "matrix.neither_fails"), ("05", "offload.prefetch_reads_unordered_copy"),
+          ("09", "newimage.natural_call_silently_wrong"))
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ def first_change(out: Path, notebook: str, claim: str, releases: list[str], diff
         line = ""
         for name, diff in (change.get("source_diff") or {}).items():
             added = [ln[1:].strip() for ln in str(diff.get("diff") or "").splitlines()
-                     if ln.startswith("+") and not ln.startswith("+++") and ln[1:].strip()]
+                     if ln.startswith("+") and not ln.startswith("+++") and ln[1:].strip()
+                     and not ln[1:].strip().startswith("#")]
             if added:
                 line = f" (`{name}`: `+ {added[0][:90]}`)"
                 break
@@ -109,12 +113,13 @@ def control(by_release: dict[str, Claims], out: Path) -> Lines:
 
 def offload(by_release: dict[str, Claims], out: Path) -> Lines:
     """#48947: the drift needs CUDA; the CPU record's unordered prefetch reads per release decide the ordering edge."""
-    reads, drift = {}, {}
+    reads, drift, waits = {}, {}, {}
     for rel, claims in by_release.items():
         c = _claim(claims, "offload.prefetch_reads_unordered_copy")
         d = c.get("deciding") or {}
         if "unordered prefetch reads" in d:
             reads[rel] = f"{d['unordered prefetch reads']} of {d.get('prefetch reads', '?')}"
+        waits[rel] = ((c.get("evidence") or {}).get("wait_stream_calls") or {}).get("waits for default", 0)
         dec = _claim(claims, "offload.decode_drifts")
         drift[rel] = {"reproduced": "drifts from the first decode step", "not_reproduced": "does not drift"}.get(
             dec.get("verdict"), "drift not measured (needs CUDA)")
@@ -126,9 +131,13 @@ def offload(by_release: dict[str, Claims], out: Path) -> Lines:
                                                      for r, v in reads.items()})
     bisect = first_change(out, "05", "offload.prefetch_reads_unordered_copy", releases, len(set(reads.values())) > 1)
     if ordered and len(ordered) < len(reads):
-        ask = (f"the ordering edge (the prefetch stream waits on the compute stream) present in {', '.join(ordered)} "
-               "orders every prefetch read in the CPU record; the GPU check decides whether it removes the drift "
-               f"(`make gpu-check RELEASES_GPU=\"{' '.join(releases)}\"`); reporter: rerun the loop on {ordered[-1]}")
+        edge = [r for r in ordered if waits.get(r)]
+        how = (f"the prefetch stream waits for the default (compute) stream before each prefetch "
+               f"({waits[edge[-1]]} `wait_stream` calls recorded on {edge[-1]}, none on "
+               f"{', '.join(r for r in reads if r not in ordered)})" if edge else "an ordering edge")
+        ask = (f"reporter: rerun on {ordered[-1]}: there {how}, which orders every prefetch read in the CPU record; "
+               "the GPU check decides whether it removes the drift "
+               f"(`make gpu-check RELEASES_GPU=\"{' '.join(releases)}\"`)")
     elif reads:
         ask = ("order each prefetch read after the copy that fills its host buffer (the CPU record names the reads); "
                "`make gpu-check` decides whether that removes the drift")

@@ -67,6 +67,12 @@ def _not_tested_why(stmts: list) -> str:
     return "; ".join(whys) or "no reason recorded"
 
 
+def _failing(claims: Claims, most: int = 2) -> str:
+    """' (not: `a`, `b`)': the kit's own checks that fail, named where there are at most `most`."""
+    ids = [str(c.get("id")) for _, c in claims if kind_of(c) == "beyond" and c.get("verdict") == "fails"]
+    return f" (not: {', '.join(f'`{i}`' for i in ids)})" if 0 < len(ids) <= most else ""
+
+
 def count_line(by_release: dict[str, Claims]) -> str:
     """That source's count per release: statements reproduced of those tested; own checks where it quotes none;
     then what was not tested and why, hypotheses, and what is listed apart (by construction, cited, simulations)."""
@@ -76,7 +82,8 @@ def count_line(by_release: dict[str, Claims]) -> str:
     parts = []
     if stated:
         parts.append("reproduced " + joined(stated) + " (statements tested)")
-    own = {rel: "{} of {}".format(*own_checks(claims)) for rel, claims in by_release.items() if own_checks(claims)[1]}
+    own = {rel: "{} of {}".format(*own_checks(claims)) + _failing(claims) for rel, claims in by_release.items()
+           if own_checks(claims)[1]}
     if own:
         parts.append("own checks (the kit's, not the source's statements) hold " + joined(own))
     c = list(per.values())[-1]

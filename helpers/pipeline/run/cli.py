@@ -111,6 +111,7 @@ def _share(jobs: int | None) -> int:
     share.write_releases(output_dir(), info)  # after the run-all, which removes the previous one's
     if info["newest"] != info["pinned"]:
         rc = _matrix([info["newest"]], None, jobs) or rc
+        share.bisect_changed(output_dir(), info)  # the first release where a key claim changed, with the source diff
     html.write_html()  # again, now that every notebook's results are there: each page's ask reads its source's
     path = summary.write_summary()
     print(f"{path.name} ({len(path.read_text()):,} chars; first screen "
