@@ -214,6 +214,51 @@ def test_a_tiny_models_coin_flip_is_a_rate_over_at_least_30_prompts_and_the_real
     assert "cosine 0.970-0.990 (median 0.980) over 40 prompts against the source's 0.8698" in why
 
 
+def test_a_bisect_record_gives_the_first_release_and_the_added_source_line(tmp_path):
+    from helpers.pipeline.report import asks
+
+    (tmp_path / "bisect").mkdir()
+    diff = "--- a\n+++ b\n     if self.offloading:\n+        # ordered\n+        self.prefetch_stream.wait_stream(default)\n"
+    (tmp_path / "bisect" / "05-offload.prefetch_reads_unordered_copy.json").write_text(json.dumps(
+        {"status": "complete", "changes": [{"last_same": "5.19.0", "first_different": "5.20.0",
+                                            "source_diff": {"Cache.update": {"status": "changed", "diff": diff}}}]}))
+    got = asks.first_change(tmp_path, "05", "offload.prefetch_reads_unordered_copy", ["5.17.0", "5.25.0"], True)
+    assert got == ("first changed in 5.20.0 (same through 5.19.0, `make bisect` of this kit) "
+                   "(`Cache.update`: `+ self.prefetch_stream.wait_stream(default)`)")
+    none = asks.first_change(tmp_path, "02", "matrix.neither_fails", ["5.17.0", "5.25.0"], True)
+    assert none == "first release that changed: `make bisect NB=02 CLAIM=matrix.neither_fails GOOD=5.17.0 BAD=5.25.0`"
+    assert asks.first_change(tmp_path, "02", "matrix.neither_fails", ["5.17.0", "5.25.0"], False) == ""
+
+
+def test_a_source_without_a_writer_gets_generic_lines_not_a_crash():
+    from helpers.pipeline.report import asks
+
+    said = asks.lines_for("hybrid-rollback", {"5.17.0": [("10_x", {"id": "x.a", "verdict": "holds", "reason": "r"})]},
+                          Path("."))
+    assert said.symptom == "`x.a`: r on 5.17.0" and said.ask.startswith("none computed for this source yet")
+
+
+def test_a_rendered_page_opens_with_the_title_then_the_verdict_and_the_ask_above_the_code(tmp_path):
+    import nbformat
+
+    from helpers.pipeline.report import html
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# 09 · A title\n\nA long text."),
+                                         nbformat.v4.new_code_cell("print(1)")])
+    (tmp_path / "notebooks").mkdir()
+    path = tmp_path / "notebooks" / "09_new_image_turn.ipynb"
+    nbformat.write(nb, str(path))
+    claim = {"id": "newimage.natural_call_silently_wrong", "kind": "beyond", "verdict": "holds", "reason": "r",
+             "deciding": {"max_abs_diff": 0.235}}
+    page = html.render_html(path, tmp_path / "html", {"notebook": path.stem, "environment": {"transformers": "5.17.0"},
+                                                      "claims": [claim]}).read_text()
+    body = page.index("<body")
+    title, verdict, ask = (page.index(t, body) for t in ("A title", "Verdict", "Ask:"))
+    env, text, code = (page.index(t, body) for t in ("Environment this notebook ran with", "A long text", "print"))
+    assert title < verdict < ask < text < env < code
+    assert "silently wrong (max |logit diff| 0.235" in page[verdict:ask]
+
+
 def test_a_missing_repro_file_is_said_not_hidden():
     src = sources.Source("x", "X", repro="examples/repro/none.py", repro_prints="a number", short="X")
     assert "is missing from this checkout" in "\n".join(first_screen.repro_block(src))
@@ -275,13 +320,6 @@ def test_the_48947_repro_decides_its_cpu_part_on_cpu(tmp_path):
     _speaks(lines)
     assert lines[2] == "got: 7 of 7 prefetch reads unordered", "5.17.0 leaves the prefetch reads unordered"
     assert "race possible" in lines[-1] and "the drift itself needs CUDA" in lines[-1]
-
-
-@pytest.mark.e2e
-def test_the_new_image_repro_prints_release_expected_got_and_its_verdict(tmp_path):
-    lines = _run_repro("new-image", tmp_path)
-    _speaks(lines)
-    assert "the natural call is silently wrong" in lines[-1] and "the repair restores it" in lines[-1]
 
 
 @pytest.mark.e2e
