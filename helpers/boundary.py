@@ -129,8 +129,8 @@ def by_chance(claim_id: str, rate: dict[str, Any]) -> str:
     else:
         got = (f"cosine {rate.get('cosine_min'):.3f}-{rate.get('cosine_max'):.3f} (median {rate.get('cosine_median'):.3f}) "
                f"over {n} prompts against the source's {SOURCE_COSINE}") if n else "no re-feed ran"
-    return (f"{got} on a tiny random-weight model, which decides it by chance: the real 2B checkpoint decides it "
-            "(`-p model_id Qwen/Qwen3-VL-2B-Instruct` online)")
+    return (f"{got}: a tiny random-weight model decides it by chance, the real 2B checkpoint decides it. Online: "
+            "`-p model_id Qwen/Qwen3-VL-2B-Instruct`.")
 
 
 def top1_margin(reference: torch.Tensor) -> float:

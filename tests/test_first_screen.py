@@ -86,7 +86,7 @@ def test_the_first_screen_fits_with_each_sources_verdict_ask_and_own_count_on_pi
     matrix(tmp_path)
     text = screen(tmp_path)
     assert len(text) <= first_screen.FIRST_SCREEN_CHARS, len(text)
-    assert "**Releases:** **5.17.0** (pinned) and **5.25.0** (newest): `make share` (the package index named" in text
+    assert "**Releases:** **5.17.0** (pinned) and **5.25.0** (newest), by `make share` (newest on the package index" in text
     assert "source statement(s) reproduced**" not in text and "of 20" not in text, "no count pooled across sources"
     assert len([ln for ln in text.splitlines() if re.search(r"\bask\b", ln, re.I)]) >= 3
     for name in ("Qwen3-VL control", "`#48947`", "Qwen3-VL new image"):
@@ -103,7 +103,7 @@ def test_the_first_screen_fits_with_each_sources_verdict_ask_and_own_count_on_pi
     offload = block(text, "`#48947`")[1]
     assert "2 not tested here (needs CUDA)" in offload and "1 simulation(s)" in offload
     assert "reproduced" not in offload.split("not tested")[0], "nothing tested is not 'reproduced'"
-    assert "own checks (the kit's, not the source's statements) hold 8 of 8" in block(text, "Qwen3-VL new image")[1]
+    assert "the kit's own checks hold 8 of 8" in block(text, "Qwen3-VL new image")[1]
     whole = summary.build_summary(tmp_path)
     for source in sources.SOURCES.values():  # every repro named on the screen, folded right below it
         if source.repro:
@@ -125,7 +125,7 @@ def test_offline_resolution_is_said_on_the_screen(tmp_path):
     matrix(tmp_path)
     (tmp_path / "releases.json").write_text(json.dumps({"pinned": "5.17.0", "newest": "5.25.0",
                                                         "resolved": "offline (newest the kit knows; no network)"}))
-    assert "`make share` (offline (newest the kit knows; no network); the newest" in screen(tmp_path)
+    assert "by `make share` (offline (newest the kit knows; no network))." in screen(tmp_path)
 
 
 def test_a_release_with_another_verdict_gets_its_own_count(tmp_path):
@@ -201,7 +201,8 @@ def test_not_tested_statements_say_why_and_are_not_in_the_tested_count():
                      "reason": boundary.by_chance("boundary.double_processing_top1_changed",
                                                   {"ran": 40, "top1_changed": 12, "top1_changed_rate": 0.3})})
     line = first_screen.count_line({"5.17.0": [rate]})
-    assert "top-1 changed on 12 of 40 prompts (30%)" in line and "reproduced" not in line
+    assert "top-1 changed on 12 of 40 prompts (30%): a tiny random-weight model decides it by chance, the real 2B checkpoint decides it)" in line
+    assert "reproduced" not in line
 
 
 def test_a_tiny_models_coin_flip_is_a_rate_over_at_least_30_prompts_and_the_real_checkpoint_decides():
@@ -337,3 +338,19 @@ def test_the_48947_loop_runs_on_cpu_with_the_offloaded_arm_standing_in(tmp_path)
     lines = _run_repro("48947", tmp_path, text)
     assert lines[-2:] == ["got: 0, 0, 0, 0", "verdict: no drift on transformers " + lines[0].split()[1].rstrip(",")
                           + "; 7 of 7 prefetch reads unordered in the CPU record"], lines
+
+
+def test_a_new_source_fits_on_the_screen_too(tmp_path, monkeypatch):
+    """Notebook 10 registering a source of its own (generic lines, long reasons): the screen still fits."""
+    monkeypatch.setitem(sources.SOURCES, "rollback", sources.Source("rollback", "Hybrid rollback", short="Hybrid rollback"))
+    monkeypatch.setitem(sources.NOTEBOOK_SOURCE, "10", "rollback")
+    fake_run(tmp_path)
+    matrix(tmp_path)
+    for folder in (tmp_path, tmp_path / "matrix" / "5.25.0"):
+        data = json.loads((folder / "results" / "01_identity_reconstruction.json").read_text())
+        data["notebook"] = "10_hybrid_rollback"
+        data["claims"] = [{"id": f"rollback.c{i}", "kind": "beyond", "verdict": "holds", "reason": "x " * 150,
+                           "evidence": {}, "deciding": {}} for i in range(6)]
+        (folder / "results" / "10_hybrid_rollback.json").write_text(json.dumps(data))
+    text = screen(tmp_path)
+    assert "**Hybrid rollback**" in text and len(text) <= first_screen.FIRST_SCREEN_CHARS, len(text)

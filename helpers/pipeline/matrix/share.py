@@ -65,6 +65,12 @@ def bisect_changed(out: Path, info: dict[str, Any], log=print) -> list[Path]:
         return []
     written = []
     for nb, claim in todo:
+        from ..report.asks import bisect_record
+
+        done = bisect_record(Path(out), nb, claim)
+        if done.get("good") == info["pinned"] and done.get("bad") == info["newest"]:
+            log(f"share: {claim}: kept the complete `make bisect` record of {info['pinned']}..{info['newest']}")
+            continue
         releases = bisect_cli.span(info["listed"], info["pinned"], info["newest"])
         log(f"share: {claim} differs between {info['pinned']} and {info['newest']}: bisecting {len(releases)} releases")
         _, md = bisect_cli.run(select([nb])[0], claim, None, releases, info["pinned"], info["newest"],

@@ -127,8 +127,7 @@ def offload(by_release: dict[str, Claims], out: Path) -> Lines:
     ordered = [r for r, v in reads.items() if v.startswith("0 of")]
     text = f"`DynamicCache(offloading=True)`: {joined(drift)}"
     if reads:
-        text += "; the CPU record finds " + joined({r: f"{v} prefetch reads not ordered after their copy"
-                                                     for r, v in reads.items()})
+        text += "; prefetch reads not ordered after their offload copy in the CPU record: " + joined(reads)
     bisect = first_change(out, "05", "offload.prefetch_reads_unordered_copy", releases, len(set(reads.values())) > 1)
     if ordered and len(ordered) < len(reads):
         edge = [r for r in ordered if waits.get(r)]
@@ -187,8 +186,7 @@ def generic(by_release: dict[str, Claims]) -> Lines:
         first = next((c for _, c in claims if c.get("verdict") not in ("skipped", "error") and c.get("reason")), {})
         if first:
             symptom[rel] = f"`{first.get('id')}`: {str(first['reason'])[:110]}"
-    return Lines(joined(symptom), "none computed for this source yet (helpers/pipeline/report/asks.py); its claims "
-                 "and reasons are in the details below")
+    return Lines(joined(symptom), "none computed for this source yet (`asks.py`); its claims are in the details below")
 
 
 def lines_for(key: str, by_release: dict[str, Claims], out: Path) -> Lines:

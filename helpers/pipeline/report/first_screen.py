@@ -39,11 +39,11 @@ def release_rows(out: Path, run: dict[str, Any], current: list[dict[str, Any]]) 
         tags = [t for t, ok in (("pinned", rel == share.get("pinned")), ("newest", rel == share.get("newest"))) if ok]
         names.append(f"**{rel}**" + (f" ({', '.join(tags)})" if tags else ""))
     if share:
-        how = ("the package index named the newest when this ran" if share.get("resolved") == "package index"
+        how = ("newest on the package index when it ran" if share.get("resolved") == "package index"
                else str(share.get("resolved")))
         missing = [r for r in (share.get("pinned"), share.get("newest")) if r not in ordered]
-        text = (f"**Releases:** {' and '.join(names)}: `make share` ({how}; the newest through `make matrix` of "
-                f"this kit commit)" + (f"; ⚠️ no results for {', '.join(missing)}" if missing else "") + ".")
+        text = (f"**Releases:** {' and '.join(names)}, by `make share` ({how})"
+                + (f"; ⚠️ no results for {', '.join(missing)}" if missing else "") + ".")
     else:
         text = (f"**Releases:** {', '.join(names) or 'none'} only: `make share` also measures the newest release on "
                 "the package index.")
@@ -51,8 +51,8 @@ def release_rows(out: Path, run: dict[str, Any], current: list[dict[str, Any]]) 
 
 
 def first_sentence(text: str, limit: int) -> str:
-    """The text up to its first ';' or '. ' (at most `limit` characters, cut at a word)."""
-    head = re.split(r"; |\. ", " ".join(str(text).split()), maxsplit=1)[0]
+    """The text up to its first '. ' (at most `limit` characters, cut at a word)."""
+    head = re.split(r"\. ", " ".join(str(text).split()), maxsplit=1)[0]
     return head if len(head) <= limit else head[: head.rfind(" ", 0, limit)] + " …"
 
 
@@ -85,7 +85,7 @@ def count_line(by_release: dict[str, Claims]) -> str:
     own = {rel: "{} of {}".format(*own_checks(claims)) + _failing(claims) for rel, claims in by_release.items()
            if own_checks(claims)[1]}
     if own:
-        parts.append("own checks (the kit's, not the source's statements) hold " + joined(own))
+        parts.append("the kit's own checks hold " + joined(own))
     c = list(per.values())[-1]
     if c.not_tested:
         parts.append(f"{len(c.not_tested)} not tested here ({_not_tested_why(c.not_tested)})")
