@@ -61,7 +61,7 @@ def _not_tested_why(stmts: list) -> str:
     whys = []
     for s in stmts:
         for r in s.reasons:
-            short = "needs CUDA" if "cuda" in r.lower()[:60] else first_sentence(r, 150)
+            short = "needs CUDA" if "cuda" in r.lower()[:60] else first_sentence(r, 175)
             if short not in whys:
                 whys.append(short)
     return "; ".join(whys) or "no reason recorded"
