@@ -103,8 +103,12 @@ def test_notebook_runs_and_its_claims_hold(run, stem):
         cuda = data["environment"]["cuda_available"]
         if (claim_id in CUDA_ONLY and not cuda) or (claim_id in CPU_ONLY and cuda):
             assert verdict == "skipped", claim_id
+        elif claim_id in NOT_ON_TINY:  # measured as a rate over the prompts; the real checkpoint decides it
+            claim = next(c for c in data["claims"] if c["id"] == claim_id)
+            assert verdict == "skipped" and "decides it by chance" in claim["reason"], claim
+            assert claim["evidence"]["refeed_rate"]["ran"] >= 30, claim
         else:
-            expected = verdict_for(kinds[claim_id], claim_id not in NOT_ON_TINY)  # the kind's holding verdict
+            expected = verdict_for(kinds[claim_id], True)  # the kind's holding verdict
             assert verdict == expected, (claim_id, [c for c in data["claims"] if c["id"] == claim_id])
     for key in ("python", "torch", "transformers", "device", "dtype", "attn_implementation", "model_id", "model_revision", "seed"):
         assert data["environment"][key] is not None, key

@@ -324,6 +324,7 @@ def test_html_is_self_contained_with_the_environment_at_the_top(real_run):
     env_at = html.index("Environment this notebook ran with")
     body = html.index("<body")
     assert body < env_at < html.index("jp-CodeCell", body)  # before the first code cell
+    assert body < html.index('id="cell-id=kvkit-verdict"') < env_at, "the verdict and the ask open the page"
     assert data["environment"]["transformers"] in html[env_at: env_at + 4000]
     assert 'id="cell-id=kvkit-environment"' in html, "the environment cell lost its fixed id"
     nb = json.loads((real_run / "notebooks" / "01_identity_reconstruction.ipynb").read_text())
