@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .envs import pinned_release
 from .report import DEFAULT_RELEASES
-from ..report.records import RELEASES_FILE, load_releases  # noqa: F401 - the reader beside the writer
+from ..report.records import RELEASES_FILE  # its reader: report.records.load_releases
 
 KNOWN_NEWEST = DEFAULT_RELEASES[-1]  # the newest release the kit knows: the default matrix's last
 
