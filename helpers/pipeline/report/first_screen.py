@@ -106,7 +106,8 @@ def count_line(by_release: dict[str, Claims]) -> str:
 def source_block(src: Source, by_release: dict[str, Claims], out: Path) -> list[str]:
     """The source's name, its Verdict line and its Ask line."""
     said = lines_for(src.key, by_release, out)
-    verdict = "; ".join(p for p in (said.symptom, count_line(by_release)) if p)
+    untested = f"not tested here: {src.untested}" if src.untested else ""
+    verdict = "; ".join(p for p in (said.symptom, count_line(by_release), untested) if p)
     return [f"**{code_refs(src.short or src.title)}**", f"- Verdict: {code_refs(verdict)}.",
             f"- Ask: {code_refs(said.ask or 'nothing to ask: every claim holds as the source says')}.", ""]
 

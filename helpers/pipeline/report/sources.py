@@ -23,6 +23,7 @@ class Source:
     repro_prints: str = ""
     repro_claims: tuple[str, ...] = ()
     short: str = ""  # the name on the first screen
+    untested: str = ""  # the first screen's words for what is not tested here and why, where no count says it
 
 
 SOURCES: dict[str, Source] = {s.key: s for s in (
@@ -48,7 +49,8 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "claim is the kit's own, kind beyond; the tiny random-weight default stands in; pass `-p model_id ...` online).",
            "examples/repro/qwen3_vl_new_image_turn.py",
            "expected vs got max |logit diff| of the natural turn-2 call against one forward over both turns, turn 2's positions and the repair's",
-           (), "Qwen3-VL new image"),
+           (), "Qwen3-VL new image",
+           "the threads' own statements: their text could not be read here, so every claim is the kit's own"),
     Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
            "place (no source setup to compare: the tree is the control's, the rebuilds are this kit's)."),
