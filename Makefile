@@ -11,7 +11,7 @@ endif
 NB ?=
 ARGS ?=
 JOBS ?=
-RELEASES ?= 5.14.1 5.17.0 5.19.0 5.20.0 5.24.0
+RELEASES ?= 5.14.1 5.17.0 5.19.0 5.20.0 5.24.0 5.25.0
 RELEASES_GPU ?=
 # gpu-check's python: the kit's .venv where it exists, else python3 (a stock GPU image: CUDA torch, transformers,
 # pandas, matplotlib installed, no jupyter, no network). Another python whose torch imports runs without `env`.
@@ -28,7 +28,7 @@ KEY ?=
 GOOD ?=
 BAD ?=
 
-.PHONY: help env run-all run test test-fast report matrix bisect gpu-plan gpu-check gpu-wheels mutants upstream-tests clean
+.PHONY: help env share run-all run test test-fast report matrix bisect gpu-plan gpu-check gpu-wheels mutants upstream-tests clean
 .DEFAULT_GOAL := help
 
 help: ## this list: every target with one line
@@ -45,6 +45,12 @@ endif
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
 	touch $@
+
+# share: the paste, the one documented way: every notebook on the pinned release (requirements-runtime.txt) as one
+# recorded run, then on the newest release the package index lists (resolved now with pip; offline, the newest the
+# kit knows, and SUMMARY.md says so) through `make matrix`'s machinery, then SUMMARY.md, html/ and share.zip.
+share: env ## the paste: every notebook on the pinned and on the newest release, then outputs/SUMMARY.md + share.zip
+	$(PY) -m helpers.pipeline.run share $(if $(JOBS),--jobs $(JOBS))
 
 # run-all: every notebook (NB="01 02" restricts it), in parallel, as one recorded run (outputs/run.json);
 # outputs of earlier runs are removed first. Ctrl-C stops it within seconds and the summary says so.
@@ -68,7 +74,7 @@ matrix: env ## every notebook (NB= restricts) on each release in RELEASES; outpu
 	$(PY) -m helpers.pipeline.run matrix --releases $(RELEASES) $(if $(NB),--notebooks $(NB)) $(if $(JOBS),--jobs $(JOBS))
 
 # bisect: the first release where one notebook's claim verdict (CLAIM=) or recorded value (KEY=) differs from
-# GOOD's (default 5.14.1; BAD default 5.24.0), by halving the releases pip lists between them, with the
+# GOOD's (default 5.14.1; BAD default 5.25.0), by halving the releases pip lists between them, with the
 # source diff of the notebook's relevant transformers functions: outputs/bisect/<nb>-<claim or key>.md/.json.
 bisect: env ## the first release where NB's CLAIM= verdict or KEY= value differs from GOOD's (BAD=), with the source diff
 	$(PY) -m helpers.pipeline.bisect --notebook "$(NB)" $(if $(CLAIM),--claim $(CLAIM)) $(if $(KEY),--key $(KEY)) $(if $(GOOD),--good $(GOOD)) $(if $(BAD),--bad $(BAD))

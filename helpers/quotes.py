@@ -5,7 +5,8 @@ verbatim (whitespace aside; tests/test_quotes.py checks every quote against the 
 claim names the passage it extends; a `simulation` claim the passage it models and, where it holds by
 construction, how; an `environment` claim quotes nothing. helpers.results attaches the entry to each claim
 of a results file, and SUMMARY.md shows it beside the verdict. Two claims quoting the same text test one
-statement: the headline counts it once. A new claim is one entry here (tests fail for a claim without one).
+statement: it is counted once. A claim whose number another claim's measurement decides (`cites`) and a value
+fixed by construction (`by_construction`) are listed apart, never counted as reproduced. A new claim is one entry here (tests fail for a claim without one).
 """
 from __future__ import annotations
 
@@ -32,6 +33,8 @@ class Quote:
     by_construction: str = ""  # a simulation: what makes it hold whatever the hardware does
     not_decided: str = ""  # a fact of the quoted text this kit cannot decide here, and why
     answers: str = ""  # the source the claim answers where it is not the one quoted (a beyond claim of another thread)
+    # the claim whose measurement decides this one too (the same call or number): the count takes it once, there
+    cites: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v}
@@ -97,12 +100,14 @@ QUOTES: dict[str, Quote] = {
                                              "full forward within the noise floor imply it"),
     "matrix.both_matches_mask_only": _q(CONTROL, "states", "This also succeeded, but it did not show an additional recovery over "
                                         "mask_only in this control."),
-    "matrix.first_call_drops_suffix": _q(CONTROL, "states", _SLICED),
+    "matrix.first_call_drops_suffix": _q(CONTROL, "states", _SLICED, cites="matrix.neither_fails"),
     "matrix.forward_needs_positions": _q(CONTROL, "states", "A direct forward() with a full-length mask but no explicitly sliced "
                                          "current-token 3D position IDs produced a shape mismatch, whereas generate() prepared "
                                          "the current-token positions correctly."),
     # 03 rope_deltas
-    "rope.state_outside_kv": _q(CONTROL, "states", "The tested prefix prefill produced: rope_deltas = -42"),
+    "rope.state_outside_kv": _q(CONTROL, "states", "The tested prefix prefill produced: rope_deltas = -42",
+                                by_construction="the prompt sets -42: its image's grid fixes how far the text positions "
+                                                "run behind the token count; the kit builds the prompt to give the same value"),
     "rope.none_equals_zero": _q(CONTROL, "states", "The None and zero cases were identical in this control"),
     "rope.missing_state_diverges_more_than_off_by_one": _q(
         CONTROL, "states", "rope_deltas = None | 17.1328 | 0.30597 | The | rope_deltas = 0 | 17.1328 | 0.30597 | The | "
@@ -110,7 +115,8 @@ QUOTES: dict[str, Quote] = {
         not_decided="the top-1 tokens 'left'/'The': words of the real vocabulary (the tiny model's top-1 is in the note); "
                     "the sizes 17.1328 and 1.21875 scale with the model: decided is their order and the cosines' order"),
     "rope.fresh_instance_diverges": _q(CONTROL, "extends", "same model instance works fresh model instance fails → inspect "
-                                       "model-side multimodal positional state"),
+                                       "model-side multimodal positional state",
+                                       cites="rope.missing_state_diverges_more_than_off_by_one"),
     "rope.restored_state_matches": _q(CONTROL, "extends", "the model may need a documented hook for exporting and restoring "
                                       "that metadata."),
     # 04 token boundary
@@ -163,7 +169,7 @@ QUOTES: dict[str, Quote] = {
     "regress.left_padded_resume_needs_padded_mask": _q(CONTROL, "extends", "Issue #40833 showed a different silent-output problem "
                                                        "where left-padded cached batches attended to padding because the cache "
                                                        "mask was incomplete."),
-    "regress.mask_contract_holds_across_families": _q(CONTROL, "states", _SLICED),
+    "regress.mask_contract_holds_across_families": _q(CONTROL, "states", _SLICED, cites="matrix.neither_fails"),
     "regress.flash_attention_2_matches_sdpa": _q(CONTROL, "extends", "- eager, SDPA, and FlashAttention where applicable;"),
     # 08 resume API
     "api.guard_catches_or_names_every_silent_case": _q(CONTROL, "extends", _VALIDATION),

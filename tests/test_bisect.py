@@ -216,5 +216,5 @@ def test_ctrl_c_during_a_bisect_writes_an_interrupted_report_with_what_was_measu
 def test_good_and_bad_default_to_the_matrix_first_and_last_release():
     from helpers.pipeline.matrix.report import DEFAULT_RELEASES
 
-    assert (bisect_cli.DEFAULT_GOOD, bisect_cli.DEFAULT_BAD) == (DEFAULT_RELEASES[0], DEFAULT_RELEASES[-1]) == ("5.14.1", "5.24.0")
-    assert bisect_cli.span(RELEASES + ["5.25.0"], bisect_cli.DEFAULT_GOOD, bisect_cli.DEFAULT_BAD) == RELEASES
+    assert (bisect_cli.DEFAULT_GOOD, bisect_cli.DEFAULT_BAD) == (DEFAULT_RELEASES[0], DEFAULT_RELEASES[-1]) == ("5.14.1", "5.25.0")
+    assert bisect_cli.span(RELEASES + ["5.25.0", "5.26.0"], bisect_cli.DEFAULT_GOOD, bisect_cli.DEFAULT_BAD) == RELEASES + ["5.25.0"]

@@ -36,8 +36,8 @@ def test_same_verdicts_in_every_dtype(tmp_path: Path, stem: str, params: dict):
     data = json.loads((tmp_path / "results" / f"{stem}.json").read_text())
     assert {k: data["environment"][k] for k in params} == params
     for claim in data["claims"]:
-        if claim["id"] in NOT_ON_TINY:  # decided either way on a tiny random model; its reason says which
-            assert claim["verdict"] in ("reproduced", "not_reproduced"), claim["id"]
+        if claim["id"] in NOT_ON_TINY:  # a tiny random model decides it by chance: a rate, not a verdict
+            assert claim["verdict"] == "skipped" and "by chance" in claim["reason"], claim["id"]
             continue
         assert claim["verdict"] == verdict_for(claim["kind"], True), (claim["id"], claim["reason"], claim["deciding"])
         if "noise_threshold" in claim["evidence"]:

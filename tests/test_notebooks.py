@@ -113,8 +113,12 @@ def test_notebook_runs_and_its_claims_hold(run, stem):
         cuda = data["environment"]["cuda_available"]
         if (claim_id in CUDA_ONLY and not cuda) or (claim_id in CPU_ONLY and cuda):
             assert verdict == "skipped", claim_id
+        elif claim_id in NOT_ON_TINY:  # measured as a rate over the prompts; the real checkpoint decides it
+            claim = next(c for c in data["claims"] if c["id"] == claim_id)
+            assert verdict == "skipped" and "decides it by chance" in claim["reason"], claim
+            assert claim["evidence"]["refeed_rate"]["ran"] >= 30, claim
         else:
-            expected = verdict_for(kinds[claim_id], claim_id not in NOT_ON_TINY)  # the kind's holding verdict
+            expected = verdict_for(kinds[claim_id], True)  # the kind's holding verdict
             assert verdict == expected, (claim_id, [c for c in data["claims"] if c["id"] == claim_id])
     for key in ("python", "torch", "transformers", "device", "dtype", "attn_implementation", "model_id", "model_revision", "seed"):
         assert data["environment"][key] is not None, key
@@ -123,13 +127,15 @@ def test_notebook_runs_and_its_claims_hold(run, stem):
 
 @pytest.mark.e2e
 def test_the_whole_runs_summary_is_not_truncated_and_its_first_screen_fits(run):
-    """Every notebook's claims in one SUMMARY.md under the paste limit with nothing cut, both reports' repros inline."""
+    """Every notebook's claims in one SUMMARY.md under the paste limit with nothing cut; the first screen fits with a
+    Verdict and an Ask line per source (the repros folded right below it)."""
     from helpers.pipeline.report import first_screen, paste, summary
 
     text = summary.build_summary(run)
     assert "**Truncated:**" not in text and len(text) < paste.MAX_CHARS - 4000, len(text)  # room for a real run's warnings
     screen = summary.first_screen_of(text)
-    assert len(screen) <= first_screen.FIRST_SCREEN_CHARS and screen.count("```python") == 2, len(screen)
+    assert len(screen) <= first_screen.FIRST_SCREEN_CHARS and "```python" not in screen, len(screen)
+    assert sum(line.startswith("- Ask: ") for line in screen.splitlines()) >= 3, screen
 
 
 @pytest.mark.e2e

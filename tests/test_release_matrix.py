@@ -142,8 +142,10 @@ def test_flatten_and_distinct_texts():
     assert matrix_facts.distinct_texts([1.0, 0.99999994]) != ["1", "1"]
 
 
-def test_default_releases():
-    assert matrix_report.DEFAULT_RELEASES == ("5.14.1", "5.17.0", "5.19.0", "5.20.0", "5.24.0")
+def test_default_releases_end_at_the_newest_and_are_the_makefiles():
+    assert matrix_report.DEFAULT_RELEASES == ("5.14.1", "5.17.0", "5.19.0", "5.20.0", "5.24.0", "5.25.0")
+    line = next(ln for ln in (paths.repo_root() / "Makefile").read_text().splitlines() if ln.startswith("RELEASES ?="))
+    assert tuple(line.split("?=", 1)[1].split()) == matrix_report.DEFAULT_RELEASES
 
 
 def test_unusable_release_gets_a_reason_without_touching_pip():
@@ -198,7 +200,7 @@ def test_release_record_carries_no_machine_path(tmp_path, monkeypatch):
         release, ok=False, python=str(paths.repo_root() / ".venv-tf" / release / "bin" / "python"), reason="test"))
     matrix_run.run_release("9.9.9", tmp_path, log=lambda *a, **k: None)
     text = (tmp_path / "matrix" / "9.9.9" / "release.json").read_text()
-    assert str(paths.repo_root()) not in text and "{kit}/.venv-tf/9.9.9/bin/python" in text
+    assert str(paths.repo_root()) not in text and "./.venv-tf/9.9.9/bin/python" in text
 
 
 def test_matrix_names_its_run_and_says_loudly_when_it_did_not_finish(tmp_path):

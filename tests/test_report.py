@@ -217,7 +217,7 @@ def test_scrub_replaces_machine_paths_but_not_lookalikes(monkeypatch):
     text = (f"{root}/outputs/figures/a.png and {home}/.cache/hf and /tmp/xyz/f.txt; "
             f"{sys.prefix}/lib; https://example.org/tmp/x stays")
     clean = scrub.scrub(text)
-    assert "{kit}/outputs/figures/a.png" in clean and "~/.cache/hf" in clean and "{tmp}/xyz/f.txt" in clean
+    assert "./outputs/figures/a.png" in clean and "~/.cache/hf" in clean and "{tmp}/xyz/f.txt" in clean
     assert "https://example.org/tmp/x stays" in clean
     assert root + "/" not in clean and home + "/" not in clean and " /tmp/" not in clean
     assert scrub.scrub("/tmp/kit/out/results/a.json", Path("/tmp/kit/out")) == "{outputs}/results/a.json"
@@ -226,7 +226,7 @@ def test_scrub_replaces_machine_paths_but_not_lookalikes(monkeypatch):
     monkeypatch.setattr(scrub_mod, "repo_root", lambda: fake)
     out = fake / "outputs"
     lookalike = scrub.scrub(f"{fake}/a.txt {fake}x/b.txt {fake}-old/c.txt {fake}.bak", out)
-    assert lookalike == f"{{kit}}/a.txt {fake}x/b.txt {fake}-old/c.txt {fake}.bak", lookalike
+    assert lookalike == f"./a.txt {fake}x/b.txt {fake}-old/c.txt {fake}.bak", lookalike
 
 
 def test_write_summary_scrubs_summary_results_timings_and_run_record(tmp_path):
@@ -242,7 +242,7 @@ def test_write_summary_scrubs_summary_results_timings_and_run_record(tmp_path):
     for path in [tmp_path / "SUMMARY.md", tmp_path / "run.json", tmp_path / "timings.json", *tmp_path.glob("results/*.json")]:
         text = path.read_text()
         assert _machine_paths(text, tmp_path) == [], (path.name, _machine_paths(text, tmp_path))
-    assert "{kit}/checkpoints/qwen" in (tmp_path / "SUMMARY.md").read_text()
+    assert "./checkpoints/qwen" in (tmp_path / "SUMMARY.md").read_text()
     assert "{outputs}/notebooks/01_a.ipynb" in (tmp_path / "timings.json").read_text()
     for name, text in archived.items():
         assert _machine_paths(text, tmp_path) == [], name
@@ -255,7 +255,7 @@ def test_scrub_file_cleans_a_timings_file_written_after_the_summary(tmp_path):
                                                   "where": f"{repo_root()}/helpers"}]}))
     assert scrub.scrub_file(timings) is True
     text = timings.read_text()
-    assert "{outputs}/notebooks/01_a.ipynb" in text and "{kit}/helpers" in text and str(tmp_path) not in text
+    assert "{outputs}/notebooks/01_a.ipynb" in text and "./helpers" in text and str(tmp_path) not in text
     assert scrub.scrub_file(timings) is False  # already clean
 
 
@@ -324,6 +324,7 @@ def test_html_is_self_contained_with_the_environment_at_the_top(real_run):
     env_at = html.index("Environment this notebook ran with")
     body = html.index("<body")
     assert body < env_at < html.index("jp-CodeCell", body)  # before the first code cell
+    assert body < html.index('id="cell-id=kvkit-verdict"') < env_at, "the verdict and the ask open the page"
     assert data["environment"]["transformers"] in html[env_at: env_at + 4000]
     assert 'id="cell-id=kvkit-environment"' in html, "the environment cell lost its fixed id"
     nb = json.loads((real_run / "notebooks" / "01_identity_reconstruction.ipynb").read_text())

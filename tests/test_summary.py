@@ -106,7 +106,7 @@ def test_one_section_per_source_each_opening_with_three_lines_and_the_setup_gap(
     assert "| dtype | float16 | float32 | differs |" in c and "| release | 5.14.1 | 5.17.0 | differs |" in c
     assert "Gap: release 5.17.0 instead of 5.14.1; dtype float32 instead of float16" in c
     b = section(text, f"## {issue}")
-    assert "- **Reproduced:** 0 of 1" in b and "1 refutes (1 hypothesis refuted); 1 simulation (1 holds)" in b
+    assert "- **Reproduced:** 0 of 0 of the source's statements tested here; 1 not tested here" in b and "1 refutes (1 hypothesis refuted); 1 simulation (1 holds)" in b
     assert "| release | 5.17.0 | 5.17.0 | same |" in b and "| dtype | bfloat16 | float32 | differs |" in b
     assert "1 claim(s) skipped or in error (reasons below)" in b
     assert f"- `b.cuda` ⏭️ skipped: {paste.code_refs(LONG_REASON)}" in b  # the reason whole, never cut

@@ -1,5 +1,5 @@
 """`make bisect NB=05 CLAIM=offload.prefetch_reads_unordered_copy` (or `KEY=first_call_attention_mask`,
-`GOOD=5.14.1 BAD=5.24.0`): the first release where a claim's verdict or a recorded value differs from
+`GOOD=5.14.1 BAD=5.25.0`): the first release where a claim's verdict or a recorded value differs from
 GOOD's, found by halving the releases pip lists between GOOD and BAD (search), running only the
 named notebook, each release in its `.venv-tf/<release>` environment (envs.ensure_env: built on demand,
 reused after). Then the unified diff, between the adjacent releases, of the transformers functions the

@@ -17,7 +17,7 @@ from ..report.records import load_run
 from ..report.scrub import scrub
 
 DEFAULT_RELEASES = (  # the default matrix (the Makefile's RELEASES)
-    "5.14.1", "5.17.0", "5.19.0", "5.20.0", "5.24.0")
+    "5.14.1", "5.17.0", "5.19.0", "5.20.0", "5.24.0", "5.25.0")
 
 
 def _load_release(out_base: Path, release: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:

@@ -7,7 +7,7 @@ from typing import Any
 from ...results import KINDS
 from .paste import cell, code, code_refs, fmt_scalar, one_line, pairs
 from .sources import OTHER, SOURCES, Source, kind_of, setup_rows, source_of
-from .statements import Statement, quote_of, statements as source_statements, tally
+from .statements import Statement, count, quote_of, statements as source_statements, tally
 
 MARK = {"skipped": "⏭️", "error": "⚠️"}
 KIND_TEXT = {"reproduces": "the source states it", "refutes": "a hypothesis the source puts forward, tested",
@@ -107,15 +107,16 @@ def claim_row(nb: str, c: dict[str, Any]) -> str:
 
 def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
     """The three lines: what reproduced, what is new, what was not tested here and why."""
-    stmts = source_statements(claims)
-    count = tally(stmts)
-    missed = [c.get("id") for s in stmts if s.verdict == "not_reproduced" for _, c in s.claims
+    counted = count(source_statements(claims))  # the first screen's rules: cited and by construction apart
+    missed = [c.get("id") for s in counted.tested if s.verdict == "not_reproduced" for _, c in s.claims
               if c.get("verdict") == "not_reproduced"]
-    undecided = count.get("skipped", 0) + count.get("error", 0)
-    line1 = (f"- **Reproduced:** {count.get('reproduced', 0)} of {len(stmts)} of the source's statements tested here"
+    apart = len(counted.by_construction) + len(counted.cited)
+    line1 = (f"- **Reproduced:** {len(counted.reproduced)} of {len(counted.tested)} of the source's statements tested here"
              + (f"; not reproduced: {', '.join(code(m) for m in missed)}" if missed else "")
-             + (f"; {undecided} not tested here (reasons below)" if undecided else "") + "."
-             if stmts else "- **Reproduced:** nothing here is a statement of the source (see the kinds below).")
+             + (f"; {len(counted.not_tested)} not tested here (reasons below)" if counted.not_tested else "")
+             + (f"; {apart} listed apart (by construction, or decided by another claim's measurement)" if apart else "")
+             + "." if counted.tested or counted.not_tested or apart
+             else "- **Reproduced:** nothing here is a statement of the source (see the kinds below).")
     new = {}
     for _, c in claims:
         kind = kind_of(c)

@@ -88,6 +88,28 @@ def environment_markdown(results: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+def verdict_markdown(stem: str, results: dict[str, Any], out: Path) -> str:
+    """The page's opening: the source's verdict and ask (helpers.pipeline.report.asks, over this run's results of that
+    source on disk) and this notebook's own count, so the verdict stands above the code."""
+    from .asks import lines_for
+    from .claims_md import all_claims
+    from .first_screen import count_line
+    from .records import load_results, run_id_of
+    from .sources import source_of
+    from .statements import source_key
+
+    src, release = source_of(stem), str((results.get("environment") or {}).get("transformers") or "?")
+    rid = run_id_of(results)
+    same = [r for r in load_results(out) if rid and run_id_of(r) == rid and r.get("notebook") != stem] + [results]
+    claims = [(nb, c) for nb, c in all_claims(same) if source_key(nb, c) == src.key or nb == stem]
+    said = lines_for(src.key, {release: claims}, out)
+    mine = count_line({release: [(stem, c) for c in results.get("claims") or []]})
+    return "\n".join([f"**Verdict** ({src.short or src.title}, transformers {release}): "
+                      + "; ".join(p for p in (said.symptom, f"this notebook: {mine or 'no claim decided'}") if p) + ".",
+                      "", f"**Ask:** {said.ask or 'none computed from this notebook alone: see the first screen of `outputs/SUMMARY.md`'}.",
+                      "", "(Every claim, its reason and its evidence: the last cells and `outputs/SUMMARY.md`.)"])
+
+
 _EXPORTER: list[Any] = []  # one HTMLExporter per process: its templates are loaded once, not per page
 
 
@@ -110,6 +132,15 @@ def render_html(notebook: Path, dest_dir: Path, results: dict[str, Any] | None =
         env_cell = nbformat.v4.new_markdown_cell(environment_markdown(results, f"results/{notebook.stem}.json"))
         env_cell["id"] = "kvkit-environment"  # a fixed id: the same run renders to the same HTML
         nb.cells.insert(at, env_cell)
+        title, rest = (nb.cells[0].source.split("\n", 1) + [""])[:2] if at else ("", "")
+        if at and title.startswith("#"):  # the title's heading, then the verdict and the ask, then the title's text
+            nb.cells[0].source = rest.lstrip("\n")
+            heading = nbformat.v4.new_markdown_cell(title)
+            heading["id"] = "kvkit-title"
+            nb.cells.insert(0, heading)
+        verdict = nbformat.v4.new_markdown_cell(verdict_markdown(notebook.stem, results, dest_dir.parent))
+        verdict["id"] = "kvkit-verdict"
+        nb.cells.insert(1 if at and title.startswith("#") else 0, verdict)
     body, _ = _exporter().from_notebook_node(nb, resources={"metadata": {"path": str(notebook.parent), "name": notebook.stem}})
     body = strip_remote(body)
     for src in external_images(body):  # an image nbconvert could not embed: say so rather than ship a broken link

@@ -21,6 +21,14 @@ def load_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+RELEASES_FILE = "releases.json"  # `make share`'s pinned and newest release (helpers.pipeline.matrix.share)
+
+
+def load_releases(out: Path | None = None) -> dict[str, Any]:
+    """outputs/releases.json as `make share` wrote it ({} after a plain run-all, which removes it)."""
+    return load_json((Path(out) if out else output_dir()) / RELEASES_FILE)
+
+
 def load_results(out: Path | None = None) -> list[dict[str, Any]]:
     """Every results/*.json under `out` (default outputs/), sorted by notebook."""
     out = Path(out) if out else output_dir()

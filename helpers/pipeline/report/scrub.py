@@ -1,5 +1,5 @@
 """Machine paths out of everything a user shares: this machine's absolute paths become placeholders
-({kit}, {outputs}, ~, {tmp}, {python-env}) in SUMMARY.md, the HTML, the results, run.json and timings.json."""
+(paths inside the kit relative to it, `./outputs/...`; {outputs}, ~, {tmp}, {python-env}) in SUMMARY.md, the HTML, the results, run.json and timings.json."""
 from __future__ import annotations
 
 import re
@@ -23,7 +23,7 @@ def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
     """(absolute path, placeholder) pairs for this machine, most specific first."""
     out = Path(out) if out else output_dir()
     root = repo_root()
-    pairs = [(root, "{kit}"), (Path.home(), "~"), (Path(tempfile.gettempdir()), "{tmp}"), (Path("/tmp"), "{tmp}"),
+    pairs = [(root, "."), (Path.home(), "~"), (Path(tempfile.gettempdir()), "{tmp}"), (Path("/tmp"), "{tmp}"),
              (Path(sysconfig.get_paths()["stdlib"]), "{python-lib}"), (Path(sys.prefix), "{python-env}")]
     if not _inside(out, root):
         pairs.insert(0, (out, "{outputs}"))
@@ -32,14 +32,14 @@ def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
         for variant in {str(path), str(path.resolve())}:
             if variant.count("/") >= 1 and len(variant) > 1 and variant not in found:
                 found[variant] = label
-    if _inside(Path(sys.prefix), root):  # the kit's own .venv reads better as {kit}/.venv
+    if _inside(Path(sys.prefix), root):  # the kit's own .venv reads better as ./.venv
         found.pop(str(Path(sys.prefix)), None)
         found.pop(str(Path(sys.prefix).resolve()), None)
     return sorted(found.items(), key=lambda kv: -len(kv[0]))
 
 
 def scrub(text: str, out: Path | None = None) -> str:
-    """`text` with this machine's absolute paths replaced by placeholders ({kit}/outputs/..., ~/..., {tmp}/...)."""
+    """`text` with this machine's absolute paths replaced by placeholders (./outputs/..., ~/..., {tmp}/...)."""
     for path, label in machine_paths(out):
         if path not in text:  # the search below scans the whole text (an HTML page is megabytes)
             continue

@@ -23,6 +23,7 @@ class Source:
     repro_prints: str = ""
     repro_claims: tuple[str, ...] = ()
     short: str = ""  # the name on the first screen
+    untested: str = ""  # the first screen's words for what is not tested here and why, where no count says it
 
 
 SOURCES: dict[str, Source] = {s.key: s for s in (
@@ -33,7 +34,7 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "stands in; pass `-p model_id ...` online), the 8B MMBench-Video result and video prompts (outside the "
            "control's own scope too).",
            "examples/repro/resume_contract_qwen3_vl.py",
-           "the first model call's input_ids shape (the source: [1, 0] without the full mask, [1, 1] with it)",
+           "expected vs got first model call without and with the full mask (the source: [1, 0] and a failure, [1, 1] and it works)",
            ("matrix.neither_fails", "matrix.mask_only_works"), "Qwen3-VL control"),
     Source("48947", "transformers issue #48947: hybrid offloading drift",
            {"release": "5.17.0", "dtype": "bfloat16", "device": "cuda (RTX PRO 6000 Blackwell)",
@@ -41,20 +42,25 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "the 27B checkpoint and the CUDA copy streams themselves where no GPU is present: those claims are "
            "skipped with the reason, and the race is replayed as a simulation.",
            "examples/repro/offloading_48947.py",
-           "max |logit diff| per step, offloading on vs off (the report: 0.0, 2.1171875, 7.625, 17.4375)",
+           "on CPU the prefetch reads left unordered after their offload copy; with CUDA max |logit diff| per step, offloading on vs off (the report: 0.0, 2.1171875, 7.625, 17.4375)",
            ("offload.prefill_identical", "offload.decode_drifts"), "#48947"),
     Source("new-image", "A new image after a cached turn (Qwen3-VL multi-turn resume: `QwenLM/Qwen3-VL#1685`, `QwenLM/Qwen3-VL#1412`)",
            {}, "the threads' own checkpoints, images and code (their text could not be read from this machine, so every "
            "claim is the kit's own, kind beyond; the tiny random-weight default stands in; pass `-p model_id ...` online).",
            "examples/repro/qwen3_vl_new_image_turn.py",
-           "max |logit diff| of the natural turn-2 call against one forward over both turns, and turn 2's positions",
-           (), "Qwen3-VL new image"),
+           "expected vs got max |logit diff| of the natural turn-2 call against one forward over both turns, turn 2's positions and the repair's",
+           (), "Qwen3-VL new image",
+           "the threads' own statements: their text could not be read here, so every claim is the kit's own"),
     Source("rollback", "Rolling a hybrid's cache back and continuing it (transformers `#49036`, PR `#45513`, 5.25.0's "
            "linear-attention cache rewrite)",
            {}, "the threads' checkpoints and code (their text could not be read from this machine, so every claim is the "
            "kit's own, kind beyond; the tiny random-weight hybrid stands in), the 64-layer 48/16 layout and the "
            "quantized cache.",
-           short="rollback"),  # its repro, examples/repro/hybrid_rollback_rebuild.py, is left off the first screen (no room)
+           "examples/repro/hybrid_rollback_rebuild.py",
+           "expected vs got next logits after crop(-k) against a cache that never saw the k tokens, and a hand-rebuilt "
+           "hybrid's length and re-fed tokens",
+           ("rollback.hybrid_recorded_crop_keeps_recurrent_state", "rollback.hand_rebuild_keeps_length"), "rollback",
+           "the threads' own statements: their text could not be read here, so every claim is the kit's own"),
     Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
            "place (no source setup to compare: the tree is the control's, the rebuilds are this kit's)."),

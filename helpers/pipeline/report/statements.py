@@ -32,6 +32,17 @@ class Statement:
         return "skipped" if verdicts and all(v == "skipped" for v in verdicts) else "error"
 
     @property
+    def by_construction(self) -> str:
+        """What fixes the quoted value whatever the code does ('' unless a claim's quote says so)."""
+        return next((quote_of(c)["by_construction"] for _, c in self.claims if quote_of(c).get("by_construction")), "")
+
+    @property
+    def cites(self) -> list[str]:
+        """The claims whose measurement decides this statement, when every claim testing it cites one ([] else)."""
+        cited = [quote_of(c).get("cites") for _, c in self.claims]
+        return list(dict.fromkeys(cited)) if cited and all(cited) else []
+
+    @property
     def reasons(self) -> list[str]:
         """The reasons of the claims that tested it, once each."""
         return list(dict.fromkeys(str(c.get("reason") or "") for _, c in self.claims))
@@ -58,6 +69,34 @@ def statements(claims: list[tuple[str, dict[str, Any]]], kind: str = "reproduces
         text = normalized(quote_of(c).get("text") or "") or f"(no quote registered for {c.get('id')})"
         found.setdefault(key, Statement(source_key(nb, c), text, kind)).claims.append((nb, c))
     return list(found.values())
+
+
+@dataclass
+class Count:
+    """A source's statements as the first screen counts them: one measurement decides one statement."""
+
+    tested: list[Statement]  # counted and decided here
+    reproduced: list[Statement]  # of `tested`, those reproduced
+    not_tested: list[Statement]  # skipped or in error (each with its reasons)
+    by_construction: list[Statement]  # a value the set-up fixes: listed apart, never reproduced
+    cited: list[Statement]  # decided by another statement's measurement: cited there, not counted again
+
+
+def count(stmts: list[Statement]) -> Count:
+    """Split statements: by construction and cited apart, then tested (reproduced or not) and not tested."""
+    built = [s for s in stmts if s.by_construction]
+    cited = [s for s in stmts if s.cites and s not in built]
+    rest = [s for s in stmts if s not in built and s not in cited]
+    tested = [s for s in rest if s.verdict not in ("skipped", "error")]
+    return Count(tested, [s for s in tested if s.verdict == "reproduced"],
+                 [s for s in rest if s.verdict in ("skipped", "error")], built, cited)
+
+
+def own_checks(claims: list[tuple[str, dict[str, Any]]]) -> tuple[int, int]:
+    """(held, decided) over the kit's own checks (kind beyond), claims citing another's measurement left out."""
+    own = [c for _, c in claims if kind_of(c) == "beyond" and not quote_of(c).get("cites")
+           and c.get("verdict") not in ("skipped", "error")]
+    return sum(c.get("verdict") == "holds" for c in own), len(own)
 
 
 def tally(stmts: list[Statement]) -> dict[str, int]:

@@ -192,14 +192,14 @@ def build_summary(out: Path | None = None, title: str = "KV resume kit: results"
     current, others = split_by_run(load_results(out), run.get("run_id"))
     claims = all_claims(current)
     counts = kind_counts(claims)
-    head = headline(counts, len(current), source_statements(claims))
-    screen, folded = first_screen(out, run, current, head)
+    screen, folded = first_screen(out, run, current)
     lines = [f"# {title}", "", *screen]
     for summary_text, block in folded:
         lines += details(summary_text, block)
     if others:
         lines += [f"{sum(len(v) for v in others.values())} results file(s) from other runs are listed at the end, apart.", ""]
-    record = [*run_section(run, len(current), timings), "## Counts per kind", "", *counts_table(counts), ""]
+    head = headline(counts, len(current), source_statements(claims))  # pooled over sources: here, never on the screen
+    record = [*run_section(run, len(current), timings), "## Counts per kind", "", head, "", *counts_table(counts), ""]
     if current or run:
         record += attach_section(out, {r["notebook"] for r in current})
     lines += details("Run record, counts per kind, attach", record)

@@ -58,7 +58,7 @@ class Run:
         self.out = output_dir()
         self.expected = expected_seconds(paths, self.out / "timings.json")  # read before the outputs are removed
         self.order = longest_first(paths, self.expected)
-        if command == "run-all":
+        if command in ("run-all", "share"):
             rec.clean_run_all(self.out)
         else:
             for nb in paths:

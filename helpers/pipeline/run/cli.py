@@ -100,6 +100,25 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
     return 128 + stop.signum if stop.signum is not None else 1 if bad else 0
 
 
+def _share(jobs: int | None) -> int:
+    """`make share`: the run-all on the pinned release, the newest release through the matrix runner, the report."""
+    from ..matrix import share
+    from ..report import html, summary
+
+    info = share.resolve()
+    print(f"share: pinned {info['pinned']}, newest {info['newest']} ({info['resolved']})", flush=True)
+    rc = _recorded("share", select([]), None, jobs, False)
+    share.write_releases(output_dir(), info)  # after the run-all, which removes the previous one's
+    if info["newest"] != info["pinned"]:
+        rc = _matrix([info["newest"]], None, jobs) or rc
+        share.bisect_changed(output_dir(), info)  # the first release where a key claim changed, with the source diff
+    html.write_html()  # again, now that every notebook's results are there: each page's ask reads its source's
+    path = summary.write_summary()
+    print(f"{path.name} ({len(path.read_text()):,} chars; first screen "
+          f"{len(summary.first_screen_of(path.read_text())):,})")
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["_exec"]:
@@ -124,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
     sub.add_parser("report", help="write outputs/SUMMARY.md from the results on disk")
     sub.add_parser("html", help="render outputs/notebooks/*.ipynb to self-contained outputs/html/*.html")
+    p_sh = sub.add_parser("share", help="run-all on the pinned release, the newest release via the matrix, SUMMARY.md")
+    p_sh.add_argument("-j", "--jobs", type=int, default=None)
     p_mx = sub.add_parser("matrix", help="run the notebooks on several transformers releases")
     p_mx.add_argument("--releases", nargs="+", default=None, help="default: $RELEASES, else matrix.report.DEFAULT_RELEASES")
     p_mx.add_argument("--notebooks", nargs="*", default=None, help="only these (default: $NOTEBOOKS, else all)")
@@ -155,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
             print(matrix_report.write_matrix(releases=releases))
             return 0
         return _matrix(releases, [nb.stem for nb in select(keys)] if keys else None, args.jobs)
+    if args.command == "share":
+        return _share(args.jobs)
     if args.command == "run":
         return _recorded("run", [find_notebook(args.notebook)], args.parameter, 1, not args.no_report)
     keys = args.notebooks if args.notebooks is not None else os.environ.get("NOTEBOOKS", "").split()

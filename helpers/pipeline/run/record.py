@@ -24,7 +24,8 @@ NB_STATUSES = ("ok", "failed", "interrupted", "not_started")
 RUN_STATUSES = ("running", "complete", "interrupted", "failed")
 INTERRUPTED = "interrupted: the run was stopped before this notebook finished"
 # What a run-all removes before it starts: the outputs of earlier runs (a run-all describes one run).
-RUN_ALL_OUTPUTS = ("results", "notebooks", "html", "figures", "resume_state", "SUMMARY.md", "timings.json", "run.json")
+RUN_ALL_OUTPUTS = ("results", "notebooks", "html", "figures", "resume_state", "SUMMARY.md", "timings.json", "run.json",
+                   "releases.json")
 
 
 def utc_now() -> str:

@@ -1,0 +1,194 @@
+"""Per source, in a maintainer's words: the symptom and where it shows (per release), and the Ask (what to change
+upstream or what the reporter should do) with its evidence: the first release where the behaviour changed (a bisect
+record of this kit, else the `make bisect` command that finds it) and the repair the kit applied and its number.
+Every phrase is read from the claims' recorded values; a source without a writer here gets the generic lines."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .paste import fmt_scalar
+from .records import load_json
+
+Claims = list[tuple[str, dict[str, Any]]]  # (notebook, claim) of one source on one release
+# The claim whose first change each writer reports (`make share` bisects it where pinned and newest differ).
+BISECT = (("02", "matrix.neither_fails"), ("05", "offload.prefetch_reads_unordered_copy"),
+          ("09", "newimage.natural_call_silently_wrong"))
+
+
+@dataclass(frozen=True)
+class Lines:
+    """A source's symptom (per release, joined) and its ask; '' where its claims say nothing."""
+
+    symptom: str
+    ask: str
+
+
+def _claim(claims: Claims, cid: str) -> dict[str, Any]:
+    return next((c for _, c in claims if c.get("id") == cid), {})
+
+
+def _num(value: Any) -> str:
+    return fmt_scalar(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def joined(values: dict[str, str]) -> str:
+    """'X on 5.17.0 and 5.25.0' when every release says the same, else 'X on 5.17.0; Y on 5.25.0'."""
+    groups: dict[str, list[str]] = {}
+    for rel, text in values.items():
+        if text:
+            groups.setdefault(text, []).append(rel)
+    return "; ".join(f"{text} on {' and '.join(rels)}" for text, rels in groups.items())
+
+
+def bisect_record(out: Path, notebook: str, claim: str) -> dict[str, Any]:
+    """The bisect this kit ran for the claim (outputs/bisect/<nb>-<claim>.json), {} where none ran."""
+    for path in sorted((out / "bisect").glob(f"{notebook}*-{claim}.json")):
+        data = load_json(path)
+        if data.get("status") == "complete" and data.get("changes"):
+            return data
+    return {}
+
+
+def first_change(out: Path, notebook: str, claim: str, releases: list[str], differs: bool) -> str:
+    """'first changed in 5.20.0 (after 5.19.0): `+ line`' from a bisect record; else the command that finds it
+    where the claim differs between the releases measured; '' where it does not."""
+    data = bisect_record(out, notebook, claim)
+    if data:
+        change = data["changes"][0]
+        line = ""
+        for name, diff in (change.get("source_diff") or {}).items():
+            added = [ln[1:].strip() for ln in str(diff.get("diff") or "").splitlines()
+                     if ln.startswith("+") and not ln.startswith("+++") and ln[1:].strip()
+                     and not ln[1:].strip().startswith("#")]
+            if added:
+                line = f" (`{name}`: `+ {added[0][:90]}`)"
+                break
+        return (f"first changed in {change['first_different']} (same through {change['last_same']}, `make bisect` "
+                f"of this kit){line}")
+    if differs and len(releases) > 1:
+        return (f"first release that changed: `make bisect NB={notebook} CLAIM={claim} GOOD={releases[0]} "
+                f"BAD={releases[-1]}`")
+    return ""
+
+
+def _error(text: str) -> str:
+    """'RuntimeError: cannot reshape tensor of 0 elements' (the message up to its first shape or clause)."""
+    head = re.split(r" into | because |\(inside", str(text))[0].strip()
+    where = re.search(r"raised in ([\w.]+)", str(text))
+    return f"`{head}`" + (f" in `{where.group(1)}`" if where else "")
+
+
+def control(by_release: dict[str, Claims], out: Path) -> Lines:
+    """The mask contract: what the no-mask resume does per release; the full mask as the measured repair."""
+    symptom, repair = {}, {}
+    for rel, claims in by_release.items():
+        neither, mask = _claim(claims, "matrix.neither_fails"), _claim(claims, "matrix.mask_only_works")
+        ev = neither.get("evidence") or {}
+        if neither.get("verdict") == "reproduced":
+            err = next(iter((ev.get("errors") or {}).values()), "")
+            shape = (ev.get("first_call_input_ids") or [None])[0]
+            symptom[rel] = (f"its first model call gets `input_ids` {shape} and raises {_error(err)}" if shape and err
+                            else f"fails ({str(neither.get('reason', ''))[:110]})")
+        elif neither:
+            symptom[rel] = f"not as the source says: {neither.get('reason', '')[:110]}"
+        diff = (mask.get("evidence") or {}).get("max_abs_diff_vs_full_forward") or {}
+        if mask.get("verdict") == "reproduced" and diff:
+            thr = (mask.get("evidence") or {}).get("noise_threshold")
+            repair[rel] = f"{_num(max(diff.values()))} (noise threshold {_num(thr)})"
+    releases = list(by_release)
+    differs = len(set(symptom.values())) > 1
+    text = ("`generate()` resumed from a cached prefix with a one-token suffix and no full-length mask: "
+            + joined(symptom)) if symptom else ""
+    bisect = first_change(out, "02", "matrix.neither_fails", releases, differs)
+    ask = ""
+    if repair:
+        ask = ("pass the full attention mask (cached + new tokens); the kit applied it: the first call gets "
+               f"`input_ids` [1, 1] and matches one forward within {joined(repair)}. Upstream: raise on a non-empty "
+               "cache with a suffix-only mask instead of slicing the input to [1, 0]")
+    return Lines(text, "; ".join(p for p in (ask, bisect) if p))
+
+
+def offload(by_release: dict[str, Claims], out: Path) -> Lines:
+    """#48947: the drift needs CUDA; the CPU record's unordered prefetch reads per release decide the ordering edge."""
+    reads, drift, waits = {}, {}, {}
+    for rel, claims in by_release.items():
+        c = _claim(claims, "offload.prefetch_reads_unordered_copy")
+        d = c.get("deciding") or {}
+        if "unordered prefetch reads" in d:
+            reads[rel] = f"{d['unordered prefetch reads']} of {d.get('prefetch reads', '?')}"
+        waits[rel] = ((c.get("evidence") or {}).get("wait_stream_calls") or {}).get("waits for default", 0)
+        dec = _claim(claims, "offload.decode_drifts")
+        drift[rel] = {"reproduced": "drifts from the first decode step", "not_reproduced": "does not drift"}.get(
+            dec.get("verdict"), "drift not measured (needs CUDA)")
+    releases = list(by_release)
+    ordered = [r for r, v in reads.items() if v.startswith("0 of")]
+    text = f"`DynamicCache(offloading=True)`: {joined(drift)}"
+    if reads:
+        text += "; prefetch reads not ordered after their offload copy in the CPU record: " + joined(reads)
+    bisect = first_change(out, "05", "offload.prefetch_reads_unordered_copy", releases, len(set(reads.values())) > 1)
+    if ordered and len(ordered) < len(reads):
+        edge = [r for r in ordered if waits.get(r)]
+        how = (f"the prefetch stream waits for the default (compute) stream before each prefetch "
+               f"({waits[edge[-1]]} `wait_stream` calls recorded on {edge[-1]}, none on "
+               f"{', '.join(r for r in reads if r not in ordered)})" if edge else "an ordering edge")
+        ask = (f"reporter: rerun on {ordered[-1]}: there {how}, which orders every prefetch read in the CPU record; "
+               "the GPU check decides whether it removes the drift "
+               f"(`make gpu-check RELEASES_GPU=\"{' '.join(releases)}\"`)")
+    elif reads:
+        ask = ("order each prefetch read after the copy that fills its host buffer (the CPU record names the reads); "
+               "`make gpu-check` decides whether that removes the drift")
+    else:
+        ask = ""
+    return Lines(text, "; ".join(p for p in (ask, bisect) if p))
+
+
+def new_image(by_release: dict[str, Claims], out: Path) -> Lines:
+    """A new image after a cached turn: the natural call's error per release; the positions repair's number."""
+    symptom, repair = {}, {}
+    for rel, claims in by_release.items():
+        nat, pos = _claim(claims, "newimage.natural_call_silently_wrong"), _claim(claims, "newimage.positions_explain_it")
+        d = nat.get("deciding") or {}
+        if nat.get("verdict") == "holds":
+            rows = " on one text position row" if (pos.get("verdict") == "holds") else ""
+            symptom[rel] = f"runs and is silently wrong (max |logit diff| {_num(d.get('max_abs_diff'))}, image B{rows})"
+        elif nat:
+            symptom[rel] = f"{nat.get('verdict')}: {str(nat.get('reason', ''))[:100]}"
+        fix, carry = _claim(claims, "newimage.repair_generate_restores"), _claim(claims, "newimage.rope_deltas_carried_forward")
+        if fix.get("verdict") == "holds":
+            repair[rel] = _num((fix.get("deciding") or {}).get("max_abs_diff")) + (
+                f", stale `rope_deltas` {_num((carry.get('deciding') or {}).get('max_abs_diff_stale'))}"
+                if carry.get("verdict") == "holds" else "")
+    text = ("the natural turn-2 `generate()` (new image, turn 1's cache, full mask) " + joined(symptom)) if symptom else ""
+    ask = ("compute turn 2's positions with `get_rope_index` over the full ids and both grids and carry `rope_deltas` "
+           f"forward: the kit's repair restores the one-forward logits to {joined(repair)}; upstream: derive them so in "
+           "`generate()`, or raise") if repair else ""
+    bisect = first_change(out, "09", "newimage.natural_call_silently_wrong", list(by_release), len(set(symptom.values())) > 1)
+    return Lines(text, "; ".join(p for p in (ask, bisect) if p))
+
+
+def triage(by_release: dict[str, Claims], out: Path) -> Lines:
+    """A user's rebuild: what to run on it (the kit's tree names a leaf only where its repair restored the result)."""
+    return Lines("", "run your rebuild through the tree: `make run NB=06 ARGS=\"-p rebuild file.py:function\"`; "
+                 "it names a leaf only where its repair restored the result, with the number")
+
+
+WRITERS: dict[str, Callable[[dict[str, Claims], Path], Lines]] = {
+    "control": control, "48947": offload, "new-image": new_image, "triage": triage}
+
+
+def generic(by_release: dict[str, Claims]) -> Lines:
+    """A source without a writer: its first decided claim's reason per release, and where its claims are."""
+    symptom = {}
+    for rel, claims in by_release.items():
+        first = next((c for _, c in claims if c.get("verdict") not in ("skipped", "error") and c.get("reason")), {})
+        if first:
+            symptom[rel] = f"`{first.get('id')}`: {str(first['reason'])[:110]}"
+    return Lines(joined(symptom), "none computed for this source yet (`asks.py`); its claims are in the details below")
+
+
+def lines_for(key: str, by_release: dict[str, Claims], out: Path) -> Lines:
+    writer = WRITERS.get(key)
+    return writer(by_release, out) if writer else generic(by_release)
