@@ -355,3 +355,28 @@ def test_a_new_source_fits_on_the_screen_too(tmp_path, monkeypatch):
         (folder / "results" / "10_hybrid_rollback.json").write_text(json.dumps(data))
     text = screen(tmp_path)
     assert "**Hybrid rollback**" in text and len(text) <= first_screen.FIRST_SCREEN_CHARS, len(text)
+
+
+def _rollback_claims(stale: bool, hand_len: int) -> list[tuple[str, dict]]:
+    rec = {"id": "rollback.hybrid_recorded_crop_keeps_recurrent_state", "verdict": "holds" if stale else "fails",
+           "deciding": {"stale_recurrent_diff": 0.0046 if stale else None,
+                        "restored_modes": [] if stale else ["recurrent_states_to_keep"]}}
+    hand = {"id": "rollback.hand_rebuild_keeps_length", "verdict": "holds" if hand_len == 23 else "fails",
+            "deciding": {"lengths": {"hand-written (layer methods)": hand_len}, "original_length": 23}}
+    kit = {"id": "rollback.kit_rebuild_keeps_length", "verdict": "holds", "deciding": {}}
+    return [("10_rollback_hybrid", c) for c in (rec, hand, kit)]
+
+
+def test_the_rollback_ask_names_the_recording_mode_and_the_linear_count_from_what_was_measured(tmp_path):
+    from helpers.pipeline.report import asks
+
+    said = asks.rollback({"5.17.0": _rollback_claims(True, 23), "5.25.0": _rollback_claims(False, 4)}, tmp_path)
+    assert "leaves the recurrent state (off 0.0046) and is silently wrong on 5.17.0" in said.symptom, said.symptom
+    assert "rolls back with `recurrent_states_to_keep` on 5.25.0" in said.symptom
+    assert "a hand rebuild reports length 4 of 23 on 5.25.0" in said.symptom
+    assert "restores the fresh cache on 5.25.0" in said.ask and "`cumulative_length_linear`" in said.ask
+    assert "make bisect NB=10 CLAIM=rollback.hand_rebuild_keeps_length GOOD=5.17.0 BAD=5.25.0" in said.ask
+    # contradicting measurements: the length kept on both releases, no mode restored -> neither repair is advised
+    same = asks.rollback({"5.17.0": _rollback_claims(True, 23), "5.25.0": _rollback_claims(True, 23)}, tmp_path)
+    assert "hand rebuild" not in same.symptom and "cumulative_length_linear" not in same.ask
+    assert "recurrent_states_to_keep" not in same.ask and "make bisect" not in same.ask

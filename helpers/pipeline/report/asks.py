@@ -15,7 +15,7 @@ from .records import load_json
 Claims = list[tuple[str, dict[str, Any]]]  # (notebook, claim) of one source on one release
 # The claim whose first change each writer reports (`make share` bisects it where pinned and newest differ).
 BISECT = (("02", "matrix.neither_fails"), ("05", "offload.prefetch_reads_unordered_copy"),
-          ("09", "newimage.natural_call_silently_wrong"))
+          ("09", "newimage.natural_call_silently_wrong"), ("10", "rollback.hand_rebuild_keeps_length"))
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,44 @@ def triage(by_release: dict[str, Claims], out: Path) -> Lines:
                  "it names a leaf only where its repair restored the result, with the number")
 
 
+def rollback(by_release: dict[str, Claims], out: Path) -> Lines:
+    """A hybrid rolled back or rebuilt by hand: the stale recurrent state and the reported length per release; the
+    recording mode that restored and the kit's rebuild as the measured repairs."""
+    stale, length, restored, kit = {}, {}, {}, {}
+    for rel, claims in by_release.items():
+        rec = _claim(claims, "rollback.hybrid_recorded_crop_keeps_recurrent_state")
+        d = rec.get("deciding") or {}
+        if rec.get("verdict") == "holds":
+            stale[rel] = f"leaves the recurrent state (off {_num(d.get('stale_recurrent_diff'))}) and is silently wrong"
+        elif d.get("restored_modes"):
+            stale[rel] = f"rolls back with `{d['restored_modes'][0]}`"
+            restored[rel] = d["restored_modes"][0]
+        hand, mine = _claim(claims, "rollback.hand_rebuild_keeps_length"), _claim(claims, "rollback.kit_rebuild_keeps_length")
+        hd = hand.get("deciding") or {}
+        if hand.get("verdict") == "fails":
+            got = next(iter((hd.get("lengths") or {}).values()), "?")
+            length[rel] = f"a hand rebuild reports length {got} of {hd.get('original_length')}"
+        if mine.get("verdict") == "holds":
+            kit[rel] = "holds"
+    text = ("a hybrid's `crop(-k)` after `activate_past_recording()` " + joined(stale)) if stale else ""
+    if length:
+        text += "; " + joined(length) + " and `generate()` re-feeds cached tokens"
+    parts = []
+    if restored:
+        parts.append(f"roll hybrids back with `activate_past_recording(recurrent_states_to_keep=N)` (restores the fresh "
+                     f"cache on {' and '.join(restored)}); before it, re-prefill instead of `crop`")
+    if length:
+        parts.append("a rebuild must carry the linear layers' own token count (`cumulative_length_linear`); the kit's "
+                     f"factory does ({'length kept on ' + ' and '.join(kit) if kit else 'not measured'}); upstream: "
+                     "ship a cache factory so hand rebuilds stop breaking on upgrade")
+    bisect = first_change(out, "10", "rollback.hand_rebuild_keeps_length", list(by_release),
+                          0 < len(length) < len(by_release))
+    return Lines(text, "; ".join(p for p in (*parts, bisect) if p))
+
+
 WRITERS: dict[str, Callable[[dict[str, Claims], Path], Lines]] = {
-    "control": control, "48947": offload, "new-image": new_image, "triage": triage}
+    "control": control, "48947": offload, "new-image": new_image, "rollback": rollback,
+    "triage": triage}
 
 
 def generic(by_release: dict[str, Claims]) -> Lines:
