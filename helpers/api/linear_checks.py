@@ -62,17 +62,23 @@ def _keeps_history() -> bool:
     return method is not None and "recurrent_states_to_keep" in inspect.signature(method).parameters
 
 
+def stale_length(marks: list[tuple[int, tuple[float, ...]]], now: tuple[float, ...] | None, held: int) -> int | None:
+    """The tokens the linear layers' recurrent state `now` summarises (the longest noted with that fingerprint) where
+    that is more than the `held` tokens the cache holds: a crop that did not roll it back; else None."""
+    seen = [length for length, mark in marks if now is not None and mark == now]
+    return max(seen) if seen and max(seen) > held else None
+
+
 def linear_rollback(call: ResumeCall) -> None:
     """A cache cropped below what its linear layers' recurrent state summarises (not rolled back)."""
     led, cache = call.ledger, call.cache
     marks = getattr(ledger_owner(cache), ATTR, None) if cache is not None else None
     if led is None or not marks:
         return
-    now = fingerprint(cache)
-    seen = [length for length, mark in marks if mark == now]
-    if not seen or max(seen) <= led.length:
+    held = led.length
+    m = stale_length(marks, fingerprint(cache), held)
+    if m is None:
         return
-    m, held = max(seen), led.length
     how = (f"; or, before the {m - held} draft token(s), cache.activate_past_recording(recurrent_states_to_keep="
            f"{m - held}) so crop(-{m - held}) rolls them back" if _keeps_history() else "")
     from transformers import DynamicCache
@@ -96,18 +102,25 @@ def _counts(cache: Any) -> tuple[list[int], list[int]]:
     return linear, full
 
 
+def count_mismatch(linear: list[int], full: list[int]) -> int | None:
+    """The full-attention layers' length where a linear layer's own count differs from it; else None."""
+    return max(full) if linear and full and set(linear) != {max(full)} else None
+
+
 def linear_length(call: ResumeCall) -> None:
     """Linear layers counting other than the full-attention layers (5.25.0+: a hybrid rebuilt without its count)."""
     if call.cache is None:
         return
     linear, full = _counts(call.cache)
-    if not linear or not full or set(linear) == {max(full)}:
+    want = count_mismatch(linear, full)
+    if want is None:
         return
-    fixed = _carried(call.cache, max(full))
+    fixed = _carried(call.cache, want)
     raise _refuse("linear_length", f"the linear-attention layers count {sorted(set(linear))} token(s), the full-attention "
-                  f"layers hold {max(full)}: get_seq_length() answers from layer 0, so generate() would re-feed cached "
+                  f"layers hold {want}: get_seq_length() answers from layer 0, so generate() would re-feed cached "
                   f"tokens; carry the linear layers' count (each linear layer's "
-                  f"`cumulative_length_linear` set to {max(full)}: helpers.compat.carry_linear_length) or rebuild with kv_cache_from_tensors", cache=fixed)
+                  f"`cumulative_length_linear` set to {want}: helpers.compat.carry_linear_length) or rebuild with "
+                  f"kv_cache_from_tensors", cache=fixed)
 
 
 def _carried(cache: Any, length: int) -> Any:
