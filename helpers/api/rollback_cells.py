@@ -17,6 +17,7 @@ from transformers import DynamicCache, StaticCache
 from .. import compat
 from ..continuation import generate_first_step
 from ..rollback import probes, setup
+from ..rollback.generation import greedy, repetitive_ids
 from .cells import Cell, run_cell
 from .shapes import checked_calls
 from .tracking import is_tracked, track
@@ -93,19 +94,11 @@ def assisted_calls(fam: setup.Family, seed: int = 0) -> list[dict[str, Any]]:
     """transformers' own assisted decoding on the hybrid (prompt lookup, the model as its own assistant): every
     internal call checked on its own arguments (none where the release refuses assisted decoding on it)."""
     rows: list[dict[str, Any]] = []
-    ids = probes_ids(fam.model, seed)
+    ids = repetitive_ids(fam.model, seed)
     for way, kwargs in (("prompt lookup", {"prompt_lookup_num_tokens": 3}), ("own assistant", {"assistant_model": fam.model})):
         with checked_calls((fam.model,), rows, f"10 hybrid assisted · {way}"):
-            from ..rollback.generation import greedy
-
             greedy(fam.model, ids, **kwargs)
     return rows
-
-
-def probes_ids(model: torch.nn.Module, seed: int) -> torch.Tensor:
-    from ..rollback.generation import repetitive_ids
-
-    return repetitive_ids(model, seed)
 
 
 def group_10(dense: torch.nn.Module, sliding: torch.nn.Module, hybrid: torch.nn.Module,
