@@ -121,3 +121,18 @@ def test_stale_length_decides_from_the_fingerprint_it_holds(now, held, expected)
 ])
 def test_count_mismatch_decides_from_the_counts_measured(linear, full, expected):
     assert lc.count_mismatch(linear, full) == expected
+
+
+def test_resume_re_prefills_a_cache_whose_linear_layers_were_not_rolled_back(hybrid):
+    from helpers.api import resume
+    from helpers.continuation import greedy_config
+
+    ids = _ids(hybrid, PROMPT + K + 1)
+    whole = torch.cat([ids[:, :PROMPT], ids[:, PROMPT + K:]], 1)
+    stale = _rolled(hybrid, ids, "record")
+    if stale is None:
+        pytest.skip(f"transformers {compat.TRANSFORMERS_VERSION} refuses a k-token forward while recording")
+    want = generate_first_step(hybrid, whole, _new(hybrid), attention_mask=torch.ones_like(whole)).logits
+    with torch.no_grad():
+        out = resume(hybrid, whole, stale, generation_config=greedy_config(hybrid))
+    assert max_abs_diff(want, compat.generate_logits(out)[0]) < 1e-5

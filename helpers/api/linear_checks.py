@@ -69,14 +69,19 @@ def stale_length(marks: list[tuple[int, tuple[float, ...]]], now: tuple[float, .
     return max(seen) if seen and max(seen) > held else None
 
 
+def stale_of(cache: Any, held: int) -> int | None:
+    """`stale_length` of this cache's noted marks and its recurrent states now (None: untracked or not stale)."""
+    marks = getattr(ledger_owner(cache), ATTR, None) if cache is not None else None
+    return stale_length(marks, fingerprint(cache), held) if marks else None
+
+
 def linear_rollback(call: ResumeCall) -> None:
     """A cache cropped below what its linear layers' recurrent state summarises (not rolled back)."""
-    led, cache = call.ledger, call.cache
-    marks = getattr(ledger_owner(cache), ATTR, None) if cache is not None else None
-    if led is None or not marks:
+    led = call.ledger
+    if led is None:
         return
     held = led.length
-    m = stale_length(marks, fingerprint(cache), held)
+    m = stale_of(call.cache, held)
     if m is None:
         return
     how = (f"; or, before the {m - held} draft token(s), cache.activate_past_recording(recurrent_states_to_keep="
