@@ -20,6 +20,7 @@ from .. import compat  # upstream: drop
 from ..regress import layers  # upstream: drop
 from .call import ResumeCall, ResumeInputError, self_attention_cache  # upstream: drop
 from .ledger_checks import ledger_length, ledger_mask, ledger_positions, ledger_tokens  # upstream: drop
+from .linear_checks import linear_length, linear_rollback  # upstream: drop
 from .new_vision_tokens import new_vision_tokens  # upstream: drop
 
 
@@ -205,6 +206,8 @@ CHECKS: list[Check] = [
     Check("ledger_tokens", ledger_tokens),
     Check("ledger_length", ledger_length),
     Check("linear_state", linear_state),
+    Check("linear_length", linear_length),
+    Check("linear_rollback", linear_rollback),
     Check("nothing_fed", nothing_fed, untracked_only=True),
     Check("fed_neither", fed_neither),
     Check("restart_token", restart_token),

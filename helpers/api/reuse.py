@@ -4,7 +4,8 @@ With a ledger (helpers.api.ledger): keep the longest common prefix of `input_ids
 tokens (crop the rest, keeping at least one token to feed), feed what is not cached with the mask the cached slots
 were written with + ones, and position_ids continuing each row's last kept position (the M-RoPE rows where the model
 has them; the model's rope_deltas put back to the ledger's), then return generate()'s output. Without a ledger:
-`guarded_generate` with the same arguments. `apply_fix` applies a refusal's `fix` (crop / attention_mask /
+`guarded_generate` with the same arguments. A hybrid cache cropped below what its linear layers' recurrent state
+summarises (helpers.api.linear_checks) is not reused: everything is re-prefilled into a new cache of its class. `apply_fix` applies a refusal's `fix` (crop / attention_mask /
 position_ids / decoder_attention_mask) to a copy of a call's arguments: what notebook 08 runs for every refusal.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .. import compat
 from .guard import ResumeInputError, check_resume_inputs, guarded_generate
 from .ledger import attach_ledger, cache_held, ledger_of, stored_ledger
 from .ledger_checks import next_positions
+from .linear_checks import stale_of
 
 
 def crop_to(cache: Any, n: int) -> Any:
@@ -43,6 +45,8 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
     keep = min(led.common_prefix(input_ids), n - 1)
     if generate_kwargs.get("assistant_model") is not None:
         keep = 0  # assisted decoding (5.17) re-feeds every given id and narrows the mask beside a cache: reuse nothing
+    if stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
+        cache, keep = type(cache)(config=compat.text_config(model.config)), 0
     crop_to(cache, keep)
     kept = led.first(keep)
     suffix = input_ids[:, keep:]

@@ -17,6 +17,7 @@ import torch
 
 from .. import compat  # upstream: drop
 from ..capture import rotary_embedding  # upstream: drop
+from .linear_checks import note_linear  # upstream: drop
 from .ledger import (UNKNOWN, Ledger, attach_ledger, cache_held, empty_ledger,  # upstream: drop
                      ledger_of)  # upstream: drop
 
@@ -147,6 +148,7 @@ def _post(tracker: Tracker) -> Callable[..., None]:
         new = pending.base.append(ids.detach().long().cpu(), positions.detach().long().cpu(),
                                   _slot_mask(pending.mask, pending.batch, pending.f).cpu(), state)
         attach_ledger(pending.cache, new)
+        note_linear(pending.cache, new.length)
     return post
 
 

@@ -21,7 +21,7 @@ from ..pipeline.paths import output_dir
 
 HERE = Path(__file__).resolve().parent
 FILE_NAME = "test_resume_contract.py"
-MODULES = ("upstream_shim.py", "ledger.py", "tracking.py", "call.py", "../newimage/guardcheck.py", "new_vision_tokens.py",
+MODULES = ("upstream_shim.py", "ledger.py", "linear_checks.py", "tracking.py", "call.py", "../newimage/guardcheck.py", "new_vision_tokens.py",
            "ledger_checks.py", "checks.py", "guard.py",
            "upstream_cases.py", "upstream_contract.py", "upstream_ledger.py")
 HEAD = ('"""The KV-cache resume contract of generate(), as tests (written by kv-resume-kit, `make upstream-tests`).\n\n'

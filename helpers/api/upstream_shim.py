@@ -60,7 +60,7 @@ def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 compat = SimpleNamespace(output_cache=_output_cache,
-    TRANSFORMERS_VERSION=transformers.__version__, accepts=lambda fn, name: name in inspect.signature(fn).parameters,
+    TRANSFORMERS_VERSION=transformers.__version__, LINEAR_LENGTH_ATTR="cumulative_length_linear", accepts=lambda fn, name: name in inspect.signature(fn).parameters,
     cache_from_kwargs=_cache_from_kwargs, cache_layers=lambda cache: list(getattr(cache, "layers", [])),
     rope_state_owner=_rope_state_owner, text_config=_text_config,
     get_rope_state=lambda m: getattr(_rope_state_owner(m), "rope_deltas", None),

@@ -89,6 +89,8 @@ SCOPE: list[Scope] = [
     Scope("helpers/newimage/guardcheck.py", ("check_new_vision_tokens", "check_uncached", "_uncached", "_explicit_3d", "_recomputed"),
           ("tests/test_newimage.py",)),
     Scope("helpers/api/checks.py", ("*",), ("tests/test_api.py",)),
+    Scope("helpers/api/linear_checks.py", ("stale_length", "count_mismatch"),
+          ("tests/test_linear_checks.py",)),
     Scope("helpers/triage/tree.py", ("decide_*", "per_layer_outcome", "backend_outcome"),
           DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
     Scope("helpers/triage/walk.py", ("choose_branch", "_compression_leaf", "notes", "_Walk.*"),
