@@ -226,3 +226,27 @@ def test_fix_decision_edge_cases():
     missing = gd.decide_fix_removes_drift(steps, states, ("report", M, DT), "record_stream")
     assert not missing.holds and missing.deciding["max |logit diff| with record_stream"] is None
     assert "[2.1235]" in gd.decide_decode_drifts(steps, ("report", M, DT)).why
+
+
+@pytest.mark.parametrize("rate", [calibrate.MIN_CYCLES_PER_MS, 1.4e6, calibrate.MAX_CYCLES_PER_MS])
+def test_a_plausible_clock_rate_passes(rate):
+    assert calibrate.checked_rate(rate) == rate
+
+
+@pytest.mark.parametrize("rate", [calibrate.MIN_CYCLES_PER_MS * 0.999, calibrate.MAX_CYCLES_PER_MS * 1.001, 0.0, -1.0,
+                                  float("inf"), float("nan"), 1e12])
+def test_an_implausible_clock_rate_is_refused(rate):
+    with pytest.raises(ValueError, match="outside a 1e\\+05-5e\\+06 \\(100 MHz-5 GHz\\) clock"):
+        calibrate.checked_rate(rate)
+
+
+def test_sleep_cycles_are_clamped_to_the_cap_at_the_checked_rate():
+    rate = 1e6
+    assert calibrate.clamp_cycles(5_000, rate) == 5_000
+    cap = int(calibrate.MAX_SLEEP_MS * rate)
+    assert calibrate.clamp_cycles(cap, rate) == cap and calibrate.clamp_cycles(cap + 1, rate) == cap
+    assert calibrate.clamp_cycles(10**15, rate) == cap  # another run's or a hand-set sleep cannot spin for hours
+    assert calibrate.clamp_cycles(-5, rate) == 0 and calibrate.clamp_cycles(0, rate) == 0
+    assert calibrate.clamp_cycles(7_000, rate, cap_ms=0.005) == 5_000
+    with pytest.raises(ValueError):
+        calibrate.clamp_cycles(1_000, 1e3)  # a bad rate is refused, not used to size the clamp

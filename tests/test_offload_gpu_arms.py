@@ -158,3 +158,71 @@ def test_the_report_layout_runs_in_bfloat16_and_the_reports_loop_only(tmp_path):
     assert [r["model"] for r in data["tables"]["unlagged"]] == ["report layout (64)"]
     # no `.cpu()` loop: no explanation reads it; its CPU edge record is notebook 05's, not repeated here
     assert data["tables"]["explanations"] == [] and data["tables"]["edges_on_cpu_record"] is None
+
+
+def _reads_after_lag(model, ids, loop: str, site) -> list[int]:
+    """Per forward: the host reads between a pre-hook on `site` and the forward's first cache update (CPU, stand-ins)."""
+    from helpers import compat
+    from helpers.offload import hostwaits, loops
+
+    events: list[str] = []
+    handle = site.register_forward_pre_hook(lambda module, args: events.append("lag"))
+    try:
+        with standins.recording_streams():
+            cache = compat.dynamic_cache(model.config, offloading=True)
+            with tracking.instrument(cache, lambda *a: events.append("update"), lambda i, l, m, original: original), \
+                    hostwaits.HostReads(events):
+                loops.run_loop(loop, model, ids, 3, cache=cache)
+    finally:
+        handle.remove()
+    return hostwaits.reads_after_marks(events)
+
+
+def test_the_lag_sits_where_no_host_read_drains_it(dense):
+    """4.1: on the first decoder layer no host read (a device sync on CUDA) falls between the sleep and the first cache
+    update, in every loop; on the top-level model generate()'s forward reads the mask on the host first (5.17.0)."""
+    from helpers import compat
+    from packaging.version import Version
+
+    models, ids = dense
+    model, x = models["tiny dense"], ids["tiny dense"]
+    site = arms.lag_site(model)
+    assert site is model.model.layers[0]
+    for loop in ("report", "cpu", "generate"):
+        reads = _reads_after_lag(model, x, loop, site)
+        assert len(reads) == 3 and reads == [0, 0, 0], (loop, reads)
+    top = _reads_after_lag(model, x, "generate", model)
+    if Version(compat.TRANSFORMERS_VERSION) < Version("5.18.0"):
+        assert top[0] > 0, "the defect the lag site avoids: a host read after a top-level sleep"
+    with standins.recording_streams() as log, arms.device_lag(model, 1000):
+        model(x)
+    assert [e["op"] for e in log.events].count("sleep") == 1
+    flat = torch.nn.Linear(2, 2)
+    flat.config = model.config
+    with pytest.raises(ValueError, match="no decoder layer list"):
+        arms.lag_site(flat)
+
+
+def test_host_reads_after_marks():
+    from helpers.offload import hostwaits
+
+    assert hostwaits.reads_after_marks(["read", "lag", "read", "read", "update", "read", "lag", "update", "lag", "read"]) == [2, 0, 1]
+
+
+def test_the_probe_records_through_the_streams_own_record_event():
+    """4.6: after the wait the probe records the waiter's own event kind (no torch.cuda.Event cast onto a torch.Stream)."""
+    with standins.recording_streams() as log:
+        waiter = torch.Stream()
+        before = log.calls.get("torch.cuda.Event", 0)
+        probe.held_behind_sleep(waiter, tracking.device_event, 1000)
+        assert log.calls.get("torch.cuda.Event", 0) == before
+
+
+def test_the_calibrated_sleep_is_clamped_and_both_are_recorded(dense):
+    models, ids = dense
+    ex = gpu.experiment(models, ids, ("float32",), loops=("report",), n_steps=2, fixes=(), simulate=True, cycles=10**15)
+    row = ex.calibration[0]
+    assert row["sleep_cycles_asked"] == 10**15
+    from helpers.offload import calibrate
+
+    assert row["sleep_cycles_used"] == int(calibrate.MAX_SLEEP_MS * row["cycles_per_ms"])

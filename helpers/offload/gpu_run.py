@@ -17,7 +17,7 @@ import torch
 from .. import compat
 from . import gpu_decide as gd
 from .arms import FIXES, Arm, run_arm
-from .calibrate import busy_at_wrap, cycles_per_ms, host_ms_to_wrap, sleep_plan, warm_clocks
+from .calibrate import busy_at_wrap, clamp_cycles, cycles_per_ms, host_ms_to_wrap, sleep_plan, warm_clocks
 from .gpuplan import RESTRICTED, arms_of, model_runs
 from .loops import LOOPS
 from .pool import POISON, SimPool
@@ -138,8 +138,9 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
         m = model if next(model.parameters()).dtype == dtype else copies.setdefault((name, dtype_name), copy.deepcopy(model).to(dtype))
         ids = ids_of[name]
         plan = calibrate(m, ids, n_steps, facts["rate"], simulate, pool)
-        sleep = int((cycles_of or {}).get((name, dtype_name), plan["sleep_cycles"] if cycles is None else cycles))
-        calibration.append({"model": name, "dtype": dtype_name, **plan, "sleep_cycles_used": sleep})
+        asked = int((cycles_of or {}).get((name, dtype_name), plan["sleep_cycles"] if cycles is None else cycles))
+        sleep = clamp_cycles(asked, facts["rate"])  # never more than the cap at the checked rate
+        calibration.append({"model": name, "dtype": dtype_name, **plan, "sleep_cycles_asked": asked, "sleep_cycles_used": sleep})
         for loop in run_loops:
             arms = _loop_arms(m, ids, n_steps, loop, sleep, fixes, simulate, race_lag, pool, poison, unlagged)
             tags = {"loop": loop, "model": name, "dtype": dtype_name}
