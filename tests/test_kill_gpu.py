@@ -250,3 +250,46 @@ def test_sleep_cycles_are_clamped_to_the_cap_at_the_checked_rate():
     assert calibrate.clamp_cycles(7_000, rate, cap_ms=0.005) == 5_000
     with pytest.raises(ValueError):
         calibrate.clamp_cycles(1_000, 1e3)  # a bad rate is refused, not used to size the clamp
+
+
+def _report_steps(rows: list[tuple[str, str, str, list[float]]], threshold: float = 0.01) -> pd.DataFrame:
+    """(model, dtype, variant, diffs) per arm, in the report's loop."""
+    return pd.DataFrame([{"loop": "report", "model": m, "dtype": d, "variant": v, "step": i, "max_abs_diff": x,
+                          "noise_threshold": threshold, "matches": x <= threshold, "differs": x > threshold}
+                         for m, d, v, xs in rows for i, x in enumerate(xs)])
+
+
+_STATES = pd.DataFrame(columns=["loop", "model", "dtype", "variant", "step", "differs", "kind", "tensor", "call", "layer",
+                                "write_order", "max_abs_diff", "noise_threshold"])
+EDGE = "offloading=True + 5.20.0 edge"
+P = ("report", "tiny hybrid", "bfloat16")
+
+
+def test_fix_everywhere_reads_the_64_layer_arm_too():
+    big = ("report layout (64)", "bfloat16")
+    fixed = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0]),
+                    (*big, OFF, [0, 3.0]), (*big, EDGE, [0, 0])])
+    d = gd.fix_everywhere(fixed, _STATES, P, "5.20.0 edge")
+    assert d.holds and d.evidence["other_report_arms_fixed"] == {"report layout (64)/bfloat16": True}
+    still = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0]),
+                    (*big, OFF, [0, 3.0]), (*big, EDGE, [0, 0.5])])
+    d = gd.fix_everywhere(still, _STATES, P, "5.20.0 edge")
+    assert not d.holds and d.why.endswith("; still drifting with 5.20.0 edge on ['report layout (64)/bfloat16']")
+    quiet = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0]),
+                    (*big, OFF, [0, 0]), (*big, EDGE, [0, 0.5])])
+    d = gd.fix_everywhere(quiet, _STATES, P, "5.20.0 edge")  # no drift there to remove: not read
+    assert d.holds and d.evidence["other_report_arms_fixed"] == {}
+    primary_fails = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0.5])])
+    assert not gd.fix_everywhere(primary_fails, _STATES, P, "5.20.0 edge").holds
+    assert gd.report_keys(fixed, EDGE) == [P, ("report", *big)]
+
+
+def test_logit_and_end_state_drift_apart():
+    s = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 0])])
+    st = pd.DataFrame([{"loop": "report", "model": "tiny hybrid", "dtype": "bfloat16", "variant": OFF, "step": 3,
+                        "differs": True, "kind": "attention K/V", "tensor": "layers[3]", "call": "decode 3", "layer": 3,
+                        "write_order": 0, "max_abs_diff": 1.0, "noise_threshold": 0.01}])
+    assert not gd.logit_drift(s, P, OFF) and gd.state_drift(st, P, OFF) and gd.drifts(s, st, P, OFF)
+    d = gd.decide_fix_removes_drift(s, st, P, "5.20.0 edge")
+    assert d.evidence["logit_drift_without_edge"] is False and d.evidence["end_state_drift_without_edge"] is True
+    assert gd.decide_unlagged_drift(s, st).skipped  # no unlagged arm ran

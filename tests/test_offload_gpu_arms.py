@@ -112,7 +112,8 @@ def test_unlagged_rows_from_contradicting_tables():
                                    "write_order", "max_abs_diff", "noise_threshold"])
     steps = pd.DataFrame([step(arms.OFF, 2.0), step(arms.UNLAGGED, 0.0)])
     assert gd.unlagged_rows(steps, states) == [{"loop": "report", "model": "m", "dtype": "bfloat16", "drifts_without_lag": False,
-                                               "max_abs_diff": 0.0, "steps_beyond_floor": 0, "drifts_with_lag": True}]
+                                               "max_abs_diff": 0.0, "steps_beyond_floor": 0, "drifts_with_lag": True,
+                                               "logit_drift_without_lag": False, "end_state_drift_without_lag": False}]
     drifting = pd.DataFrame([step(arms.OFF, 2.0), step(arms.UNLAGGED, 3.0)])
     assert gd.unlagged_rows(drifting, states)[0]["drifts_without_lag"] is True
     assert gd.unlagged_rows(steps[steps.variant == arms.OFF], states) == []
@@ -226,3 +227,38 @@ def test_the_calibrated_sleep_is_clamped_and_both_are_recorded(dense):
     from helpers.offload import calibrate
 
     assert row["sleep_cycles_used"] == int(calibrate.MAX_SLEEP_MS * row["cycles_per_ms"])
+
+
+def test_each_arm_is_written_as_it_finishes(tmp_path, monkeypatch):
+    """4.4: arms.jsonl holds every finished arm even when a later run crashes."""
+    real = gpu_run._loop_arms
+    calls = {"n": 0}
+
+    def crash_on_second(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("device lost")
+        return real(*a, **k)
+
+    monkeypatch.setattr(gpu_run, "_loop_arms", crash_on_second)
+    with pytest.raises(RuntimeError, match="device lost"):
+        gpu.main(["--simulate", "--out", str(tmp_path), "--n-steps", "2", "--seq-len", "8", "--models", "tiny dense",
+                  "--loops", "report", "cpu", "--dtypes", "float32"])
+    rows = [json.loads(line) for line in (tmp_path / gpu.ARMS_LOG).read_text().splitlines()]
+    assert [(r["loop"], r["variant"]) for r in rows] == [("report", v) for v, *_ in gpuplan.arms_of("report")[2:]]
+    assert all(r["steps"] and r["sleep_cycles_used"] >= 0 and "race_counts" in r for r in rows)
+    assert not (tmp_path / "gpu-arms.json").exists()
+
+
+@pytest.mark.parametrize("capability, kept", [((7, 5), ("float32",)), ((8, 0), ("float32", "bfloat16")),
+                                              ((9, 0), ("float32", "bfloat16"))])
+def test_bfloat16_is_left_out_below_compute_capability_8(monkeypatch, capability, kept):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # as on a T4: not what decides
+    got, dropped = gpu_run.usable_dtypes(("float32", "bfloat16"), torch.device("cuda"))
+    assert got == kept
+    assert (("bfloat16" in dropped) == (capability < (8, 0)))
+    if dropped:
+        assert "compute capability 7.5" in dropped["bfloat16"]
+    assert gpu_run.usable_dtypes(("float32", "bfloat16"), torch.device("cpu")) == (("float32", "bfloat16"), {})

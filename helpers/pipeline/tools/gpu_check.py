@@ -30,7 +30,8 @@ FLASH_NOTEBOOK, FLASH_ARGS = "07_regression_families", ("-p", "device", "cuda", 
 FLASH_CLAIM, FLASH_SKIPPED = "regress.flash_attention_2_matches_sdpa", "skipped: papermill not installed"
 CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
           "offload.ordering_edge_removes_drift", "offload.race_observed_on_device",
-          "offload.offload_event_removes_drift", "offload.record_stream_removes_drift", FLASH_CLAIM)
+          "offload.offload_event_removes_drift", "offload.record_stream_removes_drift",
+          "offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts", FLASH_CLAIM)
 NO_CUDA = 2
 TORCH_PROBE = "import torch; print(torch.version.cuda, torch.cuda.is_available())"
 SIMULATED = ("simulated", True, "")  # --simulate: torch_cuda's answer taken as given (tests only)
