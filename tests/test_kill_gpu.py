@@ -248,6 +248,7 @@ def test_sleep_cycles_are_clamped_to_the_cap_at_the_checked_rate():
     assert calibrate.clamp_cycles(10**15, rate) == cap  # another run's or a hand-set sleep cannot spin for hours
     assert calibrate.clamp_cycles(-5, rate) == 0 and calibrate.clamp_cycles(0, rate) == 0
     assert calibrate.clamp_cycles(7_000, rate, cap_ms=0.005) == 5_000
+    assert calibrate.clamp_cycles(10**9, 999_000.7, cap_ms=1.0) == 999_001  # rounded like sleep_plan, not floored
     with pytest.raises(ValueError):
         calibrate.clamp_cycles(1_000, 1e3)  # a bad rate is refused, not used to size the clamp
 

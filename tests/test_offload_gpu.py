@@ -190,14 +190,6 @@ def test_narrow_fix_arms_are_decided_where_the_record_says_they_are_narrow(raced
     assert {(r["model"], r["fix_arms_narrow_on_cpu_record"]) for r in rows} == {("tiny hybrid", False), ("tiny dense", True)}
 
 
-def test_a_gpu_without_bfloat16_runs_float32_only(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Tesla T4")
-    kept, dropped = gpu.usable_dtypes(("float32", "bfloat16"), torch.device("cuda"))
-    assert kept == ("float32",) and "Tesla T4" in dropped["bfloat16"]
-    assert gpu.usable_dtypes(("float32", "bfloat16"), torch.device("cpu")) == (("float32", "bfloat16"), {})
-
-
 def test_stand_ins_model_both_event_kinds_and_the_no_op_wait():
     """torch.Stream.wait_event(torch.cuda.Event) orders nothing on a GPU (helpers.offload.streams, CUDA_EVENT); a
     torch.Event, or a torch.cuda.Stream waiting, orders."""

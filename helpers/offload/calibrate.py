@@ -58,7 +58,7 @@ def checked_rate(rate: float) -> float:
 
 def clamp_cycles(cycles: int, rate: float, cap_ms: float = MAX_SLEEP_MS) -> int:
     """`cycles` (calibrated, overridden, or another run's) clamped to [0, cap_ms at the checked `rate`]."""
-    return max(0, min(int(cycles), int(cap_ms * checked_rate(rate))))
+    return max(0, min(int(cycles), int(round(cap_ms * checked_rate(rate)))))  # rounded as sleep_plan rounds
 
 
 def wrap_prefetches(timing: Any) -> Any:
