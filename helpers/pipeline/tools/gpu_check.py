@@ -102,7 +102,10 @@ def run_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()
     return _call([python, "-m", ARMS_MODULE, "--out", str(out), "--dtypes", *DTYPES, *extra], out, timeout, out / "arms.log")
 
 
-SIMULATED_SIZE = ("--seq-len", "8", "--n-steps", "3")  # --simulate: small inputs, so that the CPU run is short
+# --simulate (tests only): small inputs, one model, one dtype, two loops, so that the CPU run of both releases is short;
+# every model, dtype and loop runs under the stand-ins in-process in tests/test_offload_gpu*.py.
+SIMULATED_SIZE = ("--seq-len", "8", "--n-steps", "3", "--models", "tiny hybrid", "--loops", "report", "cpu",
+                  "--dtypes", "bfloat16")
 
 
 def simulated_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> int:
