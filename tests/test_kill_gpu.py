@@ -294,3 +294,20 @@ def test_logit_and_end_state_drift_apart():
     d = gd.decide_fix_removes_drift(s, st, P, "5.20.0 edge")
     assert d.evidence["logit_drift_without_edge"] is False and d.evidence["end_state_drift_without_edge"] is True
     assert gd.decide_unlagged_drift(s, st).skipped  # no unlagged arm ran
+
+
+def test_fix_everywhere_keeps_the_primary_decision_and_reads_only_arms_where_the_edge_ran():
+    big = ("report layout (64)", "bfloat16")
+    base = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0])])
+    first = gd.decide_fix_removes_drift(base, _STATES, P, "5.20.0 edge")
+    d = gd.fix_everywhere(base, _STATES, P, "5.20.0 edge")
+    assert (d.holds, d.why, d.deciding, d.source, d.skipped) == (first.holds, first.why, first.deciding, first.source, False)
+    no_edge_there = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0]),
+                                   (*big, OFF, [0, 3.0])])  # the 64-layer arm drifts, but its edge arm did not run
+    assert gd.fix_everywhere(no_edge_there, _STATES, P, "5.20.0 edge").holds
+    still = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0]),
+                           (*big, OFF, [0, 3.0]), (*big, EDGE, [0, 0.5])])
+    assert gd.fix_everywhere(still, _STATES, P, "5.20.0 edge").why == (
+        first.why + "; still drifting with 5.20.0 edge on ['report layout (64)/bfloat16']")
+    cpu = pd.concat([base, base.assign(loop="cpu", model="other")], ignore_index=True)
+    assert gd.report_keys(cpu, EDGE) == [P] and gd.report_keys(cpu, OFF) == [P]

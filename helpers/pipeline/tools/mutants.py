@@ -89,7 +89,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/api/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_api.py",)),
     Scope("helpers/newimage/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_newimage.py",)),
     Scope("helpers/newimage/guardcheck.py", ("check_new_vision_tokens", "check_uncached", "_uncached", "_explicit_3d", "_recomputed"),
-          ("tests/test_newimage.py",)),
+          ("tests/test_newimage.py", "tests/test_kill_newimage.py")),
     Scope("helpers/api/checks.py", ("*",), ("tests/test_api.py", "tests/test_kill_checks.py")),
     Scope("helpers/triage/tree.py", ("decide_*", "per_layer_outcome", "backend_outcome"),
           DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
