@@ -311,3 +311,20 @@ def test_fix_everywhere_keeps_the_primary_decision_and_reads_only_arms_where_the
         first.why + "; still drifting with 5.20.0 edge on ['report layout (64)/bfloat16']")
     cpu = pd.concat([base, base.assign(loop="cpu", model="other")], ignore_index=True)
     assert gd.report_keys(cpu, EDGE) == [P] and gd.report_keys(cpu, OFF) == [P]
+
+
+def test_explanations_whole_text_and_observed_keys():
+    rows = gd.explanations(*world(), M, DT)
+    assert [r["predicts"] for r in rows] == [
+        "cpu loop: first offloaded layer differs at the prefill snapshot while prefill logits are bitwise equal; "
+        "same-forward prefetches start before their copy ends; the offload-event arm is clean",
+        "report loop: decode-1 prefetches of the prefill's buffers start before their copies end; the offload-event arm is clean",
+        "cpu loop: clean prefill snapshot, first offloaded layer differs at decode 1; a prefetch overwrites a block under a "
+        "pending read; the record_stream arm is clean and the offload-event arm is not",
+        "the first differing tensor is a linear-attention conv/recurrent state"]
+    assert [sorted(r["observed"]) for r in rows] == [
+        ["first", "offload_event_clean", "prefill_logits_bitwise", "same_forward_early"],
+        ["earlier_forward_early", "offload_event_clean"],
+        ["first", "offload_event_clean", "overwrote_pending_read", "record_stream_clean"], ["first"]]
+    one = gd.explanations(*world(same_forward=1, earlier_forward=1), M, DT)  # one early prefetch is enough
+    assert one[0]["matched"] and one[1]["matched"]
