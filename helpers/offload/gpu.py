@@ -10,7 +10,7 @@ again and offloading=True with no injected lag. Every other arm runs under the s
 (helpers.offload.pool), with CUDA timing events around every copy (helpers.offload.devicetiming), so the race is
 observed on the device, not inferred from logits. The runs are in helpers.offload.gpu_run, the decisions in
 helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
-`<out>/gpu-arms.json`; `make gpu-check` runs it per release; the notebook calls `experiment` and `decisions`.
+`<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it per release; the notebook calls `experiment` and `decisions`.
 `simulate=True` (`--simulate`) runs the same code on CPU under the recording stand-ins: a simulation, never a GPU result.
 """
 from __future__ import annotations
