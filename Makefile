@@ -16,9 +16,10 @@ RELEASES_GPU ?=
 # gpu-check's python: the kit's .venv where it exists, else python3 (a stock GPU image: CUDA torch, transformers,
 # pandas, matplotlib installed, no jupyter, no network). Another python whose torch imports runs without `env`.
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
-# gpu-wheels: what 5.20.0 needs offline. Its requirements differ from 5.17.0's only in huggingface-hub<3.0,>=1.31.0,
-# which the lent GPU machine's huggingface-hub 1.33.0 meets, so the transformers wheel alone is enough there.
-GPU_WHEELS ?= transformers==5.20.0
+# gpu-wheels: both releases' transformers wheels, for a GPU machine without network (5.17.0's in case its image has
+# another release). 5.20.0's requirements differ from 5.17.0's only in huggingface-hub<3.0,>=1.31.0, which the lent
+# GPU machine's huggingface-hub 1.33.0 meets, so the transformers wheels alone are enough there.
+GPU_WHEELS ?= transformers==5.17.0 transformers==5.20.0
 # gpu-check: seconds per step (one release's arms, one flash step), the whole check's budget (0: none), its one folder
 GPU_STEP_TIMEOUT ?= 200
 GPU_BUDGET ?= 0
@@ -103,8 +104,8 @@ gpu-check: ## notebook 05's CUDA-only claims on a GPU machine (RELEASES_GPU=, GP
 
 # gpu-wheels: the wheels gpu-check's second release installs from on a machine without network, into wheels/
 # (GPU_WHEELS= to add others); ensure_env installs from wheels/ alone (--no-index) when it holds the release.
-gpu-wheels: ## download the wheels gpu-check's second release installs offline into wheels/ (GPU_WHEELS=)
-	$(GPU_PY) -m pip download -q --no-deps --only-binary=:all: -d wheels/ $(GPU_WHEELS)
+gpu-wheels: ## download both releases' transformers wheels gpu-check installs offline into wheels/ (GPU_WHEELS=)
+	for w in $(GPU_WHEELS); do $(GPU_PY) -m pip download -q --no-deps --only-binary=:all: -d wheels/ $$w || exit 1; done
 	@ls -l wheels/
 
 test: env ## the whole test suite (CI's command): unit, kill and end-to-end notebook tests

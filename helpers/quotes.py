@@ -62,6 +62,14 @@ _FIRST_REUSE = "the bug appears exactly at the first post-prefill forward call t
 _SCALE = ("the size 7.65625: raw logit differences scale with the model (the tiny model's largest |logit| is below 1); "
           "decided is 'beyond the noise floor', and the cosine and top-1 as claims of their own")
 _NO_GPU = "needs a GPU and the 27B checkpoint; a tiny hybrid stands in, on CUDA only"
+# The GPU arms' claims that hold once the lag is injected, whatever the device does (helpers.offload.gpu.BY_CONSTRUCTION);
+# what a GPU decides is in helpers.offload.gpu.GPU_DECIDES.
+_GPU_BUILT = {
+    "prefill": "on the GPU arms, no prefill compute reads a prefetched tensor, so the prefill logits are offloading=False's",
+    "decode": "on the GPU arms, the injected lag makes the first decode read host buffers whose copies have not ended",
+    "first": "on 5.17.0 the linear-attention layers are never offloaded, so only attention K/V can differ first",
+    "race": "on the GPU arms, the sleep is 4 x the host time to the wrap prefetch, so a prefetch starts before its copy ends",
+}
 _MM_STATE = "Qwen3-VL also had important multimodal positional state outside the K/V tensors."
 _ONE_IMAGE = "The control was intentionally narrow: - 2B model; - one image;"
 _PRESERVE = ("For Qwen3-VL, preserve the model-side multimodal positional state as well as the K/V tensors if the cache "
@@ -130,15 +138,16 @@ QUOTES: dict[str, Quote] = {
                                                      "not restore the original result."),
     # 05 hybrid offloading (#48947)
     "offload.prefill_identical": _q(ISSUE_48947, "states", "The first forward call (prefill) is bit-identical to offloading=False;",
-                                    not_decided=_NO_GPU),
+                                    not_decided=_NO_GPU, by_construction=_GPU_BUILT["prefill"]),
     "offload.decode_drifts": _q(ISSUE_48947, "states", "the very next call that reuses past_key_values already diverges far beyond "
-                                "bf16 rounding noise", not_decided=_NO_GPU),
-    "offload.first_differing_tensor_is_attention_kv": _q(ISSUE_48947, "hypothesis", _LINEAR_HYPOTHESIS, not_decided=_NO_GPU),
+                                "bf16 rounding noise", not_decided=_NO_GPU, by_construction=_GPU_BUILT["decode"]),
+    "offload.first_differing_tensor_is_attention_kv": _q(ISSUE_48947, "hypothesis", _LINEAR_HYPOTHESIS, not_decided=_NO_GPU,
+                                                         by_construction=_GPU_BUILT["first"]),
     "offload.linear_layers_never_moved": _q(ISSUE_48947, "hypothesis", _LINEAR_HYPOTHESIS),
     "offload.ordering_edge_removes_drift": _q(ISSUE_48947, "extends", "Logits (and therefore generated tokens) with "
                                               "offloading=True should match offloading=False up to ordinary bf16 "
                                               "nondeterminism, at every step, not just the first."),
-    "offload.race_observed_on_device": _q(ISSUE_48947, "extends", _FIRST_REUSE),
+    "offload.race_observed_on_device": _q(ISSUE_48947, "extends", _FIRST_REUSE, by_construction=_GPU_BUILT["race"]),
     "offload.offload_event_removes_drift": _q(ISSUE_48947, "extends", _FIRST_REUSE),
     "offload.record_stream_removes_drift": _q(ISSUE_48947, "extends", _FIRST_REUSE),
     "offload.prefetch_reads_unordered_copy": _q(ISSUE_48947, "extends", "the second call, which is the first call that actually "

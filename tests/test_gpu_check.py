@@ -7,10 +7,12 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers.pipeline.matrix import envs
 from helpers.pipeline.tools import gpu_check
@@ -154,7 +156,8 @@ def test_the_arms_and_flash_commands(monkeypatch, tmp_path):
 def test_makefile_gpu_check_needs_no_env_for_another_python():
     text = (repo_root() / "Makefile").read_text()
     assert "\ngpu-check: ##" in text and "GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)" in text
-    assert "pip download -q --no-deps --only-binary=:all: -d wheels/ $(GPU_WHEELS)" in text
+    assert "pip download -q --no-deps --only-binary=:all: -d wheels/ $$w" in text
+    assert "GPU_WHEELS ?= transformers==5.17.0 transformers==5.20.0" in text  # both releases, one download each
     assert "wheels/" in (repo_root() / ".gitignore").read_text().splitlines()
 
 
@@ -261,8 +264,15 @@ def test_gpu_check_end_to_end_on_cpu_under_stand_ins(monkeypatch, tmp_path, caps
     monkeypatch.setenv("KVKIT_RELEASE_VENVS", str(tmp_path / "venvs"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     start = time.perf_counter()
-    assert gpu_check.main(["--simulate"]) == 0, capsys.readouterr().out
-    summary = json.loads((tmp_path / "outputs" / "gpu" / "gpu-check.json").read_text())
+    done = run_device_command(tmp_path, simulate=True)  # the documented device command, --simulate appended
+    assert "gpu-check exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "OUT" / "gpu-check.json").read_text())
+    with tarfile.open(tmp_path / "OUT" / "gpu.tgz") as tar:
+        names = tar.getnames()
+        for release in (envs.pinned_release(), "5.20.0"):  # every arm written as it finished, per release
+            arms_log = tar.extractfile(f"kvkit-gpu/{release}/arms.jsonl").read().decode().splitlines()
+            assert arms_log and all(json.loads(line)["steps"] for line in arms_log), names
+    assert len(list((tmp_path / "OUT").iterdir())) <= 8
     assert [r["release"] for r in summary["releases"]] == [envs.pinned_release(), "5.20.0"]
     for row in summary["releases"]:
         assert row["arms"]["schema"] == "kvkit-gpu-arms/1" and row["arms"]["release"] == row["release"], row
@@ -270,6 +280,43 @@ def test_gpu_check_end_to_end_on_cpu_under_stand_ins(monkeypatch, tmp_path, caps
     assert summary["releases"][1]["lag_from"] == envs.pinned_release()  # the second release ran under the first's lag
     assert summary["claims"][0]["evidence"]["same_lag"] is True and summary["claims"][0]["reason"].startswith("[simulated")
     print(f"\ngpu-check --simulate: {time.perf_counter() - start:.0f} s")
+
+
+def device_command() -> str:
+    """The one device command of docs/gpu-check.md (between its device-command markers)."""
+    text = (repo_root() / "docs" / "gpu-check.md").read_text()
+    block = text.split("<!-- device-command -->", 1)[1].split("<!-- /device-command -->", 1)[0]
+    return block.strip().strip("`").strip()
+
+
+def run_device_command(tmp_path: Path, simulate: bool = False, python: str = sys.executable) -> subprocess.CompletedProcess:
+    """The documented command under bash, as on the device: $OUT and TMPDIR in `tmp_path`, GPU_PY `python`."""
+    cmd = device_command()
+    if simulate:  # the CPU simulation on a shared 2-core machine is slower than the device: wider limits, same command
+        cmd = (cmd.replace("--timeout 200 --budget 540", "--timeout 800 --budget 1600 --simulate")
+                  .replace("timeout -k 10 570", "timeout -k 10 1700"))
+        assert "--simulate" in cmd and "timeout -k 10 1700" in cmd
+    (tmp_path / "OUT").mkdir(exist_ok=True)
+    env = {**os.environ, "OUT": str(tmp_path / "OUT"), "TMPDIR": str(tmp_path), "GPU_PY": python}
+    return subprocess.run(["bash", "-c", cmd], cwd=str(repo_root()), env=env, capture_output=True, text=True, timeout=1800)
+
+
+def test_the_device_command_needs_no_make_and_bounds_itself():
+    cmd = device_command()
+    assert "\n" not in cmd and len(cmd) < 2000 and "make" not in cmd.split()
+    for needle in ("timeout -k 10 570", "PYTHONUNBUFFERED=1", " -u -m helpers.pipeline.tools.gpu_check", 'KVKIT_WHEELS="$PWD/wheels"',
+                   "--budget 540", '"${GPU_PY:-python3}"', '"$OUT/gpu.tgz"'):
+        assert needle in cmd, needle
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without CUDA")
+def test_the_device_command_refuses_in_one_line_without_cuda(tmp_path):
+    done = run_device_command(tmp_path)
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("gpu-check: ") and lines[0].endswith("the GPU arms need CUDA, nothing was run."), done.stdout
+    assert "gpu-check exit 2" in lines
+    out = list((tmp_path / "OUT").iterdir())
+    assert [p.name for p in out] == ["gpu.tgz"] and len(out) <= 8
 
 
 def _arms_with_steps(out: Path, release: str, drift: bool, sleep: int = 1000, runs=None) -> None:
@@ -351,6 +398,16 @@ def test_gpu_plan_prints_the_plan_without_cuda(capsys):
     for needle in ("report layout (64): 64 layers, 48 linear_attention / 16 full_attention", "run report layout (64) bfloat16: loops report",
                    "offloading=True (unlagged): unlagged", "pool poisoning:", "1024.0", "per-step timeout: 150 s", "minutes in all"):
         assert needle in out, needle
+    from helpers.offload import gpu, gpuplan
+
+    for cid in (*gpu.CUDA_CLAIMS, *gpuplan.DEVICE_CLAIMS, "offload.drift_only_without_ordering_edge"):
+        line = next(l for l in out.splitlines() if l.strip().startswith(cid + ":"))
+        if cid in gpuplan.BY_CONSTRUCTION:
+            assert "can fail: no (by construction: " in line, line
+        else:
+            assert "can fail: yes; decides " in line and "fed by " in line, line
+    for cid in ("offload.ordering_edge_removes_drift", "offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts"):
+        assert "64-layer" in next(l for l in out.splitlines() if cid in l)  # the 64-layer arms feed them
 
 
 def test_makefile_gpu_plan_and_the_step_timeout():

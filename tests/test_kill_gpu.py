@@ -226,3 +226,105 @@ def test_fix_decision_edge_cases():
     missing = gd.decide_fix_removes_drift(steps, states, ("report", M, DT), "record_stream")
     assert not missing.holds and missing.deciding["max |logit diff| with record_stream"] is None
     assert "[2.1235]" in gd.decide_decode_drifts(steps, ("report", M, DT)).why
+
+
+@pytest.mark.parametrize("rate", [calibrate.MIN_CYCLES_PER_MS, 1.4e6, calibrate.MAX_CYCLES_PER_MS])
+def test_a_plausible_clock_rate_passes(rate):
+    assert calibrate.checked_rate(rate) == rate
+
+
+@pytest.mark.parametrize("rate", [calibrate.MIN_CYCLES_PER_MS * 0.999, calibrate.MAX_CYCLES_PER_MS * 1.001, 0.0, -1.0,
+                                  float("inf"), float("nan"), 1e12])
+def test_an_implausible_clock_rate_is_refused(rate):
+    with pytest.raises(ValueError, match="outside a 1e\\+05-5e\\+06 \\(100 MHz-5 GHz\\) clock"):
+        calibrate.checked_rate(rate)
+
+
+def test_sleep_cycles_are_clamped_to_the_cap_at_the_checked_rate():
+    rate = 1e6
+    assert calibrate.clamp_cycles(5_000, rate) == 5_000
+    cap = int(calibrate.MAX_SLEEP_MS * rate)
+    assert calibrate.clamp_cycles(cap, rate) == cap and calibrate.clamp_cycles(cap + 1, rate) == cap
+    assert calibrate.clamp_cycles(10**15, rate) == cap  # another run's or a hand-set sleep cannot spin for hours
+    assert calibrate.clamp_cycles(-5, rate) == 0 and calibrate.clamp_cycles(0, rate) == 0
+    assert calibrate.clamp_cycles(7_000, rate, cap_ms=0.005) == 5_000
+    assert calibrate.clamp_cycles(10**9, 999_000.7, cap_ms=1.0) == 999_001  # rounded like sleep_plan, not floored
+    with pytest.raises(ValueError):
+        calibrate.clamp_cycles(1_000, 1e3)  # a bad rate is refused, not used to size the clamp
+
+
+def _report_steps(rows: list[tuple[str, str, str, list[float]]], threshold: float = 0.01) -> pd.DataFrame:
+    """(model, dtype, variant, diffs) per arm, in the report's loop."""
+    return pd.DataFrame([{"loop": "report", "model": m, "dtype": d, "variant": v, "step": i, "max_abs_diff": x,
+                          "noise_threshold": threshold, "matches": x <= threshold, "differs": x > threshold}
+                         for m, d, v, xs in rows for i, x in enumerate(xs)])
+
+
+_STATES = pd.DataFrame(columns=["loop", "model", "dtype", "variant", "step", "differs", "kind", "tensor", "call", "layer",
+                                "write_order", "max_abs_diff", "noise_threshold"])
+EDGE = "offloading=True + 5.20.0 edge"
+P = ("report", "tiny hybrid", "bfloat16")
+
+
+def test_fix_everywhere_reads_the_64_layer_arm_too():
+    big = ("report layout (64)", "bfloat16")
+    fixed = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0]),
+                    (*big, OFF, [0, 3.0]), (*big, EDGE, [0, 0])])
+    d = gd.fix_everywhere(fixed, _STATES, P, "5.20.0 edge")
+    assert d.holds and d.evidence["other_report_arms_fixed"] == {"report layout (64)/bfloat16": True}
+    still = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0]),
+                    (*big, OFF, [0, 3.0]), (*big, EDGE, [0, 0.5])])
+    d = gd.fix_everywhere(still, _STATES, P, "5.20.0 edge")
+    assert not d.holds and d.why.endswith("; still drifting with 5.20.0 edge on ['report layout (64)/bfloat16']")
+    quiet = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0]),
+                    (*big, OFF, [0, 0]), (*big, EDGE, [0, 0.5])])
+    d = gd.fix_everywhere(quiet, _STATES, P, "5.20.0 edge")  # no drift there to remove: not read
+    assert d.holds and d.evidence["other_report_arms_fixed"] == {}
+    primary_fails = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0.5])])
+    assert not gd.fix_everywhere(primary_fails, _STATES, P, "5.20.0 edge").holds
+    assert gd.report_keys(fixed, EDGE) == [P, ("report", *big)]
+
+
+def test_logit_and_end_state_drift_apart():
+    s = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 0])])
+    st = pd.DataFrame([{"loop": "report", "model": "tiny hybrid", "dtype": "bfloat16", "variant": OFF, "step": 3,
+                        "differs": True, "kind": "attention K/V", "tensor": "layers[3]", "call": "decode 3", "layer": 3,
+                        "write_order": 0, "max_abs_diff": 1.0, "noise_threshold": 0.01}])
+    assert not gd.logit_drift(s, P, OFF) and gd.state_drift(st, P, OFF) and gd.drifts(s, st, P, OFF)
+    d = gd.decide_fix_removes_drift(s, st, P, "5.20.0 edge")
+    assert d.evidence["logit_drift_without_edge"] is False and d.evidence["end_state_drift_without_edge"] is True
+    assert gd.decide_unlagged_drift(s, st).skipped  # no unlagged arm ran
+
+
+def test_fix_everywhere_keeps_the_primary_decision_and_reads_only_arms_where_the_edge_ran():
+    big = ("report layout (64)", "bfloat16")
+    base = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0])])
+    first = gd.decide_fix_removes_drift(base, _STATES, P, "5.20.0 edge")
+    d = gd.fix_everywhere(base, _STATES, P, "5.20.0 edge")
+    assert (d.holds, d.why, d.deciding, d.source, d.skipped) == (first.holds, first.why, first.deciding, first.source, False)
+    no_edge_there = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0]),
+                                   (*big, OFF, [0, 3.0])])  # the 64-layer arm drifts, but its edge arm did not run
+    assert gd.fix_everywhere(no_edge_there, _STATES, P, "5.20.0 edge").holds
+    still = _report_steps([("tiny hybrid", "bfloat16", OFF, [0, 2.0]), ("tiny hybrid", "bfloat16", EDGE, [0, 0]),
+                           (*big, OFF, [0, 3.0]), (*big, EDGE, [0, 0.5])])
+    assert gd.fix_everywhere(still, _STATES, P, "5.20.0 edge").why == (
+        first.why + "; still drifting with 5.20.0 edge on ['report layout (64)/bfloat16']")
+    cpu = pd.concat([base, base.assign(loop="cpu", model="other")], ignore_index=True)
+    assert gd.report_keys(cpu, EDGE) == [P] and gd.report_keys(cpu, OFF) == [P]
+
+
+def test_explanations_whole_text_and_observed_keys():
+    rows = gd.explanations(*world(), M, DT)
+    assert [r["predicts"] for r in rows] == [
+        "cpu loop: first offloaded layer differs at the prefill snapshot while prefill logits are bitwise equal; "
+        "same-forward prefetches start before their copy ends; the offload-event arm is clean",
+        "report loop: decode-1 prefetches of the prefill's buffers start before their copies end; the offload-event arm is clean",
+        "cpu loop: clean prefill snapshot, first offloaded layer differs at decode 1; a prefetch overwrites a block under a "
+        "pending read; the record_stream arm is clean and the offload-event arm is not",
+        "the first differing tensor is a linear-attention conv/recurrent state"]
+    assert [sorted(r["observed"]) for r in rows] == [
+        ["first", "offload_event_clean", "prefill_logits_bitwise", "same_forward_early"],
+        ["earlier_forward_early", "offload_event_clean"],
+        ["first", "offload_event_clean", "overwrote_pending_read", "record_stream_clean"], ["first"]]
+    one = gd.explanations(*world(same_forward=1, earlier_forward=1), M, DT)  # one early prefetch is enough
+    assert one[0]["matched"] and one[1]["matched"]

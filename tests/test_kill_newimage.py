@@ -86,3 +86,20 @@ def test_case(name, thunk, expected):
     d = thunk()
     assert d.holds is expected, (name, d.why)
     assert d.why and isinstance(d.evidence, dict) and isinstance(d.deciding, dict)
+
+
+def test_uncached_is_what_generate_feeds():
+    """helpers.newimage.guardcheck._uncached: the suffix itself where the mask covers cached + suffix, else what follows
+    the cache (a whole sequence), else the ids as given."""
+    import torch
+
+    from helpers.newimage import guardcheck
+
+    ids = torch.arange(8)[None]
+    assert torch.equal(guardcheck._uncached(ids, torch.ones(1, 13), 5), ids)  # mask 5 + 8: the suffix as given
+    assert torch.equal(guardcheck._uncached(ids, None, 5), ids[:, 5:])  # no mask: what follows the cache
+    assert torch.equal(guardcheck._uncached(ids, torch.ones(1, 8), 5), ids[:, 5:])  # a mask over the ids only
+    assert torch.equal(guardcheck._uncached(ids[:, :3], torch.ones(1, 3), 5), ids[:, :3])  # shorter than the cache
+    assert torch.equal(guardcheck._uncached(ids[:, :5], None, 5), ids[:, :5])  # exactly the cache's length: as given
+    assert torch.equal(guardcheck._uncached(ids, torch.ones(13, 8), 5), ids[:, 5:])  # its columns are read, not its rows
+    assert torch.equal(guardcheck._uncached(ids, torch.ones(1, 1, 8, 13), 5), ids)  # a 4-D mask: its last axis

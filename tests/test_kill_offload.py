@@ -225,6 +225,16 @@ def timing(*rows: dict[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(list(rows))
 
 
+RS, UNL = "offloading=True + record_stream", "offloading=True (unlagged)"
+
+
+def unlagged_steps(diffs: list[float], threshold: float = 0.01) -> pd.DataFrame:
+    """steps() plus an unlagged arm with `diffs`."""
+    extra = [{**TAGS, "variant": UNL, "step": i, "max_abs_diff": d, "noise_threshold": threshold, "bitwise_equal": d == 0.0,
+              "matches": d <= threshold, "differs": d > threshold, "argmax_match": True} for i, d in enumerate(diffs)]
+    return pd.concat([steps([0.0, 2.1]), pd.DataFrame(extra)], ignore_index=True)
+
+
 def test_race_counts_split_same_and_earlier_forward_and_respect_the_resolution():
     counts = gd.race_counts(timing(lead(OFF, 0.5), lead(OFF, 2.0, cross=True, pending=True), lead(OFF, gd.RESOLUTION_MS),
                                    lead(OFF, None, busy=False), lead(EDGE, -0.2)))
@@ -351,6 +361,19 @@ CASES: list[Case] = [
     ("narrow fix: record_stream leaves the drift", lambda: gd.decide_fix_removes_drift(
         steps3([0.0, 2.1], {"record_stream": [0.0, 1.9]}), states(), KEY, "record_stream"), False),
     ("narrow fix: the arm did not run", lambda: gd.decide_fix_removes_drift(steps([0.0, 2.1]), states(), KEY, "record_stream"), False),
+    ("overwritten: a prefetch overwrote a block under a pending read, none with record_stream", lambda: gd.decide_overwrote_pending_read(
+        gd.race_counts(timing(lead(OFF, 0.5, pending=True), lead(RS, -0.1)))), True),
+    ("overwritten: no block overwritten", lambda: gd.decide_overwrote_pending_read(
+        gd.race_counts(timing(lead(OFF, 0.5), lead(RS, -0.1)))), False),
+    ("overwritten: record_stream overwrites too", lambda: gd.decide_overwrote_pending_read(
+        gd.race_counts(timing(lead(OFF, 0.5, pending=True), lead(RS, -0.1, pending=True)))), False),
+    ("overwritten: no record_stream arm ran", lambda: gd.decide_overwrote_pending_read(
+        gd.race_counts(timing(lead(OFF, 0.5, pending=True)))), False),
+    ("unlagged: the unlagged arm's logits drift", lambda: gd.decide_unlagged_drift(
+        unlagged_steps([0.0, 2.1]), states()), True),
+    ("unlagged: only the unlagged end state differs", lambda: gd.decide_unlagged_drift(
+        unlagged_steps([0.0, 0.0]), states(state(UNL, 3, 0, KV))), False),
+    ("unlagged: within the floor", lambda: gd.decide_unlagged_drift(unlagged_steps([0.0, 0.01]), states()), False),
 ]
 
 

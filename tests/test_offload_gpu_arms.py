@@ -112,7 +112,8 @@ def test_unlagged_rows_from_contradicting_tables():
                                    "write_order", "max_abs_diff", "noise_threshold"])
     steps = pd.DataFrame([step(arms.OFF, 2.0), step(arms.UNLAGGED, 0.0)])
     assert gd.unlagged_rows(steps, states) == [{"loop": "report", "model": "m", "dtype": "bfloat16", "drifts_without_lag": False,
-                                               "max_abs_diff": 0.0, "steps_beyond_floor": 0, "drifts_with_lag": True}]
+                                               "max_abs_diff": 0.0, "steps_beyond_floor": 0, "drifts_with_lag": True,
+                                               "logit_drift_without_lag": False, "end_state_drift_without_lag": False}]
     drifting = pd.DataFrame([step(arms.OFF, 2.0), step(arms.UNLAGGED, 3.0)])
     assert gd.unlagged_rows(drifting, states)[0]["drifts_without_lag"] is True
     assert gd.unlagged_rows(steps[steps.variant == arms.OFF], states) == []
@@ -158,3 +159,106 @@ def test_the_report_layout_runs_in_bfloat16_and_the_reports_loop_only(tmp_path):
     assert [r["model"] for r in data["tables"]["unlagged"]] == ["report layout (64)"]
     # no `.cpu()` loop: no explanation reads it; its CPU edge record is notebook 05's, not repeated here
     assert data["tables"]["explanations"] == [] and data["tables"]["edges_on_cpu_record"] is None
+
+
+def _reads_after_lag(model, ids, loop: str, site) -> list[int]:
+    """Per forward: the host reads between a pre-hook on `site` and the forward's first cache update (CPU, stand-ins)."""
+    from helpers import compat
+    from helpers.offload import hostwaits, loops
+
+    events: list[str] = []
+    handle = site.register_forward_pre_hook(lambda module, args: events.append("lag"))
+    try:
+        with standins.recording_streams():
+            cache = compat.dynamic_cache(model.config, offloading=True)
+            with tracking.instrument(cache, lambda *a: events.append("update"), lambda i, l, m, original: original), \
+                    hostwaits.HostReads(events):
+                loops.run_loop(loop, model, ids, 3, cache=cache)
+    finally:
+        handle.remove()
+    return hostwaits.reads_after_marks(events)
+
+
+def test_the_lag_sits_where_no_host_read_drains_it(dense):
+    """4.1: on the first decoder layer no host read (a device sync on CUDA) falls between the sleep and the first cache
+    update, in every loop; on the top-level model generate()'s forward reads the mask on the host first (5.17.0)."""
+    from helpers import compat
+    from packaging.version import Version
+
+    models, ids = dense
+    model, x = models["tiny dense"], ids["tiny dense"]
+    site = arms.lag_site(model)
+    assert site is model.model.layers[0]
+    for loop in ("report", "cpu", "generate"):
+        reads = _reads_after_lag(model, x, loop, site)
+        assert len(reads) == 3 and reads == [0, 0, 0], (loop, reads)
+    top = _reads_after_lag(model, x, "generate", model)
+    if Version(compat.TRANSFORMERS_VERSION) < Version("5.18.0"):
+        assert top[0] > 0, "the defect the lag site avoids: a host read after a top-level sleep"
+    with standins.recording_streams() as log, arms.device_lag(model, 1000):
+        model(x)
+    assert [e["op"] for e in log.events].count("sleep") == 1
+    flat = torch.nn.Linear(2, 2)
+    flat.config = model.config
+    with pytest.raises(ValueError, match="no decoder layer list"):
+        arms.lag_site(flat)
+
+
+def test_host_reads_after_marks():
+    from helpers.offload import hostwaits
+
+    assert hostwaits.reads_after_marks(["read", "lag", "read", "read", "update", "read", "lag", "update", "lag", "read"]) == [2, 0, 1]
+
+
+def test_the_probe_records_through_the_streams_own_record_event():
+    """4.6: after the wait the probe records the waiter's own event kind (no torch.cuda.Event cast onto a torch.Stream)."""
+    with standins.recording_streams() as log:
+        waiter = torch.Stream()
+        before = log.calls.get("torch.cuda.Event", 0)
+        probe.held_behind_sleep(waiter, tracking.device_event, 1000)
+        assert log.calls.get("torch.cuda.Event", 0) == before
+
+
+def test_the_calibrated_sleep_is_clamped_and_both_are_recorded(dense):
+    models, ids = dense
+    ex = gpu.experiment(models, ids, ("float32",), loops=("report",), n_steps=2, fixes=(), simulate=True, cycles=10**15)
+    row = ex.calibration[0]
+    assert row["sleep_cycles_asked"] == 10**15
+    from helpers.offload import calibrate
+
+    assert row["sleep_cycles_used"] == round(calibrate.MAX_SLEEP_MS * row["cycles_per_ms"])
+
+
+def test_each_arm_is_written_as_it_finishes(tmp_path, monkeypatch):
+    """4.4: arms.jsonl holds every finished arm even when a later run crashes."""
+    real = gpu_run._loop_arms
+    calls = {"n": 0}
+
+    def crash_on_second(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("device lost")
+        return real(*a, **k)
+
+    monkeypatch.setattr(gpu_run, "_loop_arms", crash_on_second)
+    with pytest.raises(RuntimeError, match="device lost"):
+        gpu.main(["--simulate", "--out", str(tmp_path), "--n-steps", "2", "--seq-len", "8", "--models", "tiny dense",
+                  "--loops", "report", "cpu", "--dtypes", "float32"])
+    rows = [json.loads(line) for line in (tmp_path / gpu.ARMS_LOG).read_text().splitlines()]
+    assert [(r["loop"], r["variant"]) for r in rows] == [("report", v) for v, *_ in gpuplan.arms_of("report")[2:]]
+    assert all(r["steps"] and r["sleep_cycles_used"] >= 0 and "race_counts" in r for r in rows)
+    assert not (tmp_path / "gpu-arms.json").exists()
+
+
+@pytest.mark.parametrize("capability, kept", [((7, 5), ("float32",)), ((8, 0), ("float32", "bfloat16")),
+                                              ((9, 0), ("float32", "bfloat16"))])
+def test_bfloat16_is_left_out_below_compute_capability_8(monkeypatch, capability, kept):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # as on a T4: not what decides
+    got, dropped = gpu_run.usable_dtypes(("float32", "bfloat16"), torch.device("cuda"))
+    assert got == kept
+    assert (("bfloat16" in dropped) == (capability < (8, 0)))
+    if dropped:
+        assert "compute capability 7.5" in dropped["bfloat16"]
+    assert gpu_run.usable_dtypes(("float32", "bfloat16"), torch.device("cpu")) == (("float32", "bfloat16"), {})

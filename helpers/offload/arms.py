@@ -38,10 +38,23 @@ def variant_name(edge: str | None) -> str:
     return OFF if edge in (None, "none") else f"{OFF} + {edge}"
 
 
+def lag_site(model: torch.nn.Module) -> torch.nn.Module:
+    """Where the lag goes: the first decoder layer. A pre-hook on the top-level model would sleep before the forward's
+    own host reads (5.17.0 checks generate()'s all-ones mask inside the forward, before the layers), which drain the
+    lag; at the first decoder layer no host read follows it before the first cache update
+    (tests/test_offload_gpu_arms.py records the reads)."""
+    n = compat.text_config(model.config).num_hidden_layers
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and name.endswith("layers") and len(module) == n:
+            return module[0]
+    raise ValueError(f"{type(model).__name__}: no decoder layer list of {n} layers to put the device lag on")
+
+
 @contextmanager
 def device_lag(model: torch.nn.Module, cycles: int) -> Iterator[None]:
-    """`torch.cuda._sleep(cycles)` on the current (default) stream at the start of every forward."""
-    handle = model.register_forward_pre_hook(lambda module, args: torch.cuda._sleep(int(cycles))) if cycles > 0 else None
+    """`torch.cuda._sleep(cycles)` on the current (default) stream at the start of every forward's first decoder layer."""
+    site = lag_site(model) if cycles > 0 else None
+    handle = site.register_forward_pre_hook(lambda module, args: torch.cuda._sleep(int(cycles))) if site is not None else None
     try:
         yield
     finally:

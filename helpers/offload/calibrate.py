@@ -9,6 +9,7 @@ busy when the wrap prefetch is enqueued, which each arm checks and records (`def
 """
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -19,6 +20,9 @@ SLEEP_FACTOR = 4.0
 MIN_SLEEP_MS = 1.0
 MAX_SLEEP_MS = 200.0  # a cap, so that a slow host (or a CPU simulation) cannot make the arms run for minutes; above
 # the host time to the wrap of the report's 64-layer layout (about 70 ms assumed in helpers.offload.gpuplan)
+# Plausible cycles per ms of `_sleep`: a 100 MHz to 5 GHz clock. A reading outside it is refused, so that a wrong
+# rate cannot turn a 200 ms sleep into hours (only the step timeout would stop it).
+MIN_CYCLES_PER_MS, MAX_CYCLES_PER_MS = 1e5, 5e6
 WARM_MS = 500.0  # busy time before the rate is measured, so that the clocks have left their idle state
 
 
@@ -41,7 +45,20 @@ def cycles_per_ms(repeats: int = 5, cycles: int = PROBE_CYCLES) -> float:
         end.record()
         end.synchronize()
         rates.append(cycles / max(float(start.elapsed_time(end)), 1e-9))
-    return float(statistics.median(rates))
+    return checked_rate(float(statistics.median(rates)))
+
+
+def checked_rate(rate: float) -> float:
+    """`rate` (cycles per ms) where it is a plausible clock; else ValueError, saying what was read."""
+    if not (math.isfinite(rate) and MIN_CYCLES_PER_MS <= rate <= MAX_CYCLES_PER_MS):
+        raise ValueError(f"torch.cuda._sleep measured at {rate:.4g} cycles per ms, outside a {MIN_CYCLES_PER_MS:.0e}-"
+                         f"{MAX_CYCLES_PER_MS:.0e} (100 MHz-5 GHz) clock: the sleep would not last what was asked")
+    return rate
+
+
+def clamp_cycles(cycles: int, rate: float, cap_ms: float = MAX_SLEEP_MS) -> int:
+    """`cycles` (calibrated, overridden, or another run's) clamped to [0, cap_ms at the checked `rate`]."""
+    return max(0, min(int(cycles), int(round(cap_ms * checked_rate(rate)))))  # rounded as sleep_plan rounds
 
 
 def wrap_prefetches(timing: Any) -> Any:

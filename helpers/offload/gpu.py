@@ -10,7 +10,7 @@ again and offloading=True with no injected lag. Every other arm runs under the s
 (helpers.offload.pool), with CUDA timing events around every copy (helpers.offload.devicetiming), so the race is
 observed on the device, not inferred from logits. The runs are in helpers.offload.gpu_run, the decisions in
 helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
-`<out>/gpu-arms.json`; `make gpu-check` runs it per release; the notebook calls `experiment` and `decisions`.
+`<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it per release; the notebook calls `experiment` and `decisions`.
 `simulate=True` (`--simulate`) runs the same code on CPU under the recording stand-ins: a simulation, never a GPU result.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 from .. import compat
 from . import gpu_decide as gd
 from .gpu_run import EVENT, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's and tests' names
-from .gpuplan import MODELS
+from .gpuplan import BY_CONSTRUCTION, DEVICE_CLAIMS, GPU_DECIDES, MODELS  # noqa: F401 - the claims' types
 from .loops import LOOPS, Decision, random_ids
 
 CUDA_CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
@@ -46,6 +46,7 @@ CLAIM_KINDS = {"offload.prefill_identical": "reproduces", "offload.decode_drifts
                "offload.first_differing_tensor_is_attention_kv": "refutes", "offload.ordering_edge_removes_drift": "beyond",
                "offload.race_observed_on_device": "beyond", "offload.offload_event_removes_drift": "beyond",
                "offload.record_stream_removes_drift": "beyond"}
+DEVICE_KINDS = {cid: "beyond" for cid in DEVICE_CLAIMS}
 SIMULATED = "[simulated on CPU under recording stream stand-ins, not a GPU measurement] "
 
 
@@ -56,10 +57,10 @@ def decisions(ex: GpuExperiment) -> dict[str, Decision]:
     out = {"offload.prefill_identical": gd.decide_prefill_identical(ex.steps, key),
            "offload.decode_drifts": gd.decide_decode_drifts(ex.steps, key),
            "offload.first_differing_tensor_is_attention_kv": gd.decide_first_tensor(ex.states, ("cpu", *key[1:])),
-           "offload.ordering_edge_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, key, "5.20.0 edge"),
+           "offload.ordering_edge_removes_drift": gd.fix_everywhere(ex.steps, ex.states, key, "5.20.0 edge"),
            "offload.race_observed_on_device": gd.decide_race_observed(ex.counts),
            "offload.offload_event_removes_drift": _event_decision(ex, narrow),
-           "offload.record_stream_removes_drift": gd.decide_fix_removes_drift(ex.steps, ex.states, narrow, "record_stream")}
+           "offload.record_stream_removes_drift": gd.fix_everywhere(ex.steps, ex.states, narrow, "record_stream")}
     for cid in ("offload.offload_event_removes_drift", "offload.record_stream_removes_drift"):
         out[cid].evidence["narrow_on_cpu_record"] = gd.narrow_models(ex.edges)
     if ex.settings.get("simulated_on_cpu"):
@@ -71,9 +72,27 @@ def decisions(ex: GpuExperiment) -> dict[str, Decision]:
 def _event_decision(ex: GpuExperiment, key: gd.Key) -> Decision:
     """The offload-event fix, where the device probe let its arm run; else skipped with the probe's reason."""
     if EVENT in ex.settings.get("fixes", (EVENT,)):  # hand-made tables without settings: decided as they are
-        return gd.decide_fix_removes_drift(ex.steps, ex.states, key, EVENT)
+        return gd.fix_everywhere(ex.steps, ex.states, key, EVENT)
     return Decision(False, {"arm": list(key), "event_probe": ex.settings.get("event_probe")},
                     f"not run: {ex.settings.get('event_arm_gate') or 'the offload-event arm was not asked for'}", skipped=True)
+
+
+def device_decisions(ex: GpuExperiment) -> dict[str, Decision]:
+    """The claims only the plain module writes, both decided by a GPU: blocks overwritten under a pending read (every
+    arm's device timing) and drift without the injected lag (every unlagged arm, the 64-layer layout's included)."""
+    out = {"offload.block_overwritten_under_pending_read": gd.decide_overwrote_pending_read(ex.counts),
+           "offload.unlagged_run_drifts": gd.decide_unlagged_drift(ex.steps, ex.states)}
+    if ex.settings.get("simulated_on_cpu"):
+        for d in out.values():
+            d.why = SIMULATED + d.why
+    return out
+
+
+def claim_type(cid: str) -> dict[str, Any]:
+    """Whether a claim can fail on a GPU, and why not (by construction) or what it decides."""
+    if cid in BY_CONSTRUCTION:
+        return {"can_fail": False, "by_construction": BY_CONSTRUCTION[cid]}
+    return {"can_fail": True, "gpu_decides": GPU_DECIDES[cid][0]}
 
 
 def explain(ex: GpuExperiment) -> list[dict[str, Any]]:
@@ -102,8 +121,10 @@ def results_json(ex: GpuExperiment, seconds: float) -> dict[str, Any]:
     from ..results import verdict_for
 
     records = lambda f: json.loads(f.to_json(orient="records", default_handler=str))  # noqa: E731 - NaN -> null
-    claims = [{"id": cid, "kind": CLAIM_KINDS[cid], "verdict": "skipped" if d.skipped else verdict_for(CLAIM_KINDS[cid], d.holds),
-               "reason": d.why, "deciding": d.deciding, "source": d.source} for cid, d in decisions(ex).items()]
+    kinds = {**CLAIM_KINDS, **DEVICE_KINDS}
+    claims = [{"id": cid, "kind": kinds[cid], "verdict": "skipped" if d.skipped else verdict_for(kinds[cid], d.holds),
+               "reason": d.why, "deciding": d.deciding, "source": d.source, **claim_type(cid)}
+              for cid, d in {**decisions(ex), **device_decisions(ex)}.items()]
     return {"schema": "kvkit-gpu-arms/1", "release": compat.TRANSFORMERS_VERSION, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (simulated)",
             "seconds": round(seconds, 1), "settings": ex.settings, "claims": claims,
@@ -138,10 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"helpers.offload.gpu: refused, CUDA is not usable here ({why or 'torch.cuda.is_available() is False'}); nothing was run.")
         return 2
     out = Path(args.out) if args.out else _default_out()
+    out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     models, ids_of = default_models(args.seed, 2, args.seq_len, "cpu" if args.simulate else "cuda", tuple(args.models))
     ex = experiment(models, ids_of, tuple(args.dtypes), tuple(args.loops), args.n_steps, simulate=args.simulate,
-                    race_lag=args.race_lag, cycles_of=lag_from(args.lag_from))
+                    race_lag=args.race_lag, cycles_of=lag_from(args.lag_from), on_arms=arms_writer(out / ARMS_LOG))
     data = results_json(ex, time.perf_counter() - start)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gpu-arms.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
@@ -149,6 +171,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{c['id']}: {c['verdict']} - {c['reason'][:200]}")
     print(f"wrote {out.name}/gpu-arms.json in {data['seconds']} s")
     return 0
+
+
+ARMS_LOG = "arms.jsonl"  # one line per arm, written as each loop's arms finish
+
+
+def arms_writer(path: Path) -> Any:
+    """A callback that appends each finished arm to `path` (emptied first) and flushes it, with a line on stdout."""
+    path.write_text("")
+
+    def write(rows: list[dict[str, Any]]) -> None:
+        with path.open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row, default=str) + "\n")
+        for row in rows:
+            print(f"arm done: {row['loop']} / {row['model']} / {row['dtype']} / {row['variant']}", flush=True)
+    return write
 
 
 def lag_from(path: str | None) -> dict[tuple[str, str], int] | None:

@@ -61,9 +61,20 @@ def decide_first_tensor(states: Any, key: Key) -> Decision:
                     source={"suspected tensor": "linear-attention recurrent/conv state"})
 
 
+def logit_drift(steps: Any, key: Key, variant: str) -> bool:
+    """Some forward's logits beyond the floor: what a caller reads."""
+    return bool(_arm(steps, key, variant).differs.any())
+
+
+def state_drift(states: Any, key: Key, variant: str) -> bool:
+    """Some state tensor beyond its floor; in the report's loop that is the end state only, which can hold a corrupted
+    layer copy (the last wrap prefetch) that no logit read."""
+    return first_difference(_arm(states, key, variant)) is not None
+
+
 def drifts(steps: Any, states: Any, key: Key, variant: str) -> bool:
     """Some step beyond the floor, or some state tensor beyond its floor."""
-    return bool(_arm(steps, key, variant).differs.any()) or first_difference(_arm(states, key, variant)) is not None
+    return logit_drift(steps, key, variant) or state_drift(states, key, variant)
 
 
 def clean(steps: Any, states: Any, key: Key, variant: str) -> bool:
@@ -78,8 +89,38 @@ def unlagged_rows(steps: Any, states: Any) -> list[dict[str, Any]]:
         key = (loop, model, dtype)
         rows.append({"loop": loop, "model": model, "dtype": dtype, "drifts_without_lag": drifts(steps, states, key, UNLAGGED),
                      "max_abs_diff": float(t.max_abs_diff.max()), "steps_beyond_floor": int(t.differs.sum()),
-                     "drifts_with_lag": drifts(steps, states, key, OFF)})
+                     "drifts_with_lag": drifts(steps, states, key, OFF),
+                     "logit_drift_without_lag": logit_drift(steps, key, UNLAGGED),
+                     "end_state_drift_without_lag": state_drift(states, key, UNLAGGED)})
     return rows
+
+
+def decide_unlagged_drift(steps: Any, states: Any) -> Decision:
+    """`offload.unlagged_run_drifts` (a GPU decides it): with no injected lag, some report-loop arm's logits differ
+    beyond the floor on some model (the 64-layer layout included); end-state drift is shown apart, not counted."""
+    rows = unlagged_rows(steps, states)
+    by = {f"{r['model']}/{r['dtype']}": r["logit_drift_without_lag"] for r in rows}
+    ends = {f"{r['model']}/{r['dtype']}": r["end_state_drift_without_lag"] for r in rows}
+    holds = any(by.values())
+    why = ("no unlagged arm ran" if not rows else
+           f"report loop, no injected lag: logits beyond the floor per model {by}; end state beyond its floor {ends}")
+    return Decision(holds, {"unlagged": rows}, why, deciding={"unlagged logit drift per model": by},
+                    skipped=not rows)
+
+
+def decide_overwrote_pending_read(counts: Any) -> Decision:
+    """`offload.block_overwritten_under_pending_read` (a GPU decides it): device-timed, some prefetch without a fix
+    wrote a block whose earlier read had not finished, and none with record_stream (which keeps the block)."""
+    plain = counts[counts.variant == OFF]
+    kept = counts[counts.variant == variant_name("record_stream")]
+    over, kept_over = int(plain.overwrote_pending_read.sum()), int(kept.overwrote_pending_read.sum())
+    per_arm = {f"{r.loop}/{r.model}/{r.dtype}": int(r.overwrote_pending_read) for r in plain.itertuples()}
+    holds = over > 0 and len(kept) > 0 and kept_over == 0
+    why = (f"without a fix {over} prefetch copies overwrote a block under a pending read (per arm {per_arm}); "
+           f"with record_stream {kept_over}" + ("" if len(kept) else " (no record_stream arm ran)"))
+    return Decision(holds, {"per_arm": per_arm, "with_record_stream": kept_over}, why,
+                    deciding={"overwritten under a pending read": over, "same, with record_stream": kept_over},
+                    skipped=len(plain) == 0)
 
 
 def decide_fix_removes_drift(steps: Any, states: Any, key: Key, edge: str) -> Decision:
@@ -90,12 +131,34 @@ def decide_fix_removes_drift(steps: Any, states: Any, key: Key, edge: str) -> De
     fixed = _arm(steps, key, fixed_name)
     fixed_first = first_difference(_arm(states, key, fixed_name))
     clean = len(fixed) > 0 and bool(fixed.matches.all()) and fixed_first is None
-    ev = {"arm": list(key), "edge": edge, "drift_without_edge": drift, "fixed_max_abs_diff": fixed.max_abs_diff.tolist(),
+    ev = {"arm": list(key), "edge": edge, "drift_without_edge": drift, "logit_drift_without_edge": logit_drift(steps, key, OFF),
+          "end_state_drift_without_edge": state_drift(states, key, OFF), "fixed_max_abs_diff": fixed.max_abs_diff.tolist(),
           "fixed_noise_threshold": fixed.noise_threshold.tolist(), "fixed_first_differing_tensor": fixed_first}
     why = ("no drift without the edge: nothing to remove" if not drift else
            f"{key[0]} loop with {edge}: every step within the floor = {bool(fixed.matches.all())}, first differing tensor: {fixed_first}")
     return Decision(drift and clean, ev, why, deciding={"drift without the edge": drift,
                                                        f"max |logit diff| with {edge}": float(fixed.max_abs_diff.max()) if len(fixed) else None})
+
+
+def report_keys(steps: Any, variant: str) -> list[Key]:
+    """Every (report loop, model, dtype) where `variant` ran, in run order (the 64-layer layout's included)."""
+    t = steps[(steps.loop == "report") & (steps.variant == variant)]
+    return list(dict.fromkeys((r.loop, r.model, r.dtype) for r in t.itertuples()))
+
+
+def fix_everywhere(steps: Any, states: Any, primary: Key, edge: str) -> Decision:
+    """The primary arm's fix decision, also read on every other report-loop arm where the edge ran: it holds only
+    where each of them that drifts without the edge (logits) is clean with it."""
+    first = decide_fix_removes_drift(steps, states, primary, edge)
+    per = {}
+    for key in report_keys(steps, variant_name(edge)):
+        if key != primary and logit_drift(steps, key, OFF):
+            per["/".join(key[1:])] = clean(steps, states, key, variant_name(edge))
+    first.evidence["other_report_arms_fixed"] = per
+    left = sorted(k for k, ok in per.items() if not ok)
+    if left:
+        first.why += f"; still drifting with {edge} on {left}"
+    return Decision(first.holds and not left, first.evidence, first.why, first.deciding, first.source, first.skipped)
 
 
 def race_counts(timing: Any, resolution_ms: float = RESOLUTION_MS) -> Any:

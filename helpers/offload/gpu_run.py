@@ -10,14 +10,14 @@ from __future__ import annotations
 import copy
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from .. import compat
 from . import gpu_decide as gd
 from .arms import FIXES, Arm, run_arm
-from .calibrate import busy_at_wrap, cycles_per_ms, host_ms_to_wrap, sleep_plan, warm_clocks
+from .calibrate import busy_at_wrap, clamp_cycles, cycles_per_ms, host_ms_to_wrap, sleep_plan, warm_clocks
 from .gpuplan import RESTRICTED, arms_of, model_runs
 from .loops import LOOPS
 from .pool import POISON, SimPool
@@ -97,11 +97,33 @@ def _compare(arms: list[Arm], dtype: torch.dtype, tags: dict[str, Any]) -> tuple
     return steps, states, timing
 
 
+def arm_rows(steps: list[Any], states: list[Any], timing: list[Any], calibration: dict[str, Any]) -> list[dict[str, Any]]:
+    """One loop's compared arms as plain rows: per arm its steps, its differing state tensors, its race counts, the sleep."""
+    import json
+
+    import pandas as pd
+
+    rec = lambda f: json.loads(f.to_json(orient="records", default_handler=str))  # noqa: E731 - NaN -> null
+    counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else None
+    out = []
+    for s, st in zip(steps, states):
+        variant = s.variant.iloc[0]
+        mine = None if counts is None else counts[counts.variant == variant]
+        out.append({**{k: s[k].iloc[0] for k in ("loop", "model", "dtype")}, "variant": variant, "steps": rec(s),
+                    "states_differing": rec(st[st.differs]), "race_counts": rec(mine) if mine is not None else [],
+                    "sleep_cycles_used": calibration["sleep_cycles_used"]})
+    return out
+
+
 def usable_dtypes(dtypes: tuple[str, ...], device: torch.device) -> tuple[tuple[str, ...], dict[str, str]]:
-    """The dtypes this device runs, and the ones left out with the reason (bfloat16 on a GPU without it, e.g. a T4)."""
+    """The dtypes this device runs, and the ones left out with the reason: bfloat16 below compute capability 8.0 (a T4
+    is 7.5; `torch.cuda.is_bf16_supported()` is True there, by emulation, so it is not what decides)."""
     dropped: dict[str, str] = {}
-    if device.type == "cuda" and "bfloat16" in dtypes and not torch.cuda.is_bf16_supported():
-        dropped["bfloat16"] = f"{torch.cuda.get_device_name(device)}: torch.cuda.is_bf16_supported() is False"
+    if device.type == "cuda" and "bfloat16" in dtypes:
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) < (8, 0):
+            dropped["bfloat16"] = (f"{torch.cuda.get_device_name(device)} (compute capability {major}.{minor}): no native "
+                                   "bfloat16 (is_bf16_supported() is True there, emulated)")
     return tuple(d for d in dtypes if d not in dropped), dropped
 
 
@@ -116,8 +138,10 @@ def device_facts(model: torch.nn.Module, fixes: tuple[str, ...]) -> dict[str, An
 def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tensor], dtypes: tuple[str, ...] = ("float32", "bfloat16"),
                loops: tuple[str, ...] = LOOPS, n_steps: int = 4, fixes: tuple[str, ...] = FIXES, simulate: bool = False,
                race_lag: int | None = None, cycles: int | None = None, poison: bool = True, unlagged: bool = True,
-               restricted: dict[str, Any] | None = None, cycles_of: dict[tuple[str, str], int] | None = None) -> GpuExperiment:
-    """Every arm on every model, dtype and loop; `cycles` (or `cycles_of[(model, dtype)]`) overrides the calibrated sleep."""
+               restricted: dict[str, Any] | None = None, cycles_of: dict[tuple[str, str], int] | None = None,
+               on_arms: Callable[[list[dict[str, Any]]], None] | None = None) -> GpuExperiment:
+    """Every arm on every model, dtype and loop; `cycles` (or `cycles_of[(model, dtype)]`) overrides the calibrated sleep;
+    `on_arms(rows)` gets each loop's arms as soon as they finish (arm_rows), so a later crash or timeout keeps them."""
     import pandas as pd
 
     device = next(iter(ids_of.values())).device
@@ -138,12 +162,15 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
         m = model if next(model.parameters()).dtype == dtype else copies.setdefault((name, dtype_name), copy.deepcopy(model).to(dtype))
         ids = ids_of[name]
         plan = calibrate(m, ids, n_steps, facts["rate"], simulate, pool)
-        sleep = int((cycles_of or {}).get((name, dtype_name), plan["sleep_cycles"] if cycles is None else cycles))
-        calibration.append({"model": name, "dtype": dtype_name, **plan, "sleep_cycles_used": sleep})
+        asked = int((cycles_of or {}).get((name, dtype_name), plan["sleep_cycles"] if cycles is None else cycles))
+        sleep = clamp_cycles(asked, facts["rate"])  # never more than the cap at the checked rate
+        calibration.append({"model": name, "dtype": dtype_name, **plan, "sleep_cycles_asked": asked, "sleep_cycles_used": sleep})
         for loop in run_loops:
             arms = _loop_arms(m, ids, n_steps, loop, sleep, fixes, simulate, race_lag, pool, poison, unlagged)
             tags = {"loop": loop, "model": name, "dtype": dtype_name}
             s, st, t = _compare(arms, dtype, tags)
+            if on_arms is not None:
+                on_arms(arm_rows(s, st, t, calibration[-1]))
             repeat += repeat_rows(arms, tags)
             steps += s; states += st; timing += t
             memory += [{**tags, "variant": a.name, **a.memory, "stale_reads_served": a.stale_reads, "pool": a.poisoned,

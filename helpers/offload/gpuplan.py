@@ -15,6 +15,7 @@ from .calibrate import MAX_SLEEP_MS, SLEEP_FACTOR, WARM_MS
 from .loops import LOOPS
 from .pool import POISON
 from .probe import PROBE_MS
+from ..quotes import QUOTES
 
 MODELS = ("tiny hybrid", "tiny dense", "report layout (64)")
 RESTRICTED = {"report layout (64)": (("bfloat16",), ("report",))}  # the report's layout: its dtype and loop only
@@ -24,6 +25,35 @@ HOST_MS_BASE, HOST_MS_PER_LAYER = 5.0, 1.0
 START_S, ENV_S = 40.0, 30.0  # imports, CUDA context, models, the CPU edge record; the 5.20.0 environment from wheels/
 
 Arm = tuple[str, bool, "str | None", bool]  # (variant, offloading, fix edge, lagged)
+
+# Once the lag is injected these hold by construction (never counted as the report's statements: helpers/quotes.py
+# says so in by_construction); GPU_DECIDES: what only a GPU decides, each able to fail, and the arms that feed it.
+BY_CONSTRUCTION = {**{cid: QUOTES[cid].by_construction for cid in (
+    "offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
+    "offload.race_observed_on_device")},
+    "offload.drift_only_without_ordering_edge": "the same lag on both releases, and 5.20.0's edge orders the reads it races"}
+GPU_DECIDES = {
+    "offload.ordering_edge_removes_drift": ("whether 5.20.0's ordering edge removes the logit drift",
+                                            "offloading=True and + 5.20.0 edge, report loop, every model that drifts "
+                                            "(the 64-layer layout's included)"),
+    "offload.offload_event_removes_drift": ("whether an event after each offload removes it (host-buffer hazard only)",
+                                            "+ offload event (where the device probe holds), report loop, every model"),
+    "offload.record_stream_removes_drift": ("whether record_stream on the prefetched K/V removes it (reuse hazard only)",
+                                            "+ record_stream, report loop, every model"),
+    "offload.block_overwritten_under_pending_read": ("device-timed count of prefetches that overwrite a block whose read "
+                                                     "has not finished (the allocator's reuse), none with record_stream",
+                                                     "every offloading arm's CUDA events and data pointers (64-layer included)"),
+    "offload.unlagged_run_drifts": ("whether a run with no injected lag drifts at all (logits; end state shown apart)",
+                                    "offloading=True (unlagged), report loop, every model (64-layer included)"),
+}
+DEVICE_CLAIMS = ("offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts")  # gpu-arms.json only
+
+
+def claim_types() -> list[dict[str, Any]]:
+    """Per GPU claim: whether it can fail on a GPU, and why not (by construction) or what it decides and from which arms."""
+    built = [{"id": cid, "can_fail": False, "by_construction": why} for cid, why in BY_CONSTRUCTION.items()]
+    return built + [{"id": cid, "can_fail": True, "decides": what, "fed_by": arms}
+                    for cid, (what, arms) in GPU_DECIDES.items()]
 
 
 def arms_of(loop: str, fixes: tuple[str, ...] = FIXES, unlagged: bool = True) -> list[Arm]:
@@ -87,7 +117,7 @@ def plan(releases: list[str], models: tuple[str, ...] = MODELS, dtypes: tuple[st
                               f"filled with {POISON} (finite), released",
             "event_probe": f"{PROBE_MS:.0f} ms _sleep on the default stream, the event waited on the prefetch stream, "
                            "query(): the offload-event arm runs only if it held",
-            "step_timeout_s": step_timeout, "seconds_per_release": round(per_release),
+            "claims": claim_types(), "step_timeout_s": step_timeout, "seconds_per_release": round(per_release),
             "expected_minutes": round((len(releases) * per_release + ENV_S) / 60, 1),
             "assumptions": f"host {HOST_MS_BASE:.0f} ms + {HOST_MS_PER_LAYER:.0f} ms per layer per forward, the sleep "
                            f"{SLEEP_FACTOR:.0f} x that (cap {MAX_SLEEP_MS:.0f} ms) on every lagged forward; {START_S:.0f} s start-up per release; "

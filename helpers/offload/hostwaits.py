@@ -80,3 +80,36 @@ def record_host_waits(calls: Callable[[], int], on_wait: Callable[[str], None] |
 def waited_before(waits: list[str], n_steps: int) -> dict[str, bool]:
     """Per decode call label: whether a recorded host wait preceded it."""
     return {f"decode {k}": f"decode {k}" in waits for k in range(1, n_steps)}
+
+
+HOST_READS = (torch.Tensor.__bool__, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
+              torch.Tensor.__index__)  # a tensor read on the host: on CUDA each waits for the device
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Enters "read" into `events` at every host read of a tensor (HOST_READS) while active."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in HOST_READS:
+            self.events.append("read")
+        return func(*args, **(kwargs or {}))
+
+
+def reads_after_marks(events: list[str]) -> list[int]:
+    """Per "lag" mark: the host reads entered after it and before the next "update" (or the next mark)."""
+    out: list[int] = []
+    open_ = False
+    for e in events:
+        if e == "lag":
+            out.append(0)
+            open_ = True
+        elif e == "update":
+            open_ = False
+        elif e == "read" and open_:
+            out[-1] += 1
+    return out
+

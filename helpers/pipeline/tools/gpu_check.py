@@ -30,7 +30,8 @@ FLASH_NOTEBOOK, FLASH_ARGS = "07_regression_families", ("-p", "device", "cuda", 
 FLASH_CLAIM, FLASH_SKIPPED = "regress.flash_attention_2_matches_sdpa", "skipped: papermill not installed"
 CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
           "offload.ordering_edge_removes_drift", "offload.race_observed_on_device",
-          "offload.offload_event_removes_drift", "offload.record_stream_removes_drift", FLASH_CLAIM)
+          "offload.offload_event_removes_drift", "offload.record_stream_removes_drift",
+          "offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts", FLASH_CLAIM)
 NO_CUDA = 2
 TORCH_PROBE = "import torch; print(torch.version.cuda, torch.cuda.is_available())"
 SIMULATED = ("simulated", True, "")  # --simulate: torch_cuda's answer taken as given (tests only)
@@ -101,7 +102,10 @@ def run_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()
     return _call([python, "-m", ARMS_MODULE, "--out", str(out), "--dtypes", *DTYPES, *extra], out, timeout, out / "arms.log")
 
 
-SIMULATED_SIZE = ("--seq-len", "8", "--n-steps", "3")  # --simulate: small inputs, so that the CPU run is short
+# --simulate (tests only): small inputs, one model, one dtype, two loops, so that the CPU run of both releases is short;
+# every model, dtype and loop runs under the stand-ins in-process in tests/test_offload_gpu*.py.
+SIMULATED_SIZE = ("--seq-len", "8", "--n-steps", "3", "--models", "tiny hybrid", "--loops", "report", "cpu",
+                  "--dtypes", "bfloat16")
 
 
 def simulated_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> int:

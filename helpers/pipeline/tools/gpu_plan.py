@@ -36,7 +36,11 @@ def plan_lines(p: dict[str, Any]) -> list[str]:
               f"  forwards per release: {p['forwards_per_release']} ({p['n_steps']} per arm)",
               f"  expected: about {p['seconds_per_release']} s per release, {p['expected_minutes']} minutes in all "
               f"(estimate: {p['assumptions']})",
-              "  then the cross-release claim: drift without the ordering edge, none with it (same models, same lag)"]
+              "  then the cross-release claim: drift without the ordering edge, none with it (same models, same lag)",
+              "  claims:"]
+    for c in p.get("claims", []):
+        lines.append(f"    {c['id']}: " + (f"can fail: yes; decides {c['decides']}; fed by {c['fed_by']}" if c["can_fail"]
+                                              else f"can fail: no (by construction: {c['by_construction']})"))
     return lines
 
 
