@@ -3,11 +3,15 @@
 Each runs only where the cache has a ledger (`track(model)`, or the factory given token ids) and raises
 `ResumeInputError` with `fix`: the arguments that replace the call's (`crop`: keep the first N cached tokens;
 `attention_mask` / `position_ids`: pass these), which notebook 08 applies and compares with the full forward.
+`resume`: pass the whole sequence through helpers.api.resume, which the caller runs with its whole ids.
 In order: `ledger_tokens` (ids generate() reads as a whole sequence that differ from the cached tokens: a cache reused
-without copy.deepcopy, or a suffix passed without the cached columns of its mask), `ledger_length` (a cache holding
-all the ids it should precede), `ledger_mask` (a mask that attends to slots written as padding), `ledger_positions`
-(the positions the model would rotate the first fed token with do not continue each row's last cached position;
-read at the text rotary embedding, so the model's own position state, M-RoPE's rope_deltas, is included).
+without copy.deepcopy, or a suffix passed without the cached columns of its mask: resume on the whole sequence, since
+which cached prefix the suffix follows is not among the inputs), `ledger_length` (a cache holding all the ids it
+should precede), `ledger_mask` (a mask that attends to slots written as padding), `ledger_positions` (the positions
+the model would rotate the first fed token with do not continue each row's last cached position; read at the text
+rotary embedding, so the model's own position state, M-RoPE's rope_deltas, is included: where they continue a prefix
+of the cached slots, the rest was written after it, re-fed or another request's: crop to that prefix; where they
+skip slots a crop removed (the stored ledger, trimmed lazily, still holds them): re-feed those through resume).
 """
 from __future__ import annotations  # upstream: drop
 
