@@ -285,3 +285,31 @@ def test_group_06_judges_an_exact_prefix_against_the_full_forward_and_an_evictio
     first = kv_cache_from_tensors([(k[:, :, 1:], v[:, :, 1:]) for k, v in export_tensors(full)[0]], model.config)
     assert exact_prefix(full, short) and exact_prefix(full, extended)
     assert not exact_prefix(full, first) and not exact_prefix(full, copy.deepcopy(full))
+
+
+def test_ledger_processed_crops_slots_after_the_processed_length_and_re_feeds_tokens_a_crop_removed(model):
+    """06's mask_only cells given the caller's processed length: a cache another request extended (crop to it,
+    restores) and a prefix one short (resume re-feeds, restores); the twin: the cache holding exactly what was processed."""
+    (ids,) = ids_of(12)
+    n = 11
+    kept = prefill(model, ids[:, :n])
+    shared = copy.deepcopy(kept)
+    with torch.no_grad():
+        model(input_ids=ids_of(5, seed=8)[0], past_key_values=shared)  # another request's 5 slots on the same object
+    wide = {"attention_mask": torch.ones(1, n + 6, dtype=torch.long)}
+    assert refusal(model, ids[:, -1:], shared, **wide) is None  # its own inputs: the other request's valid next step
+    error = refusal(model, ids[:, -1:], shared, processed_length=n, **wide)
+    assert error.check == "ledger_processed" and error.fix["crop"] == n and error.fix["attention_mask"].shape == (1, n + 1)
+    assert _fixed(model, ids, shared, error, wide) < FLOOR
+    short = copy.deepcopy(kept)
+    short.crop(-1)
+    error = refusal(model, ids[:, -1:], short, processed_length=n, attention_mask=torch.ones(1, n, dtype=torch.long))
+    assert error.check == "ledger_processed" and error.fix == {"resume": True} and resumed(model, ids, short) < FLOOR
+    assert refusal(model, ids[:, -1:], kept, processed_length=n, attention_mask=torch.ones(1, n + 1, dtype=torch.long)) is None
+
+
+def _fixed(model, ids, cache, error, kwargs) -> float:
+    """max |diff| of the last token's call with the fix applied vs the full forward over `ids`."""
+    fixed_cache, fixed = apply_fix(error.fix, cache, {"input_ids": ids[:, -1:], **kwargs})
+    out = generate_first_step(model, fixed.pop("input_ids"), fixed_cache, **fixed)
+    return float((out.logits - last_logits(model, input_ids=ids)).abs().max())

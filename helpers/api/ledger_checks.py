@@ -168,3 +168,20 @@ def cropped_before(call: ResumeCall, led: Ledger, got: torch.Tensor) -> list[int
         if torch.equal(stored.first(led.length + m).next_positions(), got):
             return stored.token_ids[0, led.length:led.length + m].tolist()
     return []
+
+
+def ledger_processed(call: ResumeCall) -> None:
+    """The caller's processed length (where given, one count for every row) differs from what the ledger holds: slots
+    after it (re-fed, or another request's: crop to it) or tokens it lacks (a crop: re-feed them through resume)."""
+    led, p = call.ledger, call.processed_length
+    if led is None or not isinstance(p, int) or call.rows is not None or p == led.length or call.given_ids is None:
+        return
+    if p > led.length:
+        raise refuse("ledger_processed", f"{p} tokens were processed but the cache holds {led.length} (the ledger's "
+                     f"tokens): the {p - led.length} token(s) between are not in it; feed them before these (the whole "
+                     f"sequence through helpers.api.resume(model, whole_ids, cache))", resume=True)
+    f = call.f
+    raise refuse("ledger_processed", f"{p} tokens were processed but the cache holds {led.length}: its last "
+                 f"{led.length - p} slot(s) (token ids {led.token_ids[0, p:p + 8].tolist()}) came after them (re-fed, or "
+                 f"another request's); crop the cache to {p} tokens (cache.crop({p})) with a mask of {p + f} columns",
+                 crop=p, attention_mask=_mask(led.first(p), f, call.given_ids.device))
