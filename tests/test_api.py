@@ -118,14 +118,15 @@ def test_each_check_raises_saying_what_to_pass(runs, case, name, match):
 def test_checks_needing_the_processed_length_are_skipped_without_it(runs):
     model, cache, suffix, mask, n = _dense(runs)
     check(model, cache, suffix, attention_mask=mask, position_ids=torch.tensor([[n + 1]]))  # 06's compressed caches do so
-    assert [c.name for c in CHECKS if c.needs_processed_length] == ["already_cached", "positions_at_processed"]
+    assert [c.name for c in CHECKS if c.needs_processed_length] == ["already_cached", "positions_at_processed",
+                                                                    "ledger_processed"]
 
 
 def test_the_checks_run_in_order_and_one_entry_adds_one():
     names = [c.name for c in CHECKS]
     assert names == ["empty_input", "ledger_tokens", "ledger_length", "linear_state", "linear_length", "linear_rollback",
                      "nothing_fed", "fed_neither", "restart_token", "ledger_mask", "mask_width", "uneven_layers", "rope_state", "new_vision_tokens",
-                     "already_cached", "positions_at_processed", "ledger_positions"]
+                     "already_cached", "positions_at_processed", "ledger_positions", "ledger_processed"]
     assert [c.name for c in CHECKS if c.untracked_only] == ["nothing_fed", "mask_width", "uneven_layers", "rope_state",
                                                             "already_cached", "positions_at_processed"]
     call = api_call.ResumeCall(cache=None, n=1)

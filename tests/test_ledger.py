@@ -14,6 +14,7 @@ from helpers.api import (ResumeInputError, check_resume_inputs, export_tensors, 
 from helpers.api.factory import FactoryError
 from helpers.api.ledger import keep_slots, without_ledger
 from helpers.api.reuse import apply_fix
+from helpers import compat
 from helpers.api.shapes import last_logits, tiny_llama
 from helpers.continuation import generate_first_step, greedy_config
 
@@ -118,16 +119,31 @@ def test_ledger_tokens_refuses_a_reused_cache_and_its_crop_restores(model):
     assert refusal(model, ids, without_ledger(shared), **mask) is None  # untracked: today's guard misses it
 
 
-def test_ledger_tokens_names_the_mask_for_a_suffix_read_as_whole_ids(model):
+def resumed(model, whole, cache) -> float:
+    """max |diff| of resume() on the whole sequence from a copy of the cache vs the full forward over `whole`."""
+    out = resume(model, whole, copy.deepcopy(cache), generation_config=greedy_config(model))
+    return float((compat.generate_logits(out)[0] - last_logits(model, input_ids=whole)).abs().max())
+
+
+def test_ledger_tokens_names_resume_on_the_whole_sequence_for_a_suffix_read_as_whole_ids(model):
     (ids,) = ids_of(20)
     cache = prefill(model, ids[:, :8])
     error = refusal(model, ids[:, 8:], cache, attention_mask=torch.ones(1, 12, dtype=torch.long))
-    assert error.check == "ledger_tokens" and error.fix["attention_mask"].shape == (1, 20)
-    assert restores(model, ids[:, :20], cache, error, {}) >= 0  # shape check only; the value is 08's
-    fixed_cache, fixed = apply_fix(error.fix, cache, {"input_ids": ids[:, 8:]})
-    out = generate_first_step(model, fixed.pop("input_ids"), fixed_cache, **fixed)
-    assert float((out.logits - last_logits(model, input_ids=ids)).abs().max()) < FLOOR
+    assert error.check == "ledger_tokens" and error.fix == {"resume": True} and "20 columns" in str(error)
+    assert resumed(model, ids, cache) < FLOOR
     assert refusal(model, ids[:, 8:], cache, attention_mask=torch.ones(1, 20, dtype=torch.long)) is None
+
+
+def test_ledger_tokens_advice_restores_a_reused_cache_given_only_the_new_token(model):
+    """06's reused_no_copy · neither: the mask-and-positions route would continue the other request (wrong); resume on
+    the whole sequence crops to the common prefix."""
+    ids, shared, kept = reused(model)
+    error = refusal(model, ids[:, -1:], shared)
+    assert error.check == "ledger_tokens" and error.fix == {"resume": True}
+    assert resumed(model, ids, shared) < FLOOR
+    continued = torch.ones(1, shared.get_seq_length() + 1, dtype=torch.long)
+    out = generate_first_step(model, ids[:, -1:], copy.deepcopy(shared), attention_mask=continued)
+    assert float((out.logits - last_logits(model, input_ids=ids)).abs().max()) > FLOOR  # the other route: wrong
 
 
 def test_ledger_length_refuses_a_cache_holding_every_given_id(model):
@@ -209,3 +225,91 @@ def test_the_factory_takes_a_ledger_and_checks_it(model):
     with pytest.raises(FactoryError, match="token_ids"):
         kv_cache_from_tensors(pairs, model.config, token_ids=ids[:, :9])
     assert ledger_of(kv_cache_from_tensors(pairs, model.config)) is None
+
+
+def test_ledger_positions_crops_a_reused_cache_to_the_prefix_the_fed_position_continues(model):
+    """06's reused_no_copy · both: explicit positions at the caller's next token, the cache holding another request's
+    slots at and after them: crop to the slots before; the valid twin (copy.deepcopy before reuse) passes."""
+    (ids,) = ids_of(12)
+    n = 11
+    kept = prefill(model, ids[:, :n])
+    shared = copy.deepcopy(kept)
+    other = torch.cat([ids[:, :n], ids_of(4, seed=7)[0]], 1)  # another request's question on the same cache object
+    with torch.no_grad():
+        model.generate(other, attention_mask=torch.ones_like(other), past_key_values=shared, max_new_tokens=2,
+                       min_new_tokens=2, do_sample=False)
+    assert shared.get_seq_length() == n + 5
+    kwargs = {"attention_mask": torch.ones(1, n + 6, dtype=torch.long), "position_ids": torch.tensor([[n]])}
+    error = refusal(model, ids[:, -1:], shared, **kwargs)
+    assert error.check == "ledger_positions" and error.fix["crop"] == n and error.fix["attention_mask"].shape == (1, n + 1)
+    assert "another request" in str(error)
+    fixed_cache, fixed = apply_fix(error.fix, shared, {"input_ids": ids[:, -1:], **kwargs})
+    out = generate_first_step(model, fixed.pop("input_ids"), fixed_cache, **fixed)
+    assert float((out.logits - last_logits(model, input_ids=ids)).abs().max()) < FLOOR
+    twin = {"attention_mask": torch.ones(1, n + 1, dtype=torch.long), "position_ids": torch.tensor([[n]])}
+    assert refusal(model, ids[:, -1:], kept, **twin) is None
+
+
+def test_ledger_positions_names_the_cropped_token_a_prefix_one_short_lacks(model):
+    """06's crop_short · both: copy.deepcopy + crop(n - 1) keeps the ledger whole (trimmed lazily); positions at the
+    caller's next token skip the cropped one: resume re-feeds it. Twins: the same positions on the uncropped cache, and
+    a crop then another token at the cropped position (assisted decoding's step) pass."""
+    (ids,) = ids_of(12)
+    full = prefill(model, ids[:, :11])
+    short = copy.deepcopy(full)
+    short.crop(-1)
+    assert ledger_of(short).length == 10 and ledger_of(short).token_ids.tolist() == ids[:, :10].tolist()
+    kwargs = {"attention_mask": torch.ones(1, 11, dtype=torch.long), "position_ids": torch.tensor([[11]])}
+    error = refusal(model, ids[:, -1:], short, **kwargs)
+    assert error.check == "ledger_positions" and error.fix == {"resume": True} and f"[{int(ids[0, 10])}]" in str(error)
+    assert resumed(model, ids, short) < FLOOR
+    assert refusal(model, ids[:, -1:], full, attention_mask=torch.ones(1, 12, dtype=torch.long),
+                   position_ids=torch.tensor([[11]])) is None
+    assert refusal(model, ids[:, -1:], short, attention_mask=torch.ones(1, 11, dtype=torch.long),
+                   position_ids=torch.tensor([[10]])) is None
+
+
+def test_group_06_judges_an_exact_prefix_against_the_full_forward_and_an_eviction_against_its_own(model):
+    """08's group 06 reference, decided from 06's slot comparison: a prefix one short or extended by another request
+    (crop_short, reused_no_copy) -> the full forward; the same lengths with the first slot evicted, or the cache
+    unchanged (identity) -> the explicit-position forward over what it holds."""
+    from helpers.api.groups import exact_prefix
+
+    (ids,) = ids_of(11)
+    full = prefill(model, ids)
+    short = copy.deepcopy(full)
+    short.crop(-1)
+    extended = copy.deepcopy(full)
+    with torch.no_grad():
+        model(input_ids=ids_of(3, seed=9)[0], past_key_values=extended)
+    first = kv_cache_from_tensors([(k[:, :, 1:], v[:, :, 1:]) for k, v in export_tensors(full)[0]], model.config)
+    assert exact_prefix(full, short) and exact_prefix(full, extended)
+    assert not exact_prefix(full, first) and not exact_prefix(full, copy.deepcopy(full))
+
+
+def test_ledger_processed_crops_slots_after_the_processed_length_and_re_feeds_tokens_a_crop_removed(model):
+    """06's mask_only cells given the caller's processed length: a cache another request extended (crop to it,
+    restores) and a prefix one short (resume re-feeds, restores); the twin: the cache holding exactly what was processed."""
+    (ids,) = ids_of(12)
+    n = 11
+    kept = prefill(model, ids[:, :n])
+    shared = copy.deepcopy(kept)
+    with torch.no_grad():
+        model(input_ids=ids_of(5, seed=8)[0], past_key_values=shared)  # another request's 5 slots on the same object
+    wide = {"attention_mask": torch.ones(1, n + 6, dtype=torch.long)}
+    assert refusal(model, ids[:, -1:], shared, **wide) is None  # its own inputs: the other request's valid next step
+    error = refusal(model, ids[:, -1:], shared, processed_length=n, **wide)
+    assert error.check == "ledger_processed" and error.fix["crop"] == n and error.fix["attention_mask"].shape == (1, n + 1)
+    assert _fixed(model, ids, shared, error, wide) < FLOOR
+    short = copy.deepcopy(kept)
+    short.crop(-1)
+    error = refusal(model, ids[:, -1:], short, processed_length=n, attention_mask=torch.ones(1, n, dtype=torch.long))
+    assert error.check == "ledger_processed" and error.fix == {"resume": True} and resumed(model, ids, short) < FLOOR
+    assert refusal(model, ids[:, -1:], kept, processed_length=n, attention_mask=torch.ones(1, n + 1, dtype=torch.long)) is None
+
+
+def _fixed(model, ids, cache, error, kwargs) -> float:
+    """max |diff| of the last token's call with the fix applied vs the full forward over `ids`."""
+    fixed_cache, fixed = apply_fix(error.fix, cache, {"input_ids": ids[:, -1:], **kwargs})
+    out = generate_first_step(model, fixed.pop("input_ids"), fixed_cache, **fixed)
+    return float((out.logits - last_logits(model, input_ids=ids)).abs().max())

@@ -26,6 +26,8 @@ def describe(fix: dict[str, Any] | None) -> str:
             parts.append("a rebuilt cache")
         elif key == "call":
             parts.append("the call the message names")
+        elif key == "resume":
+            parts.append("resume() on the whole sequence")
         else:
             shape = list(getattr(value, "shape", []))
             parts.append(f"{key} {shape}" + (f" from {value.reshape(-1, value.shape[-1])[:, 0].tolist()}"

@@ -164,6 +164,11 @@ def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None
     cell.untracked, cell.untracked_check = untracked_guard(model, inputs, cache, given) if cell.tracked else (cell.guard, cell.guard_check)
 
     def rerun(fix: dict[str, Any]) -> tuple[str, float | None]:
+        if fix.get("resume"):  # the message names resume() on the whole sequence
+            if whole is None:
+                return "", None
+            put()
+            return plain_status(_resume_step(model, whole, cache, kwargs, read, resume_kwargs), reference, floor)
         fixed_cache, fixed = apply_fix(fix, cache, given)
         put()
         out = _first_step(model, inputs, fixed_cache, fixed, read)
@@ -171,20 +176,26 @@ def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None
 
     cell.rerun = rerun
     if whole is not None and reference is not None and cell.plain == "silently_wrong":  # what resume is for
-        extra = dict(resume_kwargs if resume_kwargs is not None else {
-            k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids", "input_ids", "inputs_embeds")})
-        config = extra.pop("generation_config", None) or greedy_config(model)
         put()
-        try:
-            with torch.no_grad():
-                out = resume(model, whole, copy.deepcopy(cache), generation_config=config, **extra)
-            got = Outcome(True, (read or (lambda o: compat.generate_logits(o)[0]))(out).detach().clone())
-        except Exception as exc:  # noqa: BLE001 - recorded: resume refused or raised
-            got = Outcome(False, error_type=type(exc).__name__, error=str(exc)[:200])
-            cell.resume_error = f"{type(exc).__name__}: {exc}"[:200]
+        got = _resume_step(model, whole, cache, kwargs, read, resume_kwargs)
+        cell.resume_error = "" if got.ok else f"{got.error_type}: {got.error}"[:200]
         cell.resume_status, cell.resume_diff = plain_status(got, reference, floor)
     put()
     return cell
+
+
+def _resume_step(model: torch.nn.Module, whole: torch.Tensor, cache: Any, kwargs: dict[str, Any], read: Any = None,
+                 resume_kwargs: dict[str, Any] | None = None) -> Outcome:
+    """`resume` on the whole sequence from a copy of the cache (the call's other generate() arguments kept)."""
+    extra = dict(resume_kwargs if resume_kwargs is not None else {
+        k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids", "input_ids", "inputs_embeds")})
+    config = extra.pop("generation_config", None) or greedy_config(model)
+    try:
+        with torch.no_grad():
+            out = resume(model, whole, copy.deepcopy(cache), generation_config=config, **extra)
+        return Outcome(True, (read or (lambda o: compat.generate_logits(o)[0]))(out).detach().clone())
+    except Exception as exc:  # noqa: BLE001 - recorded: resume refused or raised
+        return Outcome(False, error_type=type(exc).__name__, error=str(exc)[:200])
 
 
 @torch.no_grad()

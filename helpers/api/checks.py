@@ -19,7 +19,8 @@ import torch
 from .. import compat  # upstream: drop
 from ..regress import layers  # upstream: drop
 from .call import ResumeCall, ResumeInputError, self_attention_cache  # upstream: drop
-from .ledger_checks import ledger_length, ledger_mask, ledger_positions, ledger_tokens  # upstream: drop
+from .ledger_checks import (ledger_length, ledger_mask, ledger_positions, ledger_processed,  # upstream: drop
+                            ledger_tokens)  # upstream: drop
 from .linear_checks import linear_length, linear_rollback  # upstream: drop
 from .new_vision_tokens import new_vision_tokens  # upstream: drop
 
@@ -219,4 +220,5 @@ CHECKS: list[Check] = [
     Check("already_cached", already_cached, needs_processed_length=True, untracked_only=True),
     Check("positions_at_processed", positions_at_processed, needs_processed_length=True, untracked_only=True),
     Check("ledger_positions", ledger_positions, needs_positions=True),
+    Check("ledger_processed", ledger_processed, needs_processed_length=True),
 ]

@@ -20,6 +20,8 @@ from ..continuation import (GENERATION_VARIANTS, current_position_ids, generatio
 from ..inputs import Prompt
 from ..regress import checks, families, rebuilds
 from ..triage import controls as triage_controls
+from ..triage import facts as triage_facts
+from ..triage import slots as triage_slots
 from ..triage import patterns as triage_patterns
 from ..triage import run as triage_run
 from .cells import Cell, run_cell
@@ -84,9 +86,17 @@ def group_04(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     return cells, floor.evidence()
 
 
+def exact_prefix(original: Any, cache: Any) -> bool:
+    """06's slot comparison: the cache holds the original's slots as a prefix one short or with slots of another request
+    after them (crop_short, reused_no_copy), nothing evicted or changed: the prompt's full forward is what a resume of it
+    must give (06's repairs restore it), not the explicit-position forward over what it holds."""
+    return triage_facts.slot_verdict(triage_slots.compare(original, cache)) in ("prefix_short", "extra")
+
+
 def group_06(bundle: Any, prompt: Prompt, sink: int = 4, window: int = 16) -> tuple[list[Cell], dict[str, Any]]:
     """06's one-token case: each built-in rebuild x the four argument sets, against that rebuild's explicit-position
-    forward (logical positions, full mask: an engine's resume of the same cache), 06's floor."""
+    forward (logical positions, full mask: an engine's resume of the same cache; an exact prefix short or extended:
+    the full forward), 06's floor."""
     prompt = triage_patterns.resume_of(prompt, prompt.length - 1)  # 06's one_token pattern on a dynamic cache
     base = triage_run.prepare(bundle, prompt)
     applied = triage_run.apply_all(base, triage_run.load_specs("all", sink, window))
@@ -98,6 +108,8 @@ def group_06(bundle: Any, prompt: Prompt, sink: int = 4, window: int = 16) -> tu
         compat.put_rope_state(model, base.saved_state)
         explicit = triage_controls.explicit_step(model, prompt, cache, triage_controls.logical_positions(model, prompt, logical))
         reference = explicit.logits if explicit.ok else None
+        if exact_prefix(base.prefix_cache, cache):  # nothing compressed: the engine's resume is the full forward's
+            reference = base.reference
         physical = int(cache.get_seq_length())
         for arg_set in triage_controls.ARG_SETS:
             kwargs = triage_controls.arg_kwargs(arg_set, prompt, physical, base.positions)

@@ -3,11 +3,15 @@
 Each runs only where the cache has a ledger (`track(model)`, or the factory given token ids) and raises
 `ResumeInputError` with `fix`: the arguments that replace the call's (`crop`: keep the first N cached tokens;
 `attention_mask` / `position_ids`: pass these), which notebook 08 applies and compares with the full forward.
+`resume`: pass the whole sequence through helpers.api.resume, which the caller runs with its whole ids.
 In order: `ledger_tokens` (ids generate() reads as a whole sequence that differ from the cached tokens: a cache reused
-without copy.deepcopy, or a suffix passed without the cached columns of its mask), `ledger_length` (a cache holding
-all the ids it should precede), `ledger_mask` (a mask that attends to slots written as padding), `ledger_positions`
-(the positions the model would rotate the first fed token with do not continue each row's last cached position;
-read at the text rotary embedding, so the model's own position state, M-RoPE's rope_deltas, is included).
+without copy.deepcopy, or a suffix passed without the cached columns of its mask: resume on the whole sequence, since
+which cached prefix the suffix follows is not among the inputs), `ledger_length` (a cache holding all the ids it
+should precede), `ledger_mask` (a mask that attends to slots written as padding), `ledger_positions` (the positions
+the model would rotate the first fed token with do not continue each row's last cached position; read at the text
+rotary embedding, so the model's own position state, M-RoPE's rope_deltas, is included: where they continue a prefix
+of the cached slots, the rest was written after it, re-fed or another request's: crop to that prefix; where they
+skip slots a crop removed (the stored ledger, trimmed lazily, still holds them): re-feed those through resume).
 """
 from __future__ import annotations  # upstream: drop
 
@@ -16,7 +20,7 @@ from typing import Any
 import torch
 
 from .call import ResumeCall, ResumeInputError  # upstream: drop
-from .ledger import Ledger  # upstream: drop
+from .ledger import Ledger, stored_ledger  # upstream: drop
 
 
 def refuse(check: str, message: str, **fix: object) -> ResumeInputError:
@@ -53,9 +57,11 @@ def ledger_tokens(call: ResumeCall) -> None:
                      attention_mask=_mask(led.first(past - n), n, ids.device))
     raise refuse("ledger_tokens", f"input_ids do not start with the cache's tokens (position 0: cached "
                  f"{int(led.token_ids[0, 0])}, given {int(ids[0, 0])}), so they are the new tokens, not the whole sequence "
-                 f"generate() reads them as: pass attention_mask with {past + n} columns (the {past} cached slots' "
-                 f"mask + {n} ones for these tokens) and position_ids from {led.next_positions().tolist()}",
-                 attention_mask=_mask(led, n, ids.device), position_ids=next_positions(led, n))
+                 f"generate() reads them as: pass the whole sequence (the cached part's ids + these) through "
+                 f"helpers.api.resume(model, whole_ids, cache), which keeps the longest cached common prefix and feeds "
+                 f"the rest; only where these tokens follow all {past} cached ones (not another request's): "
+                 f"attention_mask with {past + n} columns and position_ids from {led.next_positions().tolist()}",
+                 resume=True)
 
 
 def _mask(led: Ledger, n: int, device: Any) -> torch.Tensor:
@@ -116,13 +122,66 @@ def ledger_positions(call: ResumeCall) -> None:
     if got.shape != want.shape or torch.equal(got, want):
         return
     f, ids = int(fed.shape[-1]), call.fed_ids
-    k = int((want - got).max())  # positions the fed tokens overlap with the cached ones
-    if k > 0 and bool((want - got == k).all()) and k <= f and _tail(led, ids, k):
-        keep = led.length - k
-        raise refuse("ledger_positions", f"the first {k} fed token(s) are the cache's last {k}, at the same positions "
-                     f"(cached already): crop the cache to {keep} tokens (cache.crop({keep})) with a mask of {keep + f} "
-                     f"columns, or pass only tokens after position {int(want.max()) - 1}", crop=keep,
-                     attention_mask=_mask(led.first(keep), f, ids.device))
+    device = ids.device if ids is not None else "cpu"
+    keep = prefix_before(led, got)
+    if keep is not None:  # the fed tokens continue the first `keep` slots; the cache holds more at or after them
+        k = led.length - keep
+        if k <= f and _tail(led, ids, k):
+            raise refuse("ledger_positions", f"the first {k} fed token(s) are the cache's last {k}, at the same positions "
+                         f"(cached already): crop the cache to {keep} tokens (cache.crop({keep})) with a mask of "
+                         f"{keep + f} columns, or pass only tokens after position {int(want.max()) - 1}", crop=keep,
+                         attention_mask=_mask(led.first(keep), f, device))
+        raise refuse("ledger_positions", f"the first fed token's position(s) {got.tolist()} continue the cache's first "
+                     f"{keep} slots, but it holds {k} more written at or after them (token ids "
+                     f"{led.token_ids[0, keep:keep + 8].tolist()}): another request's tokens (a cache reused without "
+                     f"copy.deepcopy?); crop the cache to {keep} tokens (cache.crop({keep})) with a mask of {keep + f} "
+                     f"columns", crop=keep, attention_mask=_mask(led.first(keep), f, device))
+    cropped = cropped_before(call, led, got)
+    if cropped:
+        raise refuse("ledger_positions", f"the first fed token is at position(s) {got.tolist()}, but the cache was cropped "
+                     f"to {led.length} tokens and continues at {want.tolist()}: the {len(cropped)} cropped token(s) "
+                     f"{cropped} between are not in it; feed them before these (the whole sequence through "
+                     f"helpers.api.resume(model, whole_ids, cache), which re-feeds what the cache lacks)", resume=True)
     raise refuse("ledger_positions", f"the model would place the first fed token at position(s) {got.tolist()}, but the "
                  f"cache's rows continue at {want.tolist()} (their last slots were written at {(want - 1).tolist()}): "
                  f"pass position_ids starting at {want.tolist()}", position_ids=next_positions(led, f))
+
+
+def prefix_before(led: Ledger, got: torch.Tensor) -> int | None:
+    """How many first slots were written before each row's fed position `got`, where exactly those are a prefix that
+    the fed token continues and the cache holds more slots after them (None otherwise)."""
+    below = led.positions.amax(0) < got.view(-1, 1)
+    keep = int(below.sum(-1).min())
+    if keep == led.length or not bool(below[:, :keep].all()) or bool(below[:, keep:].any()):
+        return None
+    start = led.first(keep).next_positions() if keep else led.positions[..., 0].amin(0)  # keep 0: where slot 0 sits
+    return keep if torch.equal(start, got) else None
+
+
+def cropped_before(call: ResumeCall, led: Ledger, got: torch.Tensor) -> list[int]:
+    """The token ids of slots a crop removed (still in the stored ledger, which a crop trims lazily) whose positions
+    lie between the cache's last slot and the fed position `got` ([] where the ledger shows no such crop)."""
+    stored = stored_ledger(call.cache)
+    if stored is None or stored.length <= led.length or stored.batch != led.batch or bool((got <= led.next_positions()).any()):
+        return []
+    for m in range(1, stored.length - led.length + 1):
+        if torch.equal(stored.first(led.length + m).next_positions(), got):
+            return stored.token_ids[0, led.length:led.length + m].tolist()
+    return []
+
+
+def ledger_processed(call: ResumeCall) -> None:
+    """The caller's processed length (where given, one count for every row) differs from what the ledger holds: slots
+    after it (re-fed, or another request's: crop to it) or tokens it lacks (a crop: re-feed them through resume)."""
+    led, p = call.ledger, call.processed_length
+    if led is None or not isinstance(p, int) or call.rows is not None or p == led.length or call.given_ids is None:
+        return
+    if p > led.length:
+        raise refuse("ledger_processed", f"{p} tokens were processed but the cache holds {led.length} (the ledger's "
+                     f"tokens): the {p - led.length} token(s) between are not in it; feed them before these (the whole "
+                     f"sequence through helpers.api.resume(model, whole_ids, cache))", resume=True)
+    f = call.f
+    raise refuse("ledger_processed", f"{p} tokens were processed but the cache holds {led.length}: its last "
+                 f"{led.length - p} slot(s) (token ids {led.token_ids[0, p:p + 8].tolist()}) came after them (re-fed, or "
+                 f"another request's); crop the cache to {p} tokens (cache.crop({p})) with a mask of {p + f} columns",
+                 crop=p, attention_mask=_mask(led.first(p), f, call.given_ids.device))

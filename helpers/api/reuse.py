@@ -6,7 +6,8 @@ were written with + ones, and position_ids continuing each row's last kept posit
 has them; the model's rope_deltas put back to the ledger's), then return generate()'s output. Without a ledger:
 `guarded_generate` with the same arguments. A hybrid cache cropped below what its linear layers' recurrent state
 summarises (helpers.api.linear_checks) is not reused: everything is re-prefilled into a new cache of its class. `apply_fix` applies a refusal's `fix` (crop / attention_mask /
-position_ids / decoder_attention_mask) to a copy of a call's arguments: what notebook 08 runs for every refusal.
+position_ids / decoder_attention_mask) to a copy of a call's arguments: what notebook 08 runs for every refusal (a fix
+`resume`: the whole sequence through `resume`, which the caller runs with its whole ids).
 """
 from __future__ import annotations
 
@@ -60,7 +61,7 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
     try:  # what this release's generate() feeds for these arguments, checked against the ledger (e.g. assisted
         check_resume_inputs(model, suffix, **{name: cache}, **kwargs)  # decoding re-feeds every given token)
     except ResumeInputError as exc:
-        if not exc.fix:
+        if not exc.fix or exc.fix.get("resume"):  # resume's own advice: nothing further to apply here
             raise
         cache, kwargs = apply_fix(exc.fix, cache, {"input_ids": suffix, **kwargs})
         suffix = kwargs.pop("input_ids")

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import torch
 
 from .. import caches, compat
+from ..api.ledger import attach_ledger, stored_ledger
 from . import patterns
 from ..regress import layers
 from ..regress import rebuilds as family
@@ -118,12 +119,13 @@ def int8(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
 def crop_short(cache: Any, model: torch.nn.Module, prompt: Any, short: int = 1) -> Any:
     """`copy.deepcopy(cache)` then `crop(n - short)`: every attention layer's last `short` slots dropped (through the
     layer classes, so sliding and hybrid layers take it; linear states stay whole; a sliding layer's processed length
-    goes down with it, as crop() does). An exact prefix, not a compression."""
+    goes down with it, as crop() does). An exact prefix, not a compression. A token ledger (helpers.api.ledger) travels
+    as with copy.deepcopy and crop(): kept whole, read against the shorter cache."""
     out = _rebuild(cache, model, lambda _i, k, v: [(k[..., :-short, :].clone(), v[..., :-short, :].clone())])
     for layer in compat.cache_layers(out):
         if hasattr(layer, "cumulative_length") and layers.has_kv(layer):
             layer.cumulative_length -= short
-    return out
+    return attach_ledger(out, copy.deepcopy(stored_ledger(cache)))
 
 
 QUESTION_IDS = [10 + b for b in b" Why"]  # reused_no_copy: the other request's question (the tiny models' byte ids)
