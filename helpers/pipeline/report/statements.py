@@ -83,8 +83,9 @@ class Count:
 
 
 def count(stmts: list[Statement]) -> Count:
-    """Split statements: by construction and cited apart, then tested (reproduced or not) and not tested."""
-    built = [s for s in stmts if s.by_construction]
+    """Split statements: by construction (where measured: one not run here is not tested, with its reason) and cited
+    apart, then tested (reproduced or not) and not tested."""
+    built = [s for s in stmts if s.by_construction and s.verdict not in ("skipped", "error")]
     cited = [s for s in stmts if s.cites and s not in built]
     rest = [s for s in stmts if s not in built and s not in cited]
     tested = [s for s in rest if s.verdict not in ("skipped", "error")]
