@@ -383,3 +383,5 @@ def test_the_rollback_ask_names_the_recording_mode_and_the_linear_count_from_wha
     same = asks.rollback({"5.17.0": _rollback_claims(True, 23), "5.25.0": _rollback_claims(True, 23)}, tmp_path)
     assert "hand rebuild" not in same.symptom and "cumulative_length_linear" not in same.ask
     assert "recurrent_states_to_keep" not in same.ask and "make bisect" not in same.ask
+    assert same.ask.startswith("re-prefill instead of `crop` on a hybrid (no way to roll its recurrent state back on "
+                               "5.17.0 and 5.25.0)"), same.ask

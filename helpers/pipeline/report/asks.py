@@ -198,9 +198,13 @@ def rollback(by_release: dict[str, Claims], out: Path) -> Lines:
     if length:
         text += "; " + joined(length) + " and `generate()` re-feeds cached tokens"
     parts = []
+    silent = [rel for rel, text in stale.items() if "silently wrong" in text]
     if restored:
         parts.append(f"roll hybrids back with `activate_past_recording(recurrent_states_to_keep=N)` (restores the fresh "
                      f"cache on {' and '.join(restored)}); before it, re-prefill instead of `crop`")
+    elif silent:
+        parts.append(f"re-prefill instead of `crop` on a hybrid (no way to roll its recurrent state back on "
+                     f"{' and '.join(silent)}); upstream (`#49036`): make `crop` raise on linear layers it cannot roll back")
     if length:
         parts.append("a rebuild must carry the linear layers' own token count (`cumulative_length_linear`); the kit's "
                      f"factory does ({'length kept on ' + ' and '.join(kit) if kit else 'not measured'}); upstream: "

@@ -59,7 +59,7 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "examples/repro/hybrid_rollback_rebuild.py",
            "expected vs got next logits after crop(-k) against a cache that never saw the k tokens, and a hand-rebuilt "
            "hybrid's length and re-fed tokens",
-           ("rollback.hybrid_recorded_crop_keeps_recurrent_state", "rollback.hand_rebuild_keeps_length"), "rollback",
+           ("rollback.hybrid_recorded_crop_keeps_recurrent_state", "rollback.hand_rebuild_keeps_length"), "Hybrid rollback",
            "the threads' own statements: their text could not be read here, so every claim is the kit's own"),
     Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
