@@ -27,9 +27,9 @@ def call(ledger, n, *, fed=None, given=None, mask=None, fed_pos=None, fed_ids=No
     if stored is not None:
         attach_ledger(cache, stored)
     return ResumeCall(cache=cache, n=n, fed=fed, attention_mask=None if mask is None else torch.as_tensor(mask),
-                      processed_length=processed, rows=rows, given_ids=None if given is None else T(given),
+                      processed_length=processed, rows=rows, given_ids=None if given is None else torch.as_tensor(given),
                       ledger=ledger, fed_positions=None if fed_pos is None else torch.as_tensor(fed_pos),
-                      fed_ids=None if fed_ids is None else T(fed_ids))
+                      fed_ids=None if fed_ids is None else torch.as_tensor(fed_ids))
 
 
 def refused(check, c: ResumeCall) -> ResumeInputError:
@@ -178,6 +178,8 @@ def test_next_positions_text_and_mrope():
     assert same(lc.next_positions(led([[1, 2], [3, 4]], positions=[[0, 1], [4, 6]]), 3), [[2, 3, 4], [7, 8, 9]])
     mrope = ledger_from_tensors(T([[1, 2]]), T([[[0, 1]], [[0, 3]], [[0, 2]]]))
     assert same(lc.next_positions(mrope, 2), [[[4, 5]], [[4, 5]], [[4, 5]]])
+    rows = ledger_from_tensors(T([[1, 2], [3, 4]]), T([[[0, 1], [0, 5]], [[0, 3], [0, 1]], [[0, 2], [0, 1]]]))
+    assert same(lc.next_positions(rows, 2), [[[4, 5], [6, 7]]] * 3)
 
 
 def test_ledger_positions_one_off_names_where_the_rows_continue():
@@ -249,9 +251,31 @@ def test_ledger_positions_other_tokens_at_cached_positions_and_embeddings_are_an
     e = refused(lc.ledger_positions, call(ledger, 3, fed_pos=[[[3, 4, 5]]], fed_ids=[[9, 9, 9]]))
     assert e.fix["crop"] == 3 and same(e.fix["attention_mask"], [[0, 1, 1, 1, 1, 1]])
     assert "holds 2 more written at or after them (token ids [4, 5])" in str(e)
-    e = refused(lc.ledger_positions, call(ledger, 3, fed_pos=[[[3, 4, 5]]], fed_ids=None))
+    e = refused(lc.ledger_positions, call(ledger, 3, fed_pos=[[[3, 4, 5]]], fed_ids=None))  # embeddings: not a tail
     assert e.fix["crop"] == 3 and same(e.fix["attention_mask"], [[0, 1, 1, 1, 1, 1]])
-    assert "with a mask of 6 columns" in str(e)
+    assert str(e).startswith("the first fed token's position(s) [3] continue the cache's first 3 slots, but it holds 2 "
+                             "more") and str(e).endswith("with a mask of 6 columns")
+
+
+def test_tail_no_ids_are_no_tail():
+    ledger = led([[1, 2, 3]])
+    assert lc._tail(ledger, None, 1) is False
+    assert lc._tail(ledger, T([[1, 2, 3]])[:, :0]) is False
+    assert lc._tail(ledger, T([[3]])) is True and lc._tail(ledger, T([[2, 3]])) is True
+    assert lc._tail(ledger, T([[0, 1, 2, 3]])) is False  # more ids than cached
+
+
+def test_the_fix_mask_follows_the_callers_ids_device():
+    """meta stands in for an accelerator: the fix's mask is built on the device of the ids given or fed."""
+    e = refused(lc.ledger_processed, call(TWELVE, 1, given=torch.zeros(1, 1, dtype=torch.long, device="meta"),
+                                          processed=11))
+    assert e.fix["attention_mask"].device.type == "meta" and e.fix["attention_mask"].shape == (1, 12)
+    c = call(led([list(range(1, 13))]), 1, fed_pos=[[[2]]])
+    c.fed_ids = torch.zeros(1, 1, dtype=torch.long, device="meta")
+    e = refused(lc.ledger_positions, c)
+    assert e.fix["attention_mask"].device.type == "meta" and e.fix["attention_mask"].shape == (1, 3)
+    e = refused(lc.ledger_positions, call(led([list(range(1, 13))]), 1, fed_pos=[[[2]]]))  # embeddings: the CPU
+    assert e.fix["attention_mask"].device.type == "cpu"
 
 
 # prefix_before
@@ -274,6 +298,19 @@ def test_prefix_before_keep_zero_continues_where_slot_zero_sits():
     ledger = led([[1, 2, 3]], positions=[[5, 6, 7]])
     assert lc.prefix_before(ledger, T([5])) == 0
     assert lc.prefix_before(ledger, T([4])) is None
+    assert lc.prefix_before(led([[1, 2, 3], [1, 2, 3]], positions=[[5, 6, 7], [5, 6, 7]]), T([5, 5])) == 0
+    assert lc.prefix_before(led([[1, 2, 3], [1, 2, 3]], positions=[[5, 6, 7], [2, 6, 7]]), T([5, 2])) == 0
+    mrope = ledger_from_tensors(T([[1, 2]]), T([[[5, 6]], [[4, 6]], [[6, 6]]]))
+    assert lc.prefix_before(mrope, T([4])) == 0
+
+
+def test_prefix_before_a_row_holding_more_slots_before_the_position_is_no_prefix():
+    """Row 1 re-wrote position 2 (4 slots before position 3): the first 3 slots continue at 3 in both rows, but row 1
+    holds a 4th slot written before the fed position."""
+    ledger = led([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5]], positions=[[0, 1, 2, 3, 4], [0, 1, 2, 2, 9]])
+    assert lc.prefix_before(ledger, T([3, 3])) is None
+    assert lc.prefix_before(led([[1, 2, 3, 4, 5], [1, 2, 3, 4, 5]], positions=[[0, 1, 2, 3, 4], [0, 1, 2, 8, 9]]),
+                            T([3, 3])) == 3
 
 
 def test_prefix_before_rows_and_mrope():
