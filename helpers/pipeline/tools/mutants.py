@@ -121,7 +121,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/pipeline/report/claims_md.py", ("kind_counts", "reproduced_count", "headline", "counts_table", "undecided"),
           ("tests/test_summary.py", "tests/test_kill_summary.py")),
     Scope("helpers/pipeline/report/summary.py", ("missing_notebooks",), ("tests/test_summary.py", "tests/test_kill_summary.py")),
-    Scope("helpers/api/ledger_checks.py", ("*",), ("tests/test_ledger.py",)),
+    Scope("helpers/api/ledger_checks.py", ("*",), ("tests/test_ledger.py", "tests/test_kill_ledger_checks.py")),
 ]
 
 
