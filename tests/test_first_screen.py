@@ -103,12 +103,12 @@ def test_the_first_screen_fits_with_each_sources_verdict_ask_and_own_count_on_pi
     offload = block(text, "`#48947`")[1]
     assert "2 not tested here (needs CUDA)" in offload and "1 simulation(s)" in offload
     assert "reproduced" not in offload.split("not tested")[0], "nothing tested is not 'reproduced'"
-    assert "the kit's own checks hold 8 of 8 on 5.17.0 and 5.25.0; not tested here: the threads' own statements" in \
+    assert "the kit's own checks hold 8 of 8 on 5.17.0 and 5.25.0; not tested here: the threads' statements" in \
         block(text, "Qwen3-VL new image")[1]
     whole = summary.build_summary(tmp_path)
     for source in sources.SOURCES.values():  # every repro named on the screen, folded right below it
         if source.repro:
-            assert source.repro in text and (ROOT / source.repro).read_text().rstrip() in whole, source.key
+            assert Path(source.repro).name in text and (ROOT / source.repro).read_text().rstrip() in whole, source.key
     assert "```python" not in text
 
 
@@ -207,6 +207,11 @@ def test_not_tested_statements_say_why_and_are_not_in_the_tested_count():
     line = first_screen.count_line({"5.17.0": [rate]})
     assert "top-1 changed on 12 of 40 prompts (30%): a tiny random-weight model decides it by chance, the real 2B checkpoint decides it)" in line
     assert "reproduced" not in line
+    cos = ("04_x", {"id": "boundary.double_processing_cosine", "kind": "reproduces", "verdict": "skipped",
+                    "reason": boundary.by_chance("boundary.double_processing_cosine",
+                                                 {"ran": 40, "cosine_min": 0.97, "cosine_max": 0.99, "cosine_median": 0.98})})
+    both = first_screen.count_line({"5.17.0": [rate, cos]})  # one shared reason said once, after both measurements
+    assert both.count("the real 2B checkpoint decides it") == 1 and "12 of 40 prompts (30%); cosine 0.970-0.990" in both, both
 
 
 def test_a_tiny_models_coin_flip_is_a_rate_over_at_least_30_prompts_and_the_real_checkpoint_decides():
@@ -223,13 +228,14 @@ def test_a_bisect_record_gives_the_first_release_and_the_added_source_line(tmp_p
     from helpers.pipeline.report import asks
 
     (tmp_path / "bisect").mkdir()
-    diff = "--- a\n+++ b\n     if self.offloading:\n+        # ordered\n+        self.prefetch_stream.wait_stream(default)\n"
+    diff = ("--- a\n+++ b\n     if self.offloading:\n+        # ordered\n+        if default:\n"
+            "+            self.prefetch_stream.wait_stream(default)\n")
     (tmp_path / "bisect" / "05-offload.prefetch_reads_unordered_copy.json").write_text(json.dumps(
         {"status": "complete", "changes": [{"last_same": "5.19.0", "first_different": "5.20.0",
                                             "source_diff": {"Cache.update": {"status": "changed", "diff": diff}}}]}))
     got = asks.first_change(tmp_path, "05", "offload.prefetch_reads_unordered_copy", ["5.17.0", "5.25.0"], True)
-    assert got == ("first changed in 5.20.0 (same through 5.19.0, `make bisect` of this kit) "
-                   "(`Cache.update`: `+ self.prefetch_stream.wait_stream(default)`)")
+    assert got == ("first changed in 5.20.0 (`make bisect`: same through 5.19.0; "
+                   "`Cache.update`: `+ self.prefetch_stream.wait_stream(default)`)")
     none = asks.first_change(tmp_path, "02", "matrix.neither_fails", ["5.17.0", "5.25.0"], True)
     assert none == "first release that changed: `make bisect NB=02 CLAIM=matrix.neither_fails GOOD=5.17.0 BAD=5.25.0`"
     assert asks.first_change(tmp_path, "02", "matrix.neither_fails", ["5.17.0", "5.25.0"], False) == ""
@@ -363,7 +369,7 @@ def test_a_new_source_fits_on_the_screen_too(tmp_path, monkeypatch):
 def _rollback_claims(stale: bool, hand_len: int) -> list[tuple[str, dict]]:
     rec = {"id": "rollback.hybrid_recorded_crop_keeps_recurrent_state", "verdict": "holds" if stale else "fails",
            "deciding": {"stale_recurrent_diff": 0.0046 if stale else None,
-                        "restored_modes": [] if stale else ["recurrent_states_to_keep"]}}
+                        "restored_modes": [] if stale else ["record_keep"]}}
     hand = {"id": "rollback.hand_rebuild_keeps_length", "verdict": "holds" if hand_len == 23 else "fails",
             "deciding": {"lengths": {"hand-written (layer methods)": hand_len}, "original_length": 23}}
     kit = {"id": "rollback.kit_rebuild_keeps_length", "verdict": "holds", "deciding": {}}
@@ -375,9 +381,9 @@ def test_the_rollback_ask_names_the_recording_mode_and_the_linear_count_from_wha
 
     said = asks.rollback({"5.17.0": _rollback_claims(True, 23), "5.25.0": _rollback_claims(False, 4)}, tmp_path)
     assert "leaves the recurrent state (off 0.0046) and is silently wrong on 5.17.0" in said.symptom, said.symptom
-    assert "rolls back with `recurrent_states_to_keep` on 5.25.0" in said.symptom
+    assert "rolls back with `recurrent_states_to_keep=k` on 5.25.0" in said.symptom
     assert "a hand rebuild reports length 4 of 23 on 5.25.0" in said.symptom
-    assert "restores the fresh cache on 5.25.0" in said.ask and "`cumulative_length_linear`" in said.ask
+    assert "`activate_past_recording(recurrent_states_to_keep=N)` where offered, else re-prefill" in said.ask and "`cumulative_length_linear`" in said.ask
     assert "make bisect NB=10 CLAIM=rollback.hand_rebuild_keeps_length GOOD=5.17.0 BAD=5.25.0" in said.ask
     # contradicting measurements: the length kept on both releases, no mode restored -> neither repair is advised
     same = asks.rollback({"5.17.0": _rollback_claims(True, 23), "5.25.0": _rollback_claims(True, 23)}, tmp_path)

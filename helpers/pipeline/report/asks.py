@@ -52,22 +52,23 @@ def bisect_record(out: Path, notebook: str, claim: str) -> dict[str, Any]:
     return {}
 
 
-def first_change(out: Path, notebook: str, claim: str, releases: list[str], differs: bool) -> str:
+def first_change(out: Path, notebook: str, claim: str, releases: list[str], differs: bool, prefer: str = "") -> str:
     """'first changed in 5.20.0 (after 5.19.0): `+ line`' from a bisect record; else the command that finds it
     where the claim differs between the releases measured; '' where it does not."""
     data = bisect_record(out, notebook, claim)
     if data:
         change = data["changes"][0]
         line = ""
-        for name, diff in (change.get("source_diff") or {}).items():
+        diffs = sorted((change.get("source_diff") or {}).items(), key=lambda kv: prefer not in kv[0] if prefer else 0)
+        for name, diff in diffs:
             added = [ln[1:].strip() for ln in str(diff.get("diff") or "").splitlines()
                      if ln.startswith("+") and not ln.startswith("+++") and ln[1:].strip()
                      and not ln[1:].strip().startswith("#")]
+            added = [ln for ln in added if not ln.endswith(":")] or added  # a statement over its bare `if ...:`
             if added:
-                line = f" (`{name}`: `+ {added[0][:90]}`)"
+                line = f"; `{'.'.join(name.split('.')[-2:])}`: `+ {added[0][:60] + ('…' if len(added[0]) > 60 else '')}`"
                 break
-        return (f"first changed in {change['first_different']} (same through {change['last_same']}, `make bisect` "
-                f"of this kit){line}")
+        return f"first changed in {change['first_different']} (`make bisect`: same through {change['last_same']}{line})"
     if differs and len(releases) > 1:
         return (f"first release that changed: `make bisect NB={notebook} CLAIM={claim} GOOD={releases[0]} "
                 f"BAD={releases[-1]}`")
@@ -127,16 +128,15 @@ def offload(by_release: dict[str, Claims], out: Path) -> Lines:
     ordered = [r for r, v in reads.items() if v.startswith("0 of")]
     text = f"`DynamicCache(offloading=True)`: {joined(drift)}"
     if reads:
-        text += "; prefetch reads not ordered after their offload copy in the CPU record: " + joined(reads)
+        text += "; prefetch reads unordered after their offload copy (CPU record): " + joined(reads)
     bisect = first_change(out, "05", "offload.prefetch_reads_unordered_copy", releases, len(set(reads.values())) > 1)
     if ordered and len(ordered) < len(reads):
         edge = [r for r in ordered if waits.get(r)]
-        how = (f"the prefetch stream waits for the default (compute) stream before each prefetch "
-               f"({waits[edge[-1]]} `wait_stream` calls recorded on {edge[-1]}, none on "
+        how = (f"the prefetch stream waits for the compute stream "
+               f"({waits[edge[-1]]} `wait_stream` calls on {edge[-1]}, none on "
                f"{', '.join(r for r in reads if r not in ordered)})" if edge else "an ordering edge")
-        ask = (f"reporter: rerun on {ordered[-1]}: there {how}, which orders every prefetch read in the CPU record; "
-               "the GPU check decides whether it removes the drift "
-               f"(`make gpu-check RELEASES_GPU=\"{' '.join(releases)}\"`)")
+        ask = (f"reporter: rerun on {ordered[-1]}: there {how}, which orders every prefetch read; "
+               f"`make gpu-check RELEASES_GPU=\"{' '.join(releases)}\"` decides whether it removes the drift")
     elif reads:
         ask = ("order each prefetch read after the copy that fills its host buffer (the CPU record names the reads); "
                "`make gpu-check` decides whether that removes the drift")
@@ -185,8 +185,10 @@ def rollback(by_release: dict[str, Claims], out: Path) -> Lines:
         if rec.get("verdict") == "holds":
             stale[rel] = f"leaves the recurrent state (off {_num(d.get('stale_recurrent_diff'))}) and is silently wrong"
         elif d.get("restored_modes"):
-            stale[rel] = f"rolls back with `{d['restored_modes'][0]}`"
-            restored[rel] = d["restored_modes"][0]
+            mode = {"record_keep": "recurrent_states_to_keep=k", "record": "recording"}.get(d["restored_modes"][0],
+                                                                                            d["restored_modes"][0])
+            stale[rel] = f"rolls back with `{mode}`"
+            restored[rel] = mode
         hand, mine = _claim(claims, "rollback.hand_rebuild_keeps_length"), _claim(claims, "rollback.kit_rebuild_keeps_length")
         hd = hand.get("deciding") or {}
         if hand.get("verdict") == "fails":
@@ -200,17 +202,16 @@ def rollback(by_release: dict[str, Claims], out: Path) -> Lines:
     parts = []
     silent = [rel for rel, text in stale.items() if "silently wrong" in text]
     if restored:
-        parts.append(f"roll hybrids back with `activate_past_recording(recurrent_states_to_keep=N)` (restores the fresh "
-                     f"cache on {' and '.join(restored)}); before it, re-prefill instead of `crop`")
+        parts.append("roll hybrids back with `activate_past_recording(recurrent_states_to_keep=N)` where offered, "
+                     "else re-prefill")
     elif silent:
         parts.append(f"re-prefill instead of `crop` on a hybrid (no way to roll its recurrent state back on "
                      f"{' and '.join(silent)}); upstream (`#49036`): make `crop` raise on linear layers it cannot roll back")
     if length:
-        parts.append("a rebuild must carry the linear layers' own token count (`cumulative_length_linear`); the kit's "
-                     f"factory does ({'length kept on ' + ' and '.join(kit) if kit else 'not measured'}); upstream: "
-                     "ship a cache factory so hand rebuilds stop breaking on upgrade")
+        parts.append("a rebuild must carry `cumulative_length_linear` (the kit's factory does: "
+                     f"{'length kept on ' + ' and '.join(kit) if kit else 'not measured'}); upstream: a cache factory")
     bisect = first_change(out, "10", "rollback.hand_rebuild_keeps_length", list(by_release),
-                          0 < len(length) < len(by_release))
+                          0 < len(length) < len(by_release), prefer="update_conv_state")
     return Lines(text, "; ".join(p for p in (*parts, bisect) if p))
 
 

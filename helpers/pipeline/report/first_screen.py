@@ -58,13 +58,16 @@ def first_sentence(text: str, limit: int) -> str:
 
 def _not_tested_why(stmts: list) -> str:
     """Why statements were not tested here, in a few words (the reasons' first clause, once each)."""
-    whys = []
+    whys: dict[str, list[str]] = {}  # the reason's last clause -> what each statement measured before it, once each
     for s in stmts:
         for r in s.reasons:
             short = "needs CUDA" if "cuda" in r.lower()[:60] else first_sentence(r, 175)
-            if short not in whys:
-                whys.append(short)
-    return "; ".join(whys) or "no reason recorded"
+            head, _, tail = short.rpartition(": ")
+            got = whys.setdefault(tail, [])
+            if head and head not in got:
+                got.append(head)
+    return "; ".join(f"{'; '.join(heads)}: {tail}" if heads else tail for tail, heads in whys.items()) or \
+        "no reason recorded"
 
 
 def _failing(claims: Claims, most: int = 2) -> str:
@@ -92,8 +95,8 @@ def count_line(by_release: dict[str, Claims]) -> str:
     for hyp in statements(last, "refutes"):
         word = {"refuted": "refuted", "not_refuted": "not refuted"}.get(hyp.verdict, "not tested")
         decided = next((c for _, c in hyp.claims if c.get("verdict") == hyp.verdict), hyp.claims[0][1])
-        why = first_sentence(decided.get("reason") or "", 110)
-        parts.append(f'hypothesis "{hyp.text[:60]}…" {word}' + (f" ({why})" if word != "not tested" else ""))
+        why = first_sentence(decided.get("reason") or "", 85)
+        parts.append(f'hypothesis "{hyp.text[:45]}…" {word}' + (f" ({why})" if word != "not tested" else ""))
     apart = [f'"{s.text.rsplit(": ", 1)[-1][:40]}" by construction' for s in c.by_construction]
     apart += [f"{len(c.cited)} decided by the same measurement as `{c.cited[0].cites[0]}` (cited, not recounted)"] if c.cited else []
     sims = [x for _, x in last if kind_of(x) == "simulation"]
@@ -174,8 +177,8 @@ def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]],
     lines += [not_verified_line(current), ""]
     shown = [s for s in SOURCES.values() if s.repro]
     if shown:
-        lines += ["**Repros** (torch + transformers only, a tiny model from a config; folded below): "
-                  + ", ".join(code(s.repro) for s in shown) + ".", ""]
+        lines += ["**Repros** in `examples/repro/` (torch + transformers only; folded below): "
+                  + ", ".join(code(Path(s.repro).name) for s in shown) + ".", ""]
     text = "\n".join(lines)
     if len(text) > budget:
         lines = [f"> ⚠️ The first screen is {len(text):,} characters, over its {budget:,}.", "", *lines]

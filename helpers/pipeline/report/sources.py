@@ -50,7 +50,7 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "examples/repro/qwen3_vl_new_image_turn.py",
            "expected vs got max |logit diff| of the natural turn-2 call against one forward over both turns, turn 2's positions and the repair's",
            (), "Qwen3-VL new image",
-           "the threads' own statements: their text could not be read here, so every claim is the kit's own"),
+           "the threads' statements (text not readable here)"),
     Source("rollback", "Rolling a hybrid's cache back and continuing it (transformers `#49036`, PR `#45513`, 5.25.0's "
            "linear-attention cache rewrite)",
            {}, "the threads' checkpoints and code (their text could not be read from this machine, so every claim is the "
@@ -60,7 +60,7 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "expected vs got next logits after crop(-k) against a cache that never saw the k tokens, and a hand-rebuilt "
            "hybrid's length and re-fed tokens",
            ("rollback.hybrid_recorded_crop_keeps_recurrent_state", "rollback.hand_rebuild_keeps_length"), "Hybrid rollback",
-           "the threads' own statements: their text could not be read here, so every claim is the kit's own"),
+           "the threads' statements (text not readable here)"),
     Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
            "place (no source setup to compare: the tree is the control's, the rebuilds are this kit's)."),
