@@ -158,6 +158,8 @@ CASES: list[Case] = [
         CONT + [cont(fed=None, diff=None, error="TypeError: cache")], FLOOR), False),
     ("rollback continuation: an error with numbers that match", lambda: d.decide_continuation(CONT + [cont(error="warn")], FLOOR), False),
     ("rollback continuation: no diff", lambda: d.decide_continuation(CONT + [cont(diff=None)], FLOOR), False),
+    ("rollback continuation: two off, both named", lambda: d.decide_continuation(
+        CONT[:1] + [cont(1, fed=20), cont(8, "forward()", diff=0.04)], FLOOR), False),
     # decide_rebuild
     ("rollback rebuild: bitwise", lambda: rebuild(ORIGINAL, rebuilt("hand"), rebuilt("ctor"), names=("hand", "ctor")), True),
     ("rollback rebuild: reported length", lambda: rebuild(ORIGINAL, rebuilt(length=4)), False),
@@ -168,6 +170,8 @@ CASES: list[Case] = [
     ("rollback rebuild: raised", lambda: rebuild(ORIGINAL, {"rebuild": "hand", "error": "AttributeError: x"}), False),
     ("rollback rebuild: raised with the original's numbers", lambda: rebuild(ORIGINAL, rebuilt(error="E")), False),
     ("rollback rebuild: not measured", lambda: rebuild(ORIGINAL), False),
+    ("rollback rebuild: two off, both named", lambda: rebuild(
+        ORIGINAL, rebuilt(length=4), rebuilt("ctor", fed=20, error="E"), names=("hand", "ctor")), False),
     ("rollback rebuild: no original", lambda: rebuild(rebuilt(length=None, fed=None, max_abs_diff=0.0)), False),
     ("rollback rebuild: only an unnamed rebuild off", lambda: rebuild(ORIGINAL, rebuilt(), rebuilt("other", length=4)), True),
     # decide_assisted_never_wrong
@@ -185,12 +189,16 @@ CASES: list[Case] = [
         EQUAL[:1] + [a("dense", "prompt lookup", "refused"), a("dense", "own assistant", "refused")] + EQUAL[3:], "dense"), True),
     ("rollback assisted refused: greedy refused is not an assisted way", lambda: d.decide_assisted_refused(
         [a("hybrid", "greedy", "refused")]), False),
+    ("rollback assisted refused: the first way's error is shown", lambda: d.decide_assisted_refused(
+        [a("hybrid", "prompt lookup", "refused"), {**a("hybrid", "own assistant", "refused"), "error": "TypeError: other"}]), True),
     # decide_static_case
     ("rollback static: raises", lambda: d.decide_static_case([CONFIG, USER], "user StaticCache", "raises"), True),
     ("rollback static: silently wrong", lambda: d.decide_static_case(
         [{**USER, "outcome": "silently wrong", "error": None}], "user StaticCache", "raises"), False),
     ("rollback static: matches as expected", lambda: d.decide_static_case([USER, CONFIG], "cache_implementation", "matches"), True),
     ("rollback static: a row without a case", lambda: d.decide_static_case([{"outcome": "raises"}], "XX", "raises"), False),
+    ("rollback static: a row without a case is not the case 'None'", lambda: d.decide_static_case(
+        [{"outcome": "raises"}], "None", "raises"), False),
     ("rollback static: no such case", lambda: d.decide_static_case([USER], "nothing", "raises"), False),
     # decide_max_cache_len_ignored
     ("rollback max_cache_len: ignored", lambda: d.decide_max_cache_len_ignored([USER, CONFIG]), True),
