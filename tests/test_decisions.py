@@ -354,10 +354,12 @@ def every_case() -> list[tuple[str, Callable[[], Any], bool]]:
     import test_kill_newimage
     import test_kill_offload
     import test_kill_regress
+    import test_kill_rollback
     import test_kill_tree
 
     return ([case for table in TABLES.values() for case in table] + test_kill_tree.CASES + test_kill_offload.CASES
-            + test_kill_regress.CASES + test_kill_api.CASES + test_kill_newimage.CASES + test_kill_ledger.CASES)
+            + test_kill_regress.CASES + test_kill_api.CASES + test_kill_newimage.CASES + test_kill_ledger.CASES
+            + test_kill_rollback.CASES)
 
 
 def _holds(value: Any) -> bool | None:

@@ -90,7 +90,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/api/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_api.py",)),
     Scope("helpers/api/ledger_decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_ledger.py",)),
     Scope("helpers/newimage/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_newimage.py",)),
-    Scope("helpers/rollback/decisions.py", ("*",), ("tests/test_rollback.py",)),
+    Scope("helpers/rollback/decisions.py", ("*",), DECISION_TESTS + ("tests/test_rollback.py", "tests/test_kill_rollback.py")),
     Scope("helpers/newimage/guardcheck.py", ("check_new_vision_tokens", "check_uncached", "_uncached", "_explicit_3d", "_recomputed"),
           ("tests/test_newimage.py", "tests/test_kill_newimage.py")),
     Scope("helpers/api/checks.py", ("*",), ("tests/test_api.py", "tests/test_kill_checks.py")),
