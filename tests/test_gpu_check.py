@@ -264,7 +264,7 @@ def test_gpu_check_end_to_end_on_cpu_under_stand_ins(monkeypatch, tmp_path, caps
     monkeypatch.setenv("KVKIT_RELEASE_VENVS", str(tmp_path / "venvs"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     start = time.perf_counter()
-    done = run_device_command(tmp_path, simulate=True)  # the documented device command, --simulate appended
+    done = run_device_command(tmp_path, simulate=True, wheels=wheels)  # the documented device command, --simulate appended
     assert "gpu-check exit 0" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "OUT" / "gpu-check.json").read_text())
     with tarfile.open(tmp_path / "OUT" / "gpu.tgz") as tar:
@@ -289,9 +289,14 @@ def device_command() -> str:
     return block.strip().strip("`").strip()
 
 
-def run_device_command(tmp_path: Path, simulate: bool = False, python: str = sys.executable) -> subprocess.CompletedProcess:
-    """The documented command under bash, as on the device: $OUT and TMPDIR in `tmp_path`, GPU_PY `python`."""
+def run_device_command(tmp_path: Path, simulate: bool = False, python: str = sys.executable,
+                       wheels: str = "") -> subprocess.CompletedProcess:
+    """The documented command under bash, as on the device: $OUT and TMPDIR in `tmp_path`, GPU_PY `python`; the
+    wheels from `wheels` where given (a fresh clone has no wheels/: the fixture downloaded them elsewhere)."""
     cmd = device_command()
+    if wheels:
+        assert 'KVKIT_WHEELS="$PWD/wheels"' in cmd
+        cmd = cmd.replace('KVKIT_WHEELS="$PWD/wheels"', f'KVKIT_WHEELS="{wheels}"')
     if simulate:  # the CPU simulation on a shared 2-core machine is slower than the device: wider limits, same command
         cmd = (cmd.replace("--timeout 200 --budget 540", "--timeout 800 --budget 1600 --simulate")
                   .replace("timeout -k 10 570", "timeout -k 10 1700"))

@@ -71,7 +71,8 @@ def test_pairs_show_whole_values_and_count_the_rest():
 
 def test_summary_is_truncated_under_the_limit_with_details_closed(tmp_path):
     _run(tmp_path)
-    _write_results(tmp_path, "01_big", [{**_claim(f"c.{i}"), "statement": "long statement " * 20} for i in range(400)])
+    _write_results(tmp_path, "01_big", [{**_claim(f"c.{i}"), "verdict": "not_reproduced", "statement": "long statement " * 20}
+                                        for i in range(400)])  # listed with their statements: not holding
     text = summary.build_summary(tmp_path)
     assert len(text) < paste.MAX_CHARS < paste.GITHUB_LIMIT and "**Truncated:**" in text
     assert text.count("<details>") == text.count("</details>")
@@ -187,7 +188,7 @@ def test_environment_once_and_per_notebook_model(tmp_path):
     _write_results(tmp_path, "02_b", [_claim("b.one", "skipped")], env={"model_id": "other", "model_revision": "r2"})
     text = summary.build_summary(tmp_path)
     assert text.count("| torch | `2.13.0` |") == 1
-    assert "Differs between notebooks" in text and "| 02_b | `other` | `r2` |" in text
+    assert "Differs between notebooks" in text and "| 02 | `other` | `r2` |" in text
     assert "| model_id | `" not in text
 
 
@@ -453,3 +454,17 @@ def test_widgets_become_a_static_line_and_their_state_is_dropped():
     assert data == {"text/plain": "[IntSlider offset = 0 (min -8, max 8): interactive only when the notebook is opened in Jupyter]"}
     assert html_page.widget_value("Output()") == "a widget"
     assert "widgets" not in nb.metadata
+
+
+def test_the_statements_block_lists_what_does_not_hold_and_groups_the_undecided_by_reason():
+    from helpers.pipeline.report.claims_md import statements
+
+    held = ("01_a", {"id": "a.held", "kind": "reproduces", "verdict": "reproduced", "statement": "S1", "reason": "r1"})
+    failed = ("01_a", {"id": "a.failed", "kind": "beyond", "verdict": "fails", "statement": "S2", "reason": "r2"})
+    skipped = [("05_b", {"id": f"b.s{i}", "kind": "reproduces", "verdict": "skipped", "statement": f"T{i}",
+                         "reason": "needs CUDA"}) for i in range(2)]
+    text = "\n".join(statements([held, failed, *skipped], "Statements"))
+    assert "the 3 of 4 claims that do not hold as stated" in text and "a.held" not in text
+    assert "- `a.failed` (beyond, fails): S2 _Why:_ r2" in text
+    assert "- skipped: `b.s0`, `b.s1`: _Why:_ needs CUDA" in text and "T0" not in text
+    assert statements([held], "Statements") == []  # every claim holds: nothing to fold

@@ -129,7 +129,7 @@ def test_notes_and_captured_warnings_are_listed_once(tmp_path):
     write(tmp_path, "05_b", [claim("b.one", "reproduces", "reproduced")], warnings=[warning])
     text = summary.build_summary(tmp_path)
     assert "- `a.one`: 6 = 3 caches x 2 argument sets" in text
-    assert "| 01 | `a.one` | reproduces | ✅ reproduced | value=1.5 (see the note below) | no quote registered (value=7.66) |" in text
+    assert "| 01 | `a.one` | reproduces | ✅ reproduced | value=1.5 (note below) | no quote registered (value=7.66) |" in text
     assert text.count("causal_conv1d_fn") == 1 and "_(notebooks 01, 05)_" in section(text, "## Environment")
 
 

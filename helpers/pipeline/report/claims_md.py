@@ -81,14 +81,22 @@ def verdict_text(kind: str, verdict: str) -> str:
     return f"{mark(kind, verdict)} {cell(VERDICT_WORDS.get((kind, verdict), verdict))}"
 
 
+CONTEXT_CHARS = 80  # a context passage's opening words in a claim row
+
+
 def quote_cell(c: dict[str, Any]) -> str:
-    """The source passage a claim tests, whole and quoted, then the source's values; by construction where so."""
+    """The source passage a claim tests, whole and quoted, then the source's values; by construction where so. A
+    passage the claim only extends or models is its context, not its statement: its opening words (whole in the
+    results file and pages)."""
     q = quote_of(c)
-    text = f'"{one_line(q["text"])}"' if q.get("text") else "no quote registered"
+    text = one_line(q["text"]) if q.get("text") else ""
+    if q.get("role") in ("extends", "models") and len(text) > CONTEXT_CHARS:
+        text = text[: text.rfind(" ", 0, CONTEXT_CHARS)] + " …"
+    text = f'"{text}"' if text else "no quote registered"
     role = {"extends": "extends ", "hypothesis": "hypothesis ", "models": "models "}.get(q.get("role", ""), "")
     values = pairs(c.get("source"))
     if q.get("by_construction"):
-        return cell(f"{role}{text}; holds by construction, not comparable (see the note below)")
+        return cell(f"{role}{text}; holds by construction, not comparable (note below)")
     return cell(f"{role}{text}" + (f" ({values})" if values else ""))
 
 
@@ -98,9 +106,9 @@ def claim_row(nb: str, c: dict[str, Any]) -> str:
     if not measured:
         measured = "see below" if verdict in ("skipped", "error") else "in the results file"
     if c.get("notes"):
-        measured += " (see the note below)"
+        measured += " (note below)"
     if quote_of(c).get("not_decided") or quote_of(c).get("by_construction"):
-        measured += "" if "(see the note below)" in measured else " (see the note below)"
+        measured += "" if "(note below)" in measured else " (note below)"
     return (f"| {cell(nb.split('_', 1)[0])} | {code(c.get('id', '?'))} | {cell(kind)} | {verdict_text(kind, verdict)} "
             f"| {cell(measured)} | {quote_cell(c)} |")
 
@@ -176,17 +184,23 @@ def undecided(claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def statements(claims: list[tuple[str, dict[str, Any]]], title: str) -> list[str]:
-    """Each claim's reason, in a collapsed block; its statement too where the verdict is not the kind's holding one
-    (a claim that holds is read from its id, quote and reason; every statement is in the results files and pages)."""
-    if not claims:
+    """The claims whose verdict is not the kind's holding one (fails, not reproduced, skipped, error), each with its
+    statement and reason, in a collapsed block; a claim that holds is read from its row above, and every claim's
+    reason is in the results files and pages (share.zip)."""
+    shown = [(nb, c) for nb, c in claims if mark(kind_of(c), str(c.get("verdict"))) != "✅"]
+    if not shown:
         return []
-    lines = [f"<details><summary>{title} ({len(claims)} claims)</summary>", "",
-             "Each claim's reason; the claim's own statement where its verdict is not the kind's holding one.", ""]
-    for nb, c in claims:
-        holds = mark(kind_of(c), str(c.get("verdict"))) == "✅"
-        said = "" if holds else f"{code_refs(one_line(c.get('statement', '')))} "
-        lines.append(f"- {code(c.get('id'))} ({cell(kind_of(c))}, {cell(c.get('verdict'))}): "
-                     f"{said}_Why:_ {code_refs(one_line(c.get('reason', '')))}")
+    lines = [f"<details><summary>{title}: the {len(shown)} of {len(claims)} claims that do not hold as stated</summary>",
+             "", "Each claim's statement and why (the others' reasons are in the pages and results of share.zip).", ""]
+    undecided: dict[tuple[str, str], list[str]] = {}  # (verdict, reason) -> the skipped or errored claims' ids
+    for nb, c in shown:
+        verdict, why = str(c.get("verdict")), code_refs(one_line(c.get("reason", "")))
+        if verdict in ("skipped", "error"):
+            undecided.setdefault((verdict, why), []).append(code(c.get("id")))
+            continue
+        lines.append(f"- {code(c.get('id'))} ({cell(kind_of(c))}, {cell(verdict)}): "
+                     f"{code_refs(one_line(c.get('statement', '')))} _Why:_ {why}")
+    lines += [f"- {verdict}: {', '.join(ids)}: _Why:_ {why}" for (verdict, why), ids in undecided.items()]
     return lines + ["", "</details>", ""]
 
 

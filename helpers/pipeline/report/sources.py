@@ -125,7 +125,7 @@ def setup_rows(source: Source, envs: list[dict[str, Any]]) -> tuple[list[tuple[s
         rows.append((key, theirs, ours, "same" if same else "differs"))
         if not same:
             gaps.append(f"{key} {ours} instead of {theirs}")
-    gap = ("Gap: " + "; ".join(gaps) + ". Scale-dependent numbers (max |diff|) are not comparable across it; "
-           "the scale-free ones (top-1, top-5 overlap, cosine, ratios) and the pass/fail pattern are.") if gaps else \
+    gap = ("Gap: " + "; ".join(gaps) + ". Raw max |diff| is not comparable across it; top-1, top-5 "
+           "overlap, cosine, ratios and the pass/fail pattern are.") if gaps else \
         "No gap in release, dtype, device or model."
     return rows, gap

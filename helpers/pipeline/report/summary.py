@@ -135,8 +135,11 @@ def environment_section(results: list[dict[str, Any]], run_env: dict[str, Any] |
     lines = ["## Environment", "", "| | |", "|---|---|", *[f"| {k} | {code(short(first.get(k), 120))} |" for k in shared]]
     if varying:
         cols = [k for k in MODEL_KEYS if k in varying] + [k for k in varying if k not in MODEL_KEYS]
-        lines += ["", "Differs between notebooks:", "", "| notebook | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-        lines += [f"| {nb} | " + " | ".join(code(short(env.get(k))) for k in cols) + " |" for nb, env in envs.items()]
+        lines += ["", "Differs between notebooks:", "", "| notebooks | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+        rows: dict[str, list[str]] = {}  # one row per distinct set of values, its notebooks by number
+        for nb, env in envs.items():
+            rows.setdefault(" | ".join(code(short(env.get(k))) for k in cols), []).append(nb.split("_", 1)[0])
+        lines += [f"| {', '.join(nbs)} | {values} |" for values, nbs in rows.items()]
     return lines + ["", *captured_warnings(results)]
 
 
