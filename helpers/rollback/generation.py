@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 
 from .. import compat
-from .setup import Family
+from .setup import Family, error_line
 
 NEW_TOKENS = 6
 
@@ -18,10 +18,6 @@ def repetitive_ids(model: torch.nn.Module, seed: int = 0) -> torch.Tensor:
     vocab = int(compat.text_config(model.config).vocab_size)
     phrase = torch.randint(10, vocab - 10, (1, 6), generator=torch.Generator().manual_seed(seed))
     return torch.cat([phrase, phrase, phrase, phrase[:, :3]], 1)
-
-
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 
 
 @torch.no_grad()
@@ -34,7 +30,7 @@ def greedy(model: torch.nn.Module, ids: torch.Tensor, **kwargs: Any) -> dict[str
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
                              pad_token_id=0, return_dict_in_generate=True, **kwargs)
     except Exception as exc:  # noqa: BLE001 - a refusal is the measurement
-        return {"error": _error(exc)}
+        return {"error": error_line(exc)}
     finally:
         hook.remove()
     return {"tokens": out.sequences[0, ids.shape[1]:].tolist(), "cache": compat.output_cache(out), "calls": len(calls),

@@ -14,15 +14,11 @@ from ..compare import NoiseFloor, max_abs_diff
 from ..continuation import generate_first_step
 from ..regress import layers, rebuilds
 from . import states
-from .setup import Family, forward
+from .setup import Family, error_line, forward
 
 MODES = ("plain", "record", "record_keep")  # crop without recording; after activate_past_recording(); with (k)
 MODE_HOW = {"plain": "crop(-k), no recording", "record": "activate_past_recording() before the k tokens, crop(-k)",
             "record_keep": "activate_past_recording(recurrent_states_to_keep=k) before the k tokens, crop(-k)"}
-
-
-def _error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
 
 
 def _start_recording(cache: Any, mode: str, k: int) -> str | None:
@@ -33,7 +29,7 @@ def _start_recording(cache: Any, mode: str, k: int) -> str | None:
         elif mode == "record_keep":
             cache.activate_past_recording(recurrent_states_to_keep=k)
     except Exception as exc:  # noqa: BLE001 - not offered on this release
-        return _error(exc)
+        return error_line(exc)
     return None
 
 
@@ -65,18 +61,18 @@ def rollback_row(family: Family, ids: torch.Tensor, prompt: int, k: int, mode: s
     try:
         forward(family.model, ids[:, prompt:prompt + k], rolled)
     except Exception as exc:  # noqa: BLE001 - 5.25.0: a k-token forward after activate_past_recording() raises
-        return {**row, "outcome": "raised while recording", "error": _error(exc)}
+        return {**row, "outcome": "raised while recording", "error": error_line(exc)}
     try:
         rolled.crop(-k)
     except Exception as exc:  # noqa: BLE001 - a refusal is the measurement
-        return {**row, "outcome": "refused", "error": _error(exc)}
+        return {**row, "outcome": "refused", "error": error_line(exc)}
     held = states.reported_length(fresh.cache)
     row.update(length=states.reported_length(rolled), fresh_length=held,
                **{f"{name}_diff": v for name, v in states.state_diffs(rolled, fresh.cache, held).items()})
     try:
         diff = max_abs_diff(fresh.next_logits, forward(family.model, ids[:, prompt + k:prompt + k + 1], rolled)[:, -1])
     except Exception as exc:  # noqa: BLE001 - a continuation that raises after the crop
-        return {**row, "outcome": "raised after crop", "error": _error(exc)}
+        return {**row, "outcome": "raised after crop", "error": error_line(exc)}
     row["next_logits_diff"] = diff
     row["outcome"] = "restored" if floor.matches(diff) else "silently wrong"
     return row
@@ -157,7 +153,7 @@ def rebuild_rows(family: Family, ids: torch.Tensor) -> list[dict[str, Any]]:
         try:
             rebuilt = build(original, family.model.config)
         except Exception as exc:  # noqa: BLE001 - a rebuild that cannot be made is a measurement
-            rows.append({**row, "error": _error(exc)})
+            rows.append({**row, "error": error_line(exc)})
             continue
         row["length"] = states.reported_length(rebuilt)  # before generate() extends it
         got = generate_first_step(family.model, ids, rebuilt, attention_mask=mask)

@@ -18,6 +18,11 @@ PROMPT = 20  # tokens prefilled before the k tokens that are rolled back (longer
 STATIC_LEN = 48  # the static cache's capacity
 
 
+def error_line(exc: BaseException) -> str:
+    """'Type: first line of the message' (at most 160 characters of it): how a rollback row records a raise."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+
+
 @dataclass
 class Family:
     """One family: its model, how it makes an empty cache, and what that cache is."""
