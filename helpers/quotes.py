@@ -150,6 +150,8 @@ QUOTES: dict[str, Quote] = {
     "offload.race_observed_on_device": _q(ISSUE_48947, "extends", _FIRST_REUSE, by_construction=_GPU_BUILT["race"]),
     "offload.offload_event_removes_drift": _q(ISSUE_48947, "extends", _FIRST_REUSE),
     "offload.record_stream_removes_drift": _q(ISSUE_48947, "extends", _FIRST_REUSE),
+    "offload.block_overwritten_under_pending_read": _q(ISSUE_48947, "extends", _FIRST_REUSE, not_decided=_NO_GPU),
+    "offload.unlagged_run_drifts": _q(ISSUE_48947, "extends", _FIRST_REUSE, not_decided=_NO_GPU),
     "offload.prefetch_reads_unordered_copy": _q(ISSUE_48947, "extends", "the second call, which is the first call that actually "
                                                 "has to move an offloaded layer's state back for use"),
     "offload.race_not_specific_to_hybrid": _q(ISSUE_48947, "extends", "on this hybrid Gated-DeltaNet + attention model"),

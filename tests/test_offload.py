@@ -137,35 +137,6 @@ def test_source_facts_match_the_recorded_schedule():
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(not NO_CUDA, reason="checks the CPU verdicts")
-def test_notebook_skips_cuda_claims_on_cpu(tmp_path):
-    os.environ["KVKIT_OUTPUT_DIR"] = str(tmp_path)
-    try:
-        result = execute.run_one(repo_root() / "notebooks" / "05_hybrid_offloading_drift.ipynb")
-    finally:
-        del os.environ["KVKIT_OUTPUT_DIR"]
-    assert result.ok, result.error
-    data = json.loads((tmp_path / "results" / "05_hybrid_offloading_drift.json").read_text())
-    claims = {c["id"]: c for c in data["claims"]}
-    for cid in gpu.CUDA_CLAIMS:
-        assert claims[cid]["verdict"] == "skipped" and "CUDA" in claims[cid]["reason"], cid
-    # the report's hypothesis (only the linear layers' state looks broken) is refuted; the unordered copy is the kit's own
-    assert (claims["offload.linear_layers_never_moved"]["kind"], claims["offload.linear_layers_never_moved"]["verdict"]) == (
-        "refutes", "refuted")
-    assert (claims["offload.prefetch_reads_unordered_copy"]["kind"], claims["offload.prefetch_reads_unordered_copy"]["verdict"]) == (
-        "beyond", "holds")
-    assert claims["offload.race_replay_drifts_by_construction"]["kind"] == "simulation"
-    for cid in ("offload.race_not_specific_to_hybrid", "offload.report_loop_reads_previous_forward",
-                "offload.generate_orders_cross_forward_reads", "offload.prefetched_block_released_with_pending_read"):
-        assert claims[cid]["kind"] == "beyond" and claims[cid]["verdict"] == "holds", cid
-    assert claims["offload.linear_layers_never_moved"]["evidence"]["linear_offloads"] == 0
-    env = claims["offload.cpu_reports_cuda_requirement"]
-    assert env["kind"] == "environment" and env["verdict"] in ("holds", "fails") and env["evidence"]["exception_type"]
-    for name in ("schedule", "replay-drift", "replay-stale"):
-        assert (tmp_path / "figures" / f"05_hybrid_offloading_drift-{name}.png").exists()
-
-
-@pytest.mark.e2e
 @pytest.mark.skipif(not NO_CUDA, reason="simulates the CUDA sections on a machine without CUDA")
 def test_notebook_cuda_sections_execute_on_cpu_under_stand_ins(tmp_path):
     os.environ["KVKIT_OUTPUT_DIR"] = str(tmp_path)

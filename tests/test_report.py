@@ -457,14 +457,19 @@ def test_widgets_become_a_static_line_and_their_state_is_dropped():
 
 
 def test_the_statements_block_lists_what_does_not_hold_and_groups_the_undecided_by_reason():
-    from helpers.pipeline.report.claims_md import statements
+    from helpers.pipeline.report.claims_md import statements, undecided
 
     held = ("01_a", {"id": "a.held", "kind": "reproduces", "verdict": "reproduced", "statement": "S1", "reason": "r1"})
     failed = ("01_a", {"id": "a.failed", "kind": "beyond", "verdict": "fails", "statement": "S2", "reason": "r2"})
     skipped = [("05_b", {"id": f"b.s{i}", "kind": "reproduces", "verdict": "skipped", "statement": f"T{i}",
                          "reason": "needs CUDA"}) for i in range(2)]
-    text = "\n".join(statements([held, failed, *skipped], "Statements"))
-    assert "the 3 of 4 claims that do not hold as stated" in text and "a.held" not in text
+    other = ("05_b", {"id": "b.e", "kind": "beyond", "verdict": "error", "statement": "U", "reason": "boom"})
+    claims = [held, failed, *skipped, other]
+    text = "\n".join(statements(claims, "Statements"))
+    assert "the 1 of 5 claims decided otherwise than stated" in text and "a.held" not in text
     assert "- `a.failed` (beyond, fails): S2 _Why:_ r2" in text
-    assert "- skipped: `b.s0`, `b.s1`: _Why:_ needs CUDA" in text and "T0" not in text
+    assert "b.s0" not in text and "b.e" not in text  # the undecided are listed once, by `undecided`, grouped by reason
+    assert undecided(claims) == ["Not decided in this run:", "", "- `b.s0`, `b.s1` ⏭️ skipped: needs CUDA",
+                                 "- `b.e` ⚠️ error: boom", ""]
+    assert statements([held, *skipped], "Statements") == []  # nothing decided otherwise: nothing to fold
     assert statements([held], "Statements") == []  # every claim holds: nothing to fold

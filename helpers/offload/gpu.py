@@ -32,7 +32,7 @@ from .loops import LOOPS, Decision, random_ids
 
 CUDA_CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
                "offload.ordering_edge_removes_drift", "offload.race_observed_on_device",
-               "offload.offload_event_removes_drift", "offload.record_stream_removes_drift")
+               "offload.offload_event_removes_drift", "offload.record_stream_removes_drift", *DEVICE_CLAIMS)
 CLAIM_TEXT = {
     "offload.prefill_identical": "With DynamicCache(config=model.config, offloading=True) on CUDA, in the report's loop, the prefill logits equal offloading=False's within the noise floor (the same run twice without offloading).",
     "offload.decode_drifts": "On CUDA, in the report's loop, from the first decode step that reuses the offloaded cache, offloading=True logits differ from offloading=False by more than the noise floor.",
@@ -41,12 +41,13 @@ CLAIM_TEXT = {
     "offload.race_observed_on_device": "On CUDA with a calibrated device lag, CUDA event timestamps show prefetch copies starting before the offload copy that fills their host buffer has ended (without a fix edge), and none with the 5.20.0 edge.",
     "offload.offload_event_removes_drift": "On CUDA, the host-buffer-only fix (a torch.Event recorded after each offload, waited by the prefetch stream; run only where a device probe shows that wait holds) removes the drift in the report's loop, on the first model whose CPU record shows the fix arms narrow (the event closing only the host-buffer hazard, record_stream only the reuse one).",
     "offload.record_stream_removes_drift": "On CUDA, the reuse-only fix (record_stream(default stream) on the prefetched K/V) removes the drift in the report's loop, on the first model whose CPU record shows the fix arms narrow.",
+    "offload.block_overwritten_under_pending_read": "On CUDA, device-timed: without a fix some prefetch copy writes a device block whose earlier read on the default stream has not finished (the allocator's reuse, seen from data_ptr and CUDA events), and none does with record_stream.",
+    "offload.unlagged_run_drifts": "On CUDA with no injected lag, offloading=True in the report's loop drifts beyond the noise floor on some model (the 64-layer layout included where it ran); logits decide, end-state drift is shown apart.",
 }
 CLAIM_KINDS = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
                "offload.first_differing_tensor_is_attention_kv": "refutes", "offload.ordering_edge_removes_drift": "beyond",
                "offload.race_observed_on_device": "beyond", "offload.offload_event_removes_drift": "beyond",
-               "offload.record_stream_removes_drift": "beyond"}
-DEVICE_KINDS = {cid: "beyond" for cid in DEVICE_CLAIMS}
+               "offload.record_stream_removes_drift": "beyond", **{cid: "beyond" for cid in DEVICE_CLAIMS}}
 SIMULATED = "[simulated on CPU under recording stream stand-ins, not a GPU measurement] "
 
 
@@ -60,7 +61,9 @@ def decisions(ex: GpuExperiment) -> dict[str, Decision]:
            "offload.ordering_edge_removes_drift": gd.fix_everywhere(ex.steps, ex.states, key, "5.20.0 edge"),
            "offload.race_observed_on_device": gd.decide_race_observed(ex.counts),
            "offload.offload_event_removes_drift": _event_decision(ex, narrow),
-           "offload.record_stream_removes_drift": gd.fix_everywhere(ex.steps, ex.states, narrow, "record_stream")}
+           "offload.record_stream_removes_drift": gd.fix_everywhere(ex.steps, ex.states, narrow, "record_stream"),
+           "offload.block_overwritten_under_pending_read": gd.decide_overwrote_pending_read(ex.counts),
+           "offload.unlagged_run_drifts": gd.decide_unlagged_drift(ex.steps, ex.states)}
     for cid in ("offload.offload_event_removes_drift", "offload.record_stream_removes_drift"):
         out[cid].evidence["narrow_on_cpu_record"] = gd.narrow_models(ex.edges)
     if ex.settings.get("simulated_on_cpu"):
@@ -76,16 +79,6 @@ def _event_decision(ex: GpuExperiment, key: gd.Key) -> Decision:
     return Decision(False, {"arm": list(key), "event_probe": ex.settings.get("event_probe")},
                     f"not run: {ex.settings.get('event_arm_gate') or 'the offload-event arm was not asked for'}", skipped=True)
 
-
-def device_decisions(ex: GpuExperiment) -> dict[str, Decision]:
-    """The claims only the plain module writes, both decided by a GPU: blocks overwritten under a pending read (every
-    arm's device timing) and drift without the injected lag (every unlagged arm, the 64-layer layout's included)."""
-    out = {"offload.block_overwritten_under_pending_read": gd.decide_overwrote_pending_read(ex.counts),
-           "offload.unlagged_run_drifts": gd.decide_unlagged_drift(ex.steps, ex.states)}
-    if ex.settings.get("simulated_on_cpu"):
-        for d in out.values():
-            d.why = SIMULATED + d.why
-    return out
 
 
 def claim_type(cid: str) -> dict[str, Any]:
@@ -121,10 +114,9 @@ def results_json(ex: GpuExperiment, seconds: float) -> dict[str, Any]:
     from ..results import verdict_for
 
     records = lambda f: json.loads(f.to_json(orient="records", default_handler=str))  # noqa: E731 - NaN -> null
-    kinds = {**CLAIM_KINDS, **DEVICE_KINDS}
-    claims = [{"id": cid, "kind": kinds[cid], "verdict": "skipped" if d.skipped else verdict_for(kinds[cid], d.holds),
+    claims = [{"id": cid, "kind": CLAIM_KINDS[cid], "verdict": "skipped" if d.skipped else verdict_for(CLAIM_KINDS[cid], d.holds),
                "reason": d.why, "deciding": d.deciding, "source": d.source, **claim_type(cid)}
-              for cid, d in {**decisions(ex), **device_decisions(ex)}.items()]
+              for cid, d in decisions(ex).items()]
     return {"schema": "kvkit-gpu-arms/1", "release": compat.TRANSFORMERS_VERSION, "torch": torch.__version__,
             "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (simulated)",
             "seconds": round(seconds, 1), "settings": ex.settings, "claims": claims,

@@ -46,7 +46,7 @@ GPU_DECIDES = {
     "offload.unlagged_run_drifts": ("whether a run with no injected lag drifts at all (logits; end state shown apart)",
                                     "offloading=True (unlagged), report loop, every model (64-layer included)"),
 }
-DEVICE_CLAIMS = ("offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts")  # gpu-arms.json only
+DEVICE_CLAIMS = ("offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts")  # decided from device timing / unlagged arms
 
 
 def claim_types() -> list[dict[str, Any]]:

@@ -174,33 +174,29 @@ def logit_scale(claims: list[tuple[str, dict[str, Any]]]) -> float | None:
 
 
 def undecided(claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Skipped and error claims with their reasons, whole."""
-    rows = [c for _, c in claims if c.get("verdict") in ("skipped", "error")]
-    if not rows:
+    """Skipped and error claims with their reasons, whole: claims with the same verdict and reason on one line."""
+    groups: dict[tuple[str, str], list[str]] = {}  # (verdict, reason) -> claim ids
+    for _, c in claims:
+        if c.get("verdict") in ("skipped", "error"):
+            groups.setdefault((str(c.get("verdict")), code_refs(one_line(c.get("reason", "")))), []).append(code(c.get("id")))
+    if not groups:
         return []
     return ["Not decided in this run:", "",
-            *[f"- {code(c.get('id'))} {MARK.get(c.get('verdict'), '⚠️')} {c.get('verdict')}: "
-              f"{code_refs(one_line(c.get('reason', '')))}" for c in rows], ""]
+            *[f"- {', '.join(ids)} {MARK.get(verdict, '⚠️')} {verdict}: {why}" for (verdict, why), ids in groups.items()], ""]
 
 
 def statements(claims: list[tuple[str, dict[str, Any]]], title: str) -> list[str]:
-    """The claims whose verdict is not the kind's holding one (fails, not reproduced, skipped, error), each with its
+    """The decided claims whose verdict is not the kind's holding one (fails, not reproduced, not refuted), each with its
     statement and reason, in a collapsed block; a claim that holds is read from its row above, and every claim's
-    reason is in the results files and pages (share.zip)."""
-    shown = [(nb, c) for nb, c in claims if mark(kind_of(c), str(c.get("verdict"))) != "✅"]
+    reason is in the results files and pages (share.zip); skipped and error claims are in `undecided`'s list."""
+    shown = [(nb, c) for nb, c in claims if mark(kind_of(c), str(c.get("verdict"))) != "✅"
+             and c.get("verdict") not in ("skipped", "error")]
     if not shown:
         return []
-    lines = [f"<details><summary>{title}: the {len(shown)} of {len(claims)} claims that do not hold as stated</summary>",
+    lines = [f"<details><summary>{title}: the {len(shown)} of {len(claims)} claims decided otherwise than stated</summary>",
              "", "Each claim's statement and why (the others' reasons are in the pages and results of share.zip).", ""]
-    undecided: dict[tuple[str, str], list[str]] = {}  # (verdict, reason) -> the skipped or errored claims' ids
-    for nb, c in shown:
-        verdict, why = str(c.get("verdict")), code_refs(one_line(c.get("reason", "")))
-        if verdict in ("skipped", "error"):
-            undecided.setdefault((verdict, why), []).append(code(c.get("id")))
-            continue
-        lines.append(f"- {code(c.get('id'))} ({cell(kind_of(c))}, {cell(verdict)}): "
-                     f"{code_refs(one_line(c.get('statement', '')))} _Why:_ {why}")
-    lines += [f"- {verdict}: {', '.join(ids)}: _Why:_ {why}" for (verdict, why), ids in undecided.items()]
+    lines += [f"- {code(c.get('id'))} ({cell(kind_of(c))}, {cell(str(c.get('verdict')))}): "
+              f"{code_refs(one_line(c.get('statement', '')))} _Why:_ {code_refs(one_line(c.get('reason', '')))}" for _, c in shown]
     return lines + ["", "</details>", ""]
 
 
