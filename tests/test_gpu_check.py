@@ -221,21 +221,30 @@ def wheels(tmp_path_factory) -> str:
     return str(folder)
 
 
+@pytest.fixture(scope="module")
+def offline_venvs(tmp_path_factory, wheels) -> dict:
+    """5.20.0's environment built from the wheels alone, network refused (the device's case); built once, and the
+    end-to-end run below finds it there as a second gpu-check on the device would."""
+    folder = tmp_path_factory.mktemp("venvs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KVKIT_WHEELS", wheels)
+        mp.setenv("KVKIT_RELEASE_VENVS", str(folder))
+        mp.setenv("PIP_NO_INDEX", "1")
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):  # any network use fails at once
+            mp.setenv(name, "http://127.0.0.1:9")
+        start = time.perf_counter()
+        env = envs.ensure_env("5.20.0", lambda *a, **k: None, modules=envs.GPU_MODULES)
+        print(f"\noffline 5.20.0 environment from wheels/: {time.perf_counter() - start:.1f} s")
+    return {"folder": folder, "env": env}
+
+
 @pytest.mark.e2e
-def test_release_environment_installs_offline_from_wheels(monkeypatch, tmp_path, wheels):
-    monkeypatch.setenv("KVKIT_WHEELS", wheels)
-    monkeypatch.setenv("KVKIT_RELEASE_VENVS", str(tmp_path))
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):  # any network use fails at once
-        monkeypatch.setenv(name, "http://127.0.0.1:9")
-    start = time.perf_counter()
-    env = envs.ensure_env("5.20.0", lambda *a, **k: None, modules=envs.GPU_MODULES)
-    seconds = time.perf_counter() - start
+def test_release_environment_installs_offline_from_wheels(offline_venvs):
+    env, folder = offline_venvs["env"], offline_venvs["folder"]
     assert env.ok, env.reason
-    assert env.versions["transformers"] == "5.20.0" and env.python.startswith(str(tmp_path))
+    assert env.versions["transformers"] == "5.20.0" and env.python.startswith(str(folder))
     assert env.installed[0] == "transformers==5.20.0"
-    assert os.path.exists(os.path.join(tmp_path, "5.20.0", envs.STAMP))
-    print(f"\noffline 5.20.0 environment from wheels/: {seconds:.1f} s")
+    assert os.path.exists(os.path.join(folder, "5.20.0", envs.STAMP))
 
 
 def test_simulate_skips_the_refusal_and_passes_simulate_to_the_arms(monkeypatch, tmp_path, capsys):
@@ -249,19 +258,11 @@ def test_simulate_skips_the_refusal_and_passes_simulate_to_the_arms(monkeypatch,
     assert "regress.flash_attention_2_matches_sdpa: skipped: simulated run" in capsys.readouterr().out
 
 
-def _arms_cli() -> bool:
-    """Whether `python -m helpers.offload.gpu` takes --out (the lead's module has landed)."""
-    res = subprocess.run([sys.executable, "-m", gpu_check.ARMS_MODULE, "--help"], capture_output=True, text=True,
-                         cwd=str(repo_root()), env=envs.child_env(), timeout=300)
-    return res.returncode == 0 and "--out" in res.stdout
-
-
 @pytest.mark.e2e
-def test_gpu_check_end_to_end_on_cpu_under_stand_ins(monkeypatch, tmp_path, capsys, wheels):
-    assert _arms_cli(), "python -m helpers.offload.gpu has no --out"
+def test_gpu_check_end_to_end_on_cpu_under_stand_ins(monkeypatch, tmp_path, capsys, wheels, offline_venvs):
     monkeypatch.setenv("KVKIT_WHEELS", wheels)
     monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path / "outputs"))
-    monkeypatch.setenv("KVKIT_RELEASE_VENVS", str(tmp_path / "venvs"))
+    monkeypatch.setenv("KVKIT_RELEASE_VENVS", str(offline_venvs["folder"]))  # built from the wheels by the fixture
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     start = time.perf_counter()
     done = run_device_command(tmp_path, simulate=True, wheels=wheels)  # the documented device command, --simulate appended

@@ -166,6 +166,38 @@ def test_05_on_cpu_skips_the_cuda_claims_and_decides_the_record(run):
 
 
 @pytest.mark.e2e
+def test_06_decides_its_claims(run):
+    """Notebook 06 on the tiny default (the shared run): its claims, every built-in's leaf and repairs."""
+    data = _results(run, "06_rebuild_triage")
+    assert {c["id"]: (c["kind"], c["verdict"]) for c in data["claims"]} == {
+        "triage.identity_matches_original": ("reproduces", "reproduced"),
+        "triage.streaming_generate_uses_retained_length": ("beyond", "holds"),
+        "triage.per_layer_lengths_outcome": ("beyond", "holds"), "triage.per_layer_lengths_by_backend": ("beyond", "holds")}
+    assert {n: v["branch"] for n, v in data["measurements"]["triage"].items()} == {
+        "identity": "no_defect", "streaming": "compression_positions_and_loss", "int8": "reconstruction_copy",
+        "per_layer": "compression_positions_and_loss", "crop_short": "prefix_short", "reused_no_copy": "extra_slots"}
+    assert data["measurements"]["triage"]["streaming"]["repairs"][-1]["name"] == "continue_at_processed_length"
+    assert [(r["name"], r["restores"]) for r in data["measurements"]["triage"]["crop_short"]["repairs"]] == [
+        ("full_mask", False), ("refeed_whole_ids", True)]
+    assert data["measurements"]["triage"]["reused_no_copy"]["repairs"][-1] | {"max_abs_diff": 0} == {
+        "name": "crop_to_processed", "max_abs_diff": 0, "restores": True}
+    short = {r["state"]: r for r in data["measurements"]["control0_resume_state"]["crop_short"]}
+    assert short["layer 0 slots by content (vs the original's)"]["rebuilt"].endswith("missing 80 (last)")
+    assert data["measurements"]["triage"]["identity"]["repairs"] == [
+        {"name": "full_mask", "max_abs_diff": data["measurements"]["triage"]["identity"]["repairs"][0]["max_abs_diff"],
+         "restores": True}]
+    control0 = {r["state"]: r for r in data["measurements"]["control0_resume_state"]["streaming"]}
+    assert control0["layer 0 stored slots"]["rebuilt"] == "20" and control0["layer 0 stored slots"]["differs"] == "<<"
+    assert data["measurements"]["triage_tree"]["identity"].startswith("rebuild 'identity': no defect")
+    positions = {r["rebuild"]: r for r in data["measurements"]["control3_logical_positions"]}
+    assert positions["streaming"]["positions_include_rope_deltas"] and positions["streaming"]["rope_deltas"] == -42
+    assert positions["streaming"]["explicit_position_logical"] == 81
+    assert "[x]" in data["measurements"]["triage_tree"]["streaming"]
+    assert (run / "figures" / "06_rebuild_triage-branches.png").exists()
+    assert str(ROOT) not in (run / "results" / "06_rebuild_triage.json").read_text()
+
+
+@pytest.mark.e2e
 def test_two_cpu_runs_give_identical_numbers(run, tmp_path):
     again = tmp_path / "again"
     os.environ["KVKIT_OUTPUT_DIR"] = str(again)
@@ -192,24 +224,32 @@ def test_failing_notebook_does_not_stop_the_others(tmp_path):
     assert {c["verdict"] for c in claims} == {"error"} and "tiny-qwen3-vl" in claims[0]["reason"]
 
 
-@pytest.mark.e2e
-@pytest.mark.parametrize("stem", ["02_mask_position_matrix", "04_token_boundary_double_processing"])
-def test_text_only_model(tmp_path, stem):
-    if not (ROOT / "notebooks" / f"{stem}.ipynb").exists():
-        pytest.skip(f"{stem} not present")
-    import torch
+TEXT_ONLY = ["02_mask_position_matrix", "04_token_boundary_double_processing"]
+
+
+@pytest.fixture(scope="module")
+def text_only_run(tmp_path_factory) -> Path:
+    """02 and 04 on a local text-only Qwen3 folder, as one recorded run (one warm process for both)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
+    tmp = tmp_path_factory.mktemp("text-only")
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
-    Qwen3ForCausalLM(config).save_pretrained(tmp_path / "text-lm")
-    os.environ["KVKIT_OUTPUT_DIR"] = str(tmp_path / "out")
+    Qwen3ForCausalLM(config).save_pretrained(tmp / "text-lm")
+    os.environ["KVKIT_OUTPUT_DIR"] = str(tmp / "out")
     try:
-        assert execute.run_one(ROOT / "notebooks" / f"{stem}.ipynb", {"model_id": str(tmp_path / "text-lm")}).ok
+        results = batch.run_all({"model_id": str(tmp / "text-lm")}, paths=[ROOT / "notebooks" / f"{s}.ipynb" for s in TEXT_ONLY])
     finally:
         del os.environ["KVKIT_OUTPUT_DIR"]
-    claims = _results(tmp_path / "out", stem)["claims"]
+    assert [r.ok for r in results] == [True] * len(TEXT_ONLY), [r.error for r in results]
+    return tmp / "out"
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("stem", TEXT_ONLY)
+def test_text_only_model(text_only_run, stem):
+    claims = _results(text_only_run, stem)["claims"]
     verdicts = {c["verdict"] for c in claims if c["id"] not in NOT_ON_TINY}
     assert verdicts <= {"reproduced", "skipped"} and "reproduced" in verdicts, claims
     assert {c["verdict"] for c in claims if c["id"] in NOT_ON_TINY} <= {"reproduced", "not_reproduced"}

@@ -437,38 +437,6 @@ def _run(tmp_path: Path, monkeypatch, **params) -> tuple[execute.RunResult, dict
 
 
 @pytest.mark.e2e
-def test_notebook_06_decides_its_claims(tmp_path, monkeypatch):
-    result, data = _run(tmp_path, monkeypatch)
-    assert result.ok, result.error
-    assert {c["id"]: (c["kind"], c["verdict"]) for c in data["claims"]} == {
-        "triage.identity_matches_original": ("reproduces", "reproduced"),
-        "triage.streaming_generate_uses_retained_length": ("beyond", "holds"),
-        "triage.per_layer_lengths_outcome": ("beyond", "holds"), "triage.per_layer_lengths_by_backend": ("beyond", "holds")}
-    assert {n: v["branch"] for n, v in data["measurements"]["triage"].items()} == {
-        "identity": "no_defect", "streaming": "compression_positions_and_loss", "int8": "reconstruction_copy",
-        "per_layer": "compression_positions_and_loss", "crop_short": "prefix_short", "reused_no_copy": "extra_slots"}
-    assert data["measurements"]["triage"]["streaming"]["repairs"][-1]["name"] == "continue_at_processed_length"
-    assert [(r["name"], r["restores"]) for r in data["measurements"]["triage"]["crop_short"]["repairs"]] == [
-        ("full_mask", False), ("refeed_whole_ids", True)]
-    assert data["measurements"]["triage"]["reused_no_copy"]["repairs"][-1] | {"max_abs_diff": 0} == {
-        "name": "crop_to_processed", "max_abs_diff": 0, "restores": True}
-    short = {r["state"]: r for r in data["measurements"]["control0_resume_state"]["crop_short"]}
-    assert short["layer 0 slots by content (vs the original's)"]["rebuilt"].endswith("missing 80 (last)")
-    assert data["measurements"]["triage"]["identity"]["repairs"] == [
-        {"name": "full_mask", "max_abs_diff": data["measurements"]["triage"]["identity"]["repairs"][0]["max_abs_diff"],
-         "restores": True}]
-    control0 = {r["state"]: r for r in data["measurements"]["control0_resume_state"]["streaming"]}
-    assert control0["layer 0 stored slots"]["rebuilt"] == "20" and control0["layer 0 stored slots"]["differs"] == "<<"
-    assert data["measurements"]["triage_tree"]["identity"].startswith("rebuild 'identity': no defect")
-    positions = {r["rebuild"]: r for r in data["measurements"]["control3_logical_positions"]}
-    assert positions["streaming"]["positions_include_rope_deltas"] and positions["streaming"]["rope_deltas"] == -42
-    assert positions["streaming"]["explicit_position_logical"] == 81
-    assert "[x]" in data["measurements"]["triage_tree"]["streaming"]
-    assert (tmp_path / "figures" / "06_rebuild_triage-branches.png").exists()
-    assert str(ROOT) not in (tmp_path / "results" / "06_rebuild_triage.json").read_text()
-
-
-@pytest.mark.e2e
 def test_notebook_06_names_the_branch_of_a_users_rebuild(tmp_path, monkeypatch):
     result, data = _run(tmp_path, monkeypatch, rebuild=f"{EXAMPLE}:assign_layers")
     assert result.ok, result.error
