@@ -113,3 +113,13 @@ def test_positions_follow_the_given_rows_not_the_masks_padding():
     checks.positions_at_processed(call)  # the rows say 5 and 4 (the mask's padding would say 3)
     with pytest.raises(ResumeInputError, match="expected \\[5, 4\\]"):
         checks.positions_at_processed(Call(**{**call.__dict__, "position_ids": torch.tensor([[5], [3]])}))
+
+
+@pytest.mark.parametrize("given, rows", [(torch.zeros(2, 3, dtype=torch.long), 2), (None, 1)])
+def test_the_fix_is_a_long_ones_mask_per_row_over_cached_and_suffix(given, rows):
+    """The advice a refusal carries: an all-ones int64 mask, one row per given row (1 without ids), cached + suffix wide."""
+    with pytest.raises(ResumeInputError) as err:
+        checks.nothing_fed(Call(cache=None, n=3, fed=0, past=5, given_ids=given))
+    fix = err.value.fix
+    assert list(fix) == ["attention_mask"] and fix["attention_mask"].dtype == torch.long
+    assert fix["attention_mask"].shape == (rows, 8) and bool(fix["attention_mask"].eq(1).all())

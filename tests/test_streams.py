@@ -160,3 +160,44 @@ def test_replay_decision_rejects_contradicting_measurements():
     assert not offload_replay.replay_decision(_table(dirty)).holds  # no stale read, yet not bitwise equal
     nothing_stale = good[:2]
     assert not offload_replay.replay_decision(_table(nothing_stale)).holds
+
+
+def test_record_stream_is_noted_with_its_layer_and_block_and_orders_nothing():
+    log = streams.StreamLog()
+    side = log.new_stream("torch.Stream()")
+    before = {k: dict(v) for k, v in log.clocks.items()}
+    log.record_stream(side, 3, "layer 3 prefetched K/V")
+    note = log.events[-1]
+    assert (note["op"], note["stream"], note["layer"], note["detail"]) == ("record_stream", side.name, 3, "layer 3 prefetched K/V")
+    assert log.clocks == before
+
+
+def test_an_event_is_recorded_when_its_stream_is_done_and_a_wait_keeps_the_later_time():
+    log = streams.StreamLog()
+    busy, other = log.new_stream("busy"), log.new_stream("other")
+    log.enqueue(busy, "long copy", duration_ms=50.0)
+    event = busy.record_event()
+    assert event.t == log.ready[busy.name] >= 50.0 > log.host_t  # the stream's modelled end, not the host's time
+    waiter = log.new_stream("waiter")
+    log.enqueue(waiter, "longer copy", duration_ms=500.0)
+    end = log.ready[waiter.name]
+    early = other.record_event()
+    waiter.wait_event(early)
+    assert log.ready[waiter.name] == end > early.t  # waiting on an earlier event does not move the stream back
+    fresh = log.new_stream("fresh")
+    fresh.wait_event(streams.RecEvent(log))  # an event never recorded: time 0, nothing to wait for
+    assert log.ready[fresh.name] == 0.0
+
+
+def test_a_torch_stream_waiting_on_a_cuda_event_is_noted_as_ignored_and_orders_nothing():
+    log = streams.StreamLog()
+    side = log.new_stream("torch.Stream()", api=streams.TORCH_STREAM)
+    event = streams.RecEvent(log, api=streams.CUDA_EVENT)
+    event.record(log.default_stream())
+    before = dict(log.clocks[side.name])
+    side.wait_event(event)
+    note = log.events[-1]
+    assert (note["op"], note["stream"]) == ("wait_event ignored", side.name)
+    assert note["detail"] == (f"torch.Stream.wait_event(torch.cuda.Event {event.ident}): waits on the event's "
+                              "unrecorded c10::Event")
+    assert log.clocks[side.name] == before
