@@ -172,3 +172,30 @@ def test_images_from_files_replace_the_test_cards(bundle, tmp_path):
     assert chat.grid_a.tolist() == [[1, 14, 14]] and chat.grid_b.tolist() == [[1, 8, 6]]
     assert chat.turn1.length == 82 and int((chat.turn2_ids == chat.image_token_id).sum()) == 12
     assert torch.equal(chat.turn1.input_ids, turns.build(bundle).turn1.input_ids)
+
+
+def test_the_release_branch_is_read_off_the_models_own_class():
+    """_recomputed: the model's class has the branch, and mm_token_type_ids marks a vision token after the cache."""
+
+    class Branch(torch.nn.Module):
+        def _prepare_position_ids_for_generation(self):
+            has_new_vision_tokens = True
+            return has_new_vision_tokens
+
+    types = torch.tensor([[0, 0, 0, 1, 0]])
+    assert guardcheck._recomputed(Branch(), types, 2) is True
+    assert guardcheck._recomputed(Branch(), types, 4) is False  # the vision token is cached already
+    assert guardcheck._recomputed(Branch(), types, 5) is False  # nothing after the cache
+    assert guardcheck._recomputed(Branch(), None, 2) is False
+    assert guardcheck._recomputed(torch.nn.Module(), types, 2) is False  # no branch on this class
+
+
+def test_check_finds_the_cache_in_generates_keyword_and_reads_the_suffix_by_its_mask(bundle, chat, state):
+    assert guardcheck.check_new_vision_tokens(bundle.model, chat.full_ids, chat.full_mask, past_key_values=state[0])
+    cache = compat.dynamic_cache()
+    cache.update(torch.zeros(1, 1, 10, 4), torch.zeros(1, 1, 10, 4), 0)  # 10 cached tokens
+    suffix = torch.tensor([[bundle.model.config.image_token_id] * 4 + [5] * 12])  # 16 tokens, the image first
+    message = guardcheck.check_new_vision_tokens(bundle.model, suffix, torch.ones(1, 26, dtype=torch.long), cache=cache)
+    assert message and message.startswith("the cache holds 10 tokens and the 16 uncached ones include 4 new image")
+    # a mask over the ids alone: they are the whole sequence, and what follows the cache (6 text tokens) has no image
+    assert guardcheck.check_new_vision_tokens(bundle.model, suffix, torch.ones(1, 16, dtype=torch.long), cache=cache) is None

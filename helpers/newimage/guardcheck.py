@@ -50,8 +50,7 @@ def _explicit_3d(position_ids: Any, n: int) -> bool:
 
 def _recomputed(model: torch.nn.Module, types: Any, past: int) -> bool:
     """generate() will recompute: the release has the branch and mm_token_type_ids marks vision tokens after the cache."""
-    return (recomputes_new_vision_positions(model) and isinstance(types, torch.Tensor)
-            and int(types.shape[-1]) > past and bool(types[:, past:].any()))
+    return recomputes_new_vision_positions(model) and isinstance(types, torch.Tensor) and bool(types[:, past:].any())
 
 
 def working_route(model: torch.nn.Module) -> str:
