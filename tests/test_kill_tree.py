@@ -8,7 +8,7 @@ from typing import Any, Callable
 import pytest
 
 from helpers.compare import NoiseFloor
-from helpers.triage import tree
+from helpers.triage import tree, walk
 
 FLOOR = NoiseFloor(measured=5e-7, resolution=4e-7, margin=4.0, dtype="float32", scale=1.0, what="kill")
 T = FLOOR.threshold  # 2e-6
@@ -300,3 +300,64 @@ def test_the_report_text_carries_every_measured_number():
 def per_layer_with(mechanism: dict) -> str:
     c = ctl(**PER_LAYER)
     return tree.decide_per_layer(c, full(c), mechanism)[1]
+
+
+# --- the walk's numbers and notes (make mutants: helpers/triage/walk.py) ---------------------------------------------
+
+def _numbers(v: dict, node: str) -> dict:
+    return next(d["numbers"] for d in v["path"] if d["node"] == node)
+
+
+def test_compression_steps_show_only_what_decided_them():
+    v = tree.choose_branch(ctl(**EVICT, **at(ABOVE, vs=T), identity_remaining=0.25))
+    assert _numbers(v, "positions_restore")["identity_vs_full_forward"] == 0.25
+    assert _numbers(v, "unresolved") == {} and _numbers(v, "positions_and_loss") == {}  # neither raised nor moved
+    assert _numbers(v, "information_lost") == {"repaired_vs_generate": T, "noise_threshold": T}
+    assert _numbers(tree.choose_branch(ctl(**EVICT)), "unresolved") == {"error": "not run"}  # the repair never ran
+    assert _numbers(tree.choose_branch(ctl(**EVICT, **at(None))), "unresolved") == {"error": "E at s"}
+
+
+def test_a_slot_step_shows_its_repairs_numbers_and_a_failed_repairs_error():
+    v = tree.choose_branch(ctl(arg_sets=sets(0.9), slots=slots(list(range(81))), repairs=fixes(full_mask=0.9, refeed_whole_ids=0.0)))
+    assert v["branch"] == "prefix_short"
+    assert _numbers(v, "prefix_short") == {"slots": "prefix_short", "layers_prefix_short": [0, 1, 2, 3],
+                                           "refeed_whole_ids_max_abs_diff": 0.0, "noise_threshold": T}
+    w = walk._Walk(ctl(**at(None)))
+    assert w.numbers("continue_at_processed_length") == {"continue_at_processed_length_max_abs_diff": None,
+                                                         "continue_at_processed_length_error": "E at s", "noise_threshold": T}
+
+
+def _kinds(*kinds: str, n: int = 82) -> list[tree.SlotLayer]:
+    """One rebuilt layer per kind, each against an original layer of n slots."""
+    held = {"same": list(range(n)), "evicted": list(range(0, n, 2)), "prefix_short": list(range(n - 1)),
+            "extra": [*range(n), None, None], "content": [None] * n}
+    return [tree.SlotLayer(n, [None if j is None else (i, j) for j in held[k]]) for i, k in enumerate(kinds)]
+
+
+def _state(stored: list[int]) -> tree.ResumeState:
+    return replace(layer_states(stored), slots=[f"layer {i} as described" for i in range(len(stored))])
+
+
+def test_notes_say_what_remains_where_the_slots_differ_and_why_lengths_cannot_share_a_mask():
+    c = ctl(slots=_kinds("same", "evicted", "same", "extra"), rebuilt_state=_state([82, 41, 82, 41]), identity_remaining=0.25,
+            repairs={"continue_at_processed_length": tree.Repair("continue_at_processed_length", 0.5, True, "", 0.1)})
+    per_layer = {"stored_slots": [82, 41, 82, 41], "why": "no single attention mask fits different per-layer lengths under "
+                 "eager attention or a multi-token suffix (the mask is sized from one layer)",
+                 "this_run": "this run's steps ran (a one-token suffix under sdpa needs no real mask)"}
+    assert walk.notes(c, "compression_positions_and_loss") == {
+        "remaining": {"after_continue_at_processed_length": 0.5, "identity_vs_full_forward": 0.25, "noise_threshold": T,
+                      "times_identity": 2.0},
+        "slots": {"layers": [1, 3], "first": "layer 1 as described"}, "per_layer": per_layer}
+    raised = replace(c, repairs={"continue_at_processed_length": tree.Repair("continue_at_processed_length", None, False,
+                                                                             "RuntimeError at step")})
+    assert walk.notes(raised, "compression_unresolved") == {
+        "slots": {"layers": [1, 3], "first": "layer 1 as described"},
+        "per_layer": {**per_layer, "this_run": "continuing at the processed length raised RuntimeError at step"}}
+    assert walk.notes(c, "resume_contract") == {"per_layer": per_layer}  # no slot note outside the slot leaves
+    assert "per_layer" not in walk.notes(replace(c, rebuilt_state=_state([41] * 4)), "compression_positions_and_loss")
+    extra_only = replace(c, slots=_kinds("same", "extra", "same", "extra"))  # different lengths, but not a compression
+    assert "per_layer" not in walk.notes(extra_only, "extra_slots")
+    copied = replace(c, slots=_kinds("same", "content", "same", "same"), rebuilt_state=_state([82] * 4),
+                     localized={"layer": 1}, topk={"top1_kept": True})
+    assert walk.notes(copied, "reconstruction_copy") == {"localized": {"layer": 1}, "topk": {"top1_kept": True},
+                                                         "slots": {"layers": [1], "first": "layer 1 as described"}}
