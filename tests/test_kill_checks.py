@@ -115,11 +115,26 @@ def test_positions_follow_the_given_rows_not_the_masks_padding():
         checks.positions_at_processed(Call(**{**call.__dict__, "position_ids": torch.tensor([[5], [3]])}))
 
 
-@pytest.mark.parametrize("given, rows", [(torch.zeros(2, 3, dtype=torch.long), 2), (None, 1)])
-def test_the_fix_is_a_long_ones_mask_per_row_over_cached_and_suffix(given, rows):
-    """The advice a refusal carries: an all-ones int64 mask, one row per given row (1 without ids), cached + suffix wide."""
+ROWS2 = torch.zeros(2, 3, dtype=torch.long)
+
+
+@pytest.mark.parametrize("check, call, name, shape", [
+    (checks.nothing_fed, Call(cache=None, n=3, fed=0, past=5, given_ids=ROWS2), "attention_mask", (2, 8)),  # no mask
+    (checks.nothing_fed, Call(cache=None, n=3, fed=0, past=5), "attention_mask", (1, 8)),  # no ids given: one row
+    (checks.nothing_fed, Call(cache=None, n=3, fed=0, past=5, given_ids=ROWS2, attention_mask=torch.ones(2, 3)),
+     "attention_mask", (2, 8)),  # a mask over the suffix only
+    (checks.nothing_fed, Call(cache=None, n=3, fed=0, past=5, given_ids=ROWS2, attention_mask=torch.ones(2, 8)),
+     "attention_mask", (2, 8)),  # a full-width mask, nothing fed all the same
+    (checks.mask_width, Call(cache=None, n=2, fed=2, past=5, widest=7, given_ids=ROWS2, attention_mask=torch.ones(2, 8)),
+     "attention_mask", (2, 7)),
+    (checks.restart_token, Call(cache=None, n=4, fed=3, past=4, decoder_start=START, fed_ids=ROWS2, given_ids=ROWS2),
+     "decoder_attention_mask", (2, 4)),  # the whole decoder sequence given
+], ids=["no-mask", "no-ids", "suffix-mask", "full-mask", "mask-width", "restart-token"])
+def test_each_refusal_carries_a_long_ones_mask_over_cached_and_suffix(check, call, name, shape):
+    """The advice a refusal carries: an all-ones int64 mask, one row per given row (1 without ids), cached + suffix
+    wide (a decoder's: the whole decoder sequence given)."""
     with pytest.raises(ResumeInputError) as err:
-        checks.nothing_fed(Call(cache=None, n=3, fed=0, past=5, given_ids=given))
+        check(call)
     fix = err.value.fix
-    assert list(fix) == ["attention_mask"] and fix["attention_mask"].dtype == torch.long
-    assert fix["attention_mask"].shape == (rows, 8) and bool(fix["attention_mask"].eq(1).all())
+    assert list(fix) == [name] and fix[name].dtype == torch.long
+    assert fix[name].shape == shape and bool(fix[name].eq(1).all())

@@ -201,3 +201,31 @@ def test_a_torch_stream_waiting_on_a_cuda_event_is_noted_as_ignored_and_orders_n
     assert note["detail"] == (f"torch.Stream.wait_event(torch.cuda.Event {event.ident}): waits on the event's "
                               "unrecorded c10::Event")
     assert log.clocks[side.name] == before
+
+
+def test_the_modelled_timeline_of_enqueues_waits_and_synchronizes():
+    """The stand-ins' device timeline (what query() and the lag read): each enqueue costs the host STAND_IN_HOST_MS and
+    starts when its stream is free; waits and host synchronizes take the later of the two times, 0 where nothing ran."""
+    ms = streams.STAND_IN_HOST_MS
+    log = streams.StreamLog()
+    log.host_wait({}, "nothing")
+    log.synchronize()
+    assert log.host_t == 0.0  # nothing enqueued: no time passes
+    a, b, idle = (log.new_stream("torch.Stream()", name) for name in ("a", "b", "idle"))
+    log.synchronize(idle)
+    assert log.host_t == 0.0
+    first = log.enqueue(a, "copy", duration_ms=50.0)
+    assert (first["t_start"], first["t_end"], log.ready["a"], log.host_t) == (ms, ms + 50.0, ms + 50.0, ms)
+    second = log.enqueue(a, "read")  # queued behind the copy; no duration given: it takes none
+    assert second["t_start"] == second["t_end"] == ms + 50.0 and log.host_t == 2 * ms
+    log.wait_stream(idle, b)
+    assert log.ready["idle"] == 0.0  # two streams that ran nothing
+    log.wait_stream(b, a)
+    assert log.ready["b"] == ms + 50.0  # the waited stream's end
+    log.enqueue(b, "long", duration_ms=200.0)
+    log.wait_stream(b, a)
+    assert log.ready["b"] == ms + 250.0  # its own later end is kept (the long op queued behind the wait)
+    log.synchronize(a)
+    assert log.host_t == ms + 50.0
+    log.synchronize()
+    assert log.host_t == ms + 250.0

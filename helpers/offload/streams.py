@@ -161,7 +161,7 @@ class StreamLog:
         """Enqueue an op that reads buffer `reads` and writes buffer `writes`; judges the read."""
         stream = stream or self.current()
         event = self.enqueue(stream, op, layer=layer, reads=reads, writes=writes, **fields)
-        producer = self.writers.get(reads) if reads else None
+        producer = self.writers.get(reads)  # None for a read of nothing (reads None)
         event["producer_seq"] = producer["seq"] if producer else None
         event["read_ordered"] = None if producer is None else self.ordered(producer, event)
         event["calls_since_producer"] = None if producer is None else event["update_index"] - producer["update_index"]
@@ -180,9 +180,9 @@ class StreamLog:
                          "layer": e["layer"], "reader": e["op"], "reads": e["reads"], "reading_stream": e["stream"],
                          "producer": prod["op"], "producing_stream": prod["stream"],
                          "producer_call": prod["call"], "producer_call_index": prod["call_index"],
-                         "update_layer": e.get("update_layer", -1), "producer_update_layer": prod.get("update_layer", -1),
+                         "update_layer": e["update_layer"], "producer_update_layer": prod["update_layer"],
                          "calls_since_producer": e["calls_since_producer"],
-                         "ordered": e["read_ordered"], "served_stale": bool(e.get("served_stale", False))})
+                         "ordered": e["read_ordered"], "served_stale": bool(e.get("served_stale"))})
         return rows
 
     def unordered_reads(self) -> list[dict[str, Any]]:
