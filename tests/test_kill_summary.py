@@ -54,6 +54,8 @@ def test_undecided_lists_skipped_and_error_claims_only():
     lines = claims_md.undecided([claim("skipped", reason="no CUDA"), claim("reproduced"), claim("error", reason="boom")])
     assert lines == ["Not decided in this run:", "", "- `x.skipped` ⏭️ skipped: no CUDA", "- `x.error` ⚠️ error: boom", ""]
     assert claims_md.undecided([claim("reproduced")]) == []
+    two = [("05", {"id": f"x.s{i}", "kind": "reproduces", "verdict": "skipped", "reason": "no CUDA"}) for i in range(2)]
+    assert claims_md.undecided(two) == ["Not decided in this run:", "", "- `x.s0`, `x.s1` ⏭️ skipped: no CUDA", ""]
     assert claims_md.undecided([claim("error")]) == ["Not decided in this run:", "", "- `x.error` ⚠️ error: ", ""]
 
 

@@ -103,7 +103,7 @@ def test_check_trusts_the_release_branch_only_where_it_exists(bundle, chat, stat
     types = chat.types(chat.full_ids)
     monkeypatch.setattr(guardcheck, "recomputes_new_vision_positions", lambda model: False)
     assert guardcheck.check_new_vision_tokens(bundle.model, chat.full_ids, chat.full_mask, cache=cache, mm_token_type_ids=types)
-    monkeypatch.setattr(guardcheck, "recomputes_new_vision_positions", lambda model: True)
+    monkeypatch.setattr(guardcheck, "recomputes_new_vision_positions", lambda model: model is bundle.model)  # this model's class
     assert guardcheck.check_new_vision_tokens(bundle.model, chat.full_ids, chat.full_mask, cache=cache, mm_token_type_ids=types) is None
     short = chat.types(chat.turn2_ids)  # turn 2's own types: the release's branch never sees the new tokens
     assert guardcheck.check_new_vision_tokens(bundle.model, chat.turn2_ids, chat.full_mask, cache=cache, mm_token_type_ids=short)
@@ -197,5 +197,6 @@ def test_check_finds_the_cache_in_generates_keyword_and_reads_the_suffix_by_its_
     suffix = torch.tensor([[bundle.model.config.image_token_id] * 4 + [5] * 12])  # 16 tokens, the image first
     message = guardcheck.check_new_vision_tokens(bundle.model, suffix, torch.ones(1, 26, dtype=torch.long), cache=cache)
     assert message and message.startswith("the cache holds 10 tokens and the 16 uncached ones include 4 new image")
+    assert f"by the stored rope_deltas ({compat.get_rope_state(bundle.model).flatten().tolist()})" in message
     # a mask over the ids alone: they are the whole sequence, and what follows the cache (6 text tokens) has no image
     assert guardcheck.check_new_vision_tokens(bundle.model, suffix, torch.ones(1, 16, dtype=torch.long), cache=cache) is None

@@ -182,7 +182,7 @@ def undecided(claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
     if not groups:
         return []
     return ["Not decided in this run:", "",
-            *[f"- {', '.join(ids)} {MARK.get(verdict, '⚠️')} {verdict}: {why}" for (verdict, why), ids in groups.items()], ""]
+            *[f"- {', '.join(ids)} {MARK[verdict]} {verdict}: {why}" for (verdict, why), ids in groups.items()], ""]
 
 
 def statements(claims: list[tuple[str, dict[str, Any]]], title: str) -> list[str]:
