@@ -80,7 +80,6 @@ def _event_decision(ex: GpuExperiment, key: gd.Key) -> Decision:
                     f"not run: {ex.settings.get('event_arm_gate') or 'the offload-event arm was not asked for'}", skipped=True)
 
 
-
 def claim_type(cid: str) -> dict[str, Any]:
     """Whether a claim can fail on a GPU, and why not (by construction) or what it decides."""
     if cid in BY_CONSTRUCTION:
