@@ -159,5 +159,9 @@ def test_notebook_cuda_sections_execute_on_cpu_under_stand_ins(tmp_path):
     assert claims["offload.decode_drifts"]["evidence"]["settings"]["simulated_on_cpu"] is True
     m = data["measurements"]
     assert m["report_experiment_per_step"] and m["gpu_per_step"] and m["gpu_race_counts"] and m["gpu_calibration"]
+    report64 = {(r["dtype"], r["loop"]) for r in m["gpu_per_step"] if r["model"] == "report layout (64)"}
+    assert report64 == {("bfloat16", "report")}, report64  # the report's layout: its dtype and its loop only
+    unlagged = {r["model"] for r in claims["offload.unlagged_run_drifts"]["evidence"]["unlagged"]}
+    assert "report layout (64)" in unlagged, unlagged  # the 64-layer layout's unlagged arm feeds the GPU-decided claim
     assert {r["explanation"][:3] for r in m["gpu_explanations"]} == {"(a)", "(b)", "(c)", "(d)"}
     assert (tmp_path / "figures" / "05_hybrid_offloading_drift-drift.png").exists()
