@@ -55,12 +55,17 @@ def _rolled(model, ids, mode):
     return cache
 
 
-def test_linear_rollback_refuses_a_crop_that_left_the_recurrent_state_and_its_advice_restores(hybrid):
-    ids = _ids(hybrid, PROMPT + K + 1)
-    whole = torch.cat([ids[:, :PROMPT], ids[:, PROMPT + K:]], 1)
-    stale = _rolled(hybrid, ids, "record")
+def _whole_and_stale(model):
+    """The prompt plus the token after the K rolled back, and the recorded-then-cropped cache (skip where refused)."""
+    ids = _ids(model, PROMPT + K + 1)
+    stale = _rolled(model, ids, "record")
     if stale is None:
         pytest.skip(f"transformers {compat.TRANSFORMERS_VERSION} refuses a k-token forward while recording")
+    return torch.cat([ids[:, :PROMPT], ids[:, PROMPT + K:]], 1), stale
+
+
+def test_linear_rollback_refuses_a_crop_that_left_the_recurrent_state_and_its_advice_restores(hybrid):
+    whole, stale = _whole_and_stale(hybrid)
     with pytest.raises(ResumeInputError) as exc:
         _guard(hybrid, whole, stale)
     assert exc.value.check == "linear_rollback" and "after 24 tokens" in str(exc.value)
@@ -127,11 +132,7 @@ def test_resume_re_prefills_a_cache_whose_linear_layers_were_not_rolled_back(hyb
     from helpers.api import resume
     from helpers.continuation import greedy_config
 
-    ids = _ids(hybrid, PROMPT + K + 1)
-    whole = torch.cat([ids[:, :PROMPT], ids[:, PROMPT + K:]], 1)
-    stale = _rolled(hybrid, ids, "record")
-    if stale is None:
-        pytest.skip(f"transformers {compat.TRANSFORMERS_VERSION} refuses a k-token forward while recording")
+    whole, stale = _whole_and_stale(hybrid)
     want = generate_first_step(hybrid, whole, _new(hybrid), attention_mask=torch.ones_like(whole)).logits
     with torch.no_grad():
         out = resume(hybrid, whole, stale, generation_config=greedy_config(hybrid))
