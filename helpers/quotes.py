@@ -62,8 +62,8 @@ _FIRST_REUSE = "the bug appears exactly at the first post-prefill forward call t
 _SCALE = ("the size 7.65625: raw logit differences scale with the model (the tiny model's largest |logit| is below 1); "
           "decided is 'beyond the noise floor', and the cosine and top-1 as claims of their own")
 _NO_GPU = "needs a GPU and the 27B checkpoint; a tiny hybrid stands in, on CUDA only"
-# The GPU arms' claims that hold once the lag is injected, whatever the device does (helpers.offload.gpu.BY_CONSTRUCTION);
-# what a GPU decides is in helpers.offload.gpu.GPU_DECIDES.
+# The GPU arms' claims that hold once the lag is injected, whatever the device does (helpers.offload.gpuplan.BY_CONSTRUCTION);
+# what a GPU decides is in helpers.offload.gpuplan.GPU_DECIDES.
 _GPU_BUILT = {
     "prefill": "on the GPU arms, no prefill compute reads a prefetched tensor, so the prefill logits are offloading=False's",
     "decode": "on the GPU arms, the injected lag makes the first decode read host buffers whose copies have not ended",

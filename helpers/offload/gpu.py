@@ -27,7 +27,7 @@ import torch
 from .. import compat
 from . import gpu_decide as gd
 from .gpu_run import EVENT, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's and tests' names
-from .gpuplan import BY_CONSTRUCTION, DEVICE_CLAIMS, GPU_DECIDES, MODELS  # noqa: F401 - the claims' types
+from .gpuplan import BY_CONSTRUCTION, DEVICE_CLAIMS, MODELS, claim_type  # noqa: F401 - the claims' types
 from .loops import LOOPS, Decision, random_ids
 
 CUDA_CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
@@ -78,13 +78,6 @@ def _event_decision(ex: GpuExperiment, key: gd.Key) -> Decision:
         return gd.fix_everywhere(ex.steps, ex.states, key, EVENT)
     return Decision(False, {"arm": list(key), "event_probe": ex.settings.get("event_probe")},
                     f"not run: {ex.settings.get('event_arm_gate') or 'the offload-event arm was not asked for'}", skipped=True)
-
-
-def claim_type(cid: str) -> dict[str, Any]:
-    """Whether a claim can fail on a GPU, and why not (by construction) or what it decides."""
-    if cid in BY_CONSTRUCTION:
-        return {"can_fail": False, "by_construction": BY_CONSTRUCTION[cid]}
-    return {"can_fail": True, "gpu_decides": GPU_DECIDES[cid][0]}
 
 
 def explain(ex: GpuExperiment) -> list[dict[str, Any]]:
@@ -156,7 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     ex = experiment(models, ids_of, tuple(args.dtypes), tuple(args.loops), args.n_steps, simulate=args.simulate,
                     race_lag=args.race_lag, cycles_of=lag_from(args.lag_from), on_arms=arms_writer(out / ARMS_LOG))
     data = results_json(ex, time.perf_counter() - start)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "gpu-arms.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     for c in data["claims"]:
         print(f"{c['id']}: {c['verdict']} - {c['reason'][:200]}")

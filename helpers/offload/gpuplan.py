@@ -49,11 +49,17 @@ GPU_DECIDES = {
 DEVICE_CLAIMS = ("offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts")  # decided from device timing / unlagged arms
 
 
+def claim_type(cid: str) -> dict[str, Any]:
+    """Whether a GPU claim can fail on a GPU, and why not (by construction) or what it decides and from which arms."""
+    if cid in BY_CONSTRUCTION:
+        return {"can_fail": False, "by_construction": BY_CONSTRUCTION[cid]}
+    what, arms = GPU_DECIDES[cid]
+    return {"can_fail": True, "decides": what, "fed_by": arms}
+
+
 def claim_types() -> list[dict[str, Any]]:
-    """Per GPU claim: whether it can fail on a GPU, and why not (by construction) or what it decides and from which arms."""
-    built = [{"id": cid, "can_fail": False, "by_construction": why} for cid, why in BY_CONSTRUCTION.items()]
-    return built + [{"id": cid, "can_fail": True, "decides": what, "fed_by": arms}
-                    for cid, (what, arms) in GPU_DECIDES.items()]
+    """Every GPU claim's type (claim_type), the by-construction ones first."""
+    return [{"id": cid, **claim_type(cid)} for cid in (*BY_CONSTRUCTION, *GPU_DECIDES)]
 
 
 def arms_of(loop: str, fixes: tuple[str, ...] = FIXES, unlagged: bool = True) -> list[Arm]:
