@@ -80,6 +80,7 @@ def _new_image(text: str) -> Quote:
     """A notebook-09 claim: the control passage it extends (the threads' own text is not quoted here)."""
     return _q(CONTROL, "extends", text, answers=NEW_IMAGE)
 
+
 def _rollback(text: str) -> Quote:
     """A notebook-10 claim: the control passage it extends (the threads' own text is not quoted here)."""
     return _q(CONTROL, "extends", text, answers=ROLLBACK)
@@ -176,7 +177,7 @@ QUOTES: dict[str, Quote] = {
     "regress.sliding_rebuild_hidden_by_full_mask": _q(CONTROL, "extends", _SLIDING),
     "regress.sliding_rebuild_breaks_direct_forward": _q(CONTROL, "extends", _SLIDING),
     "regress.sliding_rebuild_depends_on_kernel": _q(CONTROL, "extends", _LENGTHS_35168),
-    "regress.hybrid_update_rebuild_drops_linear_state": _q(CONTROL, "extends", "- sliding/hybrid caches;"),
+    "regress.hybrid_update_rebuild_drops_linear_state": _q(CONTROL, "extends", _HYBRID),
     "regress.left_padded_resume_needs_padded_mask": _q(CONTROL, "extends", "Issue #40833 showed a different silent-output problem "
                                                        "where left-padded cached batches attended to padding because the cache "
                                                        "mask was incomplete."),
@@ -185,7 +186,7 @@ QUOTES: dict[str, Quote] = {
     # 08 resume API
     "api.guard_catches_or_names_every_silent_case": _q(CONTROL, "extends", _VALIDATION),
     "api.guard_passes_every_valid_call": _q(CONTROL, "extends", _VALIDATION),
-    "api.factory_matches_original_every_family": _q(CONTROL, "extends", "- original cache versus identity-rebuilt cache;"),
+    "api.factory_matches_original_every_family": _q(CONTROL, "extends", _IDENTITY),
     "api.factory_refuses_malformed_inputs": _q(CONTROL, "extends", _FACTORY),
     "api.resume_state_portable_to_fresh_instance": _q(CONTROL, "extends", "- original model instance versus fresh model instance;"),
     "api.ledger_guard_refuses_every_silent_tracked_case": _q(CONTROL, "extends", _CONTRACT),
