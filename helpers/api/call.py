@@ -60,6 +60,13 @@ class ResumeInputError(ValueError):
     fix: dict[str, Any] = {}  # what replaces the call's arguments (crop / attention_mask / position_ids), where known
 
 
+def refuse(check: str, message: str, **fix: object) -> ResumeInputError:
+    """A ResumeInputError from the check `check`, carrying the fix that replaces the call's arguments."""
+    error = ResumeInputError(message)
+    error.check, error.fix = check, dict(fix)
+    return error
+
+
 @dataclass
 class ResumeCall:
     """One resume: the cache, the tokens given (n) and fed (f), the mask and positions given, the model's state."""

@@ -19,14 +19,8 @@ from typing import Any
 
 import torch
 
-from .call import ResumeCall, ResumeInputError  # upstream: drop
+from .call import ResumeCall, refuse  # upstream: drop
 from .ledger import Ledger, stored_ledger  # upstream: drop
-
-
-def refuse(check: str, message: str, **fix: object) -> ResumeInputError:
-    error = ResumeInputError(message)
-    error.check, error.fix = check, dict(fix)
-    return error
 
 
 def _whole(call: ResumeCall) -> bool:

@@ -16,17 +16,11 @@ from typing import Any
 import torch
 
 from .. import compat  # upstream: drop
-from .call import ResumeCall, ResumeInputError  # upstream: drop
+from .call import ResumeCall, refuse  # upstream: drop
 from .ledger import ledger_owner  # upstream: drop
 
 ATTR = "kv_linear_marks"  # [(tokens the linear layers had processed, fingerprint of their recurrent states)]
 KEEP = 64  # marks kept per cache
-
-
-def _refuse(check: str, message: str, **fix: object) -> ResumeInputError:
-    error = ResumeInputError(message)
-    error.check, error.fix = check, dict(fix)
-    return error
 
 
 def _linear_layers(cache: Any) -> list[Any]:
@@ -88,7 +82,7 @@ def linear_rollback(call: ResumeCall) -> None:
            f"{m - held}) so crop(-{m - held}) rolls them back" if _keeps_history() else "")
     from transformers import DynamicCache
 
-    raise _refuse("linear_rollback", f"the cache holds {held} tokens but its linear-attention layers' recurrent state is "
+    raise refuse("linear_rollback", f"the cache holds {held} tokens but its linear-attention layers' recurrent state is "
                   f"still the one after {m} tokens (a crop that did not roll it back: transformers "
                   f"{compat.TRANSFORMERS_VERSION} keeps no recurrent-state history): re-prefill the {held} kept tokens "
                   f"(the whole sequence with a new empty cache){how}",
@@ -121,7 +115,7 @@ def linear_length(call: ResumeCall) -> None:
     if want is None:
         return
     fixed = _carried(call.cache, want)
-    raise _refuse("linear_length", f"the linear-attention layers count {sorted(set(linear))} token(s), the full-attention "
+    raise refuse("linear_length", f"the linear-attention layers count {sorted(set(linear))} token(s), the full-attention "
                   f"layers hold {want}: get_seq_length() answers from layer 0, so generate() would re-feed cached "
                   f"tokens; carry the linear layers' count (each linear layer's "
                   f"`cumulative_length_linear` set to {want}: helpers.compat.carry_linear_length) or rebuild with "
