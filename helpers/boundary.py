@@ -23,7 +23,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from . import caches, compat
+from . import caches
+
+from kvresume import compat
 from .compare import Decision, NoiseFloor, last_logits, logit_metrics
 from .continuation import Outcome, current_position_ids, forward_step, generate_first_step, prefill
 from .inputs import Prompt

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from . import compat
+from kvresume import compat
+from kvresume.compat import cache_from_pairs, kv_geometry, kv_pairs
 from .compare import tensors_bitwise_equal
 
 
@@ -22,28 +23,10 @@ class Variant:
     unavailable: str | None = None
 
 
-def kv_geometry(text: Any) -> tuple[int, int]:
-    """(key/value heads, head dim) a text config's attention layers store."""
-    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
-    return heads, head_dim
 
 
-def kv_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Detached clones of every layer's (keys, values)."""
-    pairs = []
-    for layer in compat.cache_layers(cache):
-        keys, values = compat.layer_kv(layer)
-        pairs.append((keys.detach().clone(), values.detach().clone()))
-    return pairs
 
 
-def cache_from_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], config: Any | None = None) -> DynamicCache:
-    """`update()` each (keys, values) pair into a new DynamicCache (config-aware when config is given)."""
-    cache = compat.dynamic_cache(config)
-    for layer_idx, (keys, values) in enumerate(pairs):
-        cache.update(keys, values, layer_idx)
-    return cache
 
 
 def rebuild_by_update(cache: Any, config: Any | None = None) -> DynamicCache:

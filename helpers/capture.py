@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .compat import cache_from_kwargs
+from kvresume.compat import cache_from_kwargs, rotary_embedding
 
 # Where an exception was raised, relative to the first model call.
 BEFORE_MODEL_CALL = "before the first model call"
@@ -38,12 +38,6 @@ def describe_call(kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
-    """The text model's rotary embedding (the first `rotary_emb` that is not a vision tower's), or None."""
-    for name, module in model.named_modules():
-        if name.endswith("rotary_emb") and "visual" not in name and "Vision" not in type(module).__name__:
-            return module
-    return None
 
 
 @dataclass

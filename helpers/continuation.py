@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from . import compat
+from kvresume import compat
 from .capture import raised_at, trace
 from .inputs import Prompt
 

@@ -88,7 +88,7 @@ def layout_models(seed: int = 0, built: dict[str, torch.nn.Module] | None = None
 
 def layer_types(config: Any) -> list[str]:
     """The decoder's `layer_types` (text config of a multimodal config); `full_attention` everywhere if absent."""
-    from .compat import text_config
+    from kvresume.compat import text_config
 
     text = text_config(config)
     types = getattr(text, "layer_types", None)

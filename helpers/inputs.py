@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .compat import accepts_mm_token_type_ids
+from kvresume.compat import accepts_mm_token_type_ids
 from .models import TINY_VL_TOKENS, ModelBundle
 
 PROMPT_TEXT = "Describe the image in one word."

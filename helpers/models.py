@@ -152,7 +152,7 @@ def build_tiny_qwen3_vl(seed: int = 0, attn_implementation: str = "sdpa") -> tor
 
 def tiny_image_processor() -> Any:
     """The real Qwen-VL image processor class, constructed locally with Qwen3-VL's patch settings."""
-    from .compat import image_processor_class
+    from kvresume.compat import image_processor_class
 
     return image_processor_class()(patch_size=16, temporal_patch_size=2, merge_size=2,
                                    image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])

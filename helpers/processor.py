@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .compat import image_processor_class
+from kvresume.compat import image_processor_class
 
 # Keys of preprocessor/processor configs that describe the file, not the image processing.
 _NOT_SETTINGS = {"image_processor_type", "processor_class", "video_processor_type", "auto_map", "_processor_class"}

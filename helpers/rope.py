@@ -16,7 +16,7 @@ from typing import Any, Iterator, Sequence
 import pandas as pd
 import torch
 
-from . import compat, resume
+from kvresume import compat, state as resume
 from .compare import Decision, NoiseFloor, logit_metrics
 from .continuation import Outcome, generate_first_step
 from .inputs import Prompt

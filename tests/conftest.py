@@ -26,7 +26,7 @@ def prompt(bundle: models.ModelBundle) -> inputs.Prompt:
 @pytest.fixture()
 def prefix_cache(bundle: models.ModelBundle, prompt: inputs.Prompt):
     """A fresh cache of prompt[:-1] (prefill also resets the model-side rope state)."""
-    from helpers import compat
+    from kvresume import compat
 
     compat.set_rope_state(bundle.model, None)
     return continuation.prefill(bundle.model, prompt)[1]

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from helpers import models
-from helpers.api import (CHECKS, Check, FactoryError, ResumeInputError, check_forward_call, check_resume_inputs,
-                         export_tensors, guarded_generate, kv_cache_from_tensors)
-from helpers.api import blind, call as api_call, experiments, guard, shapes
+from kvresume import CHECKS, Check, FactoryError, ResumeInputError, check_forward_call, check_resume_inputs, export_tensors, guarded_generate, kv_cache_from_tensors
+from helpers.api import blind, experiments, shapes
+from kvresume import call as api_call, guard
 from helpers.continuation import greedy_config
-from helpers.regress import checks, families, layers, rebuilds
+from helpers.regress import checks, families, rebuilds
+from kvresume import layers
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +74,7 @@ def _dense(runs):
 
 def check(model, cache, *args, **kwargs):
     """check_resume_inputs with the cache under generate()'s keyword on this release."""
-    from helpers import compat
+    from kvresume import compat
 
     check_resume_inputs(model, *args, **{compat.generate_cache_kwarg(model): cache}, **kwargs)
 
@@ -143,7 +144,7 @@ def test_the_checks_run_in_order_and_one_entry_adds_one():
 @pytest.fixture(scope="module")
 def new_image():
     """09's two turns on the tiny Qwen3-VL: (model, chat, turn-1 cache, turn-1 rope_deltas, repaired positions)."""
-    from helpers import compat
+    from kvresume import compat
     from helpers.newimage import repair, turns
 
     vl = models.load(models.TINY_VL)
@@ -159,8 +160,8 @@ def _newimage_call(model, chat, key):
 
 
 def test_the_guard_refuses_a_new_image_fed_beside_the_cache(new_image):
-    from helpers import compat
-    from helpers.newimage import guardcheck
+    from kvresume import compat
+    from kvresume import vision as guardcheck
 
     model, chat, cache, turn1, _ = new_image
     for key in ("a_turn2_ids", "c_full_ids_image_b"):  # turn-2 ids, or the full ids generate() slices to turn 2
@@ -177,7 +178,7 @@ def test_the_guard_refuses_a_new_image_fed_beside_the_cache(new_image):
 
 
 def test_the_guard_passes_the_repaired_call_and_a_text_turn(new_image):
-    from helpers import compat
+    from kvresume import compat
     from helpers.newimage import repair
 
     model, chat, cache, turn1, positions = new_image
@@ -191,7 +192,7 @@ def test_the_guard_passes_the_repaired_call_and_a_text_turn(new_image):
 
 
 def test_the_new_vision_check_reads_what_generate_fed(new_image, monkeypatch):
-    from helpers.newimage import guardcheck
+    from kvresume import vision as guardcheck
 
     model, chat, cache, turn1, _ = new_image
     call = api_call.ResumeCall(cache=cache, n=49, fed=49, keeps_rope_state=True, rope_deltas=turn1, model=model,
@@ -282,7 +283,7 @@ def test_multimodal_positions_less_rope_deltas_and_four_rows(runs):
 
 
 def test_missing_rope_deltas_is_refused_unless_positions_are_given(runs):
-    from helpers import compat
+    from kvresume import compat
 
     run = runs["multimodal"]
     fam, model = run.family, run.family.model
@@ -383,7 +384,7 @@ def test_the_upstream_shim_reads_caches_as_the_kit_does(runs):
         assert upstream_shim.compat.cache_layers(run.cache) == list(run.cache.layers)
     model = runs["multimodal"].family.model
     assert upstream_shim.compat.get_rope_state(model) is model.model.rope_deltas
-    from helpers import compat
+    from kvresume import compat
 
     assert upstream_shim.compat.TRANSFORMERS_VERSION == compat.TRANSFORMERS_VERSION
     for name in ("mm_encoder_outputs", "mm_token_type_ids", "past_key_values"):
@@ -393,7 +394,7 @@ def test_the_upstream_shim_reads_caches_as_the_kit_does(runs):
 def test_group_09_counts_the_new_image_turn(bundle):
     """09's cells in 08's population: every silently wrong shape refused by new_vision_tokens, the text-only turn and
     the repair worked and passed, the model's rope_deltas put back."""
-    from helpers import compat
+    from kvresume import compat
     from helpers.api import cells as api_cells, groups
 
     before = compat.get_rope_state(bundle.model)

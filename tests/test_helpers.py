@@ -10,7 +10,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from helpers import caches, compare, compat, continuation, mask_matrix, models, results
+from helpers import caches, compare, continuation, mask_matrix, models, results
+
+from kvresume import compat
 from helpers.capture import IN_FIRST_CALL, first_call, trace
 
 

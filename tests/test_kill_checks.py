@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers.api import checks
-from helpers.api.call import ResumeCall, ResumeInputError
+from kvresume import checks
+from kvresume.call import ResumeCall, ResumeInputError
 
 
 @dataclass

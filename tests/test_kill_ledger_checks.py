@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers.api import ledger_checks as lc
-from helpers.api.call import ResumeCall, ResumeInputError
-from helpers.api.ledger import attach_ledger, empty_ledger, ledger_from_tensors
+from kvresume import ledger_checks as lc
+from kvresume.call import ResumeCall, ResumeInputError
+from kvresume.ledger import attach_ledger, empty_ledger, ledger_from_tensors
 
 T = torch.tensor
 

@@ -93,7 +93,7 @@ def test_uncached_is_what_generate_feeds():
     the cache (a whole sequence), else the ids as given."""
     import torch
 
-    from helpers.newimage import guardcheck
+    from kvresume import vision as guardcheck
 
     ids = torch.arange(8)[None]
     assert torch.equal(guardcheck._uncached(ids, torch.ones(1, 13), 5), ids)  # mask 5 + 8: the suffix as given

@@ -9,12 +9,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from helpers.api import (ResumeInputError, check_resume_inputs, export_tensors, kv_cache_from_tensors, ledger_of, resume,
-                         track)
-from helpers.api.factory import FactoryError
-from helpers.api.ledger import keep_slots, without_ledger
-from helpers.api.reuse import apply_fix
-from helpers import compat
+from kvresume import ResumeInputError, check_resume_inputs, export_tensors, kv_cache_from_tensors, ledger_of, resume, track
+from kvresume.factory import FactoryError
+from kvresume.ledger import keep_slots, without_ledger
+from kvresume.reuse import apply_fix
+from kvresume import compat
 from helpers.api.shapes import last_logits, tiny_llama
 from helpers.continuation import generate_first_step, greedy_config
 

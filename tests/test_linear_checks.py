@@ -9,10 +9,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from helpers import compat, models
-from helpers.api import ResumeInputError, check_resume_inputs, track
-from helpers.api import linear_checks as lc
-from helpers.api.reuse import apply_fix
+from helpers import models
+
+from kvresume import compat
+from kvresume import ResumeInputError, check_resume_inputs, track
+from kvresume import linear_checks as lc
+from kvresume.reuse import apply_fix
 from helpers.compare import max_abs_diff
 from helpers.continuation import generate_first_step
 from helpers.rollback import probes, setup
@@ -129,7 +131,7 @@ def test_count_mismatch_decides_from_the_counts_measured(linear, full, expected)
 
 
 def test_resume_re_prefills_a_cache_whose_linear_layers_were_not_rolled_back(hybrid):
-    from helpers.api import resume
+    from kvresume import resume
     from helpers.continuation import greedy_config
 
     whole, stale = _whole_and_stale(hybrid)

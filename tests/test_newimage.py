@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 import pytest
 
-from helpers import compat
+from kvresume import compat
 from helpers.compare import NoiseFloor
-from helpers.newimage import decisions, guardcheck, repair, shapes, tables, turns
+from helpers.newimage import decisions, repair, shapes, tables, turns
+from kvresume import vision as guardcheck
 
 FLOOR = NoiseFloor(measured=4e-7, resolution=6e-8, margin=4.0, dtype="float32", scale=1.0)
 SPAN = (9, 34)

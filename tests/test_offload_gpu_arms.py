@@ -163,7 +163,7 @@ def test_the_report_layout_runs_in_bfloat16_and_the_reports_loop_only(tmp_path):
 
 def _reads_after_lag(model, ids, loop: str, site) -> list[int]:
     """Per forward: the host reads between a pre-hook on `site` and the forward's first cache update (CPU, stand-ins)."""
-    from helpers import compat
+    from kvresume import compat
     from helpers.offload import hostwaits, loops
 
     events: list[str] = []
@@ -182,7 +182,7 @@ def _reads_after_lag(model, ids, loop: str, site) -> list[int]:
 def test_the_lag_sits_where_no_host_read_drains_it(dense):
     """4.1: on the first decoder layer no host read (a device sync on CUDA) falls between the sleep and the first cache
     update, in every loop; on the top-level model generate()'s forward reads the mask on the host first (5.17.0)."""
-    from helpers import compat
+    from kvresume import compat
     from packaging.version import Version
 
     models, ids = dense

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import compat
+from kvresume import compat
 from helpers.offload import hostwaits, loops, standins
 
 

@@ -18,7 +18,9 @@ from helpers.results import verdict_for
 import torch
 import transformers
 
-from helpers import compat, continuation, inputs, models, processor
+from helpers import continuation, inputs, models, processor
+
+from kvresume import compat
 from helpers.pipeline.run import batch
 from helpers.pipeline.paths import repo_root
 
@@ -163,8 +165,8 @@ def test_model_revision_of_a_local_folder(folders, bundles, tmp_path):
 
 def test_no_checkpoint_numbers_in_helper_docstrings():
     """Image token counts and rope_deltas come from the run: the helpers state them only for the tiny default."""
-    for name in ("models.py", "inputs.py", "compat.py", "processor.py"):
-        text = (repo_root() / "helpers" / name).read_text()
+    for path in ("helpers/models.py", "helpers/inputs.py", "packages/kvresume/kvresume/compat.py", "helpers/processor.py"):
+        name, text = path, (repo_root() / path).read_text()
         for number in ("49", "-42"):
             for line in text.splitlines():
                 if re.search(rf"(?<![\w.-]){re.escape(number)}(?![\w.])", line):

@@ -8,9 +8,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from helpers import compat, models
+from helpers import models
+
+from kvresume import compat
 from helpers.compare import NoiseFloor
-from helpers.regress import checks, decisions, families, layers, rebuilds
+from helpers.regress import checks, decisions, families, rebuilds
+from kvresume import layers
 from helpers.regress.cells import Cell, against_outcome, zero_input
 from helpers.continuation import Outcome
 

@@ -7,7 +7,9 @@ import json
 import pytest
 import torch
 
-from helpers import caches, compare, compat, continuation, resume
+from helpers import caches, compare, continuation
+
+from kvresume import compat, state as resume
 
 
 @pytest.fixture()

@@ -4,7 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import boundary, compare, compat, continuation, inputs, models, rope
+from helpers import boundary, compare, continuation, inputs, models, rope
+
+from kvresume import compat
 
 
 @pytest.fixture()
@@ -33,7 +35,7 @@ def test_perturbations_as_the_seed_describes(bundle, prompt, prefix_cache, saved
 
 
 def test_fresh_instance_diverges_and_restored_matches(bundle, prompt, prefix_cache, saved, tmp_path):
-    from helpers import resume
+    from kvresume import state as resume
 
     _, reference = rope.perturbation_table(bundle.model, prompt, prefix_cache, saved)
     state = resume.capture(bundle.model, prefix_cache, prompt.last_token, prompt.attention_mask)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import compat
+from kvresume import compat
 from helpers.triage import rebuilds, slots
 from helpers.triage import tree as triage
 from helpers.compare import NoiseFloor
@@ -481,7 +481,8 @@ def test_per_layer_lengths_under_eager_attention_raise_at_an_identified_stage():
 @pytest.mark.parametrize("model_id", ["tiny-qwen3-sliding", "tiny-qwen3.5-hybrid"])
 def test_builtins_work_on_sliding_and_hybrid_caches(model_id):
     from helpers import models
-    from helpers.regress import families, layers
+    from helpers.regress import families
+    from kvresume import layers
 
     family = families.text_family("x", models.load(model_id), 30, 0)
     with torch.no_grad():

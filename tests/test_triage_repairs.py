@@ -7,7 +7,7 @@ import torch
 from transformers import DynamicCache
 from transformers.models.qwen3.modeling_qwen3 import rotate_half
 
-from helpers import compat
+from kvresume import compat
 import copy
 
 from helpers.triage import controls, rebuilds, repairs, slots

@@ -15,13 +15,13 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..compare import NoiseFloor
 from ..continuation import Outcome, generate_first_step, greedy_config
 from ..regress.cells import max_diff
-from .guard import ResumeInputError, check_resume_inputs, guarded_generate
-from .ledger import ledger_of, without_ledger
-from .reuse import apply_fix, resume
+from kvresume.guard import ResumeInputError, check_resume_inputs, guarded_generate
+from kvresume.ledger import ledger_of, without_ledger
+from kvresume.reuse import apply_fix, resume
 
 PLAIN = ("worked", "silently_wrong", "raised")
 GUARDED = ("passed", "raised")
@@ -49,7 +49,7 @@ class Cell:
     untracked_check: str = ""
     tracked: bool = False  # the cache had a ledger
     fix: dict[str, Any] | None = None  # the refusal's fix (helpers.api.reuse.apply_fix), where it names one
-    resume_diff: float | None = None  # helpers.api.resume on the whole sequence vs the reference ('' where not run)
+    resume_diff: float | None = None  # kvresume.resume on the whole sequence vs the reference ('' where not run)
     resume_status: str = ""  # worked / silently_wrong / raised ('' where not run)
     resume_error: str = ""  # what resume raised
     resume_scope: str = ""  # why resume does not apply to this call ('' where it does)

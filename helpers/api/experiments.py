@@ -13,12 +13,13 @@ from typing import Any, Callable
 
 import torch
 
-from .. import compat, resume
+from kvresume import compat, state as resume
 from ..compare import NoiseFloor
 from ..continuation import generate_first_step
-from ..regress import checks, layers
+from ..regress import checks
+from kvresume import layers
 from ..regress.cells import max_diff
-from .factory import FactoryError, export_tensors, kv_cache_from_tensors
+from kvresume.factory import FactoryError, export_tensors, kv_cache_from_tensors
 
 
 def factory_round_trips(runs: dict[str, checks.Runner]) -> dict[str, dict[str, Any]]:

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-from .. import boundary, caches, compat
+from .. import boundary, caches
+
+from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import (GENERATION_VARIANTS, current_position_ids, generation_kwargs, other_attention_logits,
                             prefill)

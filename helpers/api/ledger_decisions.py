@@ -2,7 +2,7 @@
 
 `decide_ledger_refuses`: with `track(model)`, every silently wrong cell whose cache has a ledger is refused, and no
 working tracked cell or internal call is. `decide_advice_restores`: every refusal's fix, applied, matches the reference
-within the floor. `decide_resume_matches`: every silently wrong tracked cell, called through `helpers.api.resume` on
+within the floor. `decide_resume_matches`: every silently wrong tracked cell, called through `kvresume.resume` on
 the whole sequence, matches the reference within the floor. Untracked cells (caches rebuilt without a ledger) are
 counted apart: the guard treats them as it did before the ledger.
 """

@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from transformers import DynamicCache, StaticCache
 
-from .. import compat
+from kvresume import compat
 from ..continuation import generate_first_step
 from ..rollback import probes, setup
 from ..rollback.generation import greedy, repetitive_ids
 from .cells import Cell, run_cell
 from .shapes import checked_calls
-from .tracking import is_tracked, track
+from kvresume.tracking import is_tracked, track
 
 PROMPT, K = setup.PROMPT, 4
 

@@ -16,12 +16,12 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import Outcome, greedy_config
 from .cells import Cell, follow_up, guarded_step, judge, with_length
-from .checks import ResumeInputError
-from .guard import check_forward_call
+from kvresume.checks import ResumeInputError
+from kvresume.guard import check_forward_call
 
 VOCAB = 2048
 
@@ -40,7 +40,7 @@ class Shape:
     processed_length: Any
     config: dict[str, Any] = field(default_factory=dict)  # GenerationConfig fields over the greedy one-step config
     models: tuple[torch.nn.Module, ...] = ()  # whose forward calls are checked (the assistant's too)
-    whole: torch.Tensor | None = None  # the whole sequence, for helpers.api.resume (None: embeddings, beams, decoder)
+    whole: torch.Tensor | None = None  # the whole sequence, for kvresume.resume (None: embeddings, beams, decoder)
 
 
 def tiny_llama(seed: int = 0, attn: str = "sdpa", layers: int = 2) -> torch.nn.Module:
@@ -167,7 +167,7 @@ def bart_shapes(seed: int = 0, prepare: Callable[[torch.nn.Module], Any] | None 
     """A tiny BART: encoder ids and mask of 4 columns, decoder_input_ids = its 8 sequences beside a decoder cache of 7,
     with a decoder mask over them (valid) and without one (generate() then feeds all 8)."""
     model = tiny_bart(seed)
-    if prepare is not None:  # e.g. helpers.api.track
+    if prepare is not None:  # e.g. kvresume.track
         prepare(model)
     gen = torch.Generator().manual_seed(seed + 3)
     enc = torch.randint(10, VOCAB - 10, (1, 4), generator=gen)
@@ -267,7 +267,7 @@ def population(text_models: dict[str, tuple[torch.nn.Module, torch.nn.Module]], 
                vl_prompt: Any = None, seed: int = 0,
                prepare: Callable[[torch.nn.Module], Any] | None = None) -> tuple[list[Cell], list[dict[str, Any]]]:
     """Every valid shape's cell, and every internal call checked: (cells, internal call rows); `prepare(model)` on the
-    models built here (the tiny BART), e.g. helpers.api.track."""
+    models built here (the tiny BART), e.g. kvresume.track."""
     shapes = [s for model, assistant in text_models.values() for s in text_shapes("", model, assistant, seed)]
     shapes += bart_shapes(seed, prepare)
     if vl_model is not None:

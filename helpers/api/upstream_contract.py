@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from .guard import guarded_generate  # upstream: drop
+from kvresume.guard import guarded_generate  # upstream: drop
 from .upstream_cases import (assert_close, both_turns, build, cache_kw, first_turn_cache, full_logits,  # upstream: drop
                              model, prefix_cache, prompt, rebuild_update, second_turn_kwargs,  # upstream: drop
                              second_turn_positions, step, text_positions)  # upstream: drop

@@ -11,8 +11,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from .guard import guarded_generate  # upstream: drop
-from .tracking import track  # upstream: drop
+from kvresume.guard import guarded_generate  # upstream: drop
+from kvresume.tracking import track  # upstream: drop
 from .upstream_cases import assert_close, build, cache_kw, config, full_logits  # upstream: drop
 
 LEDGER_SHOULD_RAISE = "generate() should raise here: the cache's tokens are not the ids' first tokens"

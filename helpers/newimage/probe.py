@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..capture import describe_call, hooked, shape_of
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..compare import NoiseFloor, logit_metrics
 from ..continuation import Outcome, generate_first_step
 from . import probe

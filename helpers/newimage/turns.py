@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..continuation import prefill
 from ..inputs import Prompt, build_prompt, synthetic_image
 from ..models import TINY_VL_TOKENS, ModelBundle

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from .devicetiming import CopyTimes, time_copies, write_order
 from .loops import GreedyRun, run_loop
 from .pool import SimPool, poison_before_arm

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from .tracking import _holds_kv, _layer_arg, instrument
 
 

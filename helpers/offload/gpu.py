@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from . import gpu_decide as gd
 from .gpu_run import EVENT, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's and tests' names
 from .gpuplan import BY_CONSTRUCTION, DEVICE_CLAIMS, MODELS, claim_type  # noqa: F401 - the claims' types

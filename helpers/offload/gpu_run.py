@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from . import gpu_decide as gd
 from .arms import FIXES, Arm, run_arm
 from .calibrate import busy_at_wrap, clamp_cycles, cycles_per_ms, host_ms_to_wrap, sleep_plan, warm_clocks

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import compat
+from kvresume import compat
 
 
 # --- inputs and the greedy loop of the seed -------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from .loops import GreedyRun, run_loop
 from .standins import recording_streams
 from .streams import StreamLog

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import compat
+from kvresume import compat
 
 
 def _finish(fig: Any, stem: str, name: str) -> Any:

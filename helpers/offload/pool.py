@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from .. import compat
-from ..caches import kv_geometry
+from kvresume import compat
+from kvresume.compat import kv_geometry
 
 POISON = 1024.0  # exact in bfloat16 and float32; far outside the tiny models' K/V
 MAX_BLOCKS = 4096  # per size: a bound on the check-out loop

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..compare import noise_floor
 from .loops import Decision, GreedyRun, greedy_run, run_loop, step_table
 from .standins import recording_streams

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..hybrid import layer_types as config_layer_types
 from .loops import GreedyRun, greedy_run
 from .standins import recording_streams

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from .loops import greedy_run, step_table
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..compare import noise_floor
 from .loops import GreedyRun, step_table
 

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from .streams import StreamLog
 
 UPDATE_METHODS = ("update", "update_conv_state", "update_recurrent_state")

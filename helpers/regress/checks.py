@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import GENERATION_VARIANTS, Outcome, forward_step, generate_first_step
-from . import layers
+from kvresume import layers
 from .cells import Cell, against_outcome, against_tensor, raised, row_diffs, skipped
 from .families import Family, reference
 from .rebuilds import attention_only_rebuild, control_rebuild, family_rebuild

@@ -15,8 +15,8 @@ from typing import Any, Callable
 import torch
 from transformers import DynamicCache
 
-from .. import compat
-from .layers import copy_linear_state, copy_processed_length, has_kv, has_linear_state
+from kvresume import compat
+from kvresume.layers import copy_linear_state, copy_processed_length, has_kv, has_linear_state
 
 # (layer index, keys, values) -> the (keys, values) chunks to update() in order
 KVTransform = Callable[[int, torch.Tensor, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]

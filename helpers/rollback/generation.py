@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, StaticCache
 
-from .. import compat
+from kvresume import compat
 from .setup import Family, error_line
 
 NEW_TOKENS = 6

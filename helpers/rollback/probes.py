@@ -9,10 +9,11 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from .. import compat
+from kvresume import compat
 from ..compare import NoiseFloor, max_abs_diff
 from ..continuation import generate_first_step
-from ..regress import layers, rebuilds
+from ..regress import rebuilds
+from kvresume import layers
 from . import states
 from .setup import Family, error_line, forward
 
@@ -124,7 +125,7 @@ def hand_rebuild(cache: Any, config: Any) -> DynamicCache:
 
 
 def _factory(cache: Any, config: Any) -> Any:
-    from ..api import export_tensors, kv_cache_from_tensors
+    from kvresume import export_tensors, kv_cache_from_tensors
 
     pairs, linear, processed = export_tensors(cache)
     return kv_cache_from_tensors(pairs, config, processed_length=processed, linear_states=linear)
@@ -135,7 +136,7 @@ REBUILDS = {
     "hand-written (layer methods)": (hand_rebuild, "DynamicCache(config) + update() / update_conv_state() / "
                                      "update_recurrent_state(), no token count"),
     "kit family rebuild": (rebuilds.family_rebuild, "helpers.regress.rebuilds.family_rebuild (carries the linear count)"),
-    "kit factory": (_factory, "helpers.api.kv_cache_from_tensors(export_tensors(cache))"),
+    "kit factory": (_factory, "kvresume.kv_cache_from_tensors(export_tensors(cache))"),
 }
 
 

@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 from transformers import DynamicCache, StaticCache
 
-from .. import compat
+from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import other_attention_logits
 from ..inputs import Prompt

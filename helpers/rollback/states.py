@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from .. import compat
-from ..regress import layers
+from kvresume import compat
+from kvresume import layers
 
 
 def max_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float | None:

@@ -15,11 +15,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..capture import describe_call
 from ..compare import logit_metrics
 from .patterns import Resume, mask_positions
-from ..regress import layers
+from kvresume import layers
 
 ARG_SETS = ("neither", "position_only", "mask_only", "both")  # the seed's generation variants
 FULL = "mask_only"  # the argument set of the working path: the full mask = physical length + suffix

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..continuation import prefill
 from .controls import FULL, Step, diff, full_mask, generate_step
 from .run import Baseline, Triaged

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from transformers import StaticCache
 
-from .. import compat
+from kvresume import compat
 from ..inputs import Prompt
 from ..models import ModelBundle
 from .prompts import byte_ids

@@ -25,10 +25,12 @@ from typing import Any, Callable
 
 import torch
 
-from .. import caches, compat
-from ..api.ledger import attach_ledger, stored_ledger
+from .. import caches
+
+from kvresume import compat
+from kvresume.ledger import attach_ledger, stored_ledger
 from . import patterns
-from ..regress import layers
+from kvresume import layers
 from ..regress import rebuilds as family
 
 RebuildFn = Callable[[Any, torch.nn.Module, Any], Any]

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from ..compare import NoiseFloor, logit_metrics
-from ..regress import layers
+from kvresume import layers
 from ..regress import rebuilds as family
 from .controls import Step, diff, full_mask, generate_step, logical_positions
 from .facts import Repair

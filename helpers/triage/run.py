@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from kvresume import compat
 from . import patterns, rebuilds, repairs, slots, state
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import prefill
 from ..inputs import Prompt
-from ..regress import layers
+from kvresume import layers
 from .facts import ArgSet, Controls, identical, slot_verdict
 from .walk import choose_branch
 from .controls import ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step, logical_positions

@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from .. import compat
-from ..regress import layers
+from kvresume import compat
+from kvresume import layers
 from .controls import spans
 from .facts import SlotLayer, slot_kind
 from .state import stored_slots

@@ -8,8 +8,8 @@ import pandas as pd
 import torch
 from transformers.cache_utils import StaticLayer
 
-from .. import compat
-from ..regress import layers
+from kvresume import compat
+from kvresume import layers
 from .facts import LayerState, ResumeState
 
 

@@ -35,7 +35,7 @@ if "google.colab" in sys.modules:  # Colab only: install the kit beside Colab's 
         f.write("\\n".join(pins) + "\\n")
     pip = [sys.executable, "-m", "pip", "install", "-q", "-c", os.path.join(kit, "colab-keep.txt")]
     subprocess.run(pip + ["-r", os.path.join(kit, "requirements-runtime.txt")], check=True)  # no torch, no jupyter
-    subprocess.run(pip + ["--no-deps", kit], check=True)  # the kit itself, non-editable
+    subprocess.run(pip + ["--no-deps", os.path.join(kit, "packages", "kvresume"), kit], check=True)  # kvresume + the kit
 '''
 
 

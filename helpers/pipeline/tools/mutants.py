@@ -91,10 +91,10 @@ SCOPE: list[Scope] = [
     Scope("helpers/api/ledger_decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_ledger.py",)),
     Scope("helpers/newimage/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_newimage.py",)),
     Scope("helpers/rollback/decisions.py", ("*",), DECISION_TESTS + ("tests/test_rollback.py", "tests/test_kill_rollback.py")),
-    Scope("helpers/newimage/guardcheck.py", ("check_new_vision_tokens", "check_uncached", "_uncached", "_explicit_3d", "_recomputed"),
+    Scope("packages/kvresume/kvresume/vision.py", ("check_new_vision_tokens", "check_uncached", "_uncached", "_explicit_3d", "_recomputed"),
           ("tests/test_newimage.py", "tests/test_kill_newimage.py")),
-    Scope("helpers/api/checks.py", ("*",), ("tests/test_api.py", "tests/test_kill_checks.py")),
-    Scope("helpers/api/linear_checks.py", ("stale_length", "count_mismatch"),
+    Scope("packages/kvresume/kvresume/checks.py", ("*",), ("tests/test_api.py", "tests/test_kill_checks.py")),
+    Scope("packages/kvresume/kvresume/linear_checks.py", ("stale_length", "count_mismatch"),
           ("tests/test_linear_checks.py",)),
     Scope("helpers/triage/tree.py", ("decide_*", "per_layer_outcome", "backend_outcome"),
           DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
@@ -121,7 +121,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/pipeline/report/claims_md.py", ("kind_counts", "reproduced_count", "headline", "counts_table", "undecided"),
           ("tests/test_summary.py", "tests/test_kill_summary.py")),
     Scope("helpers/pipeline/report/summary.py", ("missing_notebooks",), ("tests/test_summary.py", "tests/test_kill_summary.py")),
-    Scope("helpers/api/ledger_checks.py", ("*",), ("tests/test_ledger.py", "tests/test_kill_ledger_checks.py")),
+    Scope("packages/kvresume/kvresume/ledger_checks.py", ("*",), ("tests/test_ledger.py", "tests/test_kill_ledger_checks.py")),
 ]
 
 

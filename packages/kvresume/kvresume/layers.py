@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from . import compat
 
 
 def has_kv(layer: Any) -> bool:

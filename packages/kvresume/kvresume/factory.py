@@ -13,9 +13,9 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import compat
-from ..caches import kv_geometry
-from ..regress import layers
+from . import compat
+from .compat import kv_geometry
+from . import layers
 from .ledger import attach_ledger, ledger_from_tensors
 
 LinearStates = dict[str, dict[int, torch.Tensor]]  # {"conv": {state_idx: t}, "recurrent": {state_idx: t}}

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import compat  # upstream: drop
-from ..capture import rotary_embedding  # upstream: drop
+from . import compat  # upstream: drop
+from .compat import rotary_embedding  # upstream: drop
 from .linear_checks import note_linear  # upstream: drop
 from .ledger import (UNKNOWN, Ledger, attach_ledger, cache_held, empty_ledger,  # upstream: drop
                      ledger_of)  # upstream: drop

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from . import caches, compat
+from . import compat
 
 FORMAT_VERSION = 1
 ROPE_KEY = "rope_deltas"
@@ -107,7 +107,7 @@ def capture(model: torch.nn.Module, cache: Any, suffix_ids: torch.Tensor, attent
         value = compat.get_rope_state(model)
         metadata[ROPE_KEY] = None if value is None else value.detach().clone()
     layers = compat.cache_layers(cache)
-    state = ResumeState(kv=caches.kv_pairs(cache), processed_length=int(cache.get_seq_length()),
+    state = ResumeState(kv=compat.kv_pairs(cache), processed_length=int(cache.get_seq_length()),
                         suffix_ids=suffix_ids.detach().clone(), attention_mask=attention_mask.detach().clone(),
                         model_metadata=metadata,
                         info={"format_version": FORMAT_VERSION, "transformers": compat.TRANSFORMERS_VERSION,
@@ -120,7 +120,7 @@ def capture(model: torch.nn.Module, cache: Any, suffix_ids: torch.Tensor, attent
 def model_expectations(model: torch.nn.Module) -> dict[str, Any]:
     """What a state must match to resume in `model`: layers, KV heads, head dim, dtype, device."""
     cfg = compat.text_config(model.config)
-    heads, head_dim = caches.kv_geometry(cfg)
+    heads, head_dim = compat.kv_geometry(cfg)
     param = next(model.parameters())
     return {"n_layers": int(cfg.num_hidden_layers), "kv_heads": heads, "head_dim": head_dim,
             "dtype": param.dtype, "device": param.device, "has_rope_state": compat.rope_state_owner(model) is not None}
@@ -157,7 +157,7 @@ def restore(model: torch.nn.Module, state: ResumeState) -> Any:
     if ROPE_KEY in state.model_metadata:
         value = state.model_metadata[ROPE_KEY]
         compat.set_rope_state(model, None if value is None else value.clone())
-    return caches.cache_from_pairs([(k.clone(), v.clone()) for k, v in state.kv], compat.text_config(model.config))
+    return compat.cache_from_pairs([(k.clone(), v.clone()) for k, v in state.kv], compat.text_config(model.config))
 
 
 def save(state: ResumeState, directory: str | Path) -> Path:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .. import compat  # upstream: drop
+from . import compat  # upstream: drop
 from .call import ResumeCall, refuse  # upstream: drop
 from .ledger import ledger_owner  # upstream: drop
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .. import compat
+from . import compat
 from .guard import ResumeInputError, check_resume_inputs, guarded_generate
 from .ledger import attach_ledger, cache_held, ledger_of, stored_ledger
 from .ledger_checks import next_positions

@@ -16,13 +16,13 @@ from typing import Callable
 
 import torch
 
-from .. import compat  # upstream: drop
-from ..regress import layers  # upstream: drop
+from . import compat  # upstream: drop
+from . import layers  # upstream: drop
 from .call import ResumeCall, ResumeInputError, self_attention_cache  # upstream: drop
 from .ledger_checks import (ledger_length, ledger_mask, ledger_positions, ledger_processed,  # upstream: drop
                             ledger_tokens)  # upstream: drop
 from .linear_checks import linear_length, linear_rollback  # upstream: drop
-from .new_vision_tokens import new_vision_tokens  # upstream: drop
+from .vision import new_vision_tokens  # upstream: drop
 
 
 @dataclass(frozen=True)

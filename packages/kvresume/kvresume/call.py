@@ -14,8 +14,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .. import compat  # upstream: drop
-from ..regress import layers  # upstream: drop
+from . import compat  # upstream: drop
+from . import layers  # upstream: drop
 from .ledger import Ledger, ledger_of  # upstream: drop
 
 

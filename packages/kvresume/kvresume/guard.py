@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .. import compat  # upstream: drop
+from . import compat  # upstream: drop
 from .call import ResumeCall, first_call_hook, from_forward, from_generate, is_encoder_decoder  # upstream: drop
 from .tracking import as_rows, rotary_hook  # upstream: drop
 from .checks import CHECKS, Check, ResumeInputError  # upstream: drop

@@ -180,3 +180,35 @@ def carry_linear_length(target: Any, source: Any) -> bool:
         return False
     current.fill_(int(value))
     return True
+
+
+def kv_geometry(text: Any) -> tuple[int, int]:
+    """(key/value heads, head dim) a text config's attention layers store."""
+    heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    return heads, head_dim
+
+
+def kv_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Detached clones of every layer's (keys, values)."""
+    pairs = []
+    for layer in cache_layers(cache):
+        keys, values = layer_kv(layer)
+        pairs.append((keys.detach().clone(), values.detach().clone()))
+    return pairs
+
+
+def cache_from_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], config: Any | None = None) -> DynamicCache:
+    """`update()` each (keys, values) pair into a new DynamicCache (config-aware when config is given)."""
+    cache = dynamic_cache(config)
+    for layer_idx, (keys, values) in enumerate(pairs):
+        cache.update(keys, values, layer_idx)
+    return cache
+
+
+def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The text model's rotary embedding (the first `rotary_emb` that is not a vision tower's), or None."""
+    for name, module in model.named_modules():
+        if name.endswith("rotary_emb") and "visual" not in name and "Vision" not in type(module).__name__:
+            return module
+    return None

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from .. import compat  # upstream: drop
+from . import compat  # upstream: drop
+from .call import ResumeCall, ResumeInputError  # upstream: drop
 
 
 def recomputes_new_vision_positions(model: torch.nn.Module) -> bool:
@@ -97,3 +98,14 @@ def check_uncached(model: torch.nn.Module, uncached: torch.Tensor, past: int, po
 def _state(model: torch.nn.Module) -> Any:
     value = compat.get_rope_state(model)
     return None if value is None else value.flatten().tolist()
+
+
+def new_vision_tokens(call: ResumeCall) -> None:
+    """New image/video tokens fed beside a filled cache, at positions generate() would not recompute."""
+    ids = call.fed_ids
+    if call.model is None or not call.keeps_rope_state or ids is None or call.decoder_start is not None:
+        return
+    message = check_uncached(call.model, ids, call.lengths[0], call.position_ids,
+                             call.multimodal.get("mm_token_type_ids"))
+    if message:
+        raise ResumeInputError(message)
