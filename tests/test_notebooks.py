@@ -280,7 +280,7 @@ def test_colab_cell_and_badges_read_the_one_repository_address():
     assert repo.startswith("https://github.com/")
     cell = colab.cell_source()
     assert 'if "google.colab" in sys.modules' in cell and f'os.environ.get("KVKIT_REPO", "{repo}")' in cell
-    assert "requirements-runtime.txt" in cell and '"--no-deps", kit' in cell and "requirements.txt" not in cell
+    assert "requirements-runtime.txt" in cell and 'packages", "kvresume"), kit' in cell and "requirements.txt" not in cell
     assert colab.cell_source("https://github.com/fork/kit") != cell  # the cell is rendered from the address
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert colab.render_readme(readme) == readme, "README badges: python -m helpers.pipeline.tools.colab --write README.md"
