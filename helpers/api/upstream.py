@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 FILE_NAME = "test_resume_contract.py"
 MODULES = ("upstream_shim.py", "ledger.py", "linear_checks.py", "tracking.py", "call.py", "../newimage/guardcheck.py", "new_vision_tokens.py",
            "ledger_checks.py", "checks.py", "guard.py",
-           "upstream_cases.py", "upstream_contract.py", "upstream_ledger.py")
+           "../../packages/kvresume/kvresume/testing.py", "upstream_contract.py", "upstream_ledger.py")
 HEAD = ('"""The KV-cache resume contract of generate(), as tests (written by kv-resume-kit, `make upstream-tests`).\n\n'
         'Documented usage equals the full computation and passes the proposed resume guard unchanged; misuse raises a '
         'clear\nValueError under the guard, and plain generate() is expected to raise too (xfail: "generate() should '

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from kvresume.guard import guarded_generate  # upstream: drop
-from .upstream_cases import (assert_close, both_turns, build, cache_kw, first_turn_cache, full_logits,  # upstream: drop
+from kvresume.testing import (assert_close, both_turns, build, cache_kw, first_turn_cache, full_logits,  # upstream: drop
                              model, prefix_cache, prompt, rebuild_update, second_turn_kwargs,  # upstream: drop
                              second_turn_positions, step, text_positions)  # upstream: drop
 

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from kvresume.guard import guarded_generate  # upstream: drop
 from kvresume.tracking import track  # upstream: drop
-from .upstream_cases import assert_close, build, cache_kw, config, full_logits  # upstream: drop
+from kvresume.testing import assert_close, build, cache_kw, config, full_logits  # upstream: drop
 
 LEDGER_SHOULD_RAISE = "generate() should raise here: the cache's tokens are not the ids' first tokens"
 

@@ -1,4 +1,4 @@
-"""Tiny models, prompts and one-step helpers for the resume contract tests (upstream_contract.py).
+"""Tiny seeded models, prompts and one-step helpers for kvresume's tests and the resume contract tests.
 
 Standalone: torch and transformers only. Tiny models are built from configs with seeded random weights, as
 transformers' own tests do: Qwen3 (dense, sliding/full interleaved), Llama, Qwen3.5 (hybrid), Qwen3-VL (and a
