@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from helpers import boundary, compare, identity, mask_matrix, rope
+from helpers import boundary, compare, findings, identity, mask_matrix, rope
 from helpers.capture import AFTER_FIRST_CALL, BEFORE_MODEL_CALL, IN_FIRST_CALL
 from helpers.continuation import Outcome
 
@@ -328,10 +328,11 @@ NOTEBOOK_04 += [
 ]
 
 TABLES = {"01": NOTEBOOK_01, "02": NOTEBOOK_02, "03": NOTEBOOK_03, "04": NOTEBOOK_04}
-CASES = [(nb, name, thunk, expected) for nb, table in TABLES.items() for name, thunk, expected in table]
+BY_NOTEBOOK = [(nb, name, thunk, expected) for nb, table in TABLES.items() for name, thunk, expected in table]
+CASES = [case for table in TABLES.values() for case in table]  # the kill cases of notebooks 01-04's deciding modules
 
 
-@pytest.mark.parametrize("nb,name,thunk,expected", CASES, ids=[f"{nb}-{name}" for nb, name, _, _ in CASES])
+@pytest.mark.parametrize("nb,name,thunk,expected", BY_NOTEBOOK, ids=[f"{nb}-{name}" for nb, name, _, _ in BY_NOTEBOOK])
 def test_counter_examples(nb, name, thunk, expected):
     d = thunk()
     assert isinstance(d, compare.Decision)
@@ -339,27 +340,16 @@ def test_counter_examples(nb, name, thunk, expected):
     assert d.why and isinstance(d.evidence, dict) and isinstance(d.deciding, dict) and isinstance(d.source, dict)
 
 
-GOLDEN = Path(__file__).parent / "golden" / "decisions.json"
-
-
 def registered() -> dict[str, list[str]]:
-    """The golden registry: {module: [decision function]} every one of which needs a holding and a contradicting case."""
-    return json.loads(GOLDEN.read_text())["decisions"]
+    """{module: [decision function]} of every deciding module a finding declares (helpers.findings): each of these
+    needs a holding and a contradicting case."""
+    return {d.dotted: findings.decision_functions(d) for d in findings.decisions()}
 
 
 def every_case() -> list[tuple[str, Callable[[], Any], bool]]:
-    """This file's tables and the kill-test tables of the other deciding modules (tests/test_kill_*.py)."""
-    import test_kill_api
-    import test_kill_ledger
-    import test_kill_newimage
-    import test_kill_offload
-    import test_kill_regress
-    import test_kill_rollback
-    import test_kill_tree
-
-    return ([case for table in TABLES.values() for case in table] + test_kill_tree.CASES + test_kill_offload.CASES
-            + test_kill_regress.CASES + test_kill_api.CASES + test_kill_newimage.CASES + test_kill_ledger.CASES
-            + test_kill_rollback.CASES)
+    """The CASES tables of the kill files the deciding modules name (this file's for notebooks 01-04)."""
+    files = dict.fromkeys(Path(d.kill).stem for d in findings.decisions())
+    return [case for name in files for case in importlib.import_module(name).CASES]
 
 
 def _holds(value: Any) -> bool | None:
@@ -369,13 +359,6 @@ def _holds(value: Any) -> bool | None:
     if value is None:
         return None
     return bool(value.holds) if hasattr(value, "holds") else bool(value)
-
-
-def test_the_registry_lists_every_decision_function():
-    """A new decide_* (or a removed one) must be registered in tests/golden/decisions.json, and so get its cases."""
-    found = {m: sorted(n for n in dir(importlib.import_module(m)) if n.startswith("decide_")) for m in registered()}
-    golden = {m: sorted(n for n in names if n.startswith("decide_")) for m, names in registered().items()}
-    assert found == golden, "update tests/golden/decisions.json and give the new decision its cases"
 
 
 OUTPUTS = Path(__file__).parent / "golden" / "decision_outputs.json"

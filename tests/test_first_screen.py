@@ -12,16 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from helpers import boundary, quotes
+from helpers import boundary, findings, quotes
 from helpers.pipeline.paths import repo_root
 from helpers.pipeline.report import first_screen, sources, statements, summary
 
 ROOT = repo_root()
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-PREFIX = {"identity": "01_identity_reconstruction", "matrix": "02_mask_position_matrix", "rope": "03_rope_deltas_perturbation",
-          "boundary": "04_token_boundary_double_processing", "offload": "05_hybrid_offloading_drift",
-          "triage": "06_rebuild_triage", "regress": "07_regression_families", "api": "08_resume_api",
-          "newimage": "09_new_image_turn", "rollback": "10_rollback_hybrid"}
+PREFIX = findings.prefixes()  # claim id prefix -> its notebook
 KIND_OF_ROLE = {role: kind for kind, role in quotes.ROLES.items()}
 NEEDS_CUDA = "needs CUDA: offloading moves cache tensors GPU<->CPU on two CUDA streams; here device='cpu'"
 NOT_HERE = {"boundary.double_processing_top1_changed", "boundary.double_processing_cosine"}
@@ -241,12 +238,11 @@ def test_a_bisect_record_gives_the_first_release_and_the_added_source_line(tmp_p
     assert asks.first_change(tmp_path, "02", "matrix.neither_fails", ["5.17.0", "5.25.0"], False) == ""
 
 
-def test_a_source_without_a_writer_gets_generic_lines_not_a_crash():
+def test_a_source_without_a_writer_is_refused_by_name_not_given_generic_lines():
     from helpers.pipeline.report import asks
 
-    said = asks.lines_for("hybrid-rollback", {"5.17.0": [("10_x", {"id": "x.a", "verdict": "holds", "reason": "r"})]},
-                          Path("."))
-    assert said.symptom == "`x.a`: r on 5.17.0" and said.ask.startswith("none computed for this source yet")
+    with pytest.raises(KeyError, match="hybrid-rollback has no Ask writer"):
+        asks.lines_for("hybrid-rollback", {"5.17.0": [("10_x", {"id": "x.a", "verdict": "holds", "reason": "r"})]}, Path("."))
 
 
 def test_a_rendered_page_opens_with_the_title_then_the_verdict_and_the_ask_above_the_code(tmp_path):
@@ -351,9 +347,8 @@ def test_the_48947_loop_runs_on_cpu_with_the_offloaded_arm_standing_in(tmp_path)
 
 
 def test_a_new_source_fits_on_the_screen_too(tmp_path, monkeypatch):
-    """Notebook 10 registering a source of its own (generic lines, long reasons): the screen still fits."""
+    """Notebook 10 with a source of its own (claims its writer does not know, long reasons): the screen still fits."""
     monkeypatch.setitem(sources.SOURCES, "rollback", sources.Source("rollback", "Hybrid rollback", short="Hybrid rollback"))
-    monkeypatch.setitem(sources.NOTEBOOK_SOURCE, "10", "rollback")
     fake_run(tmp_path)
     matrix(tmp_path)
     for folder in (tmp_path, tmp_path / "matrix" / "5.25.0"):

@@ -40,11 +40,13 @@ def test_every_scoped_pattern_names_a_function_and_every_test_exists(scope):
 
 
 def test_every_registered_decision_module_is_mutated():
-    registry = json.loads((ROOT / "tests" / "golden" / "decisions.json").read_text())["decisions"]
+    from helpers import findings
+
     scoped = {s.dotted: s for s in mutants.SCOPE}
-    for module, names in registry.items():
-        assert module in scoped, module
-        for name in names:
+    for d in findings.decisions():
+        assert d.dotted in scoped, d.module
+        for name in findings.decision_functions(d):
+            module = d.dotted
             assert any(fnmatch.fnmatchcase(name, p) for p in scoped[module].functions), (module, name)
 
 

@@ -13,6 +13,7 @@ import nbformat
 import pytest
 import torch
 
+from helpers import findings
 from helpers.offload import gpu
 from helpers.results import verdict_for
 
@@ -29,47 +30,7 @@ CUDA_ONLY = {"offload.prefill_identical", "offload.decode_drifts", "offload.firs
              "regress.flash_attention_2_matches_sdpa"}
 CPU_ONLY = {"offload.cpu_reports_cuda_requirement"}  # decided only where CUDA is absent
 ENVIRONMENT_CHECKS = {"offload.cpu_reports_cuda_requirement"}  # facts about the machine, never findings
-EXPECTED_CLAIMS = {
-    "01_identity_reconstruction": {"identity.cache_metadata_match", "identity.kv_bitwise_equal", "identity.first_step_logits_equal"},
-    "02_mask_position_matrix": {"matrix.neither_fails", "matrix.position_only_fails", "matrix.mask_only_works",
-                                "matrix.both_matches_mask_only", "matrix.first_call_drops_suffix", "matrix.forward_needs_positions"},
-    "03_rope_deltas_perturbation": {"rope.state_outside_kv", "rope.none_equals_zero", "rope.missing_state_diverges_more_than_off_by_one",
-                                    "rope.fresh_instance_diverges", "rope.restored_state_matches"},
-    "04_token_boundary_double_processing": {"boundary.valid_split_matches_full_forward", "boundary.double_processing_diverges",
-                                            "boundary.double_processing_top1_changed", "boundary.double_processing_cosine",
-                                            "boundary.rebuilt_cache_same_as_original", "boundary.mask_and_positions_do_not_restore"},
-    "05_hybrid_offloading_drift": {"offload.prefill_identical", "offload.decode_drifts", "offload.linear_layers_never_moved",
-                                   "offload.prefetch_reads_unordered_copy", "offload.race_replay_drifts_by_construction",
-                                   "offload.race_not_specific_to_hybrid", "offload.report_loop_reads_previous_forward",
-                                   "offload.generate_orders_cross_forward_reads", "offload.prefetched_block_released_with_pending_read",
-                                   "offload.first_differing_tensor_is_attention_kv", "offload.ordering_edge_removes_drift",
-                                   "offload.cpu_reports_cuda_requirement", "offload.race_observed_on_device",
-                                   "offload.offload_event_removes_drift", "offload.record_stream_removes_drift",
-                                   "offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts"},
-    "06_rebuild_triage": {"triage.identity_matches_original", "triage.streaming_generate_uses_retained_length",
-                          "triage.per_layer_lengths_outcome", "triage.per_layer_lengths_by_backend"},
-    "07_regression_families": {"regress.sliding_rebuild_hidden_by_full_mask", "regress.sliding_rebuild_breaks_direct_forward",
-                               "regress.sliding_rebuild_depends_on_kernel",
-                               "regress.hybrid_update_rebuild_drops_linear_state", "regress.left_padded_resume_needs_padded_mask",
-                               "regress.mask_contract_holds_across_families", "regress.flash_attention_2_matches_sdpa"},
-    "08_resume_api": {"api.guard_catches_or_names_every_silent_case", "api.guard_passes_every_valid_call",
-                      "api.factory_matches_original_every_family", "api.factory_refuses_malformed_inputs",
-                      "api.resume_state_portable_to_fresh_instance", "api.ledger_guard_refuses_every_silent_tracked_case",
-                      "api.every_refusal_advice_restores", "api.resume_matches_full_forward"},
-    "09_new_image_turn": {"newimage.natural_call_silently_wrong", "newimage.positions_explain_it", "newimage.both_images_raise",
-                          "newimage.text_turn_control_matches", "newimage.repair_forward_restores",
-                          "newimage.repair_generate_restores", "newimage.rope_deltas_carried_forward",
-                          "newimage.guard_check_separates"},
-    "10_rollback_hybrid": {"rollback.dense_crop_restores", "rollback.plain_crop_never_silently_wrong",
-                           "rollback.hybrid_recorded_crop_keeps_recurrent_state", "rollback.recording_without_count_runs",
-                           "rollback.sliding_recorded_crop_restores", "rollback.static_crop_refused",
-                           "rollback.multi_token_continuation_matches", "rollback.hand_rebuild_keeps_length",
-                           "rollback.kit_rebuild_keeps_length", "rollback.assisted_never_silently_wrong",
-                           "rollback.assisted_refused_on_hybrid", "rollback.assisted_refused_on_static",
-                           "rollback.static_reuse_past_capacity_raises",
-                           "rollback.static_second_call_reallocates", "rollback.static_max_cache_len_ignored",
-                           "rollback.static_user_cache_beside_config_refused"},
-}
+EXPECTED_CLAIMS = findings.expected_claims()  # each notebook's claims, as its finding declares them
 # Kinds declared by notebooks 01-04 (every other claim of theirs is `reproduces`: a statement of the control).
 KINDS_01_04 = {"rope.fresh_instance_diverges": "beyond", "rope.restored_state_matches": "beyond"}
 SOURCES = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -99,7 +60,7 @@ def test_every_notebook_is_run_by_run_all_and_by_this_test():
     assert [p.name for p in execute.notebooks()] == [p.name for p in SOURCES]
     make = subprocess.run(["make", "-n", "run-all"], cwd=ROOT, capture_output=True, text=True).stdout
     assert "helpers.pipeline.run run-all" in make
-    assert {p.stem for p in SOURCES} <= set(EXPECTED_CLAIMS), "a new notebook needs its expected claims here"
+    assert {p.stem for p in SOURCES} == set(EXPECTED_CLAIMS), "every notebook and only they declare a finding"
 
 
 @pytest.mark.e2e

@@ -42,7 +42,7 @@ def test_every_declared_claim_has_a_quote_of_its_kinds_role_and_no_entry_is_stal
     claims = declared()
     assert len(claims) >= 50
     missing = sorted(set(claims) - set(quotes.QUOTES))
-    assert not missing, f"claims without an entry in helpers/quotes.py QUOTES: {missing}"
+    assert not missing, f"claims without a quote in their finding's declaration (helpers/findings.py): {missing}"
     assert not sorted(set(quotes.QUOTES) - set(claims)), "entries for claims no notebook declares"
     wrong = {cid: (kind, quotes.QUOTES[cid].role) for cid, kind in claims.items() if quotes.QUOTES[cid].role != quotes.ROLES[kind]}
     assert not wrong, f"role does not match the claim's kind: {wrong}"

@@ -75,11 +75,11 @@ def test_no_other_kind_is_ever_counted_as_reproduced(tmp_path, kind):
 
 
 def test_any_verdict_of_any_kind_renders(tmp_path):
-    run_record(tmp_path, "42_new")  # a number no source is mapped to (09 is notebook 09's)
-    write(tmp_path, "42_new", [claim(f"c.{k}.{v}", k, v) for k in [*KINDS, "finding", "environment_check", "novel"]
+    run_record(tmp_path, "06_new")  # notebook 06's number: the triage source
+    write(tmp_path, "06_new", [claim(f"c.{k}.{v}", k, v) for k in [*KINDS, "finding", "environment_check", "novel"]
                                for v in VERDICTS])
     text = summary.build_summary(tmp_path)
-    assert "## Other notebooks (no source mapped)" in text and "| novel | unknown kind |" in text
+    assert "## Triage of a user's rebuild" in text and "| novel | unknown kind |" in text
     assert len(text) < paste.MAX_CHARS
 
 
@@ -113,12 +113,12 @@ def test_one_section_per_source_each_opening_with_three_lines_and_the_setup_gap(
     assert "`c.tree`" in section(text, f"## {triage}")
 
 
-def test_a_new_notebook_is_one_line_in_the_source_table():
+def test_a_notebook_answers_its_findings_source_and_an_undeclared_one_is_refused():
     assert sources.source_of("07_regression_list").key == "control"
     assert sources.source_of("05_hybrid_offloading_drift").key == "48947"
     assert sources.source_of("06_rebuild_triage").key == "triage"
-    assert sources.source_of("42_unknown") is sources.OTHER
-    assert all(key in sources.SOURCES for key in sources.NOTEBOOK_SOURCE.values())
+    with pytest.raises(KeyError, match="no finding declares notebook 42_unknown"):
+        sources.source_of("42_unknown")
 
 
 def test_notes_and_captured_warnings_are_listed_once(tmp_path):

@@ -71,7 +71,7 @@ def to_markdown(data: dict[str, Any]) -> str:
         moved = {n: d for n, d in diffs.items() if d["status"] != "same"}
         unchanged = [n for n, d in diffs.items() if d["status"] == "same"]
         if not diffs:
-            lines += ["No relevant functions are named for this notebook (bisect_source.RELEVANT).", ""]
+            lines += ["No source diff was recorded (the functions are named by the notebook's finding, helpers.findings).", ""]
         for name, d in moved.items():
             if d["status"] == "unreadable":
                 continue

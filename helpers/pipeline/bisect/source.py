@@ -8,34 +8,19 @@ import re
 import subprocess
 from typing import Any, Sequence
 
-# Notebook number -> the transformers functions whose change can move its values. A new notebook is one line.
+# The transformers functions whose change can move a notebook's values are named by its finding (helpers.findings).
 # "name|word": a long function of which only the diff hunks that mention `word` are kept.
-_GENERATE = ("transformers.generation.utils.GenerationMixin.generate|attention_mask",
-             "transformers.generation.utils.GenerationMixin._prefill|mask",
-             "transformers.generation.utils.GenerationMixin.prepare_inputs_for_generation",
-             "transformers.generation.utils.GenerationMixin._prepare_attention_mask_for_generation",
-             "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation",
-             "transformers.generation.utils.GenerationMixin._update_model_kwargs_for_generation")
-_QWEN3_VL = "transformers.models.qwen3_vl.modeling_qwen3_vl"
+GENERATE = ("transformers.generation.utils.GenerationMixin.generate|attention_mask",
+            "transformers.generation.utils.GenerationMixin._prefill|mask",
+            "transformers.generation.utils.GenerationMixin.prepare_inputs_for_generation",
+            "transformers.generation.utils.GenerationMixin._prepare_attention_mask_for_generation",
+            "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation",
+            "transformers.generation.utils.GenerationMixin._update_model_kwargs_for_generation")
+QWEN3_VL = "transformers.models.qwen3_vl.modeling_qwen3_vl"
 # The lines a thread should quote from a function's diff, where its first changed lines are not those.
 QUOTE = {"transformers.generation.utils.GenerationMixin.generate": r'attention_mask"\]( == 1\)|\s*= None)',
          "transformers.cache_utils.Cache.update": r"wait_stream",
-         f"{_QWEN3_VL}.Qwen3VLForConditionalGeneration._prepare_position_ids_for_generation": r"has_new_vision_tokens"}
-RELEVANT: dict[str, tuple[str, ...]] = {
-    "01": ("transformers.cache_utils.DynamicCache.__init__", "transformers.cache_utils.Cache.update"),
-    "02": _GENERATE, "03": _GENERATE, "04": _GENERATE, "06": _GENERATE, "07": _GENERATE,
-    "05": ("transformers.cache_utils.Cache.update", "transformers.cache_utils.Cache.prefetch",
-           "transformers.cache_utils.Cache.offload",
-           "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation"),
-    "09": (f"{_QWEN3_VL}.Qwen3VLForConditionalGeneration._prepare_position_ids_for_generation",
-           f"{_QWEN3_VL}.Qwen3VLModel.compute_3d_position_ids", f"{_QWEN3_VL}.Qwen3VLModel.get_rope_index",
-           f"{_QWEN3_VL}.Qwen3VLModel.forward|mm_encoder_outputs"),
-    "10": ("transformers.cache_utils.Cache.crop", "transformers.cache_utils.Cache.activate_past_recording",
-           "transformers.cache_utils.LinearAttentionCacheLayerMixin.crop",
-           "transformers.cache_utils.LinearAttentionLayer.update_conv_state", "transformers.cache_utils.StaticLayer.crop",
-           "transformers.generation.utils.GenerationMixin._validate_generation_mode|assist",
-           "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation"),
-}
+         f"{QWEN3_VL}.Qwen3VLForConditionalGeneration._prepare_position_ids_for_generation": r"has_new_vision_tokens"}
 
 
 # Run under a release's python: {name: source text or {"error": why}}.
@@ -63,8 +48,10 @@ print(json.dumps(out))
 
 
 def relevant(notebook: str) -> tuple[str, ...]:
-    """The functions named for a notebook stem ('05_hybrid...' -> RELEVANT['05']), focus words left on."""
-    return RELEVANT.get(str(notebook).split("_", 1)[0], ())
+    """The functions named by a notebook's finding ('05_hybrid...' -> helpers.offload.finding), focus words left on."""
+    from ...findings import of
+
+    return of(notebook).functions
 
 
 def split_focus(names: Sequence[str]) -> tuple[list[str], dict[str, str]]:

@@ -1,7 +1,7 @@
 """`make share`: the releases the paste measures, the pinned one (requirements-runtime.txt) and the newest the package
 index lists (resolved when it runs; offline, the newest the kit knows, saying so), recorded in outputs/releases.json
 for the first screen. The pinned release runs as the run-all; the newest through the matrix runner (run.py); then
-`make bisect` (helpers.pipeline.bisect) of each source's key claim (report.asks.BISECT) whose verdict differs."""
+`make bisect` (helpers.pipeline.bisect) of each source's key claim (each finding's `bisect`, helpers.findings) whose verdict differs."""
 from __future__ import annotations
 
 import json
@@ -46,11 +46,11 @@ def _verdict(results: Path, prefix: str, claim: str) -> str | None:
 
 
 def changed(out: Path, info: dict[str, Any]) -> list[tuple[str, str]]:
-    """The key claims (report.asks.BISECT) whose verdict differs between the pinned run and the newest release's."""
-    from ..report.asks import BISECT
+    """The key claims (each finding's `bisect`, helpers.findings) whose verdict differs between the pinned run and the newest release's."""
+    from ...findings import bisect_claims
 
     newest = Path(out) / "matrix" / str(info["newest"])
-    return [(nb, claim) for nb, claim in BISECT
+    return [(nb, claim) for nb, claim in bisect_claims()
             if None not in (a := _verdict(Path(out), nb, claim), b := _verdict(newest, nb, claim)) and a != b]
 
 

@@ -1,21 +1,18 @@
 """Per source, in a maintainer's words: the symptom and where it shows (per release), and the Ask (what to change
 upstream or what the reporter should do) with its evidence: the first release where the behaviour changed (a bisect
 record of this kit, else the `make bisect` command that finds it) and the repair the kit applied and its number.
-Every phrase is read from the claims' recorded values; a source without a writer here gets the generic lines."""
+Every phrase is read from the claims' recorded values. Each finding names its source's writer (helpers.findings)."""
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .paste import fmt_scalar
 from .records import load_json
 
 Claims = list[tuple[str, dict[str, Any]]]  # (notebook, claim) of one source on one release
-# The claim whose first change each writer reports (`make share` bisects it where pinned and newest differ).
-BISECT = (("02", "matrix.neither_fails"), ("05", "offload.prefetch_reads_unordered_copy"),
-          ("09", "newimage.natural_call_silently_wrong"), ("10", "rollback.hand_rebuild_keeps_length"))
 
 
 @dataclass(frozen=True)
@@ -215,21 +212,8 @@ def rollback(by_release: dict[str, Claims], out: Path) -> Lines:
     return Lines(text, "; ".join(p for p in (*parts, bisect) if p))
 
 
-WRITERS: dict[str, Callable[[dict[str, Claims], Path], Lines]] = {
-    "control": control, "48947": offload, "new-image": new_image, "rollback": rollback,
-    "triage": triage}
-
-
-def generic(by_release: dict[str, Claims]) -> Lines:
-    """A source without a writer: its first decided claim's reason per release, and where its claims are."""
-    symptom = {}
-    for rel, claims in by_release.items():
-        first = next((c for _, c in claims if c.get("verdict") not in ("skipped", "error") and c.get("reason")), {})
-        if first:
-            symptom[rel] = f"`{first.get('id')}`: {str(first['reason'])[:110]}"
-    return Lines(joined(symptom), "none computed for this source yet (`asks.py`); its claims are in the details below")
-
-
 def lines_for(key: str, by_release: dict[str, Claims], out: Path) -> Lines:
-    writer = WRITERS.get(key)
-    return writer(by_release, out) if writer else generic(by_release)
+    """The source's symptom and Ask from the writer its findings name (KeyError for a source none declares)."""
+    from ...findings import writer
+
+    return writer(key)(by_release, out)

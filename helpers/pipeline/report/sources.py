@@ -1,5 +1,5 @@
-"""Which source each notebook answers (by its stem's number, one line per notebook), each source's
-setup, and what it says cannot be tested on this kit's machines. A new notebook is one line in NOTEBOOK_SOURCE."""
+"""Each source's setup and what it says cannot be tested on this kit's machines; which source a notebook answers
+is its finding's (helpers.findings)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -67,25 +67,11 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
 )}
 OTHER = Source("other", "Other notebooks (no source mapped)", {}, "")
 
-# Notebook stem prefix -> source key. A new notebook is one line here.
-NOTEBOOK_SOURCE = {
-    "01": "control",
-    "02": "control",
-    "03": "control",
-    "04": "control",
-    "05": "48947",
-    "06": "triage",
-    "07": "control",
-    "08": "control",
-    "09": "new-image",
-    "10": "rollback",
-}
-
-
 def source_of(notebook: str) -> Source:
-    """The source a notebook answers, from its stem's number (01_identity... -> the control)."""
-    key = NOTEBOOK_SOURCE.get(str(notebook).split("_", 1)[0])
-    return SOURCES.get(key, OTHER) if key else OTHER
+    """The source a notebook's finding answers (01_identity... -> the control); KeyError for an undeclared one."""
+    from ...findings import of
+
+    return SOURCES[of(notebook).source]
 
 
 def kind_of(claim: dict[str, Any]) -> str:

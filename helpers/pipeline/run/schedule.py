@@ -15,8 +15,6 @@ from .execute import failure_line
 # is unchanged): with two kernels (and anything else) on two cores, spinning threads steal the core the other
 # kernel's threads need, which made notebook 05 up to 10x slower. An OMP_WAIT_POLICY already set is kept.
 CHILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-# The expected seconds of each notebook when no earlier timings.json names it (longest first); others: 5 s.
-STATIC_ESTIMATE_S = {"05": 14.0, "07": 9.0, "06": 7.0, "08": 6.0}
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -26,7 +24,7 @@ def child_env(**extra: str) -> dict[str, str]:
 
 def expected_seconds(paths: list[Path], timings: Path | None) -> dict[str, float]:
     """Each notebook's expected time: its `seconds` in the last run's timings.json where that names it
-    (and it finished ok), else STATIC_ESTIMATE_S by its number, else 5 s."""
+    (and it finished ok), else its finding's estimate_s, else (a notebook no finding declares: tests') 5 s."""
     last: dict[str, float] = {}
     try:
         for row in json.loads(timings.read_text()).get("notebooks") or [] if timings else []:
@@ -34,7 +32,10 @@ def expected_seconds(paths: list[Path], timings: Path | None) -> dict[str, float
                 last[row["notebook"]] = float(row["seconds"])
     except (OSError, ValueError, AttributeError):
         last = {}
-    return {nb.stem: last.get(nb.stem, STATIC_ESTIMATE_S.get(nb.stem.split("_")[0], 5.0)) for nb in paths}
+    from ...findings import found
+
+    static = {f.number: f.estimate_s for f in found()}
+    return {nb.stem: last.get(nb.stem, static.get(nb.stem.split("_")[0], 5.0)) for nb in paths}
 
 
 def longest_first(paths: list[Path], expected: dict[str, float]) -> list[Path]:

@@ -58,23 +58,22 @@ class Scope:
 
 
 # tests/test_decisions.py pins every case's whole output (tests/golden/decision_outputs.json) of its own tables and of
-# the CASES tables in tests/test_kill_{tree,offload,regress}.py, so it is listed for every deciding module.
+# the CASES tables in tests/test_kill_*.py, so it is listed for every deciding module.
 DECISION_TESTS = ("tests/test_decisions.py",)
-TREE_TESTS = ("every_leaf_is_reached", "each_leaf_fed_a_contradicting_table_moves", "leaf_cases_cover_every_leaf",
-              "a_repaired_leaf_is_named_only_when_its_repair_restores", "the_floor_decides_not_a_fixed_number",
-              "a_failure_only_for_the_rebuilt_cache_is_not_the_contract",
-              "compression_is_evicted_slots_by_content_not_a_different_reported_length",
-              "slot_decisions_each_with_a_contradicting_twin", "a_prefix_short_cache_is_not_compression_when_its_refeed_restores",
-              "compression_is_split_by_the_continue_at_processed_length_repair",
-              "loss_leaves_show_what_remains_against_the_identity_floor", "every_leaf_says_what_to_do_next",
-              "render_marks_the_taken_path_and_lists_the_repairs", "branch_claims_and_their_contradiction",
-              "retained_length_claim_and_its_contradictions", "per_layer_claim_outcomes_and_contradictions",
-              "per_layer_backend_prediction_and_its_contradictions")  # the tree's tests, not the notebook runs
 # Tests left out of mutation runs, each with its one-line reason (pytest --deselect).
 OUT_OF_MUTANTS = {
     "tests/test_api.py::test_the_upstream_file_is_standalone_and_states_the_contract":
         "it reads the guard's source text, which under mutmut is the instrumented copy (trampoline imports), not what ships",
 }
+
+
+def decision_scopes() -> list[Scope]:
+    """The deciding modules each finding declares (helpers.findings), with their kill cases and tests."""
+    from ...findings import decisions
+
+    return [Scope(d.module, d.mutate, tuple(dict.fromkeys(DECISION_TESTS + d.tests + (d.kill,)))) for d in decisions()]
+
+
 SCOPE: list[Scope] = [
     Scope("helpers/compare.py", ("NoiseFloor.*", "tensors_bitwise_equal", "ulp", "dtype_eps", "noise_floor",
                                  "max_abs_diff", "logit_metrics", "last_logits"),
@@ -82,33 +81,12 @@ SCOPE: list[Scope] = [
     Scope("helpers/results.py", ("verdict_for", "Results.__init__", "Results.decide", "Results.record",
                                  "Results.skip", "Results.guard"),
           ("tests/test_kinds.py", "tests/test_kill_compare.py")),
-    Scope("helpers/identity.py", ("decide_*", "_rebuilt"), DECISION_TESTS),
-    Scope("helpers/mask_matrix.py", ("decide_*", "_dropped", "_unique", "_first_calls", "_one"), DECISION_TESTS),
-    Scope("helpers/rope.py", ("decide_*", "_ran", "ratio"), DECISION_TESTS),
-    Scope("helpers/boundary.py", ("decide_*", "_worked", "_smallest"), DECISION_TESTS + ("tests/test_boundary_claims.py",)),
-    Scope("helpers/regress/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_regress.py",)),
-    Scope("helpers/api/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_api.py",)),
-    Scope("helpers/api/ledger_decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_ledger.py",)),
-    Scope("helpers/newimage/decisions.py", ("*",), DECISION_TESTS + ("tests/test_kill_newimage.py",)),
-    Scope("helpers/rollback/decisions.py", ("*",), DECISION_TESTS + ("tests/test_rollback.py", "tests/test_kill_rollback.py")),
     Scope("packages/kvresume/kvresume/vision.py", ("check_new_vision_tokens", "check_uncached", "_uncached", "_explicit_3d", "_recomputed"),
           ("tests/test_newimage.py", "tests/test_kill_newimage.py")),
     Scope("packages/kvresume/kvresume/checks.py", ("*",), ("tests/test_api.py", "tests/test_kill_checks.py")),
     Scope("packages/kvresume/kvresume/linear_checks.py", ("stale_length", "count_mismatch"),
           ("tests/test_linear_checks.py",)),
-    Scope("helpers/triage/tree.py", ("decide_*", "per_layer_outcome", "backend_outcome"),
-          DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
-    Scope("helpers/triage/walk.py", ("choose_branch", "_compression_leaf", "notes", "_Walk.*"),
-          DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
-    Scope("helpers/triage/facts.py", ("consistent", "identical", "metadata_differs", "model_state_differs", "slot_kind",
-                                      "slot_verdict", "slot_layers", "Repair.*"),
-          DECISION_TESTS + tuple(f"tests/test_triage.py::test_{t}" for t in TREE_TESTS) + ("tests/test_kill_tree.py",)),
     Scope("helpers/offload/streams.py", ("join", "StreamLog.*"), ("tests/test_streams.py", "tests/test_kill_offload.py")),
-    Scope("helpers/offload/replay.py", ("ordering_decision", "replay_decision"), DECISION_TESTS + ("tests/test_kill_offload.py",)),
-    Scope("helpers/offload/gpu_decide.py", ("decide_*", "_arm", "drifts", "logit_drift", "state_drift", "race_counts",
-                                           "narrow_models", "narrow_key", "_count", "explanations", "fix_everywhere", "report_keys"),
-          DECISION_TESTS + ("tests/test_kill_offload.py", "tests/test_kill_gpu.py")),
-    Scope("helpers/offload/states.py", ("first_difference",), DECISION_TESTS + ("tests/test_kill_offload.py",)),
     Scope("helpers/offload/calibrate.py", ("sleep_plan", "wrap_prefetches", "host_ms_to_wrap", "busy_at_wrap", "checked_rate",
                                            "clamp_cycles"), ("tests/test_kill_gpu.py",)),
     Scope("helpers/offload/devicetiming.py", ("CopyTimes.table", "CopyTimes._prefetch_row", "CopyTimes.note",
@@ -123,6 +101,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/pipeline/report/summary.py", ("missing_notebooks",), ("tests/test_summary.py", "tests/test_kill_summary.py")),
     Scope("packages/kvresume/kvresume/ledger_checks.py", ("*",), ("tests/test_ledger.py", "tests/test_kill_ledger_checks.py")),
 ]
+SCOPE += decision_scopes()  # the deciding modules: each finding declares its own
 
 
 def work_dir() -> Path:
