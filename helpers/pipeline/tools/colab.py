@@ -1,14 +1,16 @@
 """The Colab cell (every notebook's first code cell) and README's Colab badges, rendered from the one
-repository address in pyproject.toml's `[project.urls] Repository`.
+repository address in pyproject.toml's `[project.urls] Repository`; README's notebook table, rendered from the
+findings' declarations (helpers.findings).
 
     python -m helpers.pipeline.tools.colab --write notebooks/*.ipynb README.md   # rewrite those, nothing else
     python -m helpers.pipeline.tools.colab --check notebooks/*.ipynb README.md   # exit 1 naming what differs
 
-`--write` replaces only a notebook's first code cell and README's Colab badge links; it is idempotent.
+`--write` replaces only a notebook's first code cell, README's notebook table and its Colab badge links; it is idempotent.
 """
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import re
 import sys
@@ -83,8 +85,23 @@ def render_notebook(raw: str, repo: str | None = None) -> str:
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
 
+TABLE_HEAD = "| notebook | finding | default model | needs | Colab |\n|---|---|---|---|---|\n"
+
+
+def notebook_table(repo: str | None = None) -> str:
+    """README's notebook table: one row per declared finding."""
+    from ...findings import found
+
+    return TABLE_HEAD + "".join(f"| [{f.stem}](notebooks/{f.stem}.ipynb) | {f.summary} | {f.models} | {f.needs} | "
+                                f"{badge(f.stem, repo)} |\n" for f in found())
+
+
 def render_readme(text: str, repo: str | None = None) -> str:
-    """README with every Colab badge link pointing at the repository."""
+    """README with its notebook table rendered and every Colab badge link pointing at the repository."""
+    if TABLE_HEAD in text:
+        head, rest = text.split(TABLE_HEAD, 1)
+        tail = "".join(itertools.dropwhile(lambda line: line.startswith("|"), rest.splitlines(keepends=True)))
+        text = head + notebook_table(repo) + tail
     return _BADGE_LINK.sub(lambda m: colab_url(m.group(1), repo), text)
 
 
