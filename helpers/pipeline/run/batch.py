@@ -136,10 +136,10 @@ class Run:
             data = {"status": "failed", "error": f"the notebook's worker exited with code {job.proc.returncode}"
                     + (f": {tail[0].strip()[:200]}" if tail else ""), "phases": {}}
         res = RunResult(job.path.stem, data["status"] == "ok", seconds, str(self.out / "notebooks" / job.path.name),
-                        data.get("error") or "", data["status"], data.get("phases") or {})
+                        data.get("error") or "", data["status"], data.get("phases") or {}, data.get("retried") or "")
         if (self.out / "notebooks" / job.path.name).exists():
             self.html.submit(job.path.stem, res.phases)
-        self.record.notebook(res.notebook, res.status, seconds, res.error)
+        self.record.notebook(res.notebook, res.status, seconds, res.error, res.retried)
         return res
 
     def _interrupt(self, running: list[_Job]) -> None:
@@ -238,7 +238,8 @@ class Run:
                       "start_order": [nb.stem for nb in self.order],
                       "expected_seconds": self.expected},
             "notebooks": [{"notebook": r.notebook, "status": r.status, "ok": r.ok, "seconds": r.seconds, "error": r.error,
-                           "output": f"notebooks/{r.notebook}.ipynb" if r.output else None, "phases": r.phases}
+                           "output": f"notebooks/{r.notebook}.ipynb" if r.output else None, "phases": r.phases,
+                           **({"retried": r.retried} if r.retried else {})}
                           for r in rows],
         }
         (self.out / "timings.json").write_text(json.dumps(timings, indent=2) + "\n")

@@ -26,6 +26,7 @@ class RunResult:
     error: str = ""
     status: str = ""  # ok | failed | interrupted | not_started
     phases: dict[str, float] = field(default_factory=dict)
+    retried: str = ""  # why the notebook was started a second time ('' when it was not)
 
 
 def notebooks(root: Path | None = None) -> list[Path]:
@@ -102,7 +103,20 @@ def phases(executed: Path, began: float, session: dict[str, float] | None) -> di
     return out
 
 
-def _execute(path: Path, parameters: dict[str, Any], out: Path) -> str:
+# jupyter_client's words when a kernel exits before it answers: no cell ran, so starting it again is safe.
+KERNEL_DIED = "Kernel died before replying to kernel_info"
+
+
+def _execute(path: Path, parameters: dict[str, Any], out: Path) -> tuple[str, str]:
+    """papermill into `out`, quietly: ('' or the one-line failure, why it ran twice or ''). A kernel that died
+    before replying to kernel_info is started once more."""
+    error = _papermill(path, parameters, out)
+    if KERNEL_DIED not in error:
+        return error, ""
+    return _papermill(path, parameters, out), f"run again once: the first kernel failed ({error})"
+
+
+def _papermill(path: Path, parameters: dict[str, Any], out: Path) -> str:
     """papermill into `out`, quietly; '' or the one-line failure."""
     import papermill as pm
 
@@ -120,9 +134,9 @@ def run_one(path: Path, parameters: dict[str, Any] | None = None, quiet: bool = 
     """Execute one notebook in this process into outputs/notebooks/ (no run record); failures are returned."""
     out = output_dir("notebooks") / path.name
     start = time.perf_counter()
-    error = _execute(path, parameters or {}, out)
+    error, retried = _execute(path, parameters or {}, out)
     return RunResult(path.stem, not error, round(time.perf_counter() - start, 2), str(out), error,
-                     "failed" if error else "ok")
+                     "failed" if error else "ok", retried=retried)
 
 
 def _exec_main(argv: list[str]) -> int:
@@ -151,12 +165,13 @@ def _exec_main(argv: list[str]) -> int:
     timing_file = Path(args.out_json).with_suffix(".session.json")
     os.environ["KVKIT_TIMINGS_FILE"] = str(timing_file)
     executed = output_dir("notebooks") / path.name
-    error = _execute(path, json.loads(args.params), executed)
+    error, retried = _execute(path, json.loads(args.params), executed)
     try:
         session = json.loads(timing_file.read_text())
     except (OSError, ValueError):
         session = None
-    result = {"status": "failed" if error else "ok", "error": error, "phases": phases(executed, began, session)}
+    result = {"status": "failed" if error else "ok", "error": error, "phases": phases(executed, began, session),
+              **({"retried": retried} if retried else {})}
     if not args.no_html and executed.exists():
         start = time.perf_counter()
         try:

@@ -97,11 +97,13 @@ class RunRecord:
                 "KVKIT_KIT_COMMIT": self.data["kit_commit"] or "",
                 "KVKIT_KIT_DIRTY": "" if dirty is None else str(dirty).lower()}
 
-    def notebook(self, stem: str, status: str, seconds: float | None = None, error: str | None = None) -> None:
-        """Record one notebook's outcome."""
+    def notebook(self, stem: str, status: str, seconds: float | None = None, error: str | None = None,
+                 retried: str = "") -> None:
+        """Record one notebook's outcome (and, where its kernel was started twice, why)."""
         assert status in NB_STATUSES, status
         self.data["notebooks"].setdefault(stem, {"parameters": {}})
-        self.data["notebooks"][stem].update(status=status, seconds=seconds, error=error or None)
+        self.data["notebooks"][stem].update(status=status, seconds=seconds, error=error or None,
+                                            **({"retried": retried} if retried else {}))
         self.write()
 
     def finish(self, status: str, environment: dict[str, Any] | None = None) -> None:
