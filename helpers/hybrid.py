@@ -1,4 +1,4 @@
-"""The tiny hybrid default: a seeded, randomly initialised Qwen3.5-style causal LM.
+"""The tiny hybrid's layouts (built by helpers.models.build_tiny_hybrid): a seeded Qwen3.5-style causal LM.
 
 Built from a `Qwen3_5TextConfig` whose `layer_types` interleave Gated-DeltaNet `linear_attention`
 layers with `full_attention` layers 3:1, as in the seed's Qwen3.8-27B (48 linear / 16 full of 64).
@@ -38,41 +38,11 @@ LAYOUTS = {
 }
 
 
-def tiny_hybrid_config(attn_implementation: str = "sdpa", n_layers: int = N_LAYERS,
-                       layer_types: list[str] | None = None) -> Any:
-    """A small Qwen3.5 text config: hidden 64, 8 layers (3 linear : 1 full), vocabulary 2048;
-    `layer_types` (its length sets the depth) overrides the 3:1 pattern."""
-    from transformers import Qwen3_5TextConfig
-
-    types = list(layer_types) if layer_types is not None else tiny_hybrid_layer_types(n_layers)
-    n_layers = len(types)
-    config = Qwen3_5TextConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
-        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4,
-        layer_types=types, tie_word_embeddings=False,
-    )
-    config._attn_implementation = attn_implementation
-    return config
-
-
-def build_tiny_hybrid(seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
-    """The seeded tiny hybrid `Qwen3_5ForCausalLM` (same weights for the same seed), in eval mode."""
-    from transformers import Qwen3_5ForCausalLM
-
-    config = tiny_hybrid_config(attn_implementation)
-    torch.manual_seed(seed)
-    return Qwen3_5ForCausalLM(config).eval()
-
-
 def build_layout(layout: str, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
     """A seeded `Qwen3_5ForCausalLM` with one of `LAYOUTS` and the tiny sizes, in eval mode."""
-    from transformers import Qwen3_5ForCausalLM
+    from .models import build_tiny_hybrid
 
-    config = tiny_hybrid_config(attn_implementation, layer_types=LAYOUTS[layout]())
-    torch.manual_seed(seed)
-    return Qwen3_5ForCausalLM(config).eval()
+    return build_tiny_hybrid(seed, attn_implementation, LAYOUTS[layout]())
 
 
 def as_built(model: torch.nn.Module) -> bool:

@@ -1,4 +1,5 @@
-"""Model loading: the seeded tiny defaults (built from configs, nothing downloaded) and real checkpoints.
+"""Model loading: the seeded tiny defaults (built from kvresume.testing's configs, nothing downloaded; every tiny model
+the kit and its tests build comes from here) and real checkpoints.
 
 `load()` is the one entry point notebooks use. A real checkpoint name goes through
 `from_pretrained`; offline it fails fast with one clear `ModelUnavailableError`.
@@ -111,43 +112,26 @@ def resolve_device(device: str) -> str:
 
 
 def tiny_qwen3_vl_config(attn_implementation: str = "sdpa", tokens: dict[str, int] | None = None) -> Any:
-    """A small Qwen3-VL: 4 text layers, hidden 128, a real 2-block vision tower with patch 16.
-
-    Sized so that, with the tiny default's image processor (no minimum pixel count), a 224x224 image
-    gives 49 image tokens and rope_deltas -42 as in the seed, and so the findings change the top-1
-    token, while a notebook runs in seconds on 2 CPU cores. `tokens` overrides the special token ids
-    (keys of TINY_VL_TOKENS), e.g. with a real tokenizer's.
-    """
-    from transformers import Qwen3VLConfig
+    """kvresume.testing's tiny Qwen3-VL (4 text layers, hidden 128, a 2-block vision tower, patch 16): with the tiny
+    default's image processor a 224x224 image gives 49 image tokens and rope_deltas -42 as in the seed. `tokens`
+    overrides the special token ids (keys of TINY_VL_TOKENS), e.g. with a real tokenizer's."""
+    from kvresume import testing
 
     ids = {**TINY_VL_TOKENS, **(tokens or {})}
+    return testing.vl_config(attn_implementation, image_token_id=ids["image"], video_token_id=ids["video"],
+                             vision_start_token_id=ids["vision_start"], vision_end_token_id=ids["vision_end"])
 
-    config = Qwen3VLConfig(
-        text_config=dict(
-            vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
-            rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [8, 4, 4],
-                             "mrope_interleaved": True},
-        ),
-        vision_config=dict(
-            depth=2, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
-            patch_size=16, spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0, 1],
-            num_position_embeddings=2304,
-        ),
-        image_token_id=ids["image"], video_token_id=ids["video"],
-        vision_start_token_id=ids["vision_start"], vision_end_token_id=ids["vision_end"],
-        tie_word_embeddings=False,
-    )
-    config._attn_implementation = attn_implementation
-    return config
+
+def _seeded(seed: int, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return make().eval()
 
 
 def build_tiny_qwen3_vl(seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
     """The seeded, randomly initialised tiny Qwen3-VL (same weights for the same seed)."""
     from transformers import Qwen3VLForConditionalGeneration
 
-    torch.manual_seed(seed)
-    return Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(attn_implementation)).eval()
+    return _seeded(seed, lambda: Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(attn_implementation)))
 
 
 def tiny_image_processor() -> Any:
@@ -158,38 +142,48 @@ def tiny_image_processor() -> Any:
                                    image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
 
 
-def _tiny_hybrid(seed: int, attn_implementation: str) -> torch.nn.Module:
-    from .hybrid import build_tiny_hybrid
-
-    return build_tiny_hybrid(seed=seed, attn_implementation=attn_implementation)
-
-
-def tiny_qwen3_config(attn_implementation: str = "sdpa", sliding_window: int | None = None, n_layers: int = 4) -> Any:
-    """A small text-only Qwen3: hidden 64, 4 layers, vocabulary 2048; with `sliding_window`, layers alternate
-    sliding_attention / full_attention (transformers builds `DynamicSlidingWindowLayer`s for the sliding ones)."""
-    from transformers import Qwen3Config
-
-    types = None if sliding_window is None else [("sliding_attention", "full_attention")[i % 2] for i in range(n_layers)]
-    config = Qwen3Config(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=n_layers,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-                         use_sliding_window=sliding_window is not None, sliding_window=sliding_window,
-                         max_window_layers=0, layer_types=types, tie_word_embeddings=False)
-    config._attn_implementation = attn_implementation
-    return config
-
-
 def build_tiny_qwen3(seed: int = 0, attn_implementation: str = "sdpa", sliding_window: int | None = None) -> torch.nn.Module:
-    """The seeded tiny text-only Qwen3 (dense, or interleaved sliding/full with `sliding_window`), in eval mode."""
+    """The seeded tiny text-only Qwen3 of kvresume.testing (hidden 64, 4 layers, vocabulary 2048): dense, or with
+    `sliding_window` sliding/full layers interleaved (transformers builds `DynamicSlidingWindowLayer`s)."""
+    from kvresume import testing
     from transformers import Qwen3ForCausalLM
 
-    config = tiny_qwen3_config(attn_implementation, sliding_window)
-    torch.manual_seed(seed)
-    return Qwen3ForCausalLM(config).eval()
+    window = {} if sliding_window is None else {"sliding_window": sliding_window}
+    config = testing.text_config("dense" if sliding_window is None else "sliding", attn_implementation, **window)
+    return _seeded(seed, lambda: Qwen3ForCausalLM(config))
+
+
+def build_tiny_hybrid(seed: int = 0, attn_implementation: str = "sdpa", layer_types: list[str] | None = None) -> torch.nn.Module:
+    """The seeded tiny Qwen3.5 hybrid of kvresume.testing (8 layers, 3 linear : 1 full, hidden 64) with a context of
+    8192; `layer_types` (its length sets the depth) replaces the 3:1 pattern (helpers.hybrid.LAYOUTS)."""
+    from kvresume import testing
+    from transformers import Qwen3_5ForCausalLM
+
+    layout = {} if layer_types is None else {"layer_types": list(layer_types), "num_hidden_layers": len(layer_types)}
+    config = testing.text_config("hybrid", attn_implementation, max_position_embeddings=8192, **layout)
+    return _seeded(seed, lambda: Qwen3_5ForCausalLM(config))
+
+
+def tiny_llama(seed: int = 0, attn: str = "sdpa", layers: int = 2) -> torch.nn.Module:
+    """The seeded tiny Llama of kvresume.testing with padding id 0 (notebook 08)."""
+    from kvresume import testing
+    from transformers import LlamaForCausalLM
+
+    config = testing.llama_config(attn, num_hidden_layers=layers, pad_token_id=0)
+    return _seeded(seed, lambda: LlamaForCausalLM(config))
+
+
+def tiny_bart(seed: int = 0, attn: str = "sdpa") -> torch.nn.Module:
+    """The seeded tiny encoder-decoder (BART, 2 + 2 layers) of kvresume.testing."""
+    from kvresume import testing
+    from transformers import BartForConditionalGeneration
+
+    return _seeded(seed, lambda: BartForConditionalGeneration(testing.bart_config(attn)))
 
 
 TINY_MODELS: dict[str, tuple[Callable[[int, str], torch.nn.Module], bool]] = {
     TINY_VL: (lambda seed, attn: build_tiny_qwen3_vl(seed, attn), True),
-    TINY_HYBRID: (_tiny_hybrid, False),
+    TINY_HYBRID: (lambda seed, attn: build_tiny_hybrid(seed, attn), False),
     TINY_DENSE: (lambda seed, attn: build_tiny_qwen3(seed, attn), False),
     TINY_SLIDING: (lambda seed, attn: build_tiny_qwen3(seed, attn, SLIDING_WINDOW), False),
 }

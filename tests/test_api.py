@@ -310,7 +310,7 @@ def test_a_hybrid_cache_without_linear_state_raises_and_with_it_passes(runs):
 
 
 def test_an_encoder_decoder_continuation_reads_the_decoder_side():
-    model = shapes.tiny_bart()
+    model = models.tiny_bart()
     cells = {s.shape: s for s in shapes.bart_shapes()}
     good = cells["encoder-decoder: decoder_input_ids = sequences + decoder mask"]
     check_resume_inputs(model, good.inputs, past_key_values=good.cache, **good.kwargs)  # the encoder's 4-column mask is not read

@@ -14,7 +14,8 @@ from kvresume.factory import FactoryError
 from kvresume.ledger import keep_slots, without_ledger
 from kvresume.reuse import apply_fix
 from kvresume import compat
-from helpers.api.shapes import last_logits, tiny_llama
+from helpers.api.shapes import last_logits
+from helpers.models import tiny_llama
 from helpers.continuation import generate_first_step, greedy_config
 
 FLOOR = 1e-5  # float32 CPU, a 2-layer model: same computation reordered stays far below this

@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from helpers import hybrid
+from helpers import hybrid, models
 from helpers.offload import gpu, loops, schedule, source, standins
 from helpers.pipeline.run import execute
 from helpers.pipeline.paths import repo_root
@@ -30,7 +30,7 @@ def test_tiny_hybrid_interleaves_linear_and_full_attention_3_to_1(tiny):
 
 
 def test_tiny_hybrid_is_seeded(tiny):
-    same, other = hybrid.build_tiny_hybrid(seed=0), hybrid.build_tiny_hybrid(seed=1)
+    same, other = models.build_tiny_hybrid(seed=0), models.build_tiny_hybrid(seed=1)
     for (name, a), (_, b) in zip(tiny.model.state_dict().items(), same.state_dict().items()):
         assert torch.equal(a, b), name
     assert not all(torch.equal(a, b) for a, b in zip(same.state_dict().values(), other.state_dict().values()))

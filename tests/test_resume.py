@@ -81,11 +81,11 @@ def test_restore_names_what_does_not_match(bundle, state, broken, message):
 
 
 def test_text_only_model_rejects_multimodal_metadata(state):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from kvresume import testing
+    from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    lm = Qwen3ForCausalLM(Qwen3Config(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=32)).eval()
+    lm = Qwen3ForCausalLM(testing.text_config("dense", head_dim=32)).eval()  # the tiny VL's K/V geometry
     with pytest.raises(resume.ResumeStateError, match="keeps no such state"):
         resume.validate(lm, state)
     resume.validate(lm, dataclasses.replace(state, model_metadata={}))  # same K/V geometry: fits

@@ -90,11 +90,7 @@ def test_boundary_on_qwen3_vl(bundle, prompt):
 
 
 def test_boundary_on_a_text_only_model():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    lm = Qwen3ForCausalLM(Qwen3Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16)).eval()
+    lm = models.build_tiny_qwen3(0)
     bundle = models.ModelBundle(lm, "text-lm", None, torch.float32, "sdpa", "cpu", 0, False)
     prompt = inputs.build_prompt(bundle)
     assert not rope.has_state(lm)

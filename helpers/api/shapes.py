@@ -19,6 +19,7 @@ import torch
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import Outcome, greedy_config
+from ..models import tiny_bart
 from .cells import Cell, follow_up, guarded_step, judge, with_length
 from kvresume.checks import ResumeInputError
 from kvresume.guard import check_forward_call
@@ -41,28 +42,6 @@ class Shape:
     config: dict[str, Any] = field(default_factory=dict)  # GenerationConfig fields over the greedy one-step config
     models: tuple[torch.nn.Module, ...] = ()  # whose forward calls are checked (the assistant's too)
     whole: torch.Tensor | None = None  # the whole sequence, for kvresume.resume (None: embeddings, beams, decoder)
-
-
-def tiny_llama(seed: int = 0, attn: str = "sdpa", layers: int = 2) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096, pad_token_id=0)
-    cfg._attn_implementation = attn
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(cfg).eval()
-
-
-def tiny_bart(seed: int = 0, attn: str = "sdpa") -> torch.nn.Module:
-    from transformers import BartConfig, BartForConditionalGeneration
-
-    cfg = BartConfig(vocab_size=VOCAB, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                     decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=256,
-                     pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_bos_token_id=None,
-                     forced_eos_token_id=None)
-    cfg._attn_implementation = attn
-    torch.manual_seed(seed)
-    return BartForConditionalGeneration(cfg).eval()
 
 
 @torch.no_grad()

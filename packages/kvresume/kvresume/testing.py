@@ -19,27 +19,30 @@ MARGIN, MIN_FLOOR = 4.0, 1e-5
 IMAGE_TOKEN, VISION_START, VISION_END = 2000, 2002, 2003
 
 
-def _text_config(kind: str, attn: str) -> Any:
-    """Tiny Qwen3 (dense or sliding/full interleaved, window 16) or Qwen3.5 (linear x3 + full) text configs."""
+def text_config(kind: str, attn: str = "sdpa", **override: Any) -> Any:
+    """Tiny Qwen3 (dense or sliding/full interleaved, window 16) or Qwen3.5 (linear x3 + full) text configs; `override`
+    replaces fields (a deeper layout, a longer context)."""
     common = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False)
     if kind == "hybrid":
-        cfg = transformers.Qwen3_5TextConfig(num_hidden_layers=8, linear_conv_kernel_dim=4, linear_key_head_dim=16,
-                                             linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                                             layer_types=["linear_attention"] * 3 + ["full_attention"]
-                                             + ["linear_attention"] * 3 + ["full_attention"], **common)
+        fields = dict(num_hidden_layers=8, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                      linear_num_key_heads=2, linear_num_value_heads=4,
+                      layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2, **common)
+        cfg = transformers.Qwen3_5TextConfig(**{**fields, **override})
     else:
         sliding = kind == "sliding"
-        cfg = transformers.Qwen3Config(num_hidden_layers=4, use_sliding_window=sliding, sliding_window=16 if sliding else None,
-                                       max_window_layers=0, layer_types=["sliding_attention", "full_attention"] * 2
-                                       if sliding else None, **common)
+        fields = dict(num_hidden_layers=4, use_sliding_window=sliding, sliding_window=16 if sliding else None,
+                      max_window_layers=0, layer_types=["sliding_attention", "full_attention"] * 2 if sliding else None,
+                      **common)
+        cfg = transformers.Qwen3Config(**{**fields, **override})
     cfg._attn_implementation = attn
     return cfg
 
 
-def _vl_config(attn: str) -> Any:
-    """A tiny Qwen3-VL: 4 text layers, a 2-block vision tower, patch 16 (a 224x224 image is 49 tokens)."""
-    cfg = transformers.Qwen3VLConfig(
+def vl_config(attn: str = "sdpa", **override: Any) -> Any:
+    """A tiny Qwen3-VL: 4 text layers, a 2-block vision tower, patch 16 (a 224x224 image is 49 tokens); `override`
+    replaces top-level fields (a real tokenizer's special token ids)."""
+    fields = dict(
         text_config=dict(vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
                          rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [8, 4, 4],
@@ -49,18 +52,21 @@ def _vl_config(attn: str) -> Any:
                            num_position_embeddings=2304),
         image_token_id=IMAGE_TOKEN, video_token_id=2001, vision_start_token_id=VISION_START,
         vision_end_token_id=VISION_END, tie_word_embeddings=False)
+    cfg = transformers.Qwen3VLConfig(**{**fields, **override})
     cfg._attn_implementation = attn
     return cfg
 
 
-def _llama_config(attn: str) -> Any:
-    cfg = transformers.LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+def llama_config(attn: str = "sdpa", **override: Any) -> Any:
+    fields = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=4096)
+    cfg = transformers.LlamaConfig(**{**fields, **override})
     cfg._attn_implementation = attn
     return cfg
 
 
-def _bart_config(attn: str) -> Any:
+def bart_config(attn: str = "sdpa") -> Any:
+    """A tiny encoder-decoder: BART, 2 + 2 layers."""
     cfg = transformers.BartConfig(vocab_size=2048, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                                   decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
                                   max_position_embeddings=256, pad_token_id=1, bos_token_id=0, eos_token_id=2,
@@ -73,17 +79,17 @@ def build(kind: str, attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
     """A seeded tiny model of `kind` (dense, sliding, hybrid, multimodal, llama, bart, assistant), in eval mode."""
     torch.manual_seed(seed)
     if kind == "llama":
-        return transformers.LlamaForCausalLM(_llama_config(attn)).eval()
+        return transformers.LlamaForCausalLM(llama_config(attn)).eval()
     if kind == "bart":
-        return transformers.BartForConditionalGeneration(_bart_config(attn)).eval()
+        return transformers.BartForConditionalGeneration(bart_config(attn)).eval()
     if kind == "assistant":
         torch.manual_seed(seed + 1)
-        return transformers.Qwen3ForCausalLM(_text_config("dense", attn)).eval()
+        return transformers.Qwen3ForCausalLM(text_config("dense", attn)).eval()
     if kind == "multimodal":
-        return transformers.Qwen3VLForConditionalGeneration(_vl_config(attn)).eval()
+        return transformers.Qwen3VLForConditionalGeneration(vl_config(attn)).eval()
     if kind == "hybrid":
-        return transformers.Qwen3_5ForCausalLM(_text_config(kind, attn)).eval()
-    return transformers.Qwen3ForCausalLM(_text_config(kind, attn)).eval()
+        return transformers.Qwen3_5ForCausalLM(text_config(kind, attn)).eval()
+    return transformers.Qwen3ForCausalLM(text_config(kind, attn)).eval()
 
 
 @functools.lru_cache(maxsize=None)
