@@ -1,6 +1,4 @@
 """Notebook 02's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from __future__ import annotations
-
 from .findings import Decisions, Finding
 from .pipeline.bisect.source import GENERATE
 from .pipeline.report import asks
@@ -33,9 +31,9 @@ FINDING = Finding(
     repro="examples/repro/resume_contract_qwen3_vl.py",
     decisions=(Decisions("helpers/mask_matrix.py", ("decide_*", "_dropped", "_unique", "_first_calls", "_one"), "tests/test_decisions.py"),),
     estimate_s=5.0,
-    summary=("With a non-empty cache and a one-token suffix, `generate()` fails without a full-length attention "
-             "mask (its first model call gets `input_ids` of shape `[1, 0]`); `position_ids` alone do not help; "
-             "the full mask does. Direct `forward()` needs sliced 3-D positions."),
+    summary=("With a non-empty cache and a one-token suffix, `generate()` fails without a full-length attention mask "
+             "(its first model call gets `input_ids` of shape `[1, 0]`); `position_ids` alone do not help; the full "
+             "mask does. Direct `forward()` needs sliced 3-D positions."),
     models="`tiny-qwen3-vl` (text-only LMs too)",
     needs="CPU",
 )

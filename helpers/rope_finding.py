@@ -1,6 +1,4 @@
 """Notebook 03's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from __future__ import annotations
-
 from .findings import Decisions, Finding
 from .pipeline.bisect.source import GENERATE
 from .pipeline.report import asks

@@ -1,6 +1,4 @@
 """Notebook 08's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from __future__ import annotations
-
 from ..findings import Decisions, Finding
 from ..pipeline.bisect.source import GENERATE
 from ..pipeline.report import asks
@@ -14,8 +12,8 @@ _ENGINES = ("In-forward methods, patched attention implementations, and inferenc
 
 FINDING = Finding(
     stem="08_resume_api",
-    title=("The control's proposed resume API, prototyped: a validated K/V factory and a resume guard, run against"
-           " every case the kit measures"),
+    title=("The control's proposed resume API, prototyped: a validated K/V factory and a resume guard, run against "
+           "every case the kit measures"),
     source="control",
     claims={
         "api.guard_catches_or_names_every_silent_case": passage(CONTROL, "extends", VALIDATION),
@@ -34,13 +32,13 @@ FINDING = Finding(
     decisions=(Decisions("helpers/api/decisions.py", ("*",), "tests/test_kill_api.py"),
                Decisions("helpers/api/ledger_decisions.py", ("*",), "tests/test_kill_ledger.py")),
     estimate_s=6.0,
-    summary=("The control's proposed API, prototyped: a validated K/V factory into `DynamicCache(config=...)`; a "
-             "token ledger (`helpers.api.track(model)`: which token and position each slot holds) that lets a "
-             "resume guard refuse before the first model call (a prompt cache reused without `copy.deepcopy`, a "
-             "padded prefix without positions, a hybrid cropped without its recurrent state), each refusal's "
-             "advice applied and measured; `helpers.api.resume()`, the prefix-aware resume; counted against 02, "
-             "03, 04, 06, 07, 09 and 10's calls with and without tracking; `make upstream-tests` writes a "
-             "standalone regression file ([docs/api.md](docs/api.md))."),
+    summary=("The control's proposed API, prototyped: a validated K/V factory into `DynamicCache(config=...)`; a token "
+             "ledger (`helpers.api.track(model)`: which token and position each slot holds) that lets a resume guard "
+             "refuse before the first model call (a prompt cache reused without `copy.deepcopy`, a padded prefix "
+             "without positions, a hybrid cropped without its recurrent state), each refusal's advice applied and "
+             "measured; `helpers.api.resume()`, the prefix-aware resume; counted against 02, 03, 04, 06, 07, 09 and "
+             "10's calls with and without tracking; `make upstream-tests` writes a standalone regression file "
+             "([docs/api.md](docs/api.md))."),
     models="`tiny-qwen3-vl`, `tiny-qwen3`, `tiny-qwen3-sliding`, `tiny-qwen3.5-hybrid`",
     needs="CPU",
 )

@@ -1,6 +1,4 @@
 """Notebook 07's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from __future__ import annotations
-
 from ..findings import Decisions, Finding
 from ..pipeline.bisect.source import GENERATE
 from ..pipeline.report import asks
@@ -32,10 +30,9 @@ FINDING = Finding(
     estimate_s=9.0,
     summary=("The control's regression list as one table across cache families (dense, Qwen3-VL, sliding-window, "
              "hybrid, left-padded batch): the control's `update()` rebuild reports the window, not the processed "
-             "length, on a sliding cache (hidden by `generate()` with the full mask under SDPA; an error inside "
-             "the first model call under eager; a direct forward differs) and cannot read a hybrid cache's linear "
-             "layers; a left-padded batch resumes only with its padded mask; the family-aware rebuild is bitwise "
-             "everywhere."),
+             "length, on a sliding cache (hidden by `generate()` with the full mask under SDPA; an error inside the "
+             "first model call under eager; a direct forward differs) and cannot read a hybrid cache's linear layers; a"
+             " left-padded batch resumes only with its padded mask; the family-aware rebuild is bitwise everywhere."),
     models="`tiny-qwen3`, `tiny-qwen3-vl`, `tiny-qwen3-sliding`, `tiny-qwen3.5-hybrid`",
     needs="CPU; FlashAttention-2 column: CUDA + `flash_attn`",
 )

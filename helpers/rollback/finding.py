@@ -1,6 +1,4 @@
 """Notebook 10's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from __future__ import annotations
-
 from ..findings import Decisions, Finding
 from ..pipeline.report import asks
 from ..quotes import Quote, CONTROL, ROLLBACK, HYBRID, IDENTITY, passage
@@ -12,8 +10,8 @@ def _rollback(text: str) -> Quote:
 
 FINDING = Finding(
     stem="10_rollback_hybrid",
-    title=("Rolling a cache back, continuing, assisting and reusing it: the hybrid beside dense, sliding and "
-           "static caches"),
+    title=("Rolling a cache back, continuing, assisting and reusing it: the hybrid beside dense, sliding and static "
+           "caches"),
     source="rollback",
     claims={
         "rollback.dense_crop_restores": _rollback(HYBRID),
@@ -43,12 +41,12 @@ FINDING = Finding(
     repro="examples/repro/hybrid_rollback_rebuild.py",
     decisions=(Decisions("helpers/rollback/decisions.py", ("*",), "tests/test_kill_rollback.py", ("tests/test_rollback.py",)),),
     estimate_s=5.0,
-    summary=("Rolling a cache back by k tokens (`crop(-k)`, with and without `activate_past_recording`) on the "
-             "seed's Gated-DeltaNet hybrid beside dense, sliding and static caches, against a cache that never saw"
-             " them (K/V, conv and recurrent states, next logits; transformers #49036); 1/2/8-token continuation "
-             "on the hybrid (PR #45513); assisted decoding vs greedy per family; static caches reused across "
-             "calls; what a hand-rebuilt hybrid reports on 5.25.0 (the linear layers' own token count) and what "
-             "`generate()` then feeds ([docs/notebooks.md](docs/notebooks.md#10-rolling-a-hybrids-cache-back))."),
+    summary=("Rolling a cache back by k tokens (`crop(-k)`, with and without `activate_past_recording`) on the seed's "
+             "Gated-DeltaNet hybrid beside dense, sliding and static caches, against a cache that never saw them (K/V, "
+             "conv and recurrent states, next logits; transformers #49036); 1/2/8-token continuation on the hybrid (PR "
+             "#45513); assisted decoding vs greedy per family; static caches reused across calls; what a hand-rebuilt "
+             "hybrid reports on 5.25.0 (the linear layers' own token count) and what `generate()` then feeds "
+             "([docs/notebooks.md](docs/notebooks.md#10-rolling-a-hybrids-cache-back))."),
     models="`tiny-qwen3.5-hybrid`, `tiny-qwen3`, `tiny-qwen3-sliding`",
     needs="CPU",
 )

@@ -262,25 +262,3 @@ def run_all(parameters: dict[str, Any] | None = None, jobs: int | None = None, p
     run.execute(report=report)
     return [run.results[nb.stem] for nb in paths if nb.stem in run.results]
 
-
-def write_outputs(stems: list[str] | None = None) -> bool:
-    """outputs/html/ for the executed notebooks, then outputs/SUMMARY.md; False if any part failed."""
-    from ..report import html, summary
-
-    ok = True
-    try:
-        written, errors = html.write_html(stems=stems)
-        for err in errors:
-            print(f"html: {err}", file=sys.stderr)
-        ok = not errors
-        print(f"html: {len(written)} file(s)", flush=True)
-    except Exception as exc:  # noqa: BLE001 - the summary is still written
-        print(f"html failed: {failure_line(exc)}", file=sys.stderr)
-        ok = False
-    try:
-        path = summary.write_summary()
-        print(f"summary: {path.name} ({len(path.read_text()):,} chars)", flush=True)
-    except Exception as exc:  # noqa: BLE001
-        print(f"summary failed: {failure_line(exc)}", file=sys.stderr)
-        ok = False
-    return ok
