@@ -32,6 +32,10 @@ class Decisions:
     tests: tuple[str, ...] = ()
     also: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        if not (self.module and self.mutate and self.kill):
+            raise DeclarationError(f"decisions {self.module or '?'}: a module, the functions to mutate and a kill file")
+
     @property
     def dotted(self) -> str:
         return self.module[:-3].replace("/", ".").removesuffix(".__init__")

@@ -82,6 +82,8 @@ def test_a_declaration_leaving_a_piece_out_or_bisecting_a_foreign_claim_is_refus
         Finding(**fields)
     with pytest.raises(DeclarationError, match="bisect claim matrix.neither_fails"):
         _scratch(bisect="matrix.neither_fails")
+    with pytest.raises(DeclarationError, match="decisions scratchkit/zz/decisions.py: .* a kill file"):
+        Decisions("scratchkit/zz/decisions.py", ("decide_*",), "")
 
 
 DECLARATION = '''from helpers.findings import Decisions, Finding
