@@ -128,10 +128,10 @@ def _seeded(seed: int, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
 
 
 def build_tiny_qwen3_vl(seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
-    """The seeded, randomly initialised tiny Qwen3-VL (same weights for the same seed)."""
-    from transformers import Qwen3VLForConditionalGeneration
+    """The seeded, randomly initialised tiny Qwen3-VL (kvresume.testing's "multimodal": same weights for the same seed)."""
+    from kvresume import testing
 
-    return _seeded(seed, lambda: Qwen3VLForConditionalGeneration(tiny_qwen3_vl_config(attn_implementation)))
+    return testing.build("multimodal", attn_implementation, seed)
 
 
 def tiny_image_processor() -> Any:
@@ -143,14 +143,13 @@ def tiny_image_processor() -> Any:
 
 
 def build_tiny_qwen3(seed: int = 0, attn_implementation: str = "sdpa", sliding_window: int | None = None) -> torch.nn.Module:
-    """The seeded tiny text-only Qwen3 of kvresume.testing (hidden 64, 4 layers, vocabulary 2048): dense, or with
-    `sliding_window` sliding/full layers interleaved (transformers builds `DynamicSlidingWindowLayer`s)."""
+    """kvresume.testing's seeded tiny text-only Qwen3 (hidden 64, 4 layers, vocabulary 2048): dense, or with
+    `sliding_window` (SLIDING_WINDOW) sliding/full layers interleaved (transformers builds `DynamicSlidingWindowLayer`s)."""
     from kvresume import testing
-    from transformers import Qwen3ForCausalLM
 
-    window = {} if sliding_window is None else {"sliding_window": sliding_window}
-    config = testing.text_config("dense" if sliding_window is None else "sliding", attn_implementation, **window)
-    return _seeded(seed, lambda: Qwen3ForCausalLM(config))
+    if sliding_window not in (None, SLIDING_WINDOW):
+        raise ValueError(f"the tiny sliding Qwen3 has window {SLIDING_WINDOW}")
+    return testing.build("dense" if sliding_window is None else "sliding", attn_implementation, seed)
 
 
 def build_tiny_hybrid(seed: int = 0, attn_implementation: str = "sdpa", layer_types: list[str] | None = None) -> torch.nn.Module:
@@ -176,9 +175,8 @@ def tiny_llama(seed: int = 0, attn: str = "sdpa", layers: int = 2) -> torch.nn.M
 def tiny_bart(seed: int = 0, attn: str = "sdpa") -> torch.nn.Module:
     """The seeded tiny encoder-decoder (BART, 2 + 2 layers) of kvresume.testing."""
     from kvresume import testing
-    from transformers import BartForConditionalGeneration
 
-    return _seeded(seed, lambda: BartForConditionalGeneration(testing.bart_config(attn)))
+    return testing.build("bart", attn, seed)
 
 
 TINY_MODELS: dict[str, tuple[Callable[[int, str], torch.nn.Module], bool]] = {
