@@ -146,7 +146,7 @@ def test_metadata_and_state_leaves_through_each_condition():
     differ = dict(arg_sets=sets(0.3), original_state=layer_states([82] * 4))
     assert branch(ctl(**differ)) == "unexplained"
     assert branch(ctl(**differ, slots=COPIED)) == "reconstruction_copy"
-    assert branch(ctl(**differ, slots=slots([*range(81), 80]))) == "reconstruction_copy", "a slot stored twice: reordered"
+    assert branch(ctl(**differ, slots=slots([*range(81), 80]))) == "reconstruction_copy", "a slot stored twice: repeated"
     meta = fixes(reregister_via_update=T)
     for cell in (dict(init=False), dict(reported=[0] * 4), dict(cls="Other")):
         assert branch(ctl(**differ, rebuilt_state=layer_states([82] * 4, **cell), repairs=meta)) == "cache_metadata", cell
