@@ -63,7 +63,7 @@ def test_each_source_fits_its_allowance_and_the_screen_has_room_for_two_more(tmp
         said = len(verdict) - len("- Verdict: .") + len(ask) - len("- Ask: .")
         assert said <= first_screen.SOURCE_CHARS, (name, said)
     fixed = len(text) - sum(len("\n".join(b)) + 2 for b in blocks)  # everything but the sources' blocks
-    two_more = 2 * (first_screen.BLOCK_CHARS + len(", `a_forty_character_repro_file_name_x.py`"))
+    two_more = first_screen.ROOM_FOR * (first_screen.BLOCK_CHARS + len(", `a_forty_character_repro_file_name_x.py`"))
     assert fixed + len(blocks) * first_screen.BLOCK_CHARS + two_more <= first_screen.FIRST_SCREEN_CHARS
     assert all(len(first_screen.screen_name(s)) <= first_screen.NAME_CHARS for s in sources.SOURCES.values())
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_kill_tree import ABOVE, FLOOR, T, ctl, layer_states, sets
+from test_kill_tree import ABOVE, T, ctl, layer_states, sets
 
 from helpers.pipeline.paths import repo_root
 from helpers.triage import rebuilds, repairs, slots, tree

@@ -88,10 +88,11 @@ def source_block(src: Source, by_release: dict[str, Claims], out: Path) -> list[
     said = lines_for(src.key, by_release, out)
     untested = _variants(f"not tested here: {src.untested}", f"not tested here: {drop_asides(src.untested)}") \
         if src.untested else []
-    ask = ask_line(said.ask, ASK_CHARS) if said.ask else "nothing to ask: every claim holds as the source says"
-    parts = [symptom_part(src.key, by_release, out), *count_parts(by_release), untested]
-    verdict = fit(parts, SOURCE_CHARS - len(ask))
-    ask = ask_line(said.ask, SOURCE_CHARS - len(verdict)) if said.ask else ask
+    ask = ask_line(code_refs(said.ask), ASK_CHARS) if said.ask else "nothing to ask: every claim holds as the source says"
+    parts = [[code_refs(v) for v in part] for part in (symptom_part(src.key, by_release, out), *count_parts(by_release),
+                                                       untested)]  # measured as shown: references in code spans
+    verdict = fit(parts, SOURCE_CHARS - len(code_refs(ask)))
+    ask = ask_line(code_refs(said.ask), SOURCE_CHARS - len(verdict)) if said.ask else ask
     return [f"**{code_refs(screen_name(src))}**", f"- Verdict: {code_refs(verdict)}.", f"- Ask: {code_refs(ask)}.", ""]
 
 
