@@ -146,7 +146,7 @@ def test_metadata_and_state_leaves_through_each_condition():
     differ = dict(arg_sets=sets(0.3), original_state=layer_states([82] * 4))
     assert branch(ctl(**differ)) == "unexplained"
     assert branch(ctl(**differ, slots=COPIED)) == "reconstruction_copy"
-    assert branch(ctl(**differ, slots=slots([*range(81), 80]))) == "reconstruction_copy", "a slot stored twice: reordered"
+    assert branch(ctl(**differ, slots=slots([*range(81), 80]))) == "reconstruction_copy", "a slot stored twice: repeated"
     meta = fixes(reregister_via_update=T)
     for cell in (dict(init=False), dict(reported=[0] * 4), dict(cls="Other")):
         assert branch(ctl(**differ, rebuilt_state=layer_states([82] * 4, **cell), repairs=meta)) == "cache_metadata", cell
@@ -361,3 +361,39 @@ def test_notes_say_what_remains_where_the_slots_differ_and_why_lengths_cannot_sh
                      localized={"layer": 1}, topk={"top1_kept": True})
     assert walk.notes(copied, "reconstruction_copy") == {"localized": {"layer": 1}, "topk": {"top1_kept": True},
                                                          "slots": {"layers": [1], "first": "layer 1 as described"}}
+
+
+def test_score_ordered_slots_through_each_condition():
+    """An eviction out of position order (whole slots, or per KV head) against its twins: in order, repeated, content;
+    the order is harmless only where putting it back in order stays within the floor."""
+    def one(kept: list[int | None], heads: list[list[int]] | None = None, n: int = 6) -> str:
+        return tree.slot_kind(0, tree.SlotLayer(n, [None if k is None else (0, k) for k in kept], heads=heads))
+    assert one([5, 0, 1]) == "reordered" and one([0, 1, 5]) == "evicted" and one([0, 5, 5]) == "repeated"
+    assert one([1, 0, 2, 3, 4, 5]) == "reordered" and one([0, 1]) == "prefix_short" and one(list(range(6))) == "same"
+    assert one([None] * 3, heads=[[0, 2, 4], [1, 3, 5]]) == "evicted"
+    assert one([None] * 3, heads=[[0, 2, 4], [5, 3, 1]]) == "reordered", "one head out of order decides"
+    assert one([None] * 3, heads=[[0, 2, 2], [5, 3, 1]]) == "repeated", "one head repeating decides"
+    assert one([None] * 3, heads=[[0, 1, 2], [0, 1, 2]]) == "prefix_short"
+    assert one([None] * 6, heads=[list(range(6))] * 2) == "same"
+    assert one([0, None, 2], heads=[[0, 1, 2], [0, 1, 2]]) == "prefix_short", "heads decide where a whole slot is missing"
+    assert one([0, None, 2]) == "content" and one([0, 1, 2, 3, 4, 5, None]) == "extra"
+    assert tree.slot_verdict([tree.SlotLayer(6, [(0, 5), (0, 0)]), tree.SlotLayer(6, [(1, 0), (1, 2)])]) == "reordered"
+    assert tree.slot_verdict([tree.SlotLayer(6, [(0, 5), (0, 5)]), tree.SlotLayer(6, [(1, 5), (1, 0)])]) == "repeated"
+    kept = [*range(4), *range(81, 63, -1)]
+    base = dict(arg_sets=sets(0.98), rebuilt_lengths=[22] * 4, slots=slots(kept), original_state=layer_states([82] * 4),
+                rebuilt_state=layer_states([22] * 4))
+
+    def order(vs: float | None, ok: bool = True) -> dict:
+        r = {**at(ABOVE)["repairs"]}
+        if vs is not None or not ok:
+            r["position_order"] = tree.Repair("position_order", 0.98, ok, "" if ok else "E at s", vs)
+        return {"repairs": r}
+    assert branch(ctl(**base, **order(T))) == "compression_positions_and_loss"
+    assert branch(ctl(**base, **order(ABOVE))) == "reconstruction_copy", "putting them in order moved the step"
+    assert branch(ctl(**base, **order(None))) == "reconstruction_copy", "not measured: not harmless"
+    assert branch(ctl(**base, **order(T, ok=False))) == "reconstruction_copy", "raised: not harmless"
+    v = tree.choose_branch(ctl(**base, **order(T)))
+    step = next(d for d in v["path"] if d["node"] == "order_harmless")
+    assert step["answer"] and step["numbers"]["position_order_vs_generate"] == T
+    assert "order_harmless" not in [d["node"] for d in tree.choose_branch(ctl(**{**base, "slots": slots(sorted(kept))},
+                                                                                **order(T)))["path"]]

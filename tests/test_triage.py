@@ -194,7 +194,11 @@ def test_slot_decisions_each_with_a_contradicting_twin():
                                                                                   isinstance(k, int) else k for k in kept]))
     assert kind([0, 1, 2, 3, 4, 5]) == "same" and kind([0, 1, 2, 3, 5, 4]) == "reordered"
     assert kind([0, 1, 2, 3, 4]) == "prefix_short" and kind([1, 2, 3, 4, 5]) == "evicted", "the first slot, not the last"
-    assert kind([0, 1, 2, 4, 5]) == "evicted" and kind([0, 1, 2, 2, 5]) == "reordered"
+    assert kind([0, 1, 2, 4, 5]) == "evicted" and kind([0, 1, 2, 2, 5]) == "repeated"
+    assert kind([5, 0, 1]) == "reordered" and kind([0, 1, 5]) == "evicted", "a subset out of position order: an eviction"
+    heads = lambda *h: triage.slot_kind(0, triage.SlotLayer(6, [None] * 3, heads=[list(x) for x in h]))  # noqa: E731
+    assert heads([0, 2, 4], [1, 3, 5]) == "evicted" and heads([4, 2, 0], [1, 3, 5]) == "reordered", "each head its own"
+    assert heads([0, 0, 4], [5, 3, 1]) == "repeated" and kind([None, None, None]) == "content", "no head match: content"
     assert kind([0, 1, 2, 3, 4, 5, None]) == "extra" and kind([0, 1, 2, 3, 4, None, None]) == "content"
     assert kind([0, 1, 2, 3, 4, 5, None, 1]) == "content", "an original slot after the extra ones: not a plain append"
     assert kind([None] * 6) == "content" and kind([(1, k) for k in range(6)]) == "exchanged"

@@ -169,7 +169,7 @@ def test_localize_tells_rotation_from_content_and_finds_the_first_slot(prefix_ca
     assert repairs.localize(prefix_cache, _copy(prefix_cache, lambda i, k, v: (k, v))) == {}
     longer = _copy(prefix_cache, lambda i, k, v: (torch.cat([k, k[..., -1:, :]], -2), torch.cat([v, v[..., -1:, :]], -2)))
     assert repairs.localize(prefix_cache, longer) == {}, "a shape change is the slot comparison's to name"
-    assert slot_kind(0, slots.compare(prefix_cache, longer)[0]) == "reordered"
+    assert slot_kind(0, slots.compare(prefix_cache, longer)[0]) == "repeated"
 
 
 def test_topk_kept_against_the_floor(base):

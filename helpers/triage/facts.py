@@ -40,6 +40,8 @@ class SlotLayer:
     original: int | None  # slots the original's same layer stores (None: no K/V, a linear-attention layer)
     matches: list[tuple[int, int] | None]  # per rebuilt slot: (layer, slot) of the original slot with its bits, else None
     same_state: bool | None = None  # a linear-attention layer: conv/recurrent states equal the original's
+    heads: list[list[int]] | None = None  # per KV head, the same layer's original slot each rebuilt slot holds there,
+    # where whole slots do not match but every head's does (a press that keeps other slots per head)
 
 
 @dataclass
@@ -147,37 +149,51 @@ def model_state_differs(c: Controls) -> bool:
     return c.original_state.model_state != c.rebuilt_state.model_state or c.state_changed
 
 
+def _order_kind(idx: list[int], n: int) -> str:
+    """Original slot indices of one layer (or head), all found: their kind by position order."""
+    if idx == list(range(n)):
+        return "same"
+    if idx == list(range(len(idx))):
+        return "prefix_short"
+    if len(set(idx)) < len(idx):
+        return "repeated"
+    return "evicted" if all(a < b for a, b in zip(idx, idx[1:])) else "reordered"
+
+
 def slot_kind(i: int, s: SlotLayer) -> str:
     """What rebuilt layer i holds against the original's layer i, by slot content: 'same', 'prefix_short' (the
     original's first slots, fewer), 'extra' (every original slot in order, then slots no original slot holds),
-    'evicted' (original slots in order, some missing), 'exchanged' (another layer's slots), 'reordered' (original
-    slots out of order or repeated), 'content' (slots no original slot holds, or a linear state that differs)."""
+    'evicted' (original slots in order, some missing), 'reordered' (distinct original slots, out of position order:
+    an eviction whose order is harmless, each key carrying its rotation), 'exchanged' (another layer's slots),
+    'repeated' (an original slot stored twice), 'content' (slots no original slot holds, or a linear state that
+    differs). Where each KV head keeps its own slots (`heads`), the heads decide: one head out of order makes it
+    'reordered', one repeating 'repeated'."""
     if not s.matches:
         return ("evicted" if s.original else "content" if s.same_state is False else "same")
     if any(m is not None and m[0] != i for m in s.matches):
         return "exchanged"
     idx, n = [None if m is None else m[1] for m in s.matches], s.original or 0
+    if s.heads and None in idx:
+        kinds = {_order_kind(h, n) for h in s.heads}
+        return next(k for k in ("repeated", "reordered", "evicted", "prefix_short", "same") if k in kinds)
     if all(j is None for j in idx):
         return "content"
     if len(idx) > n and idx[:n] == list(range(n)) and all(j is None for j in idx[n:]):
         return "extra"
     if None in idx:
         return "content"
-    if idx == list(range(n)):
-        return "same"
-    if idx == list(range(len(idx))):
-        return "prefix_short"
-    return "evicted" if all(a < b for a, b in zip(idx, idx[1:])) else "reordered"
+    return _order_kind(idx, n)
 
 
-CHANGED = ("content", "exchanged", "reordered")  # the copy changed what the slots hold
-COMPRESSION = ("evicted", "prefix_short")  # fewer original slots, in order (a prefix whose re-feed did not restore)
+CHANGED = ("content", "exchanged", "repeated")  # the copy changed what the slots hold
+COMPRESSION = ("evicted", "prefix_short", "reordered")  # fewer original slots (a prefix whose re-feed did not restore)
 
 
 def slot_verdict(slots: list[SlotLayer]) -> str:
-    """The cache's slots against the original's: a changed layer decides, then an eviction, a short prefix, extra."""
+    """The cache's slots against the original's: a changed layer decides, then an eviction out of position order, an
+    eviction, a short prefix, extra."""
     kinds = {slot_kind(i, s) for i, s in enumerate(slots)}
-    return next((k for k in (*CHANGED, "evicted", "prefix_short", "extra") if k in kinds), "same")
+    return next((k for k in (*CHANGED, "reordered", "evicted", "prefix_short", "extra") if k in kinds), "same")
 
 
 def slot_layers(slots: list[SlotLayer], *kinds: str) -> list[int]:

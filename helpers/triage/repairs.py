@@ -8,6 +8,7 @@ processed length (position_ids at it, the mask sized to the stored slots). A cop
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -19,7 +20,8 @@ from ..regress import rebuilds as family
 from .controls import Step, diff, full_mask, generate_step, logical_positions
 from .facts import Repair
 from .state import stored_slots
-from .walk import AT_PROCESSED, CROP, FULL_MASK, REFEED, REREGISTER, SAVED_STATE
+from .slots import compare
+from .walk import AT_PROCESSED, CROP, FULL_MASK, POSITION_ORDER, REFEED, REREGISTER, SAVED_STATE
 
 
 def as_repair(name: str, step: Step, reference: torch.Tensor, unrepaired: Step | None = None) -> Repair:
@@ -43,6 +45,20 @@ def cropped(cache: Any, original: Any, model: torch.nn.Module) -> Any:
     crop(processed length), through transformers' own layer classes so sliding and hybrid layers take it too)."""
     keep = [stored_slots(layer) for layer in compat.cache_layers(original)]
     return family.layer_aware(cache, model.config, lambda i, k, v: [(k[..., :keep[i], :], v[..., :keep[i], :])])
+
+
+def in_position_order(cache: Any, original: Any) -> Any:
+    """A copy of `cache` with each layer's retained slots put back in the original's position order (per KV head where
+    each head keeps its own): the same K/V, only their order changes."""
+    again = copy.deepcopy(cache)
+    for layer, s in zip(compat.cache_layers(again), compare(original, cache)):
+        idx = s.heads or ([[m[1] for m in s.matches]] if s.matches and None not in s.matches else None)
+        if not layers.has_kv(layer) or not idx:
+            continue
+        order = torch.tensor(idx, device=layer.keys.device).argsort(dim=-1).expand(layer.keys.shape[1], -1)
+        gather = order[None, :, :, None].expand(layer.keys.shape[0], -1, -1, layer.keys.shape[-1])
+        layer.keys, layer.values = layer.keys.gather(2, gather), layer.values.gather(2, gather)
+    return again
 
 
 def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: torch.Tensor | None,
@@ -76,6 +92,10 @@ def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: tor
         again = cropped(cache, base.prefix_cache, model)
         step = generate_step(model, prompt, again, kw, attention_mask=full_mask(prompt, int(again.get_seq_length())))
         out[CROP] = as_repair(CROP, step, ref, unrepaired["full"])
+        compat.put_rope_state(model, state_after)
+    if slots == "reordered":  # the order shown harmless (or not): the same slots in position order
+        step = generate_step(model, prompt, in_position_order(cache, base.prefix_cache), kw, **mask)
+        out[POSITION_ORDER] = as_repair(POSITION_ORDER, step, ref, unrepaired["full"])
         compat.put_rope_state(model, state_after)
     positions = logical_positions(model, prompt, prompt.processed)
     step = generate_step(model, prompt, cache, kw, position_ids=positions, **mask)

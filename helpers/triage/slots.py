@@ -28,6 +28,29 @@ def _slot_bytes(layer: Any) -> list[bytes]:
     return [row.tobytes() for row in raw]
 
 
+def _head_bytes(layer: Any, h: int) -> list[bytes]:
+    """One byte string per stored slot of KV head `h` (its keys then values over batch rows)."""
+    n = stored_slots(layer) or 0
+    k, v = layer.keys[:, h, :n, :].detach(), layer.values[:, h, :n, :].detach()
+    both = torch.cat([k.transpose(0, 1).reshape(n, -1), v.transpose(0, 1).reshape(n, -1)], dim=1).contiguous()
+    return [row.tobytes() for row in both.view(torch.uint8).reshape(n, -1).cpu().numpy()]
+
+
+def per_head(original: Any, rebuilt: Any) -> list[list[int]] | None:
+    """Per KV head, the original layer's slot each rebuilt slot holds in that head; None where a head holds a slot
+    the original's head does not (or the head counts differ)."""
+    if original.keys.shape[1] != rebuilt.keys.shape[1]:
+        return None
+    out = []
+    for h in range(rebuilt.keys.shape[1]):
+        index = {b: j for j, b in reversed(list(enumerate(_head_bytes(original, h))))}
+        got = [index.get(b) for b in _head_bytes(rebuilt, h)]
+        if None in got:
+            return None
+        out.append(got)
+    return out
+
+
 def compare(original: Any, rebuilt: Any) -> list[SlotLayer]:
     """Per rebuilt layer: for each stored slot, the (layer, slot) of the original slot with the same bits, or None."""
     lo, lr = compat.cache_layers(original), compat.cache_layers(rebuilt)
@@ -42,7 +65,8 @@ def compare(original: Any, rebuilt: Any) -> list[SlotLayer]:
         width = stored_slots(o) if o is not None and layers.has_kv(o) else None
         matches = [index.get(b) for b in _slot_bytes(layer)] if layers.has_kv(layer) else []
         state = None if not layers.has_linear_state(layer) else (o is not None and layers.layer_state_equal(o, layer))
-        out.append(SlotLayer(width, matches, state))
+        heads = per_head(o, layer) if None in matches and width else None
+        out.append(SlotLayer(width, matches, state, heads))
     return out
 
 
@@ -51,8 +75,14 @@ def describe(i: int, s: SlotLayer) -> str:
     kind = slot_kind(i, s)
     if s.original is None and not s.matches:
         return "no K/V (linear state " + ("equal)" if s.same_state else "differs)")
+    if s.heads and None in [m and m[1] for m in s.matches]:
+        kept = "; ".join(f"head {h}: original {spans(sorted(idx))}" for h, idx in enumerate(s.heads))
+        order = ", out of position order" if kind == "reordered" else ""
+        return f"{kind}: {len(s.matches)} slots, each KV head its own{order}; {kept}"
     held = [m[1] for m in s.matches if m is not None and m[0] == i]
-    text = f"{len(s.matches)} slots; original {spans(held) or 'none'}"
+    text = f"{len(s.matches)} slots; original {spans(sorted(held)) or 'none'}"
+    if kind == "reordered":
+        text += " (out of position order)"
     missing = sorted(set(range(s.original or 0)) - set(held))
     if missing:
         text += f"; missing {spans(missing)} ({', '.join(where(missing, s.original or 0))})"

@@ -20,6 +20,7 @@ LEAVES = ("no_defect", "resume_contract", "model_side_state", "cache_metadata", 
 # repair names, in the order the walk tries them, and the leaf each one names when it restores
 FULL_MASK, SAVED_STATE, REREGISTER, REFEED, CROP, AT_PROCESSED = (
     "full_mask", "saved_state", "reregister_via_update", "refeed_whole_ids", "crop_to_processed", "continue_at_processed_length")
+POSITION_ORDER = "position_order"  # an eviction stored out of position order, put back in order: names no leaf
 REPAIR_LEAF = {FULL_MASK: "resume_contract", SAVED_STATE: "model_side_state", REREGISTER: "cache_metadata",
                REFEED: "prefix_short", CROP: "extra_slots", AT_PROCESSED: "compression_positions"}
 
@@ -40,16 +41,18 @@ NODES = (
      "missing tokens (the whole ids to generate())", "prefix_short"),
     ("extra_slots", 1, "slot comparison: every original slot, then slots no original slot holds; repair: crop to the "
      "processed length", "extra_slots"),
-    ("compressed", 1, "slot comparison: original slots evicted (first, middle, last); repair: continue at the processed "
-     "length", None),
+    ("compressed", 1, "slot comparison: original slots evicted (first, middle, last), in position order or not; repair: "
+     "continue at the processed length", None),
+    ("order_harmless", 2, "the retained slots are stored out of position order; repair: put them back in position order: "
+     "it changes nothing (each key carries its rotation), so the order is harmless", None),
     ("positions_restore", 2, "the repair restores the full forward", "compression_positions"),
     ("positions_and_loss", 2, "the repair changes generate()'s step (a position defect), what remains differs "
      "from the full forward (the compression's loss)", "compression_positions_and_loss"),
     ("information_lost", 2, "the repair changes nothing (generate() already continues at the processed length); "
      "what remains is the compression's loss", "compression_information_loss"),
     ("unresolved", 2, "the repair raised: no single mask fits the per-layer lengths", "compression_unresolved"),
-    ("kv_differ", 1, "slot comparison: slots no original slot holds, another layer's slots, or slots out of order (no "
-     "generic repair: localized)",
+    ("kv_differ", 1, "slot comparison: slots no original slot holds, another layer's slots, a slot stored twice, or an "
+     "order that matters (no generic repair: localized)",
      "reconstruction_copy"),
     ("nothing_visible", 1, "no cell of control 0 explains it and no repair restores", "unexplained"),
 )
@@ -147,7 +150,10 @@ def choose_branch(c: Controls) -> dict[str, Any]:
             return w.done(node)
     if w.step("compressed", kind in COMPRESSION, **shown, processed_length=c.processed_length,
               stored_slots=[s.stored for s in c.rebuilt_state.layers] if c.rebuilt_state else None):
-        return w.done(_compression_leaf(c, w))
+        if kind != "reordered" or _order_harmless(c, w):
+            return w.done(_compression_leaf(c, w))
+        w.step("kv_differ", True, **shown, **w.numbers(POSITION_ORDER))
+        return w.done("reconstruction_copy")
     if w.step("kv_differ", kind in CHANGED, **shown, **w.numbers(FULL_MASK)):
         return w.done("reconstruction_copy")
     restoring = [name for name in REPAIR_LEAF if w.restores(name)]  # every repair shown; none names a leaf here
@@ -157,8 +163,17 @@ def choose_branch(c: Controls) -> dict[str, Any]:
 
 def _slot_numbers(c: Controls) -> dict[str, Any]:
     """The slot comparison's verdict and the layers of each kind (what the slot decisions show)."""
-    kinds = ("prefix_short", "extra", "evicted", *CHANGED)
+    kinds = ("prefix_short", "extra", "evicted", "reordered", *CHANGED)
     return {"slots": slot_verdict(c.slots), **{f"layers_{k}": slot_layers(c.slots, k) for k in kinds if slot_layers(c.slots, k)}}
+
+
+def _order_harmless(c: Controls, w: _Walk) -> bool:
+    """An eviction stored out of position order: putting the slots back in order leaves generate()'s step within the
+    floor (measured; not run or raised: the order is not shown harmless)."""
+    r = w.repair(POSITION_ORDER)
+    harmless = r is not None and r.ok and r.vs_unrepaired is not None and c.floor.matches(r.vs_unrepaired)
+    return w.step("order_harmless", harmless, position_order_vs_generate=None if r is None else r.vs_unrepaired,
+                  **w.numbers(POSITION_ORDER))
 
 
 def _compression_leaf(c: Controls, w: _Walk) -> str:

@@ -62,8 +62,9 @@ def first_change(out: Path, notebook: str, claim: str, releases: list[str], diff
                      if ln.startswith("+") and not ln.startswith("+++") and ln[1:].strip()
                      and not ln[1:].strip().startswith("#")]
             added = [ln for ln in added if not ln.endswith(":")] or added  # a statement over its bare `if ...:`
+            added = [ln for ln in added if len(ln) <= 60]  # a line is quoted whole or not at all, never cut
             if added:
-                line = f"; `{'.'.join(name.split('.')[-2:])}`: `+ {added[0][:60] + ('…' if len(added[0]) > 60 else '')}`"
+                line = f"; `{'.'.join(name.split('.')[-2:])}`: `+ {added[0]}`"
                 break
         return f"first changed in {change['first_different']} (`make bisect`: same through {change['last_same']}{line})"
     if differs and len(releases) > 1:

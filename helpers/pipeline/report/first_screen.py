@@ -9,14 +9,23 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .asks import Claims, joined, lines_for
+from .asks import Claims, lines_for
 from .claims_md import all_claims
+from .fit import Part, clauses, drop_asides, fit, fit_clauses
 from .paste import code, code_refs
 from .records import RUN_STATUS, load_releases, load_results, load_run
-from .sources import SOURCES, OTHER, Source, kind_of, source_of
-from .statements import count, own_checks, source_key, statements
+from .sources import SOURCES, OTHER, Source, source_of
+from .statements import source_key
+from .verdict_line import count_line, count_parts
 
+__all__ = ["count_line", "first_screen"]
 FIRST_SCREEN_CHARS = 4000
+ROOM_FOR = 2  # sources the screen has room for beyond today's, each within its own allowance
+NAME_CHARS = 32  # a source's short name
+SOURCE_CHARS = 490  # a source's Verdict and Ask text together (after "- Verdict: " and "- Ask: ")
+ASK_CHARS = 200  # the Ask first gets up to this, the Verdict the rest; the Ask then takes what the Verdict left
+BLOCK_CHARS = NAME_CHARS + SOURCE_CHARS + len("****\n- Verdict: .\n- Ask: .\n\n")  # a source's block at most
+SEPS = ("; ", ". ")
 
 
 def _version(release: str) -> tuple:
@@ -50,69 +59,41 @@ def release_rows(out: Path, run: dict[str, Any], current: list[dict[str, Any]]) 
     return ordered, text
 
 
-def first_sentence(text: str, limit: int) -> str:
-    """The text up to its first '. ' (at most `limit` characters, cut at a word)."""
-    head = re.split(r"\. ", " ".join(str(text).split()), maxsplit=1)[0]
-    return head if len(head) <= limit else head[: head.rfind(" ", 0, limit)] + " …"
+def _variants(*texts: str) -> Part:
+    """The texts once each, in order, empty ones left out."""
+    return [t for t in dict.fromkeys(texts) if t]
 
 
-def _not_tested_why(stmts: list) -> str:
-    """Why statements were not tested here, in a few words (the reasons' first clause, once each)."""
-    whys: dict[str, list[str]] = {}  # the reason's last clause -> what each statement measured before it, once each
-    for s in stmts:
-        for r in s.reasons:
-            short = "needs CUDA" if "cuda" in r.lower()[:60] else first_sentence(r, 175)
-            head, _, tail = short.rpartition(": ")
-            got = whys.setdefault(tail, [])
-            if head and head not in got:
-                got.append(head)
-    return "; ".join(f"{'; '.join(heads)}: {tail}" if heads else tail for tail, heads in whys.items()) or \
-        "no reason recorded"
+def symptom_part(key: str, by_release: dict[str, Claims], out: Path) -> Part:
+    """The source's symptom, then shorter: without its asides, on the newest release alone, its first clause."""
+    said = lines_for(key, by_release, out).symptom
+    newest = lines_for(key, dict([list(by_release.items())[-1]]), out).symptom if len(by_release) > 1 else said
+    return _variants(said, drop_asides(said), newest, drop_asides(newest), clauses(drop_asides(newest))[0][1]
+                     if newest else "")
 
 
-def _failing(claims: Claims, most: int = 2) -> str:
-    """' (not: `a`, `b`)': the kit's own checks that fail, named where there are at most `most`."""
-    ids = [str(c.get("id")) for _, c in claims if kind_of(c) == "beyond" and c.get("verdict") == "fails"]
-    return f" (not: {', '.join(f'`{i}`' for i in ids)})" if 0 < len(ids) <= most else ""
+def ask_line(ask: str, limit: int) -> str:
+    """The Ask in `limit` characters: its leading whole clauses, with or without their asides, whichever says more."""
+    full, bare = fit_clauses(ask, limit), fit_clauses(drop_asides(ask), limit)
+    return full if len(clauses(full, SEPS)) >= len(clauses(bare, SEPS)) or len(bare) > limit else bare
 
 
-def count_line(by_release: dict[str, Claims]) -> str:
-    """That source's count per release: statements reproduced of those tested; own checks where it quotes none;
-    then what was not tested and why, hypotheses, and what is listed apart (by construction, cited, simulations)."""
-    last = list(by_release.values())[-1]
-    per = {rel: count(statements(claims)) for rel, claims in by_release.items()}
-    stated = {rel: f"{len(c.reproduced)} of {len(c.tested)}" for rel, c in per.items() if c.tested}
-    parts = []
-    if stated:
-        parts.append("reproduced " + joined(stated) + " (statements tested)")
-    own = {rel: "{} of {}".format(*own_checks(claims)) + _failing(claims) for rel, claims in by_release.items()
-           if own_checks(claims)[1]}
-    if own:
-        parts.append("the kit's own checks hold " + joined(own))
-    c = list(per.values())[-1]
-    if c.not_tested:
-        parts.append(f"{len(c.not_tested)} not tested here ({_not_tested_why(c.not_tested)})")
-    for hyp in statements(last, "refutes"):
-        word = {"refuted": "refuted", "not_refuted": "not refuted"}.get(hyp.verdict, "not tested")
-        decided = next((c for _, c in hyp.claims if c.get("verdict") == hyp.verdict), hyp.claims[0][1])
-        why = first_sentence(decided.get("reason") or "", 85)
-        parts.append(f'hypothesis "{hyp.text[:45]}…" {word}' + (f" ({why})" if word != "not tested" else ""))
-    apart = [f'"{s.text.rsplit(": ", 1)[-1][:40]}" by construction' for s in c.by_construction]
-    apart += [f"{len(c.cited)} decided by the same measurement as `{c.cited[0].cites[0]}` (cited, not recounted)"] if c.cited else []
-    sims = [x for _, x in last if kind_of(x) == "simulation"]
-    apart += [f"{len(sims)} simulation(s)"] if sims else []
-    if apart:
-        parts.append("apart: " + ", ".join(apart))
-    return "; ".join(parts)
+def screen_name(src: Source) -> str:
+    """The source's name on the screen: its short name, else its title where it fits NAME_CHARS, else its key."""
+    return next(n for n in (src.short, src.title, src.key) if n and len(n) <= NAME_CHARS)
 
 
 def source_block(src: Source, by_release: dict[str, Claims], out: Path) -> list[str]:
-    """The source's name, its Verdict line and its Ask line."""
+    """The source's name, its Verdict and its Ask lines, together in SOURCE_CHARS, each fitted by saying less."""
     said = lines_for(src.key, by_release, out)
-    untested = f"not tested here: {src.untested}" if src.untested else ""
-    verdict = "; ".join(p for p in (said.symptom, count_line(by_release), untested) if p)
-    return [f"**{code_refs(src.short or src.title)}**", f"- Verdict: {code_refs(verdict)}.",
-            f"- Ask: {code_refs(said.ask or 'nothing to ask: every claim holds as the source says')}.", ""]
+    untested = _variants(f"not tested here: {src.untested}", f"not tested here: {drop_asides(src.untested)}") \
+        if src.untested else []
+    ask = ask_line(code_refs(said.ask), ASK_CHARS) if said.ask else "nothing to ask: every claim holds as the source says"
+    parts = [[code_refs(v) for v in part] for part in (symptom_part(src.key, by_release, out), *count_parts(by_release),
+                                                       untested)]  # measured as shown: references in code spans
+    verdict = fit(parts, SOURCE_CHARS - len(code_refs(ask)))
+    ask = ask_line(code_refs(said.ask), SOURCE_CHARS - len(verdict)) if said.ask else ask
+    return [f"**{code_refs(screen_name(src))}**", f"- Verdict: {code_refs(verdict)}.", f"- Ask: {code_refs(ask)}.", ""]
 
 
 def not_verified_line(current: list[dict[str, Any]]) -> str:
