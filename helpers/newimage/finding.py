@@ -43,7 +43,7 @@ FINDING = Finding(
              "their first model call, which raise; the repair (turn 2's 3-D positions from the model's own "
              "`get_rope_index` over the full ids and both grids, `rope_deltas` carried forward) restores the "
              "one-forward reference within the noise "
-             "([docs/notebooks.md](docs/notebooks.md#09-a-new-image-after-a-cached-turn))."),
+             "([docs/notebooks/09_new_image_turn.md](docs/notebooks/09_new_image_turn.md))."),
     models="`tiny-qwen3-vl`",
     needs="CPU",
 )

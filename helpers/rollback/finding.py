@@ -46,7 +46,7 @@ FINDING = Finding(
              "conv and recurrent states, next logits; transformers #49036); 1/2/8-token continuation on the hybrid (PR "
              "#45513); assisted decoding vs greedy per family; static caches reused across calls; what a hand-rebuilt "
              "hybrid reports on 5.25.0 (the linear layers' own token count) and what `generate()` then feeds "
-             "([docs/notebooks.md](docs/notebooks.md#10-rolling-a-hybrids-cache-back))."),
+             "([docs/notebooks/10_rollback_hybrid.md](docs/notebooks/10_rollback_hybrid.md))."),
     models="`tiny-qwen3.5-hybrid`, `tiny-qwen3`, `tiny-qwen3-sliding`",
     needs="CPU",
 )
