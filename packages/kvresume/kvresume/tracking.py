@@ -1,14 +1,17 @@
-"""`track(model)`: record a token ledger (helpers.api.ledger) for every forward call and generate() that writes to a cache.
+"""`track(model)`: record a token ledger (kvresume.ledger) for every forward call and generate() that writes to a cache.
 
 Hooks only, nothing patched: a forward pre-hook on the model reads the cache, the ids (the decoder's for an
 encoder-decoder; embeddings are recorded as unknown ids), the mask and the cache's length before the call; a pre-hook
 on the text rotary embedding reads the positions the model actually rotates with (the 3 M-RoPE rows where the model
-has them; a model without a rotary embedding: the cache positions); the forward hook appends one ledger entry per
-written slot and the model-side state (`rope_deltas`) after the call. A cache that was written before tracking started
-(or while untracked) gets no ledger: it stays untracked. `first_positions(model)` is the same rotary read for one call.
+has them; a model without a rotary embedding: the cache positions); the forward hook adds one chunk of entries for the
+written slots, with their fingerprints (kvresume.fingerprint) and the model-side state (`rope_deltas`) after the call.
+The decode path keeps every tensor on the cache's device and decides on Python ints only (no host sync): rows that
+beam search reorders are followed when the ledger is read, by fingerprint. A cache written before tracking started
+(or while untracked) gets no ledger: it stays untracked. Pending writes are kept per thread.
 """
 from __future__ import annotations  # upstream: drop
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -18,8 +21,9 @@ import torch
 from . import compat  # upstream: drop
 from .compat import rotary_embedding  # upstream: drop
 from .linear_checks import note_linear  # upstream: drop
-from .ledger import (UNKNOWN, Ledger, attach_ledger, cache_held, empty_ledger,  # upstream: drop
-                     ledger_of)  # upstream: drop
+from .fingerprint import print_layer, slot_prints  # upstream: drop
+from .ledger import (ATTR, TAIL, UNKNOWN, Ledger, add_chunk, adopt_prints, attach_ledger, cache_held,  # upstream: drop
+                     fitted, ledger_owner, recorded, stored_ledger)  # upstream: drop
 
 HANDLE_ATTR = "_kv_ledger_tracker"
 
@@ -62,7 +66,6 @@ def rotary_positions(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None
 @dataclass
 class _Pending:
     cache: Any
-    base: Ledger
     past: int
     ids: torch.Tensor | None
     batch: int
@@ -73,11 +76,20 @@ class _Pending:
 
 @dataclass
 class Tracker:
-    """The hooks `track` put on one model; `remove()` takes them off."""
+    """The hooks `track` put on one model; `remove()` takes them off. What a forward call will record is kept per
+    thread (`pending`), so two threads generating on one model keep their own ledgers."""
 
     model: torch.nn.Module
     handles: list[Any] = field(default_factory=list)
-    pending: list[_Pending] = field(default_factory=list)
+    local: threading.local = field(default_factory=threading.local, repr=False)
+
+    @property
+    def pending(self) -> list[_Pending | None]:
+        """This thread's pending write (a one-entry list while a forward call runs)."""
+        stack = getattr(self.local, "pending", None)
+        if stack is None:
+            stack = self.local.pending = []
+        return stack
 
     def remove(self) -> None:
         for h in self.handles:
@@ -91,44 +103,97 @@ class Tracker:
         self.remove()
 
 
-def _slot_mask(mask: Any, batch: int, f: int) -> torch.Tensor:
+def _slot_mask(mask: Any, batch: int, f: int, device: Any) -> torch.Tensor:
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= f and mask.shape[0] == batch:
         return mask[:, -f:].long()
-    return torch.ones(batch, f, dtype=torch.long)
+    return torch.ones(batch, f, dtype=torch.long, device=device)
+
+
+def _rebase(cache: Any, past: int, batch: int) -> bool:
+    """Fit the stored ledger to the cache before a write of `batch` rows after `past` tokens: trimmed to a crop, rows
+    followed by fingerprint where the cache's batch changed, fingerprints adopted where it has none (all on the
+    device, no host sync; the common decode step only compares Python ints). False: the cache stays untracked."""
+    have = recorded(cache)
+    if have is None or have[0] < past:  # untracked, or written while untracked
+        return False
+    owner = ledger_owner(cache)
+    base = owner.__dict__.get(ATTR) if owner.__dict__.get(TAIL) is None else None
+    if have == (past, batch) and (base is None or base.prints is not None):
+        return True
+    led = stored_ledger(cache).first(past)
+    if led.prints is None:
+        led = adopt_prints(cache, led)
+    if led.batch != batch:
+        fit = fitted(led, cache)
+        if fit is not None:
+            led = fit[0]
+        elif batch % led.batch == 0:
+            led = led.rows(torch.arange(led.batch, device=led.token_ids.device).repeat_interleave(batch // led.batch))
+        else:
+            attach_ledger(cache, None)
+            return False
+    attach_ledger(cache, led)
+    return True
 
 
 def _pre(tracker: Tracker) -> Callable[..., None]:
     def pre(_m: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
+        stack = tracker.pending
+        stack[:] = [None]
         cache = compat.cache_from_kwargs(kwargs)  # None: the model makes its own (read from the output)
         ids, batch, f = fed_ids(tracker.model, kwargs)
-        tracker.pending[:] = [None]  # type: ignore[list-item]
         if f is None or f == 0 or kwargs.get("use_cache") is False:
             return
-        past = cache_held(cache)[0] if cache is not None else 0
-        base = ledger_of(cache) if past else empty_ledger(batch)
-        if base is None or base.batch != batch:
-            return  # written while untracked, or rows the ledger cannot map: the cache stays untracked
-        mask = kwargs.get("decoder_attention_mask" if _decoder(tracker.model) else "attention_mask")
-        given = kwargs.get("decoder_position_ids" if _decoder(tracker.model) else "position_ids")
-        pending = _Pending(cache, base, past, ids, batch, f, mask)
+        past, rows = cache_held(cache) if cache is not None else (0, None)
+        if rows is not None and rows != batch:
+            return  # the cache's rows are not the fed rows (generate() fails on it): nothing recorded
+        if cache is not None and not past:
+            attach_ledger(cache, None)
+        elif past and not _rebase(cache, past, batch):
+            return
+        decoder = _decoder(tracker.model)
+        mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
+        given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
+        pending = _Pending(cache, past, ids, batch, f, mask)
         if isinstance(given, torch.Tensor) and rotary_embedding(tracker.model) is None:
             pending.positions = as_rows(given, batch, f)
-        tracker.pending[:] = [pending]  # type: ignore[list-item]
+        stack[:] = [pending]
     return pre
 
 
 def _rotary(tracker: Tracker) -> Callable[..., None]:
     def rotary(_m: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        pending = tracker.pending[-1] if tracker.pending else None
+        stack = tracker.pending
+        pending = stack[-1] if stack else None
         positions = rotary_positions(args, kwargs)
         if pending is not None and pending.positions is None and positions is not None:
             pending.positions = as_rows(positions, pending.batch, pending.f)
     return rotary
 
 
+def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Ledger | None:
+    """The ledger entries of this write (on the cache's device), or None where the cache cannot show its slots."""
+    layer = print_layer(cache)
+    prints = slot_prints(cache, layer, pending.past, pending.past + pending.f)
+    if prints is None and layer is not None:
+        return None  # the layer does not hold the written slots as keys (a QuantizedCache): not followed
+    device = prints.device if prints is not None else "cpu"
+    ids = pending.ids
+    ids = ids.detach().long() if ids is not None else torch.full((pending.batch, pending.f), UNKNOWN, device=device)
+    positions = pending.positions
+    if positions is None:
+        positions = (pending.past + torch.arange(pending.f, device=ids.device)).view(1, 1, -1)
+        positions = positions.expand(1, pending.batch, pending.f)
+    state = compat.get_rope_state(tracker.model) if compat.rope_state_owner(tracker.model) is not None else None
+    state = state.detach().clone() if isinstance(state, torch.Tensor) else state
+    return Ledger(ids, positions.detach().long(), _slot_mask(pending.mask, pending.batch, pending.f, ids.device), state,
+                  None if prints is None else prints.clone(), layer)
+
+
 def _post(tracker: Tracker) -> Callable[..., None]:
     def post(_m: torch.nn.Module, _args: tuple, _kwargs: dict[str, Any], out: Any) -> None:
-        pending = tracker.pending.pop() if tracker.pending else None
+        stack = tracker.pending
+        pending = stack.pop() if stack else None
         if pending is None:
             return
         if pending.cache is None:
@@ -136,19 +201,12 @@ def _post(tracker: Tracker) -> Callable[..., None]:
             if pending.cache is None:
                 return
         written = cache_held(pending.cache)[0] - pending.past
-        if written != pending.f:  # the cache did not take f slots (a layout the ledger cannot follow): untracked
+        chunk = _chunk(tracker, pending, pending.cache) if written == pending.f else None
+        if chunk is None:  # the cache did not take f slots, or cannot show them: untracked
             attach_ledger(pending.cache, None)
             return
-        ids = pending.ids if pending.ids is not None else torch.full((pending.batch, pending.f), UNKNOWN)
-        positions = pending.positions
-        if positions is None:
-            positions = (pending.past + torch.arange(pending.f)).view(1, 1, -1).expand(1, pending.batch, pending.f)
-        state = compat.get_rope_state(tracker.model) if compat.rope_state_owner(tracker.model) is not None else None
-        state = state.detach().clone() if isinstance(state, torch.Tensor) else state
-        new = pending.base.append(ids.detach().long().cpu(), positions.detach().long().cpu(),
-                                  _slot_mask(pending.mask, pending.batch, pending.f).cpu(), state)
-        attach_ledger(pending.cache, new)
-        note_linear(pending.cache, new.length)
+        add_chunk(pending.cache, chunk)
+        note_linear(pending.cache, pending.past + pending.f)
     return post
 
 
