@@ -53,3 +53,12 @@ def match(now: torch.Tensor, recorded: torch.Tensor) -> tuple[torch.Tensor, torc
     `now` [B, S, W], `recorded` [L, S, W]."""
     same = (now.unsqueeze(1) == recorded.unsqueeze(0)).all(-1)  # [B, L, S]
     return same.to(torch.uint8).argmax(1), same.any(1)
+
+
+def unfollowed(cache: Any) -> str | None:
+    """Why the ledger cannot follow this cache's slots (a layer that keeps them quantized), or None."""
+    for layer in _layers(cache):
+        if hasattr(layer, "_quantized_keys") or hasattr(layer, "residual_length"):
+            return (f"{type(layer).__name__} keeps its slots quantized (only the last residual_length ones as keys), "
+                    f"and re-quantizes them as it grows: no slot's content can be fingerprinted")
+    return None

@@ -21,11 +21,12 @@ import torch
 from . import compat  # upstream: drop
 from .compat import rotary_embedding  # upstream: drop
 from .linear_checks import note_linear  # upstream: drop
-from .fingerprint import print_layer, slot_prints  # upstream: drop
+from .fingerprint import print_layer, slot_prints, unfollowed  # upstream: drop
 from .ledger import (ATTR, TAIL, UNKNOWN, Ledger, add_chunk, adopt_prints, attach_ledger, cache_held,  # upstream: drop
                      fitted, ledger_owner, recorded, stored_ledger)  # upstream: drop
 
 HANDLE_ATTR = "_kv_ledger_tracker"
+UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
 
 
 def _decoder(model: torch.nn.Module) -> bool:
@@ -136,10 +137,25 @@ def _rebase(cache: Any, past: int, batch: int) -> bool:
     return True
 
 
+def _named(model: torch.nn.Module) -> list[str]:
+    """The forward's positional parameter names (positional arguments are read as these)."""
+    import inspect
+
+    try:
+        return [p.name for p in inspect.signature(model.forward).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return []
+
+
 def _pre(tracker: Tracker) -> Callable[..., None]:
-    def pre(_m: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
+    names = _named(tracker.model)
+
+    def pre(_m: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         stack = tracker.pending
         stack[:] = [None]
+        if args:
+            kwargs = {**dict(zip(names, args)), **kwargs}
         cache = compat.cache_from_kwargs(kwargs)  # None: the model makes its own (read from the output)
         ids, batch, f = fed_ids(tracker.model, kwargs)
         if f is None or f == 0 or kwargs.get("use_cache") is False:
@@ -175,7 +191,8 @@ def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Ledger | None:
     """The ledger entries of this write (on the cache's device), or None where the cache cannot show its slots."""
     layer = print_layer(cache)
     prints = slot_prints(cache, layer, pending.past, pending.past + pending.f)
-    if prints is None and layer is not None:
+    if prints is None and (layer is not None or unfollowed(cache)):
+        ledger_owner(cache).__dict__[UNFOLLOWED] = unfollowed(cache) or "its last full-attention layer lacks the slots"
         return None  # the layer does not hold the written slots as keys (a QuantizedCache): not followed
     device = prints.device if prints is not None else "cpu"
     ids = pending.ids
