@@ -32,6 +32,20 @@ def print_layer(cache: Any) -> int | None:
     return found
 
 
+def grown_length(cache: Any) -> tuple[int, int] | None:
+    """(slots, rows) of the fingerprint layer where its keys hold exactly the written slots (a dynamic full-attention
+    layer: no static buffer, nothing quantized), read from shapes alone; None otherwise. `get_seq_length()` may read a
+    tensor (a linear layer's own count, 5.25.0+): a host sync this avoids in the decode path."""
+    layers = _layers(cache)
+    i = print_layer(cache)
+    if i is None:
+        return None
+    layer = layers[i]
+    if hasattr(layer, "max_cache_len") or hasattr(layer, "residual_length"):
+        return None
+    return int(layer.keys.shape[-2]), int(layer.keys.shape[0])
+
+
 def bits(values: torch.Tensor) -> torch.Tensor:
     """The raw bits of float values as integers of the same width (exact equality, NaN == NaN)."""
     return values.view(_INT[values.element_size()]) if values.is_floating_point() else values

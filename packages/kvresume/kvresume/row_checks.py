@@ -59,7 +59,7 @@ def ledger_rows(call: ResumeCall) -> None:
                      f"with ids row {longest.index(0)}'s tokens: pass the whole sequence of each row, with the cache "
                      f"rows it continues selected (cache.batch_select_indices([...]))")
     keep = min(longest)
-    crop = f"; then crop it to the {keep} token(s) all of them share (cache.crop({keep}))" if keep < led.length else ""
+    crop = f"; then crop it to the {keep} token(s) all of them share (cache.crop({keep - led.length}))" if keep < led.length else ""
     raise refuse("ledger_rows", f"input_ids have {b} row(s) but the cache holds {rows} (beam search keeps one per beam): "
                  f"generate() would fail on tensor sizes; the cache rows {best} hold the longest common prefixes "
                  f"({longest} tokens) of the ids rows: select them (cache.batch_select_indices({best})){crop}",
@@ -77,5 +77,5 @@ def ledger_stale(call: ResumeCall) -> None:
     raise refuse("ledger_stale", f"the cache holds {held} tokens, but from slot {k} on (row {row}) not the ones its "
                  f"token ledger recorded: it was written while the model was not tracked (cropped and refilled, or "
                  f"edited by hand) after its last tracked write, so which tokens it holds there is unknown; crop it to "
-                 f"the {k} token(s) that still match (cache.crop({k})) and pass the whole sequence, whose rest "
+                 f"the {k} token(s) that still match (cache.crop({k - held})) and pass the whole sequence, whose rest "
                  f"generate() then feeds (or track(model) before every write)", crop=k)

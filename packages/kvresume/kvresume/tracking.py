@@ -21,7 +21,7 @@ import torch
 from . import compat  # upstream: drop
 from .compat import rotary_embedding  # upstream: drop
 from .linear_checks import note_linear  # upstream: drop
-from .fingerprint import print_layer, slot_prints, unfollowed  # upstream: drop
+from .fingerprint import grown_length, print_layer, slot_prints, unfollowed  # upstream: drop
 from .ledger import (ATTR, TAIL, UNKNOWN, Ledger, add_chunk, adopt_prints, attach_ledger, cache_held,  # upstream: drop
                      fitted, ledger_owner, recorded, stored_ledger)  # upstream: drop
 
@@ -110,6 +110,11 @@ def _slot_mask(mask: Any, batch: int, f: int, device: Any) -> torch.Tensor:
     return torch.ones(batch, f, dtype=torch.long, device=device)
 
 
+def _held(cache: Any) -> tuple[int, int | None]:
+    """(tokens held, rows) from the fingerprint layer's shape where it grows with the writes, else as the cache says."""
+    return grown_length(cache) or cache_held(cache)
+
+
 def _rebase(cache: Any, past: int, batch: int) -> bool:
     """Fit the stored ledger to the cache before a write of `batch` rows after `past` tokens: trimmed to a crop, rows
     followed by fingerprint where the cache's batch changed, fingerprints adopted where it has none (all on the
@@ -160,7 +165,7 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         ids, batch, f = fed_ids(tracker.model, kwargs)
         if f is None or f == 0 or kwargs.get("use_cache") is False:
             return
-        past, rows = cache_held(cache) if cache is not None else (0, None)
+        past, rows = _held(cache) if cache is not None else (0, None)
         if rows is not None and rows != batch:
             return  # the cache's rows are not the fed rows (generate() fails on it): nothing recorded
         if cache is not None and not past:
@@ -217,7 +222,7 @@ def _post(tracker: Tracker) -> Callable[..., None]:
             pending.cache = compat.output_cache(out)
             if pending.cache is None:
                 return
-        written = cache_held(pending.cache)[0] - pending.past
+        written = _held(pending.cache)[0] - pending.past
         chunk = _chunk(tracker, pending, pending.cache) if written == pending.f else None
         if chunk is None:  # the cache did not take f slots, or cannot show them: untracked
             attach_ledger(pending.cache, None)
