@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 WIDTH = 8  # key values per slot (fewer where head_dim is smaller)
+LAYER_ATTR = "kv_print_layer"  # on the cache: the layer its fingerprints are read from
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -32,18 +33,19 @@ def print_layer(cache: Any) -> int | None:
     return found
 
 
-def grown_length(cache: Any) -> tuple[int, int] | None:
-    """(slots, rows) of the fingerprint layer where its keys hold exactly the written slots (a dynamic full-attention
-    layer: no static buffer, nothing quantized), read from shapes alone; None otherwise. `get_seq_length()` may read a
-    tensor (a linear layer's own count, 5.25.0+): a host sync this avoids in the decode path."""
-    layers = _layers(cache)
+def known_layer(cache: Any) -> int | None:
+    """`print_layer`, remembered on the cache (checked to still hold 4-D keys; searched again otherwise)."""
+    owner = getattr(cache, "self_attention_cache", None) or cache
+    layers = getattr(owner, "layers", None) or []
+    i = owner.__dict__.get(LAYER_ATTR)
+    if i is not None and i < len(layers):
+        keys = getattr(layers[i], "keys", None)
+        if isinstance(keys, torch.Tensor) and keys.dim() == 4:
+            return i
     i = print_layer(cache)
-    if i is None:
-        return None
-    layer = layers[i]
-    if hasattr(layer, "max_cache_len") or hasattr(layer, "residual_length"):
-        return None
-    return int(layer.keys.shape[-2]), int(layer.keys.shape[0])
+    if i is not None:
+        owner.__dict__[LAYER_ATTR] = i
+    return i
 
 
 def bits(values: torch.Tensor) -> torch.Tensor:
@@ -52,20 +54,37 @@ def bits(values: torch.Tensor) -> torch.Tensor:
 
 
 def slot_prints(cache: Any, layer: int | None, start: int, stop: int) -> torch.Tensor | None:
-    """Fingerprints [batch, stop - start, WIDTH] of slots start..stop-1, or None where the layer does not hold them."""
-    layers = _layers(cache)
+    """Fingerprints [batch, stop - start, WIDTH] of slots start..stop-1 (a view of the keys: compared as `bits`), or
+    None where the layer does not hold them."""
+    owner = getattr(cache, "self_attention_cache", None) or cache
+    layers = owner.layers
     if layer is None or layer >= len(layers):
         return None
     keys = getattr(layers[layer], "keys", None)
     if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[-2] < stop:
         return None
-    return bits(keys[:, 0, start:stop, :WIDTH])
+    return key_prints(keys, start, stop)
+
+
+def key_prints(keys: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """keys[:, 0, start:stop, :WIDTH] as one view op (the decode path's cost is per op)."""
+    s = keys.stride()
+    return keys.as_strided((keys.shape[0], stop - start, min(WIDTH, keys.shape[-1])), (s[0], s[2], s[3]),
+                           keys.storage_offset() + start * s[2])
+
+
+def grown_layer(cache: Any, i: int | None) -> Any:
+    """The fingerprint layer where its keys grow with the writes (no static buffer, nothing quantized), else None."""
+    if i is None:
+        return None
+    layer = (getattr(cache, "self_attention_cache", None) or cache).layers[i]
+    return None if hasattr(layer, "max_cache_len") or hasattr(layer, "residual_length") else layer
 
 
 def match(now: torch.Tensor, recorded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per cache row and slot, the recorded row holding the same fingerprint: (index [B, S], found [B, S]).
     `now` [B, S, W], `recorded` [L, S, W]."""
-    same = (now.unsqueeze(1) == recorded.unsqueeze(0)).all(-1)  # [B, L, S]
+    same = (bits(now).unsqueeze(1) == bits(recorded).unsqueeze(0)).all(-1)  # [B, L, S]
     return same.to(torch.uint8).argmax(1), same.any(1)
 
 

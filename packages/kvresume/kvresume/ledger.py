@@ -24,6 +24,7 @@ ATTR = "kv_ledger"
 TAIL = "kv_ledger_tail"
 UNKNOWN = -1  # the token id of a slot written from embeddings
 FOLD = 64  # chunks kept unfolded
+RETAIN = 64 * 2**20  # or fewer, where their fingerprint views keep more bytes of replaced keys alive
 
 
 @dataclass
@@ -114,12 +115,31 @@ def _rows(positions: torch.Tensor, rows: int) -> torch.Tensor:
     return positions if positions.shape[0] == rows else positions[:1].expand(rows, *positions.shape[1:])
 
 
-def joined(parts: list[Ledger]) -> Ledger:
+def _entries(parts: list[Any]) -> list[Ledger]:
+    """Ledgers as they are; each run of tracked writes (kvresume.writes.Write) made into one ledger now."""
+    out: list[Ledger] = []
+    run: list[Any] = []
+    for p in [*parts, None]:
+        if p is not None and not isinstance(p, Ledger):
+            run.append(p)
+            continue
+        if run:
+            out.append(type(run[0]).bulk(run))
+            run = []
+        if p is not None:
+            out.append(p)
+    return out
+
+
+def joined(parts: list[Any]) -> Ledger:
     """The ledgers' slots one after another (same batch); the last one's rope_deltas; prints where all have them."""
-    parts = [p for p in parts if p.length] or parts[-1:]
-    rows = max(p.positions.shape[0] for p in parts)
-    prints = [_prints(p) for p in parts]
-    return Ledger(torch.cat([p.token_ids for p in parts], 1), torch.cat([_rows(p.positions, rows) for p in parts], -1),
+    parts = _entries(parts)
+    parts = [p for p in parts if p.token_ids.shape[-1]] or parts[-1:]
+    rows = {p.positions.shape[0] for p in parts}
+    top = max(rows)
+    positions = [p.positions for p in parts] if len(rows) == 1 else [_rows(p.positions, top) for p in parts]
+    prints = [getattr(p, "prints", None) for p in parts]
+    return Ledger(torch.cat([p.token_ids for p in parts], 1), torch.cat(positions, -1),
                   torch.cat([p.mask for p in parts], 1), parts[-1].rope_deltas,
                   torch.cat(prints, 1) if all(x is not None for x in prints) else None, parts[-1].layer)
 
@@ -128,9 +148,10 @@ def joined(parts: list[Ledger]) -> Ledger:
 class Tail:
     """Writes not yet folded into the ledger: their chunks, and the slots and rows the ledger then has."""
 
-    chunks: list[Ledger] = field(default_factory=list)
+    chunks: list[Any] = field(default_factory=list)
     length: int = 0
     batch: int = 0
+    retains: int = 0  # bytes the writes' fingerprint views keep alive
 
 
 def empty_ledger(batch: int, rows: int = 1, device: Any = "cpu") -> Ledger:
@@ -166,8 +187,9 @@ def recorded(cache: Any) -> tuple[int, int] | None:
     return None if led is None else (led.length, led.batch)
 
 
-def add_chunk(cache: Any, chunk: Ledger) -> None:
-    """Record one write (a chunk of the same rows as the ledger, or the first write); folded every FOLD chunks."""
+def add_chunk(cache: Any, chunk: Any) -> None:
+    """Record one write (a Ledger or a kvresume.writes.Write of the ledger's rows, or the first write); folded in
+    every FOLD writes."""
     owner = ledger_owner(cache)
     tail = owner.__dict__.get(TAIL)
     if tail is None or not tail.chunks:
@@ -176,7 +198,8 @@ def add_chunk(cache: Any, chunk: Ledger) -> None:
         owner.__dict__[TAIL] = tail
     tail.chunks.append(chunk)
     tail.length += chunk.length
-    if len(tail.chunks) >= FOLD:
+    tail.retains += getattr(chunk, "retains", 0)
+    if len(tail.chunks) >= FOLD or tail.retains > RETAIN:
         stored_ledger(cache)
 
 

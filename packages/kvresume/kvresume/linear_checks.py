@@ -25,14 +25,14 @@ KEEP = 64  # marks kept per cache
 FP_VALUES = 16  # recurrent-state values per row in a fingerprint
 
 
-def _linear_layers(cache: Any) -> list[Any]:
+def linear_layers(cache: Any) -> list[Any]:
     return [l for l in compat.cache_layers(ledger_owner(cache)) if isinstance(getattr(l, "conv_states", None), dict)]
 
 
 def fingerprint(cache: Any) -> torch.Tensor | None:
     """Raw bits of the first FP_VALUES values per row of the last linear layer's recurrent state (a copy, on its
     device: no host sync); None without one. A rolled-back state is a bitwise copy of an earlier one."""
-    for layer in reversed(_linear_layers(cache)):
+    for layer in reversed(linear_layers(cache)):
         states = [s for s in getattr(layer, "recurrent_states", {}).values() if isinstance(s, torch.Tensor) and s.numel()]
         if states:
             return bits(states[-1].detach().flatten(1)[:, :FP_VALUES]).clone()

@@ -20,9 +20,10 @@ import torch
 
 from . import compat  # upstream: drop
 from .compat import rotary_embedding  # upstream: drop
-from .linear_checks import note_linear  # upstream: drop
-from .fingerprint import grown_length, print_layer, slot_prints, unfollowed  # upstream: drop
-from .ledger import (ATTR, TAIL, UNKNOWN, Ledger, add_chunk, adopt_prints, attach_ledger, cache_held,  # upstream: drop
+from .linear_checks import linear_layers, note_linear  # upstream: drop
+from .fingerprint import grown_layer, key_prints, known_layer, slot_prints, unfollowed  # upstream: drop
+from .writes import Write, as_rows  # upstream: drop  (as_rows: the guard imports it from here)
+from .ledger import (ATTR, TAIL, add_chunk, adopt_prints, attach_ledger, cache_held,  # upstream: drop
                      fitted, ledger_owner, recorded, stored_ledger)  # upstream: drop
 
 HANDLE_ATTR = "_kv_ledger_tracker"
@@ -33,9 +34,10 @@ def _decoder(model: torch.nn.Module) -> bool:
     return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
 
 
-def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any]) -> tuple[torch.Tensor | None, int | None, int | None]:
+def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any],
+            decoder: bool | None = None) -> tuple[torch.Tensor | None, int | None, int | None]:
     """(ids or None for embeddings, batch, tokens) of one forward call."""
-    prefix = "decoder_" if _decoder(model) else ""
+    prefix = "decoder_" if (_decoder(model) if decoder is None else decoder) else ""
     ids, embeds = kwargs.get(f"{prefix}input_ids"), kwargs.get(f"{prefix}inputs_embeds")
     if isinstance(ids, torch.Tensor):
         ids = ids.view(1, -1) if ids.dim() == 1 else ids
@@ -43,19 +45,6 @@ def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any]) -> tuple[torch.Tenso
     if isinstance(embeds, torch.Tensor):
         return None, int(embeds.shape[0]), int(embeds.shape[1])
     return None, None, None
-
-
-def as_rows(positions: torch.Tensor, batch: int, f: int) -> torch.Tensor:
-    """Positions as [rows, batch, f]: 1-D/2-D ids as one row, 3-row M-RoPE ids as they are, 4 rows less the text row."""
-    p = positions.long()
-    if p.dim() == 3 and p.shape[0] == 4:
-        p = p[1:]
-    if p.dim() == 1:
-        p = p.view(1, 1, -1)
-    elif p.dim() == 2:
-        p = p.unsqueeze(0)
-    p = p[..., -f:]
-    return p.expand(p.shape[0], batch, p.shape[-1]) if p.shape[1] == 1 and batch != 1 else p
 
 
 def rotary_positions(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
@@ -73,6 +62,8 @@ class _Pending:
     f: int
     mask: Any
     positions: torch.Tensor | None = None
+    layer: int | None = None
+    grown: Any = None  # the fingerprint layer, where its keys' shape is the cache's length
 
 
 @dataclass
@@ -83,6 +74,10 @@ class Tracker:
     model: torch.nn.Module
     handles: list[Any] = field(default_factory=list)
     local: threading.local = field(default_factory=threading.local, repr=False)
+    rope: Any = None  # the text rotary embedding (None: the model has none)
+    rope_state: bool = False  # the model keeps a position state (rope_deltas)
+    decoder: bool = False  # an encoder-decoder: the decoder's ids, mask and positions are read
+    linear: bool | None = None  # its caches have linear-attention layers (None: not seen yet)
 
     @property
     def pending(self) -> list[_Pending | None]:
@@ -104,17 +99,6 @@ class Tracker:
         self.remove()
 
 
-def _slot_mask(mask: Any, batch: int, f: int, device: Any) -> torch.Tensor:
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= f and mask.shape[0] == batch:
-        return mask[:, -f:].long()
-    return torch.ones(batch, f, dtype=torch.long, device=device)
-
-
-def _held(cache: Any) -> tuple[int, int | None]:
-    """(tokens held, rows) from the fingerprint layer's shape where it grows with the writes, else as the cache says."""
-    return grown_length(cache) or cache_held(cache)
-
-
 def _rebase(cache: Any, past: int, batch: int) -> bool:
     """Fit the stored ledger to the cache before a write of `batch` rows after `past` tokens: trimmed to a crop, rows
     followed by fingerprint where the cache's batch changed, fingerprints adopted where it has none (all on the
@@ -124,7 +108,7 @@ def _rebase(cache: Any, past: int, batch: int) -> bool:
         return False
     owner = ledger_owner(cache)
     base = owner.__dict__.get(ATTR) if owner.__dict__.get(TAIL) is None else None
-    if have == (past, batch) and (base is None or base.prints is not None):
+    if have == (past, batch) and (base is None or getattr(base, "prints", None) is not None):
         return True
     led = stored_ledger(cache).first(past)
     if led.prints is None:
@@ -162,22 +146,27 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         if args:
             kwargs = {**dict(zip(names, args)), **kwargs}
         cache = compat.cache_from_kwargs(kwargs)  # None: the model makes its own (read from the output)
-        ids, batch, f = fed_ids(tracker.model, kwargs)
+        ids, batch, f = fed_ids(tracker.model, kwargs, tracker.decoder)
         if f is None or f == 0 or kwargs.get("use_cache") is False:
             return
-        past, rows = _held(cache) if cache is not None else (0, None)
+        layer = known_layer(cache) if cache is not None else None
+        grown = grown_layer(cache, layer)
+        if grown is not None:
+            past, rows = grown.keys.shape[-2], grown.keys.shape[0]
+        else:
+            past, rows = cache_held(cache) if cache is not None else (0, None)
         if rows is not None and rows != batch:
             return  # the cache's rows are not the fed rows (generate() fails on it): nothing recorded
         if cache is not None and not past:
             attach_ledger(cache, None)
         elif past and not _rebase(cache, past, batch):
             return
-        decoder = _decoder(tracker.model)
+        decoder = tracker.decoder
         mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
         given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
-        pending = _Pending(cache, past, ids, batch, f, mask)
-        if isinstance(given, torch.Tensor) and rotary_embedding(tracker.model) is None:
-            pending.positions = as_rows(given, batch, f)
+        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown)
+        if isinstance(given, torch.Tensor) and tracker.rope is None:
+            pending.positions = given
         stack[:] = [pending]
     return pre
 
@@ -188,28 +177,26 @@ def _rotary(tracker: Tracker) -> Callable[..., None]:
         pending = stack[-1] if stack else None
         positions = rotary_positions(args, kwargs)
         if pending is not None and pending.positions is None and positions is not None:
-            pending.positions = as_rows(positions, pending.batch, pending.f)
+            pending.positions = positions  # shaped when the ledger is folded (kvresume.writes.as_rows)
     return rotary
 
 
-def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Ledger | None:
-    """The ledger entries of this write (on the cache's device), or None where the cache cannot show its slots."""
-    layer = print_layer(cache)
-    prints = slot_prints(cache, layer, pending.past, pending.past + pending.f)
+def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
+    """This write as seen (references, and a copy of its fingerprints), or None where the cache cannot show its slots."""
+    layer = pending.layer
+    grown = pending.grown
+    if grown is not None:  # its keys are replaced, never written in place: a view stays what was written (copied at
+        prints, retains = key_prints(grown.keys, pending.past, pending.past + pending.f), grown.keys.nbytes  # fold)
+    else:
+        prints, retains = slot_prints(cache, layer, pending.past, pending.past + pending.f), 0
+        prints = None if prints is None else prints.clone()
     if prints is None and (layer is not None or unfollowed(cache)):
         ledger_owner(cache).__dict__[UNFOLLOWED] = unfollowed(cache) or "its last full-attention layer lacks the slots"
         return None  # the layer does not hold the written slots as keys (a QuantizedCache): not followed
-    device = prints.device if prints is not None else "cpu"
-    ids = pending.ids
-    ids = ids.detach().long() if ids is not None else torch.full((pending.batch, pending.f), UNKNOWN, device=device)
-    positions = pending.positions
-    if positions is None:
-        positions = (pending.past + torch.arange(pending.f, device=ids.device)).view(1, 1, -1)
-        positions = positions.expand(1, pending.batch, pending.f)
-    state = compat.get_rope_state(tracker.model) if compat.rope_state_owner(tracker.model) is not None else None
+    state = compat.get_rope_state(tracker.model) if tracker.rope_state else None
     state = state.detach().clone() if isinstance(state, torch.Tensor) else state
-    return Ledger(ids, positions.detach().long(), _slot_mask(pending.mask, pending.batch, pending.f, ids.device), state,
-                  None if prints is None else prints.clone(), layer)
+    return Write(pending.ids, pending.positions, pending.mask, prints, layer, state, pending.past, pending.batch,
+                 pending.f, retains)
 
 
 def _post(tracker: Tracker) -> Callable[..., None]:
@@ -222,13 +209,20 @@ def _post(tracker: Tracker) -> Callable[..., None]:
             pending.cache = compat.output_cache(out)
             if pending.cache is None:
                 return
-        written = _held(pending.cache)[0] - pending.past
+        if pending.layer is None:
+            pending.layer = known_layer(pending.cache)
+            pending.grown = grown_layer(pending.cache, pending.layer)
+        grown = pending.grown
+        written = (grown.keys.shape[-2] if grown is not None else cache_held(pending.cache)[0]) - pending.past
         chunk = _chunk(tracker, pending, pending.cache) if written == pending.f else None
         if chunk is None:  # the cache did not take f slots, or cannot show them: untracked
             attach_ledger(pending.cache, None)
             return
         add_chunk(pending.cache, chunk)
-        note_linear(pending.cache, pending.past + pending.f)
+        if tracker.linear is None:
+            tracker.linear = bool(linear_layers(pending.cache))
+        if tracker.linear:
+            note_linear(pending.cache, pending.past + pending.f)
     return post
 
 
@@ -237,12 +231,12 @@ def track(model: torch.nn.Module) -> Tracker:
     existing = model.__dict__.get(HANDLE_ATTR)
     if existing is not None:
         return existing
-    tracker = Tracker(model)
+    tracker = Tracker(model, rope=rotary_embedding(model), rope_state=compat.rope_state_owner(model) is not None,
+                      decoder=_decoder(model))
     tracker.handles += [model.register_forward_pre_hook(_pre(tracker), with_kwargs=True),
                         model.register_forward_hook(_post(tracker), with_kwargs=True)]
-    rope = rotary_embedding(model)
-    if rope is not None:
-        tracker.handles.append(rope.register_forward_pre_hook(_rotary(tracker), with_kwargs=True))
+    if tracker.rope is not None:
+        tracker.handles.append(tracker.rope.register_forward_pre_hook(_rotary(tracker), with_kwargs=True))
     model.__dict__[HANDLE_ATTR] = tracker
     return tracker
 
