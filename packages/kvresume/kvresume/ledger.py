@@ -153,6 +153,17 @@ class Tail:
     batch: int = 0
     retains: int = 0  # bytes the writes' fingerprint views keep alive
 
+    def __deepcopy__(self, memo: dict) -> "Tail":
+        """A copy holding the folded ledger (a copy of each write's fingerprint view would copy the keys it views)."""
+        import copy
+
+        return Tail([copy.deepcopy(joined(self.chunks), memo)] if self.chunks else [], self.length, self.batch)
+
+    def __getstate__(self) -> dict:
+        """Pickled folded (torch.save / pickle), for the same reason."""
+        return {"chunks": [joined(self.chunks)] if self.chunks else [], "length": self.length, "batch": self.batch,
+                "retains": 0}
+
 
 def empty_ledger(batch: int, rows: int = 1, device: Any = "cpu") -> Ledger:
     """A ledger of no slots."""
