@@ -24,13 +24,24 @@ def _layers(cache: Any) -> list[Any]:
 
 
 def print_layer(cache: Any) -> int | None:
-    """The index of the last non-sliding layer that stores 4-D keys, or None."""
-    found = None
+    """The index of the last non-sliding layer that stores 4-D keys; else of the last sliding one (it shows only its
+    window: `window_start`); None without either."""
+    found = sliding = None
     for i, layer in enumerate(_layers(cache)):
         keys = getattr(layer, "keys", None)
-        if isinstance(keys, torch.Tensor) and keys.dim() == 4 and not getattr(layer, "is_sliding", False):
-            found = i
-    return found
+        if isinstance(keys, torch.Tensor) and keys.dim() == 4:
+            if getattr(layer, "is_sliding", False):
+                sliding = i
+            else:
+                found = i
+    return found if found is not None else sliding
+
+
+def window_start(cache: Any, layer: int, held: int) -> int | None:
+    """The first slot a sliding layer's keys show (it keeps its last ones) when the cache holds `held`; None for a
+    layer that shows every slot from 0."""
+    lay = _layers(cache)[layer]
+    return held - int(lay.keys.shape[-2]) if getattr(lay, "is_sliding", False) else None
 
 
 def known_layer(cache: Any) -> int | None:
@@ -51,6 +62,19 @@ def known_layer(cache: Any) -> int | None:
 def bits(values: torch.Tensor) -> torch.Tensor:
     """The raw bits of float values as integers of the same width (exact equality, NaN == NaN)."""
     return values.view(_INT[values.element_size()]) if values.is_floating_point() else values
+
+
+def window_prints(cache: Any, layer: int, start: int, stop: int) -> torch.Tensor | None:
+    """A sliding layer's fingerprints of slots start..stop-1 (stop: the slots held), zeros for those it no longer
+    shows (a prefill longer than its window: never compared, they are gone); a copy. None: nothing shown."""
+    keys = _layers(cache)[layer].keys
+    first = stop - int(keys.shape[-2])
+    if first >= stop:
+        return None
+    shown = key_prints(keys, max(start, first) - first, stop - first).clone()
+    if start >= first:
+        return shown
+    return torch.cat([shown.new_zeros(shown.shape[0], first - start, shown.shape[-1]), shown], 1)
 
 
 def slot_prints(cache: Any, layer: int | None, start: int, stop: int) -> torch.Tensor | None:
@@ -78,7 +102,8 @@ def grown_layer(cache: Any, i: int | None) -> Any:
     if i is None:
         return None
     layer = (getattr(cache, "self_attention_cache", None) or cache).layers[i]
-    return None if hasattr(layer, "max_cache_len") or hasattr(layer, "residual_length") else layer
+    return None if hasattr(layer, "max_cache_len") or hasattr(layer, "residual_length") or \
+        getattr(layer, "is_sliding", False) else layer
 
 
 def match(now: torch.Tensor, recorded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,6 @@
 """The token ledger: per cache, per batch row, the token id, position and mask bit each stored slot was written with,
 and the slot's content fingerprint (kvresume.fingerprint) that ties the entry to what the cache holds.
+The tracker's writes wait on the cache as a `kvresume.writes.Tail` (TAIL) until `stored_ledger` folds them in.
 
 A `Ledger` is kept as an attribute of the (self-attention) cache object, so `copy.deepcopy`, `pickle` and
 `torch.save`/`torch.load(weights_only=False)` carry it with the cache. It stays on the cache's device; the tracker
@@ -8,23 +9,22 @@ re-concatenation. Nothing of the cache is wrapped: `ledger_of(cache)` reads the 
 now: its first `get_seq_length()` slots (a crop trims lazily), and per slot the recorded row whose fingerprint the
 cache's row holds (rows selected, repeated, reordered, beams: followed; written while untracked, or changed by hand:
 no match, so the ledger is stale and not read, and `stale_prefix` says how many first slots still match). A ledger
-without fingerprints (the factory's, from token ids) is trusted by count. An eviction keeps the retained slots'
+without fingerprints (the factory's, from token ids) is trusted by count. A cache with only sliding layers shows
+its window alone: read where every row still holds its own entries there, else untracked (rows not followed). An eviction keeps the retained slots'
 entries (`keep_slots`).
 """
 from __future__ import annotations  # upstream: drop
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
 
-from .fingerprint import match, print_layer, slot_prints  # upstream: drop
+from .fingerprint import match, print_layer, slot_prints, window_start  # upstream: drop
 
 ATTR = "kv_ledger"
 TAIL = "kv_ledger_tail"
 UNKNOWN = -1  # the token id of a slot written from embeddings
-FOLD = 64  # chunks kept unfolded
-RETAIN = 64 * 2**20  # or fewer, where their fingerprint views keep more bytes of replaced keys alive
 
 
 @dataclass
@@ -144,27 +144,6 @@ def joined(parts: list[Any]) -> Ledger:
                   torch.cat(prints, 1) if all(x is not None for x in prints) else None, parts[-1].layer)
 
 
-@dataclass
-class Tail:
-    """Writes not yet folded into the ledger: their chunks, and the slots and rows the ledger then has."""
-
-    chunks: list[Any] = field(default_factory=list)
-    length: int = 0
-    batch: int = 0
-    retains: int = 0  # bytes the writes' fingerprint views keep alive
-
-    def __deepcopy__(self, memo: dict) -> "Tail":
-        """A copy holding the folded ledger (a copy of each write's fingerprint view would copy the keys it views)."""
-        import copy
-
-        return Tail([copy.deepcopy(joined(self.chunks), memo)] if self.chunks else [], self.length, self.batch)
-
-    def __getstate__(self) -> dict:
-        """Pickled folded (torch.save / pickle), for the same reason."""
-        return {"chunks": [joined(self.chunks)] if self.chunks else [], "length": self.length, "batch": self.batch,
-                "retains": 0}
-
-
 def empty_ledger(batch: int, rows: int = 1, device: Any = "cpu") -> Ledger:
     """A ledger of no slots."""
     long = dict(dtype=torch.long, device=device)
@@ -186,32 +165,6 @@ def cache_held(cache: Any) -> tuple[int, int | None]:
             batch = int(keys.shape[0])
             break
     return int(cache.get_seq_length()), batch
-
-
-def recorded(cache: Any) -> tuple[int, int] | None:
-    """(slots, rows) the stored ledger has with its unfolded writes, without folding; None: no ledger."""
-    owner = ledger_owner(cache)
-    tail = owner.__dict__.get(TAIL)
-    if tail is not None and tail.chunks:
-        return tail.length, tail.batch
-    led = owner.__dict__.get(ATTR)
-    return None if led is None else (led.length, led.batch)
-
-
-def add_chunk(cache: Any, chunk: Any) -> None:
-    """Record one write (a Ledger or a kvresume.writes.Write of the ledger's rows, or the first write); folded in
-    every FOLD writes."""
-    owner = ledger_owner(cache)
-    tail = owner.__dict__.get(TAIL)
-    if tail is None or not tail.chunks:
-        base = owner.__dict__.get(ATTR)
-        tail = Tail([base] if base is not None else [], base.length if base is not None else 0, chunk.batch)
-        owner.__dict__[TAIL] = tail
-    tail.chunks.append(chunk)
-    tail.length += chunk.length
-    tail.retains += getattr(chunk, "retains", 0)
-    if len(tail.chunks) >= FOLD or tail.retains > RETAIN:
-        stored_ledger(cache)
 
 
 def stored_ledger(cache: Any) -> Ledger | None:
@@ -240,11 +193,29 @@ def fitted(led: Ledger, cache: Any) -> tuple[Ledger, torch.Tensor] | None:
     """(the ledger per slot mapped to the cache's rows, found [batch, slots]: which slots hold a recorded fingerprint);
     None where the ledger has no fingerprints or the cache's layer cannot show them all. No host sync."""
     p = _prints(led)
+    if p is not None and led.length and led.layer is not None and \
+            window_start(cache, led.layer, led.length) is not None:
+        return _window_fit(led, cache)
     now = slot_prints(cache, led.layer, 0, led.length) if p is not None and led.length else None
     if now is None or now.shape[-1] != p.shape[-1] or now.dtype != p.dtype:
         return None
     index, found = match(now, p.to(now.device))
     return led.gather(index), found
+
+
+def _window_fit(led: Ledger, cache: Any) -> tuple[Ledger, torch.Tensor] | None:
+    """A cache whose fingerprint layer slides (no full-attention layer): its rows are not followed, since the slots
+    before its window cannot be compared; the ledger is read only where every shown slot of every row holds the
+    ledger's own row's fingerprint (found: all slots, or none). None: rows of another count."""
+    first = window_start(cache, led.layer, led.length)
+    p = _prints(led)
+    now = slot_prints(cache, led.layer, 0, led.length - first)
+    if first < 0 or now is None or now.shape[0] != led.batch or now.shape[-1] != p.shape[-1]:
+        return None
+    index, found = match(now, p[:, first:].to(now.device))
+    rows = torch.arange(led.batch, device=index.device).view(-1, 1)
+    same = found.all() & (index == rows).all()
+    return led, same.expand(led.batch, led.length)
 
 
 def _by_count(led: Ledger, batch: int | None) -> Ledger | None:
@@ -282,6 +253,8 @@ def stale_prefix(cache: Any) -> tuple[int, int, int] | None:
     if led is None or _prints(led) is None:
         return None
     held = cache_held(cache)[0]
+    if led.layer is not None and held and window_start(cache, led.layer, held) is not None:
+        return None  # a sliding window shows too little to name the slots: the cache is read as untracked
     fit = fitted(led.first(min(led.length, held)), cache)
     if fit is None or bool(fit[1].all()):
         return None

@@ -21,10 +21,11 @@ import torch
 from . import compat  # upstream: drop
 from .compat import rotary_embedding  # upstream: drop
 from .linear_checks import linear_layers, note_linear  # upstream: drop
-from .fingerprint import grown_layer, key_prints, known_layer, slot_prints, unfollowed  # upstream: drop
-from .writes import Write, as_rows  # upstream: drop  (as_rows: the guard imports it from here)
-from .ledger import (ATTR, TAIL, add_chunk, adopt_prints, attach_ledger, cache_held,  # upstream: drop
-                     fitted, ledger_owner, recorded, stored_ledger)  # upstream: drop
+from .fingerprint import (grown_layer, key_prints, known_layer, slot_prints, unfollowed, window_prints,  # upstream: drop
+                          window_start)  # upstream: drop
+from .writes import TAIL, Write, add_chunk, as_rows, recorded  # upstream: drop  (as_rows: the guard's import)
+from .ledger import (ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner,  # upstream: drop
+                     stored_ledger)  # upstream: drop
 
 HANDLE_ATTR = "_kv_ledger_tracker"
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
@@ -187,6 +188,8 @@ def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
     grown = pending.grown
     if grown is not None:  # its keys are replaced, never written in place: a view stays what was written (copied at
         prints, retains = key_prints(grown.keys, pending.past, pending.past + pending.f), grown.keys.nbytes  # fold)
+    elif layer is not None and window_start(cache, layer, pending.past + pending.f) is not None:  # a sliding layer
+        prints, retains = window_prints(cache, layer, pending.past, pending.past + pending.f), 0
     else:
         prints, retains = slot_prints(cache, layer, pending.past, pending.past + pending.f), 0
         prints = None if prints is None else prints.clone()

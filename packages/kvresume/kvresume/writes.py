@@ -7,12 +7,15 @@ positions and making default ids/positions happen at fold time, FOLD writes at o
 """
 from __future__ import annotations  # upstream: drop
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .ledger import UNKNOWN, Ledger  # upstream: drop
+from .ledger import ATTR, TAIL, UNKNOWN, Ledger, joined, ledger_owner, stored_ledger  # upstream: drop
+
+FOLD = 64  # writes kept unfolded
+RETAIN = 64 * 2**20  # or fewer, where their fingerprint views keep more bytes of replaced keys alive
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
@@ -97,3 +100,50 @@ class Write:
         return Ledger(plain(torch.cat([w.ids for w in writes], 1)), positions,
                       torch.cat([slot_mask(w.mask, w.batch, w.f, w.ids.device) for w in writes], 1), writes[-1].state,
                       torch.cat([w.prints for w in writes], 1), writes[-1].layer)
+
+
+@dataclass
+class Tail:
+    """Writes not yet folded into the ledger: their chunks, and the slots and rows the ledger then has."""
+
+    chunks: list[Any] = field(default_factory=list)
+    length: int = 0
+    batch: int = 0
+    retains: int = 0  # bytes the writes' fingerprint views keep alive
+
+    def __deepcopy__(self, memo: dict) -> "Tail":
+        """A copy holding the folded ledger (a copy of each write's fingerprint view would copy the keys it views)."""
+        import copy
+
+        return Tail([copy.deepcopy(joined(self.chunks), memo)] if self.chunks else [], self.length, self.batch)
+
+    def __getstate__(self) -> dict:
+        """Pickled folded (torch.save / pickle), for the same reason."""
+        return {"chunks": [joined(self.chunks)] if self.chunks else [], "length": self.length, "batch": self.batch,
+                "retains": 0}
+
+
+def recorded(cache: Any) -> tuple[int, int] | None:
+    """(slots, rows) the stored ledger has with its unfolded writes, without folding; None: no ledger."""
+    owner = ledger_owner(cache)
+    tail = owner.__dict__.get(TAIL)
+    if tail is not None and tail.chunks:
+        return tail.length, tail.batch
+    led = owner.__dict__.get(ATTR)
+    return None if led is None else (led.length, led.batch)
+
+
+def add_chunk(cache: Any, chunk: Any) -> None:
+    """Record one write (a Ledger or a kvresume.writes.Write of the ledger's rows, or the first write); folded in
+    every FOLD writes."""
+    owner = ledger_owner(cache)
+    tail = owner.__dict__.get(TAIL)
+    if tail is None or not tail.chunks:
+        base = owner.__dict__.get(ATTR)
+        tail = Tail([base] if base is not None else [], base.length if base is not None else 0, chunk.batch)
+        owner.__dict__[TAIL] = tail
+    tail.chunks.append(chunk)
+    tail.length += chunk.length
+    tail.retains += getattr(chunk, "retains", 0)
+    if len(tail.chunks) >= FOLD or tail.retains > RETAIN:
+        stored_ledger(cache)
