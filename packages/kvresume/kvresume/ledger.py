@@ -10,8 +10,8 @@ now: its first `get_seq_length()` slots (a crop trims lazily), and per slot the 
 cache's row holds (rows selected, repeated, reordered, beams: followed; written while untracked, or changed by hand:
 no match, so the ledger is stale and not read, and `stale_prefix` says how many first slots still match). A ledger
 without fingerprints (the factory's, from token ids) is trusted by count. A cache with only sliding layers shows
-its window alone: read where every row still holds its own entries there, else untracked (rows not followed). An eviction keeps the retained slots'
-entries (`keep_slots`).
+its window alone: read where every row still holds its own entries there, else untracked (rows not followed).
+An eviction keeps the retained slots' entries (`keep_slots`).
 """
 from __future__ import annotations  # upstream: drop
 

@@ -186,12 +186,12 @@ def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
     """This write as seen (references, and a copy of its fingerprints), or None where the cache cannot show its slots."""
     layer = pending.layer
     grown = pending.grown
-    if grown is not None:  # its keys are replaced, never written in place: a view stays what was written (copied at
-        prints, retains = key_prints(grown.keys, pending.past, pending.past + pending.f), grown.keys.nbytes  # fold)
+    if grown is not None:  # a copy: reset() zeroes keys in place, and a view would keep replaced keys alive
+        prints = key_prints(grown.keys, pending.past, pending.past + pending.f).clone()
     elif layer is not None and window_start(cache, layer, pending.past + pending.f) is not None:  # a sliding layer
-        prints, retains = window_prints(cache, layer, pending.past, pending.past + pending.f), 0
+        prints = window_prints(cache, layer, pending.past, pending.past + pending.f)
     else:
-        prints, retains = slot_prints(cache, layer, pending.past, pending.past + pending.f), 0
+        prints = slot_prints(cache, layer, pending.past, pending.past + pending.f)
         prints = None if prints is None else prints.clone()
     if prints is None and (layer is not None or unfollowed(cache)):
         ledger_owner(cache).__dict__[UNFOLLOWED] = unfollowed(cache) or "its last full-attention layer lacks the slots"
@@ -199,7 +199,7 @@ def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
     state = compat.get_rope_state(tracker.model) if tracker.rope_state else None
     state = state.detach().clone() if isinstance(state, torch.Tensor) else state
     return Write(pending.ids, pending.positions, pending.mask, prints, layer, state, pending.past, pending.batch,
-                 pending.f, retains)
+                 pending.f)
 
 
 def _post(tracker: Tracker) -> Callable[..., None]:

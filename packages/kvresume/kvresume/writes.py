@@ -1,8 +1,7 @@
 """One tracked write as the hooks saw it: references to the fed ids, positions and mask, and a copy of the written
-slots' fingerprints (a view where the layer's keys are replaced on every write, never changed in place: the fold
-copies it); turned into ledger entries (`Write.ledger()`) only when the ledger is folded or read.
+slots' fingerprints; turned into ledger entries (`Write.ledger()`) only when the ledger is folded or read.
 
-The decode path thus runs one tensor op per step (the fingerprint's view); copying it, slicing the mask, shaping the
+The decode path thus runs two tensor ops per step (the fingerprint's view and its copy); slicing the mask, shaping the
 positions and making default ids/positions happen at fold time, FOLD writes at once (kvresume.ledger).
 """
 from __future__ import annotations  # upstream: drop
@@ -15,7 +14,6 @@ import torch
 from .ledger import ATTR, TAIL, UNKNOWN, Ledger, joined, ledger_owner, stored_ledger  # upstream: drop
 
 FOLD = 64  # writes kept unfolded
-RETAIN = 64 * 2**20  # or fewer, where their fingerprint views keep more bytes of replaced keys alive
 
 
 def plain(t: torch.Tensor) -> torch.Tensor:
@@ -58,7 +56,6 @@ class Write:
     past: int
     batch: int
     f: int
-    retains: int = 0  # bytes a fingerprint view keeps alive until the fold copies it
 
     @property
     def length(self) -> int:
@@ -75,7 +72,7 @@ class Write:
         else:
             positions = as_rows(self.positions, self.batch, self.f)
         return Ledger(ids, positions, slot_mask(self.mask, self.batch, self.f, ids.device), self.state, self.prints,
-                      self.layer)  # a fingerprint view: bulk's cat copies it
+                      self.layer)
 
     @staticmethod
     def bulk(writes: list["Write"]) -> Ledger:
@@ -109,18 +106,17 @@ class Tail:
     chunks: list[Any] = field(default_factory=list)
     length: int = 0
     batch: int = 0
-    retains: int = 0  # bytes the writes' fingerprint views keep alive
 
     def __deepcopy__(self, memo: dict) -> "Tail":
-        """A copy holding the folded ledger (a copy of each write's fingerprint view would copy the keys it views)."""
+        """A copy holding the folded ledger (a copy of each write's ids and mask views would copy the whole tensors
+        they view)."""
         import copy
 
         return Tail([copy.deepcopy(joined(self.chunks), memo)] if self.chunks else [], self.length, self.batch)
 
     def __getstate__(self) -> dict:
         """Pickled folded (torch.save / pickle), for the same reason."""
-        return {"chunks": [joined(self.chunks)] if self.chunks else [], "length": self.length, "batch": self.batch,
-                "retains": 0}
+        return {"chunks": [joined(self.chunks)] if self.chunks else [], "length": self.length, "batch": self.batch}
 
 
 def recorded(cache: Any) -> tuple[int, int] | None:
@@ -144,6 +140,5 @@ def add_chunk(cache: Any, chunk: Any) -> None:
         owner.__dict__[TAIL] = tail
     tail.chunks.append(chunk)
     tail.length += chunk.length
-    tail.retains += getattr(chunk, "retains", 0)
-    if len(tail.chunks) >= FOLD or tail.retains > RETAIN:
+    if len(tail.chunks) >= FOLD:
         stored_ledger(cache)

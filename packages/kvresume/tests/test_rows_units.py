@@ -85,3 +85,13 @@ def test_a_bulk_fold_equals_write_by_write():
     odd = writes[:1] + [Write(None, None, None, prints[:, 2:3], 3, None, 2, 2, 1)]  # embeddings, no positions
     mixed = Write.bulk(odd)
     assert mixed.token_ids[:, 2].tolist() == [UNKNOWN, UNKNOWN] and mixed.positions[0, :, 2].tolist() == [2, 2]
+
+
+def test_a_reset_cache_is_not_read_as_its_ledger():
+    m = build("dense")
+    with track(m), torch.no_grad():
+        cache = m(input_ids=torch.arange(10, 22).view(1, -1), use_cache=True).past_key_values
+    assert ledger_of(cache) is not None
+    cache.reset()  # keys zeroed in place (5.17.0 keeps the length; 5.25.0 reports 0: an empty ledger)
+    led = ledger_of(cache)
+    assert led is None or led.length == 0
