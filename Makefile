@@ -29,7 +29,7 @@ KEY ?=
 GOOD ?=
 BAD ?=
 
-.PHONY: help env share run-all run test test-fast report matrix bisect gpu-plan gpu-check gpu-wheels mutants upstream-tests clean
+.PHONY: help env share run-all run test test-fast report matrix bisect gpu-plan gpu-check gpu-wheels mutants upstream-tests bench clean
 .DEFAULT_GOAL := help
 
 help: ## this list: every target with one line
@@ -127,6 +127,13 @@ mutants: env ## mutation testing of the decision functions (MODULES= restricts i
 UPSTREAM_RELEASES ?=
 upstream-tests: env ## write outputs/upstream/test_resume_contract.py (standalone) and run it (UPSTREAM_RELEASES= adds releases)
 	$(PY) -m helpers.api.upstream $(if $(UPSTREAM_RELEASES),--releases $(UPSTREAM_RELEASES))
+
+# bench: what kvresume.track costs: ms per decoded token tracked vs untracked (the tiny model and a ~64M random Qwen3,
+# 256 new tokens, median of 5 interleaved runs in one process) and one resume()'s extra memory; the table goes into
+# docs/performance.md ("Tracking cost"). BENCH_ARGS="--runs 9 --new 128 --device cuda" changes it.
+BENCH_ARGS ?=
+bench: env ## tracking cost per decoded token (tracked vs untracked) and one resume()'s memory, into docs/performance.md
+	$(PY) -m helpers.pipeline.tools.bench --write $(BENCH_ARGS)
 
 clean: ## remove everything a run left in outputs/
 	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/bisect outputs/SUMMARY.md outputs/timings.json outputs/run.json outputs/upstream

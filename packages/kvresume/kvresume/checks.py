@@ -22,6 +22,7 @@ from .call import ResumeCall, ResumeInputError, self_attention_cache  # upstream
 from .ledger_checks import (ledger_length, ledger_mask, ledger_positions, ledger_processed,  # upstream: drop
                             ledger_tokens)  # upstream: drop
 from .linear_checks import linear_length, linear_rollback  # upstream: drop
+from .row_checks import ledger_rows, ledger_stale  # upstream: drop
 from .vision import new_vision_tokens  # upstream: drop
 
 
@@ -204,6 +205,8 @@ def positions_at_processed(call: ResumeCall) -> None:
 
 CHECKS: list[Check] = [
     Check("empty_input", empty_input),
+    Check("ledger_rows", ledger_rows),
+    Check("ledger_stale", ledger_stale),
     Check("ledger_tokens", ledger_tokens),
     Check("ledger_length", ledger_length),
     Check("linear_state", linear_state),

@@ -17,25 +17,26 @@ import torch
 
 from . import compat  # upstream: drop
 from .call import ResumeCall, refuse  # upstream: drop
+from .fingerprint import bits  # upstream: drop
 from .ledger import ledger_owner  # upstream: drop
 
 ATTR = "kv_linear_marks"  # [(tokens the linear layers had processed, fingerprint of their recurrent states)]
 KEEP = 64  # marks kept per cache
+FP_VALUES = 16  # recurrent-state values per row in a fingerprint
 
 
-def _linear_layers(cache: Any) -> list[Any]:
+def linear_layers(cache: Any) -> list[Any]:
     return [l for l in compat.cache_layers(ledger_owner(cache)) if isinstance(getattr(l, "conv_states", None), dict)]
 
 
-def fingerprint(cache: Any) -> tuple[float, ...] | None:
-    """(sum, sum |x|) of every linear layer's recurrent state in float64; None without one."""
-    out: list[float] = []
-    for layer in _linear_layers(cache):
-        for state in getattr(layer, "recurrent_states", {}).values():
-            if isinstance(state, torch.Tensor) and state.numel():
-                s = state.detach().double()
-                out += [float(s.sum()), float(s.abs().sum())]
-    return tuple(out) or None
+def fingerprint(cache: Any) -> torch.Tensor | None:
+    """Raw bits of the first FP_VALUES values per row of the last linear layer's recurrent state (a copy, on its
+    device: no host sync); None without one. A rolled-back state is a bitwise copy of an earlier one."""
+    for layer in reversed(linear_layers(cache)):
+        states = [s for s in getattr(layer, "recurrent_states", {}).values() if isinstance(s, torch.Tensor) and s.numel()]
+        if states:
+            return bits(states[-1].detach().flatten(1)[:, :FP_VALUES]).clone()
+    return None
 
 
 def note_linear(cache: Any, length: int) -> None:
@@ -48,6 +49,14 @@ def note_linear(cache: Any, length: int) -> None:
     setattr(owner, ATTR, marks + [(int(length), mark)])
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Two fingerprints are equal (tensors bitwise, tuples by value)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and \
+            a.dtype == b.dtype and torch.equal(a, b.to(a.device))
+    return a == b
+
+
 def _keeps_history() -> bool:
     """This release's activate_past_recording takes recurrent_states_to_keep (5.25.0+)."""
     from transformers import DynamicCache
@@ -56,10 +65,10 @@ def _keeps_history() -> bool:
     return method is not None and "recurrent_states_to_keep" in inspect.signature(method).parameters
 
 
-def stale_length(marks: list[tuple[int, tuple[float, ...]]], now: tuple[float, ...] | None, held: int) -> int | None:
+def stale_length(marks: list[tuple[int, Any]], now: Any, held: int) -> int | None:
     """The tokens the linear layers' recurrent state `now` summarises (the longest noted with that fingerprint) where
     that is more than the `held` tokens the cache holds: a crop that did not roll it back; else None."""
-    seen = [length for length, mark in marks if now is not None and mark == now]
+    seen = [length for length, mark in marks if now is not None and _same(mark, now)]
     return max(seen) if seen and max(seen) > held else None
 
 

@@ -40,7 +40,7 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
     """generate() from `cache` for the whole sequence `input_ids`, reusing the longest cached common prefix."""
     led = ledger_of(cache)
     name = compat.generate_cache_kwarg(model)
-    if led is None:
+    if led is None or led.batch != int(input_ids.shape[0]):  # untracked or stale, or rows to select: the guard says
         return guarded_generate(model, input_ids, **{name: cache}, **generate_kwargs)
     n = int(input_ids.shape[-1])
     keep = min(led.common_prefix(input_ids), n - 1)

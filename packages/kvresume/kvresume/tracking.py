@@ -1,14 +1,17 @@
-"""`track(model)`: record a token ledger (helpers.api.ledger) for every forward call and generate() that writes to a cache.
+"""`track(model)`: record a token ledger (kvresume.ledger) for every forward call and generate() that writes to a cache.
 
 Hooks only, nothing patched: a forward pre-hook on the model reads the cache, the ids (the decoder's for an
 encoder-decoder; embeddings are recorded as unknown ids), the mask and the cache's length before the call; a pre-hook
 on the text rotary embedding reads the positions the model actually rotates with (the 3 M-RoPE rows where the model
-has them; a model without a rotary embedding: the cache positions); the forward hook appends one ledger entry per
-written slot and the model-side state (`rope_deltas`) after the call. A cache that was written before tracking started
-(or while untracked) gets no ledger: it stays untracked. `first_positions(model)` is the same rotary read for one call.
+has them; a model without a rotary embedding: the cache positions); the forward hook adds one chunk of entries for the
+written slots, with their fingerprints (kvresume.fingerprint) and the model-side state (`rope_deltas`) after the call.
+The decode path keeps every tensor on the cache's device and decides on Python ints only (no host sync): rows that
+beam search reorders are followed when the ledger is read, by fingerprint. A cache written before tracking started
+(or while untracked) gets no ledger: it stays untracked. Pending writes are kept per thread.
 """
 from __future__ import annotations  # upstream: drop
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -17,20 +20,25 @@ import torch
 
 from . import compat  # upstream: drop
 from .compat import rotary_embedding  # upstream: drop
-from .linear_checks import note_linear  # upstream: drop
-from .ledger import (UNKNOWN, Ledger, attach_ledger, cache_held, empty_ledger,  # upstream: drop
-                     ledger_of)  # upstream: drop
+from .linear_checks import linear_layers, note_linear  # upstream: drop
+from .fingerprint import (grown_layer, key_prints, known_layer, slot_prints, unfollowed, window_prints,  # upstream: drop
+                          window_start)  # upstream: drop
+from .writes import TAIL, Write, add_chunk, as_rows, recorded  # upstream: drop  (as_rows: the guard's import)
+from .ledger import (ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner,  # upstream: drop
+                     stored_ledger)  # upstream: drop
 
 HANDLE_ATTR = "_kv_ledger_tracker"
+UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
 
 
 def _decoder(model: torch.nn.Module) -> bool:
     return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
 
 
-def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any]) -> tuple[torch.Tensor | None, int | None, int | None]:
+def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any],
+            decoder: bool | None = None) -> tuple[torch.Tensor | None, int | None, int | None]:
     """(ids or None for embeddings, batch, tokens) of one forward call."""
-    prefix = "decoder_" if _decoder(model) else ""
+    prefix = "decoder_" if (_decoder(model) if decoder is None else decoder) else ""
     ids, embeds = kwargs.get(f"{prefix}input_ids"), kwargs.get(f"{prefix}inputs_embeds")
     if isinstance(ids, torch.Tensor):
         ids = ids.view(1, -1) if ids.dim() == 1 else ids
@@ -38,19 +46,6 @@ def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any]) -> tuple[torch.Tenso
     if isinstance(embeds, torch.Tensor):
         return None, int(embeds.shape[0]), int(embeds.shape[1])
     return None, None, None
-
-
-def as_rows(positions: torch.Tensor, batch: int, f: int) -> torch.Tensor:
-    """Positions as [rows, batch, f]: 1-D/2-D ids as one row, 3-row M-RoPE ids as they are, 4 rows less the text row."""
-    p = positions.long()
-    if p.dim() == 3 and p.shape[0] == 4:
-        p = p[1:]
-    if p.dim() == 1:
-        p = p.view(1, 1, -1)
-    elif p.dim() == 2:
-        p = p.unsqueeze(0)
-    p = p[..., -f:]
-    return p.expand(p.shape[0], batch, p.shape[-1]) if p.shape[1] == 1 and batch != 1 else p
 
 
 def rotary_positions(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
@@ -62,22 +57,36 @@ def rotary_positions(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None
 @dataclass
 class _Pending:
     cache: Any
-    base: Ledger
     past: int
     ids: torch.Tensor | None
     batch: int
     f: int
     mask: Any
     positions: torch.Tensor | None = None
+    layer: int | None = None
+    grown: Any = None  # the fingerprint layer, where its keys' shape is the cache's length
 
 
 @dataclass
 class Tracker:
-    """The hooks `track` put on one model; `remove()` takes them off."""
+    """The hooks `track` put on one model; `remove()` takes them off. What a forward call will record is kept per
+    thread (`pending`), so two threads generating on one model keep their own ledgers."""
 
     model: torch.nn.Module
     handles: list[Any] = field(default_factory=list)
-    pending: list[_Pending] = field(default_factory=list)
+    local: threading.local = field(default_factory=threading.local, repr=False)
+    rope: Any = None  # the text rotary embedding (None: the model has none)
+    rope_state: bool = False  # the model keeps a position state (rope_deltas)
+    decoder: bool = False  # an encoder-decoder: the decoder's ids, mask and positions are read
+    linear: bool | None = None  # its caches have linear-attention layers (None: not seen yet)
+
+    @property
+    def pending(self) -> list[_Pending | None]:
+        """This thread's pending write (a one-entry list while a forward call runs)."""
+        stack = getattr(self.local, "pending", None)
+        if stack is None:
+            stack = self.local.pending = []
+        return stack
 
     def remove(self) -> None:
         for h in self.handles:
@@ -91,64 +100,132 @@ class Tracker:
         self.remove()
 
 
-def _slot_mask(mask: Any, batch: int, f: int) -> torch.Tensor:
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= f and mask.shape[0] == batch:
-        return mask[:, -f:].long()
-    return torch.ones(batch, f, dtype=torch.long)
+def _rebase(cache: Any, past: int, batch: int) -> bool:
+    """Fit the stored ledger to the cache before a write of `batch` rows after `past` tokens: trimmed to a crop, rows
+    followed by fingerprint where the cache's batch changed, fingerprints adopted where it has none (all on the
+    device, no host sync; the common decode step only compares Python ints). False: the cache stays untracked."""
+    have = recorded(cache)
+    if have is None or have[0] < past:  # untracked, or written while untracked
+        return False
+    owner = ledger_owner(cache)
+    base = owner.__dict__.get(ATTR) if owner.__dict__.get(TAIL) is None else None
+    if have == (past, batch) and (base is None or getattr(base, "prints", None) is not None):
+        return True
+    led = stored_ledger(cache).first(past)
+    if led.prints is None:
+        led = adopt_prints(cache, led)
+    if led.batch != batch:
+        fit = fitted(led, cache)
+        if fit is not None:
+            led = fit[0]
+        elif batch % led.batch == 0:
+            led = led.rows(torch.arange(led.batch, device=led.token_ids.device).repeat_interleave(batch // led.batch))
+        else:
+            attach_ledger(cache, None)
+            return False
+    attach_ledger(cache, led)
+    return True
+
+
+def _named(model: torch.nn.Module) -> list[str]:
+    """The forward's positional parameter names (positional arguments are read as these)."""
+    import inspect
+
+    try:
+        return [p.name for p in inspect.signature(model.forward).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        return []
 
 
 def _pre(tracker: Tracker) -> Callable[..., None]:
-    def pre(_m: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
+    names = _named(tracker.model)
+
+    def pre(_m: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        stack = tracker.pending
+        stack[:] = [None]
+        if args:
+            kwargs = {**dict(zip(names, args)), **kwargs}
         cache = compat.cache_from_kwargs(kwargs)  # None: the model makes its own (read from the output)
-        ids, batch, f = fed_ids(tracker.model, kwargs)
-        tracker.pending[:] = [None]  # type: ignore[list-item]
+        ids, batch, f = fed_ids(tracker.model, kwargs, tracker.decoder)
         if f is None or f == 0 or kwargs.get("use_cache") is False:
             return
-        past = cache_held(cache)[0] if cache is not None else 0
-        base = ledger_of(cache) if past else empty_ledger(batch)
-        if base is None or base.batch != batch:
-            return  # written while untracked, or rows the ledger cannot map: the cache stays untracked
-        mask = kwargs.get("decoder_attention_mask" if _decoder(tracker.model) else "attention_mask")
-        given = kwargs.get("decoder_position_ids" if _decoder(tracker.model) else "position_ids")
-        pending = _Pending(cache, base, past, ids, batch, f, mask)
-        if isinstance(given, torch.Tensor) and rotary_embedding(tracker.model) is None:
-            pending.positions = as_rows(given, batch, f)
-        tracker.pending[:] = [pending]  # type: ignore[list-item]
+        layer = known_layer(cache) if cache is not None else None
+        grown = grown_layer(cache, layer)
+        if grown is not None:
+            past, rows = grown.keys.shape[-2], grown.keys.shape[0]
+        else:
+            past, rows = cache_held(cache) if cache is not None else (0, None)
+        if rows is not None and rows != batch:
+            return  # the cache's rows are not the fed rows (generate() fails on it): nothing recorded
+        if cache is not None and not past:
+            attach_ledger(cache, None)
+        elif past and not _rebase(cache, past, batch):
+            return
+        decoder = tracker.decoder
+        mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
+        given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
+        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown)
+        if isinstance(given, torch.Tensor) and tracker.rope is None:
+            pending.positions = given
+        stack[:] = [pending]
     return pre
 
 
 def _rotary(tracker: Tracker) -> Callable[..., None]:
     def rotary(_m: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        pending = tracker.pending[-1] if tracker.pending else None
+        stack = tracker.pending
+        pending = stack[-1] if stack else None
         positions = rotary_positions(args, kwargs)
         if pending is not None and pending.positions is None and positions is not None:
-            pending.positions = as_rows(positions, pending.batch, pending.f)
+            pending.positions = positions  # shaped when the ledger is folded (kvresume.writes.as_rows)
     return rotary
+
+
+def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
+    """This write as seen (references, and a copy of its fingerprints), or None where the cache cannot show its slots."""
+    layer = pending.layer
+    grown = pending.grown
+    if grown is not None:  # a copy: reset() zeroes keys in place, and a view would keep replaced keys alive
+        prints = key_prints(grown.keys, pending.past, pending.past + pending.f).clone()
+    elif layer is not None and window_start(cache, layer, pending.past + pending.f) is not None:  # a sliding layer
+        prints = window_prints(cache, layer, pending.past, pending.past + pending.f)
+    else:
+        prints = slot_prints(cache, layer, pending.past, pending.past + pending.f)
+        prints = None if prints is None else prints.clone()
+    if prints is None and (layer is not None or unfollowed(cache)):
+        ledger_owner(cache).__dict__[UNFOLLOWED] = unfollowed(cache) or "its last full-attention layer lacks the slots"
+        return None  # the layer does not hold the written slots as keys (a QuantizedCache): not followed
+    state = compat.get_rope_state(tracker.model) if tracker.rope_state else None
+    state = state.detach().clone() if isinstance(state, torch.Tensor) else state
+    return Write(pending.ids, pending.positions, pending.mask, prints, layer, state, pending.past, pending.batch,
+                 pending.f)
 
 
 def _post(tracker: Tracker) -> Callable[..., None]:
     def post(_m: torch.nn.Module, _args: tuple, _kwargs: dict[str, Any], out: Any) -> None:
-        pending = tracker.pending.pop() if tracker.pending else None
+        stack = tracker.pending
+        pending = stack.pop() if stack else None
         if pending is None:
             return
         if pending.cache is None:
             pending.cache = compat.output_cache(out)
             if pending.cache is None:
                 return
-        written = cache_held(pending.cache)[0] - pending.past
-        if written != pending.f:  # the cache did not take f slots (a layout the ledger cannot follow): untracked
+        if pending.layer is None:
+            pending.layer = known_layer(pending.cache)
+            pending.grown = grown_layer(pending.cache, pending.layer)
+        grown = pending.grown
+        written = (grown.keys.shape[-2] if grown is not None else cache_held(pending.cache)[0]) - pending.past
+        chunk = _chunk(tracker, pending, pending.cache) if written == pending.f else None
+        if chunk is None:  # the cache did not take f slots, or cannot show them: untracked
             attach_ledger(pending.cache, None)
             return
-        ids = pending.ids if pending.ids is not None else torch.full((pending.batch, pending.f), UNKNOWN)
-        positions = pending.positions
-        if positions is None:
-            positions = (pending.past + torch.arange(pending.f)).view(1, 1, -1).expand(1, pending.batch, pending.f)
-        state = compat.get_rope_state(tracker.model) if compat.rope_state_owner(tracker.model) is not None else None
-        state = state.detach().clone() if isinstance(state, torch.Tensor) else state
-        new = pending.base.append(ids.detach().long().cpu(), positions.detach().long().cpu(),
-                                  _slot_mask(pending.mask, pending.batch, pending.f).cpu(), state)
-        attach_ledger(pending.cache, new)
-        note_linear(pending.cache, new.length)
+        add_chunk(pending.cache, chunk)
+        if tracker.linear is None:
+            tracker.linear = bool(linear_layers(pending.cache))
+        if tracker.linear:
+            note_linear(pending.cache, pending.past + pending.f)
     return post
 
 
@@ -157,12 +234,12 @@ def track(model: torch.nn.Module) -> Tracker:
     existing = model.__dict__.get(HANDLE_ATTR)
     if existing is not None:
         return existing
-    tracker = Tracker(model)
+    tracker = Tracker(model, rope=rotary_embedding(model), rope_state=compat.rope_state_owner(model) is not None,
+                      decoder=_decoder(model))
     tracker.handles += [model.register_forward_pre_hook(_pre(tracker), with_kwargs=True),
                         model.register_forward_hook(_post(tracker), with_kwargs=True)]
-    rope = rotary_embedding(model)
-    if rope is not None:
-        tracker.handles.append(rope.register_forward_pre_hook(_rotary(tracker), with_kwargs=True))
+    if tracker.rope is not None:
+        tracker.handles.append(tracker.rope.register_forward_pre_hook(_rotary(tracker), with_kwargs=True))
     model.__dict__[HANDLE_ATTR] = tracker
     return tracker
 

@@ -1,0 +1,166 @@
+"""`make bench`: what tracking costs. Per-token decode time of greedy generate() with the model tracked vs untracked
+(kvresume.track), on the tiny seeded model and a ~64M-parameter random Qwen3 (hidden 512, 10 layers), NEW new
+tokens, the median of RUNS interleaved runs each in this one process; and the peak extra memory of one resume()
+call (CUDA: measured by the allocator, tracked resume() minus untracked generate() on the same cache; CPU: the
+ledger's bytes and its read's largest temporary, computed from shapes). `--write` puts the table into
+docs/performance.md between its bench markers."""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+DOC = Path(__file__).resolve().parents[3] / "docs" / "performance.md"
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def mid_model() -> torch.nn.Module:
+    """A seeded random Qwen3: hidden 512, 10 layers, 8 heads (4 K/V), vocab 32000 (about 64M parameters)."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.Qwen3Config(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=10,
+                                   num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                                   max_position_embeddings=4096, tie_word_embeddings=False)
+    return transformers.Qwen3ForCausalLM(cfg).eval()
+
+
+def models() -> dict[str, Callable[[], torch.nn.Module]]:
+    from kvresume.testing import build
+
+    return {"tiny (kvresume.testing dense)": lambda: build("dense"), "Qwen3 random 512x10": mid_model}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def decode_seconds(m: torch.nn.Module, prompt: torch.Tensor, new: int, tracked: bool) -> float:
+    """Wall seconds of one greedy generate() of exactly `new` tokens, tracked or not."""
+    from kvresume import track
+
+    tracker = track(m) if tracked else None
+    try:
+        sync(prompt.device)
+        start = time.perf_counter()
+        with torch.no_grad():
+            m.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
+                       do_sample=False, pad_token_id=0)
+        sync(prompt.device)
+        return time.perf_counter() - start
+    finally:
+        if tracker is not None:
+            tracker.remove()
+
+
+def per_token(m: torch.nn.Module, prompt: torch.Tensor, new: int, runs: int) -> dict[bool, list[float]]:
+    """ms per token, untracked (False) and tracked (True), of `runs` interleaved pairs (the order alternates), after a
+    warm-up."""
+    decode_seconds(m, prompt, 8, False)
+    decode_seconds(m, prompt, 8, True)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(runs):
+        for tracked in ((False, True) if i % 2 == 0 else (True, False)):
+            times[tracked].append(decode_seconds(m, prompt, new, tracked) * 1000 / new)
+    return times
+
+
+def resume_memory(m: torch.nn.Module, prompt: torch.Tensor, new: int) -> str:
+    """The peak extra memory of one resume() on a tracked cache of prompt + `new` tokens (see the module doc)."""
+    from kvresume import ledger_of, resume, track
+    from kvresume.compat import generate_cache_kwarg
+    from kvresume.ledger import stored_ledger, without_ledger
+
+    with track(m), torch.no_grad():
+        out = m.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
+                         do_sample=False, pad_token_id=0, return_dict_in_generate=True)
+    cache, whole = out.past_key_values, torch.cat([out.sequences, prompt[:, :8]], 1)
+    led = stored_ledger(cache)
+    ledger_bytes = sum(t.numel() * t.element_size() for t in (led.token_ids, led.positions, led.mask, led.prints))
+    if prompt.device.type != "cuda":  # no allocator statistics on the CPU: the read's tensors, from their shapes
+        temp = led.batch * led.batch * led.length * led.prints.shape[-1] + 2 * ledger_bytes  # equality, gathered, host
+        return f"ledger {ledger_bytes / 1024:.1f} KiB; read temporaries about {temp / 1024:.1f} KiB (computed, CPU)"
+    kw = generate_cache_kwarg(m)
+
+    def peak(fn: Callable[[], Any]) -> int:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with torch.no_grad():
+            fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    plain = without_ledger(cache)
+    untracked = peak(lambda: m.generate(whole, attention_mask=torch.ones_like(whole), max_new_tokens=1,
+                                        pad_token_id=0, **{kw: copy.deepcopy(plain)}))
+    copied = copy.deepcopy(cache)
+    tracked = peak(lambda: resume(m, whole, copied, max_new_tokens=1, pad_token_id=0))
+    assert ledger_of(cache) is not None
+    return (f"resume() {tracked / 2**20:.2f} MiB vs untracked generate() {untracked / 2**20:.2f} MiB: "
+            f"{(tracked - untracked) / 2**20:+.2f} MiB; ledger {ledger_bytes / 1024:.1f} KiB")
+
+
+def table(device: torch.device, new: int, runs: int) -> list[str]:
+    """The bench as markdown lines."""
+    import transformers
+
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"CPU ({torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.2f} at the start)"
+    lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {name}, torch {torch.__version__}, "
+             f"transformers {transformers.__version__}: greedy generate() of {new} new tokens after a 32-token prompt, "
+             f"median of {runs} interleaved runs per arm in one process (`make bench`).", "",
+             "| model | parameters | untracked ms/token | tracked ms/token | overhead (median) | overhead (min) | "
+             "one resume(): extra memory |", "|---|---|---|---|---|---|---|"]
+    for label, make in models().items():
+        m = make().to(device)
+        if device.type == "cuda":
+            m = m.to(torch.bfloat16)
+        prompt = torch.randint(10, 2000, (1, 32), generator=torch.Generator().manual_seed(0)).to(device)
+        times = per_token(m, prompt, new, runs)
+        plain, tracked = statistics.median(times[False]), statistics.median(times[True])
+        low = 100 * (min(times[True]) / min(times[False]) - 1)
+        params = sum(p.numel() for p in m.parameters()) / 1e6
+        lines.append(f"| {label} | {params:.1f}M | {plain:.3f} | {tracked:.3f} | {100 * (tracked / plain - 1):+.1f}% | "
+                     f"{low:+.1f}% | {resume_memory(m, prompt, new)} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def write(lines: list[str], doc: Path = DOC) -> None:
+    """Replace the text between the bench markers of docs/performance.md (added at the end where absent)."""
+    text = doc.read_text()
+    block = "\n".join([BEGIN, *lines, END])
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + block + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n## Tracking cost (`make bench`)\n\n" + block + "\n"
+    doc.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--new", type=int, default=256)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: no OpenMP spinning on a shared CPU)")
+    parser.add_argument("--write", action="store_true", help="put the table into docs/performance.md")
+    args = parser.parse_args(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    lines = table(torch.device(args.device), args.new, args.runs)
+    print("\n".join(lines))
+    if args.write:
+        write(lines)
+
+
+if __name__ == "__main__":
+    main()
