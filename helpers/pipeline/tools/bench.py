@@ -21,13 +21,13 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
 def mid_model() -> torch.nn.Module:
-    """A seeded random Qwen3: hidden 512, 10 layers, 8 heads (4 K/V), vocab 32000 (about 64M parameters)."""
+    """A seeded random Qwen3 on kvresume.testing's config: hidden 512, 10 layers, 8 heads (4 K/V), vocab 32000 (~64M)."""
     import transformers
+    from kvresume.testing import text_config
 
+    cfg = text_config("dense", vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=10,
+                      num_attention_heads=8, num_key_value_heads=4, head_dim=64)
     torch.manual_seed(0)
-    cfg = transformers.Qwen3Config(vocab_size=32000, hidden_size=512, intermediate_size=1536, num_hidden_layers=10,
-                                   num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                                   max_position_embeddings=4096, tie_word_embeddings=False)
     return transformers.Qwen3ForCausalLM(cfg).eval()
 
 
