@@ -19,6 +19,7 @@ import torch
 from . import compat
 from .guard import ResumeInputError, check_resume_inputs, guarded_generate
 from .ledger import attach_ledger, cache_held, ledger_of, stored_ledger
+from . import images
 from .ledger_checks import next_positions
 from .linear_checks import stale_of
 
@@ -48,15 +49,19 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
         keep = 0  # assisted decoding (5.17) re-feeds every given id and narrows the mask beside a cache: reuse nothing
     if stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
         cache, keep = type(cache)(config=compat.text_config(model.config)), 0
+    keep, generate_kwargs, mm_positions, mm_deltas = images.fit(model, cache, input_ids, generate_kwargs, keep,
+                                                                led.length)  # images keyed by their pixels
     crop_to(cache, keep)
     kept = led.first(keep)
     suffix = input_ids[:, keep:]
     mask = torch.cat([kept.mask.to(input_ids.device), torch.ones_like(suffix)], 1)
     kwargs = {k: v for k, v in generate_kwargs.items() if k not in ("attention_mask", "position_ids")}
     if keep:
-        kwargs["position_ids"] = _positions(model, kept, suffix, kwargs).to(input_ids.device)
-        if compat.rope_state_owner(model) is not None and kept.rope_deltas is not None:
-            compat.set_rope_state(model, kept.rope_deltas.clone())
+        positions = mm_positions if mm_positions is not None else _positions(model, kept, suffix, kwargs)
+        kwargs["position_ids"] = positions.to(input_ids.device)
+        deltas = mm_deltas if mm_deltas is not None else kept.rope_deltas
+        if compat.rope_state_owner(model) is not None and deltas is not None:
+            compat.set_rope_state(model, deltas.clone())
     kwargs["attention_mask"] = mask
     try:  # what this release's generate() feeds for these arguments, checked against the ledger (e.g. assisted
         check_resume_inputs(model, suffix, **{name: cache}, **kwargs)  # decoding re-feeds every given token)

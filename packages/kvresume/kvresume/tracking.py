@@ -20,6 +20,7 @@ import torch
 
 from . import compat  # upstream: drop
 from .compat import rotary_embedding  # upstream: drop
+from . import images  # upstream: drop
 from .linear_checks import linear_layers, note_linear  # upstream: drop
 from .fingerprint import (grown_layer, key_prints, known_layer, slot_prints, unfollowed, window_prints,  # upstream: drop
                           window_start)  # upstream: drop
@@ -166,6 +167,7 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
         given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
         pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown)
+        pending.images = images.note(tracker.model, kwargs, past)  # the pictures behind its placeholders
         if isinstance(given, torch.Tensor) and tracker.rope is None:
             pending.positions = given
         stack[:] = [pending]
@@ -222,6 +224,7 @@ def _post(tracker: Tracker) -> Callable[..., None]:
             attach_ledger(pending.cache, None)
             return
         add_chunk(pending.cache, chunk)
+        images.attach(pending.cache, pending.past, getattr(pending, "images", None))
         if tracker.linear is None:
             tracker.linear = bool(linear_layers(pending.cache))
         if tracker.linear:

@@ -1,0 +1,183 @@
+"""Image and video slots keyed by content: which picture each placeholder slot of a cache was written with.
+
+Placeholder tokens are the same ids for every image, so a ledger of token ids alone cannot tell a conversation's new
+image from the cached one. As vLLM's multimodal prefix caching does, the tracker records, on each forward call that
+carries pixels, one span per image: the slots its placeholders filled and a hash of its pixel rows (`note`, at the
+tracked call's start; kept on the cache by `attach`, beside the ledger). `fit` (in `resume()`) ends the reusable
+prefix before the first image whose pixels differ from the cached one's, or that straddles the cut, and slices the
+conversation's pixels, grids and token types to the images and columns of what is fed; the suffix's 3-D positions
+and `rope_deltas` come from the model's own `get_rope_index` over the whole conversation.
+"""
+from __future__ import annotations  # upstream: drop
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import compat  # upstream: drop
+from .call import refuse  # upstream: drop
+from .ledger import ledger_owner  # upstream: drop
+
+ATTR = "kv_images"
+KINDS = (("pixel_values", "image_grid_thw", "image_token_id"), ("pixel_values_videos", "video_grid_thw", "video_token_id"))
+
+
+@dataclass(frozen=True)
+class Span:
+    """One image (or video) in one row: slots [start, end) of the sequence and its pixels' hash."""
+
+    row: int
+    start: int
+    end: int
+    digest: str
+    kind: int  # index into KINDS
+    index: int  # the image's index among the call's images of its kind (its rows in pixel_values, its grid row)
+
+
+def _merge(model: torch.nn.Module) -> int:
+    vision = getattr(getattr(model, "config", None), "vision_config", None)
+    return int(getattr(vision, "spatial_merge_size", 1) or 1)
+
+
+def _token_id(model: torch.nn.Module, name: str) -> int | None:
+    config = getattr(model, "config", None)
+    value = getattr(config, name, None)
+    return int(value) if value is not None else None
+
+
+def _runs(slots: torch.Tensor) -> list[tuple[int, int]]:
+    """Contiguous [start, end) runs of a sorted 1-D index tensor."""
+    values = slots.tolist()
+    runs: list[tuple[int, int]] = []
+    for v in values:
+        if runs and runs[-1][1] == v:
+            runs[-1] = (runs[-1][0], v + 1)
+        else:
+            runs.append((v, v + 1))
+    return runs
+
+
+def spans(model: torch.nn.Module, kwargs: dict[str, Any], offset: int = 0) -> list[Span] | None:
+    """The images a call's ids and pixels place (slots counted from `offset`); None where the call carries none."""
+    ids = kwargs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return None
+    out: list[Span] = []
+    carried = False
+    for kind, (pixels_key, grid_key, token_name) in enumerate(KINDS):
+        pixels, grid, token = kwargs.get(pixels_key), kwargs.get(grid_key), _token_id(model, token_name)
+        if not isinstance(pixels, torch.Tensor) or not isinstance(grid, torch.Tensor) or token is None:
+            continue
+        carried = True
+        out += _kind_spans(ids, pixels, grid, token, _merge(model), kind, offset)
+    return out if carried else None
+
+
+def _kind_spans(ids: torch.Tensor, pixels: torch.Tensor, grid: torch.Tensor, token: int, merge: int, kind: int,
+                offset: int) -> list[Span]:
+    """Spans of one kind: the placeholders of each row in order, image by image (rows of pixels per grid entry)."""
+    counts = [int(t) * int(h) * int(w) for t, h, w in grid.tolist()]
+    tokens = [c // (merge * merge) for c in counts]
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    digests = [hashlib.blake2b(pixels[s:s + c].detach().cpu().contiguous().numpy().tobytes(), digest_size=16).hexdigest()
+               for s, c in zip(starts, counts)]
+    out, image = [], 0
+    for row in range(ids.shape[0]):
+        slots = (ids[row] == token).nonzero().flatten()
+        taken = 0
+        while image < len(tokens) and taken < slots.numel():
+            chunk = slots[taken:taken + tokens[image]]
+            start, end = int(chunk[0]), int(chunk[-1]) + 1
+            out.append(Span(row, offset + start, offset + end, digests[image], kind, image))
+            taken += tokens[image]
+            image += 1
+    return out
+
+
+def note(model: torch.nn.Module, kwargs: dict[str, Any], past: int) -> list[Span] | None:
+    """At a tracked call's start: the images it writes after `past` cached slots (None: no pixels in the call)."""
+    if kwargs.get("pixel_values") is None and kwargs.get("pixel_values_videos") is None:
+        return None
+    return spans(model, kwargs, past)
+
+
+def attach(cache: Any, past: int, written: list[Span] | None) -> None:
+    """After a tracked write at `past`: spans at or after `past` are overwritten; the call's own are added."""
+    if cache is None:
+        return
+    owner = ledger_owner(cache)
+    kept = [s for s in owner.__dict__.get(ATTR, ()) if s.end <= past]
+    if written is None and len(kept) == len(owner.__dict__.get(ATTR, ())):
+        return
+    owner.__dict__[ATTR] = kept + list(written or [])
+
+
+def cached_spans(cache: Any, length: int) -> list[Span]:
+    """The images the cache's first `length` slots hold (spans cut by a crop count as another image)."""
+    owner = ledger_owner(cache)
+    return [s for s in owner.__dict__.get(ATTR, ()) if s.start < length]
+
+
+def _cut(keep: int, cached: list[Span], given: list[Span] | None, ids: torch.Tensor) -> int:
+    """The reusable prefix: at most `keep`, ending before the first cached image the conversation does not repeat
+    (other pixels, or cut by a crop) and before any given image that straddles the cut."""
+    same = {(s.row, s.start, s.end, s.digest) for s in given or ()}
+    for s in cached:
+        if s.start < keep and (s.row, s.start, s.end, s.digest) not in same:
+            keep = min(keep, s.start)
+    for s in given or ():
+        if s.start < keep < s.end:
+            keep = s.start
+    return keep
+
+
+def fit(model: torch.nn.Module, cache: Any, input_ids: torch.Tensor, kwargs: dict[str, Any], keep: int,
+        length: int) -> tuple[int, dict[str, Any], torch.Tensor | None, torch.Tensor | None]:
+    """(the reusable prefix, the call's kwargs with pixels, grids and token types sliced to what is fed, the fed
+    tokens' positions and the model's rope_deltas from get_rope_index over the whole conversation, or None, None)."""
+    cached = cached_spans(cache, length)
+    given = spans(model, {**kwargs, "input_ids": input_ids})
+    if cached and given is None and any(s.start < keep for s in cached):
+        raise refuse("image_unverified", "the conversation's ids hold image placeholders the cache wrote with an "
+                     "image, but no pixel_values were passed, so whether it is the same image cannot be told: pass "
+                     "the whole conversation's pixel_values and image_grid_thw to resume()", resume=True)
+    if given is None:
+        return keep, kwargs, None, None
+    keep = _cut(keep, cached, given, input_ids)
+    out = _sliced(kwargs, given, keep)
+    positions, deltas = _rope(model, input_ids, kwargs)
+    return keep, out, (None if positions is None else positions[..., keep:]), deltas
+
+
+def _sliced(kwargs: dict[str, Any], given: list[Span], keep: int) -> dict[str, Any]:
+    """The kwargs of the fed part: the images that start at or after `keep`, token types from column `keep`."""
+    out = dict(kwargs)
+    for kind, (pixels_key, grid_key, _) in enumerate(KINDS):
+        grid = kwargs.get(grid_key)
+        if not isinstance(grid, torch.Tensor):
+            continue
+        fed = sorted({s.index for s in given if s.kind == kind and s.start >= keep})
+        counts = [int(t) * int(h) * int(w) for t, h, w in grid.tolist()]
+        rows = [r for i in fed for r in range(sum(counts[:i]), sum(counts[:i + 1]))]
+        out[pixels_key] = kwargs[pixels_key][rows] if fed else None
+        out[grid_key] = grid[fed] if fed else None
+    if isinstance(kwargs.get("mm_token_type_ids"), torch.Tensor):
+        out["mm_token_type_ids"] = kwargs["mm_token_type_ids"][:, keep:]
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _rope(model: torch.nn.Module, input_ids: torch.Tensor,
+          kwargs: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The model's own 3-D positions and rope_deltas of the whole conversation (None, None without get_rope_index)."""
+    owner = compat.rope_state_owner(model)
+    if owner is None or not hasattr(owner, "get_rope_index"):
+        return None, None
+    extra = {k: kwargs[k] for k in ("image_grid_thw", "video_grid_thw") if kwargs.get(k) is not None}
+    if kwargs.get("mm_token_type_ids") is not None and compat.accepts(owner.get_rope_index, "mm_token_type_ids"):
+        extra["mm_token_type_ids"] = kwargs["mm_token_type_ids"]
+    mask = kwargs.get("attention_mask")
+    mask = mask if isinstance(mask, torch.Tensor) else torch.ones_like(input_ids)
+    positions, deltas = owner.get_rope_index(input_ids, attention_mask=mask, **extra)
+    return positions, deltas
