@@ -380,7 +380,7 @@ def test_the_upstream_file_is_standalone_and_states_the_contract(tmp_path):
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 tops.add(node.module.split(".")[0])
     assert tops - set(sys.stdlib_module_names) == {"torch", "transformers", "safetensors", "pytest", "kvresume"}, tops
-    assert "helpers" not in tops and "/work" not in text and "MEASURED" not in text  # and "upstream: drop" not in text
+    assert "helpers" not in tops and "/work" not in text and "MEASURED" not in text
     path = tmp_path / upstream.FILE_NAME
     path.write_text(text)
     probe = ("import json, sys; ns = {'__name__': 'contract'}; exec(open(sys.argv[1]).read(), ns); import kvresume; "
