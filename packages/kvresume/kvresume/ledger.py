@@ -9,7 +9,7 @@ written while untracked) or of a batch it cannot map (`batch_select_indices`, be
 is then untracked and the guard behaves as without a ledger. An eviction keeps the retained slots' entries
 (`keep_slots`); the factory takes token ids and positions for a rebuilt cache (`kv_cache_from_tensors`).
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Sequence

@@ -7,7 +7,7 @@ has them; a model without a rotary embedding: the cache positions); the forward 
 written slot and the model-side state (`rope_deltas`) after the call. A cache that was written before tracking started
 (or while untracked) gets no ledger: it stays untracked. `first_positions(model)` is the same rotary read for one call.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -15,11 +15,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import compat  # upstream: drop
-from .compat import rotary_embedding  # upstream: drop
-from .linear_checks import note_linear  # upstream: drop
-from .ledger import (UNKNOWN, Ledger, attach_ledger, cache_held, empty_ledger,  # upstream: drop
-                     ledger_of)  # upstream: drop
+from . import compat
+from .compat import rotary_embedding
+from .linear_checks import note_linear
+from .ledger import (UNKNOWN, Ledger, attach_ledger, cache_held, empty_ledger,
+                     ledger_of)
 
 HANDLE_ATTR = "_kv_ledger_tracker"
 
