@@ -109,10 +109,10 @@ gpu-wheels: ## download both releases' transformers wheels gpu-check installs of
 	@ls -l wheels/
 
 test: env ## the whole test suite (CI's command): unit, kill and end-to-end notebook tests
-	$(PY) -m pytest -q -n 2 --dist loadfile tests
+	$(PY) -m pytest -q -n 2 --dist loadfile tests packages/kvresume/tests
 
 test-fast: env ## the unit and kill tests that need no notebook run (pytest -m "not e2e"): run it after every edit
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not e2e" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not e2e" tests packages/kvresume/tests
 
 # mutants: mutation testing (mutmut) of the decision functions listed in helpers/pipeline/tools/mutants.py SCOPE, on the
 # fast tests only; prints killed/total per module and every survivor, fails below 90% killed in any module.

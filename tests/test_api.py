@@ -355,40 +355,46 @@ def test_every_blind_spot_names_a_reason():
 
 # --- the upstream file ---------------------------------------------------------------------------
 
-def test_the_upstream_file_is_standalone_and_states_the_contract():
-    import re
+def test_the_upstream_file_is_standalone_and_states_the_contract(tmp_path):
+    """Its imports (the file's own and every embedded module's) are torch, transformers, pytest and the standard
+    library; every kvresume module is embedded; run alone it builds the package and states the contract."""
+    import ast
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
 
     from helpers.api import upstream
 
     text = upstream.render()
-    imports = re.findall(r"^(?:from|import) ([\w.]+)", text, flags=re.M)
-    assert set(imports) <= {"__future__", "contextlib", "copy", "dataclasses", "functools", "inspect", "types", "typing", "warnings",
-                            "torch", "transformers", "pytest"}, imports
-    assert "from ." not in text and "/work" not in text and "MEASURED" not in text
-    assert text.count("from __future__") == 1
-    ns: dict = {}
-    exec(compile(text, "test_resume_contract.py", "exec"), ns)
-    tests = sorted(k for k in ns if k.startswith("test_"))
-    assert "test_misuse_raises_in_generate" in tests and "test_encoder_decoder_continuation" in tests
-    assert ns["SHOULD_RAISE"] == "generate() should raise here"
-    mark = next(m for m in ns["test_misuse_raises_in_generate"].pytestmark if m.name == "xfail")
-    assert mark.kwargs["reason"] == "generate() should raise here"
-    assert [c.name for c in ns["CHECKS"]] == [c.name for c in CHECKS]
-
-
-def test_the_upstream_shim_reads_caches_as_the_kit_does(runs):
-    from helpers.api import upstream_shim
-
-    for run in runs.values():
-        assert upstream_shim.layers.lengths(run.cache) == layers.lengths(run.cache)
-        assert upstream_shim.compat.cache_layers(run.cache) == list(run.cache.layers)
-    model = runs["multimodal"].family.model
-    assert upstream_shim.compat.get_rope_state(model) is model.model.rope_deltas
-    from kvresume import compat
-
-    assert upstream_shim.compat.TRANSFORMERS_VERSION == compat.TRANSFORMERS_VERSION
-    for name in ("mm_encoder_outputs", "mm_token_type_ids", "past_key_values"):
-        assert upstream_shim.compat.accepts(model.forward, name) == compat.accepts(model.forward, name)
+    tree = ast.parse(text)
+    embedded = ast.literal_eval(next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                                     and getattr(n.targets[0], "id", "") == "_KVRESUME"))
+    package = sorted(p.stem for p in (upstream.PACKAGE / "kvresume").glob("*.py"))
+    assert sorted(embedded) == package and list(embedded)[-1] == "__init__"
+    tops = set()
+    for source in [text, *embedded.values()]:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                tops |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                tops.add(node.module.split(".")[0])
+    assert tops - set(sys.stdlib_module_names) == {"torch", "transformers", "safetensors", "pytest", "kvresume"}, tops
+    assert "helpers" not in tops and "/work" not in text and "MEASURED" not in text
+    path = tmp_path / upstream.FILE_NAME
+    path.write_text(text)
+    probe = ("import json, sys; ns = {'__name__': 'contract'}; exec(open(sys.argv[1]).read(), ns); import kvresume; "
+             "mark = next(m for m in ns['test_misuse_raises_in_generate'].pytestmark if m.name == 'xfail'); "
+             "print(json.dumps({'file': kvresume.__file__, 'tests': sorted(k for k in ns if k.startswith('test_')), "
+             "'reason': mark.kwargs['reason'], 'checks': [c.name for c in kvresume.CHECKS]}))")
+    out = subprocess.run([sys.executable, "-c", probe, str(path)], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["file"] == "<kvresume/__init__.py>"  # the embedded package, not the installed one
+    assert {"test_misuse_raises_in_generate", "test_encoder_decoder_continuation",
+            "test_an_exact_prefix_crop_is_valid_and_passes"} <= set(got["tests"])
+    assert got["reason"] == "generate() should raise here"
+    assert got["checks"] == [c.name for c in CHECKS]
 
 
 def test_group_09_counts_the_new_image_turn(bundle):

@@ -62,9 +62,19 @@ def test_patterns_are_mutmut_names():
 
 def test_the_generated_config_runs_fast_tests_only():
     cfg = mutants.mutmut_config(mutants.SCOPE[:2])
-    assert cfg.startswith("[mutmut]\nsource_paths = helpers\nonly_mutate =\n    helpers/compare.py\n    helpers/results.py\n")
+    assert cfg.startswith("[mutmut]\nsource_paths =\n    helpers\n    kvresume\nonly_mutate =\n    helpers/compare.py\n"
+                          "    helpers/results.py\n")
     assert "    -m\n    not e2e\n" in cfg and "tests/test_kill_compare.py" in cfg and "tests/test_decisions.py" in cfg
     assert "tests/test_triage.py\n" not in mutants.mutmut_config(mutants.SCOPE), "only the tree's own tests of test_triage"
+
+
+def test_a_package_module_is_mutated_where_its_import_name_is_its_path():
+    """kvresume's modules are mutated as work/kvresume/x.py: mutmut names a mutant after its path, the tests import
+    `kvresume.x` (packages/kvresume/kvresume/x.py would give packages.kvresume.kvresume.x and no test would run)."""
+    scope = mutants.select(["kvresume/ledger.py"])
+    assert [s.work_path for s in scope] == ["kvresume/ledger.py"] and scope[0].covers("kvresume.ledger.x_ledger_of__mutmut_1")
+    assert "    kvresume/ledger.py\n" in mutants.mutmut_config(scope)
+    assert not scope[0].covers("packages.kvresume.kvresume.ledger.x_ledger_of__mutmut_1")
 
 
 def test_select_and_report(tmp_path, capsys):

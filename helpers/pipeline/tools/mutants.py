@@ -1,6 +1,8 @@
 """`make mutants`: mutation testing (mutmut) of the functions that decide verdicts, with a kill ratio per module.
 
-SCOPE lists (module, function patterns, fast test files). The driver copies the kit into outputs/mutants/work,
+SCOPE lists (module, function patterns, fast test files). The driver copies the kit into outputs/mutants/work
+(the kvresume package's modules also at its root, work/kvresume/: mutmut imports the mutated copy from mutants/ and
+names a mutant after its path, which must read as the module name the tests import, `kvresume.checks`),
 writes mutmut's config there (setup.cfg [mutmut], generated from SCOPE), runs mutmut on the mutants of the
 scoped functions only (mutmut's per-function test selection then runs only the listed tests that call the
 function), prints killed/total per module and every survivor with its file:line and diff, and exits 1 when a
@@ -28,8 +30,11 @@ KILLED = {1, 3, 36, 37, -24, 24, 152, 255}  # mutmut's exit codes for killed, ti
 STATUS = {0: "survived", 5: "no tests", 33: "no tests", 34: "skipped", 35: "suspicious", -11: "segfault",
           -9: "segfault", None: "not checked"}
 CLASS_SEP = "ǁ"  # mutmut's separator in the mangled names of methods
-COPY = ("helpers", "tests", "examples", "notebooks", "pyproject.toml")
-ALSO_COPY = ("examples", "notebooks")  # besides tests/ and the config files, what the tests read from the working directory
+COPY = ("helpers", "tests", "examples", "notebooks", "packages", "pyproject.toml")
+# besides tests/ and the config files, what the tests read from the working directory, and the package's own tests
+ALSO_COPY = ("examples", "notebooks", "packages/kvresume/tests")
+PACKAGE_DIR = "packages/kvresume/"  # packages/kvresume/kvresume/x.py is mutated as work/kvresume/x.py
+PACKAGE_TESTS = "packages/kvresume/tests/"
 
 
 @dataclass(frozen=True)
@@ -41,8 +46,13 @@ class Scope:
     tests: tuple[str, ...]
 
     @property
+    def work_path(self) -> str:
+        """The module's path in the work copy (the package's modules at its root: kvresume/x.py)."""
+        return self.module.removeprefix(PACKAGE_DIR)
+
+    @property
     def dotted(self) -> str:
-        return self.module[:-3].replace("/", ".").removesuffix(".__init__")
+        return self.work_path[:-3].replace("/", ".").removesuffix(".__init__")
 
     def patterns(self) -> list[str]:
         """mutmut mutant-name globs for the scoped functions."""
@@ -83,7 +93,8 @@ SCOPE: list[Scope] = [
           ("tests/test_kinds.py", "tests/test_kill_compare.py")),
     Scope("packages/kvresume/kvresume/vision.py", ("check_new_vision_tokens", "check_uncached", "_uncached", "_explicit_3d", "_recomputed"),
           ("tests/test_newimage.py", "tests/test_kill_newimage.py")),
-    Scope("packages/kvresume/kvresume/checks.py", ("*",), ("tests/test_api.py", "tests/test_kill_checks.py")),
+    Scope("packages/kvresume/kvresume/checks.py", ("*",), ("tests/test_api.py", "tests/test_kill_checks.py",
+                                                            PACKAGE_TESTS + "test_contract.py")),
     Scope("packages/kvresume/kvresume/linear_checks.py", ("stale_length", "count_mismatch"),
           ("tests/test_linear_checks.py",)),
     Scope("helpers/offload/streams.py", ("join", "StreamLog.*"), ("tests/test_streams.py", "tests/test_kill_offload.py")),
@@ -99,7 +110,16 @@ SCOPE: list[Scope] = [
     Scope("helpers/pipeline/report/claims_md.py", ("kind_counts", "reproduced_count", "headline", "counts_table", "undecided"),
           ("tests/test_summary.py", "tests/test_kill_summary.py")),
     Scope("helpers/pipeline/report/summary.py", ("missing_notebooks",), ("tests/test_summary.py", "tests/test_kill_summary.py")),
-    Scope("packages/kvresume/kvresume/ledger_checks.py", ("*",), ("tests/test_ledger.py", "tests/test_kill_ledger_checks.py")),
+    Scope("packages/kvresume/kvresume/ledger_checks.py", ("*",), ("tests/test_ledger.py", "tests/test_kill_ledger_checks.py",
+                                                                    PACKAGE_TESTS + "test_ledger_contract.py")),
+    # the rest of the package: the ledger, its recording, resume() and the factory, with their package tests
+    Scope("packages/kvresume/kvresume/ledger.py", ("*", "Ledger.*"), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
+                                                             PACKAGE_TESTS + "test_ledger_contract.py")),
+    Scope("packages/kvresume/kvresume/tracking.py", ("*", "Tracker.*"), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
+                                                               PACKAGE_TESTS + "test_ledger_contract.py")),
+    Scope("packages/kvresume/kvresume/reuse.py", ("*",), ("tests/test_ledger.py", "tests/test_linear_checks.py",
+                                                            PACKAGE_TESTS + "test_ledger_contract.py")),
+    Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py")),
 ]
 SCOPE += decision_scopes()  # the deciding modules: each finding declares its own
 
@@ -111,7 +131,7 @@ def work_dir() -> Path:
 def mutmut_config(scope: list[Scope]) -> str:
     """setup.cfg [mutmut] for these modules and their tests (fast tests only: -m "not e2e")."""
     tests = sorted({t for s in scope for t in s.tests})
-    lines = ["[mutmut]", "source_paths = helpers", "only_mutate =", *(f"    {s.module}" for s in scope),
+    lines = ["[mutmut]", "source_paths =", "    helpers", "    kvresume", "only_mutate =", *(f"    {s.work_path}" for s in scope),
              "pytest_add_cli_args_test_selection =", *(f"    {t}" for t in tests),
              "pytest_add_cli_args =", "    -m", "    not e2e", "    -p", "    no:cacheprovider",
              *(f"    --deselect={t}" for t in OUT_OF_MUTANTS),
@@ -130,6 +150,7 @@ def prepare(root: Path, work: Path, scope: list[Scope]) -> None:
         (shutil.copytree(src, work / name, ignore=ignore) if src.is_dir() else shutil.copy2(src, work / name))
     if "[tool.mutmut]" in (work / "pyproject.toml").read_text():
         raise SystemExit("pyproject.toml has a [tool.mutmut] section: mutmut would ignore the generated config")
+    shutil.copytree(root / PACKAGE_DIR / "kvresume", work / "kvresume", ignore=ignore)
     (work / "setup.cfg").write_text(mutmut_config(scope))
 
 
@@ -144,7 +165,7 @@ def run_mutmut(work: Path, scope: list[Scope], children: int) -> int:
 
 def results(work: Path, s: Scope) -> dict[str, int | None]:
     """{mutant name: exit code} of the scoped functions of one module."""
-    meta = work / "mutants" / (s.module + ".meta")
+    meta = work / "mutants" / (s.work_path + ".meta")
     if not meta.exists():
         return {}
     codes = json.loads(meta.read_text())["exit_code_by_key"]
@@ -158,14 +179,14 @@ def diff_of(work: Path, s: Scope, mutant: str) -> tuple[int | None, str]:
         os.chdir(work)
         from mutmut.mutation.diff_apply import get_diff_for_mutant
 
-        diff = get_diff_for_mutant(mutant, path=Path(s.module))
+        diff = get_diff_for_mutant(mutant, path=Path(s.work_path))
     except Exception as exc:  # noqa: BLE001 - a survivor is still listed without its diff
         return None, f"(no diff: {type(exc).__name__}: {exc})"
     finally:
         os.chdir(old)
     changed = [ln for ln in diff.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
     removed = [ln[1:].strip() for ln in changed if ln.startswith("-")]
-    return _line_of(work / s.module, mutant, removed[0] if removed else ""), "\n".join(changed)
+    return _line_of(work / s.work_path, mutant, removed[0] if removed else ""), "\n".join(changed)
 
 
 def _line_of(path: Path, mutant: str, text: str) -> int | None:

@@ -6,7 +6,7 @@ generate() runs; `fed` is filled from the keyword arguments of the first forward
 (`first_call_hook`): the slicing of the suffix is the installed release's own, never re-derived from mask widths.
 `from_forward` builds a call from one forward call alone (generate()'s internal calls). Nothing is patched.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -14,9 +14,9 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import compat  # upstream: drop
-from . import layers  # upstream: drop
-from .ledger import Ledger, ledger_of  # upstream: drop
+from . import compat
+from . import layers
+from .ledger import Ledger, ledger_of
 
 
 def self_attention_cache(cache: Any) -> Any:

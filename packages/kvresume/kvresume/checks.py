@@ -9,21 +9,21 @@ ledger's checks (helpers.api.ledger_checks) decide what the shape rules marked `
 embedding's first call, where the positions the model rotates with are known. Adding a check is one function (in its own module if it is
 long) and one `Check(...)` entry in `CHECKS` (docs/api.md, "Adding a check").
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from . import compat  # upstream: drop
-from . import layers  # upstream: drop
-from .call import ResumeCall, ResumeInputError, self_attention_cache  # upstream: drop
-from .ledger_checks import (ledger_length, ledger_mask, ledger_positions, ledger_processed,  # upstream: drop
-                            ledger_tokens)  # upstream: drop
-from .linear_checks import linear_length, linear_rollback  # upstream: drop
-from .row_checks import ledger_rows, ledger_stale  # upstream: drop
-from .vision import new_vision_tokens  # upstream: drop
+from . import compat
+from . import layers
+from .call import ResumeCall, ResumeInputError, self_attention_cache
+from .ledger_checks import (ledger_length, ledger_mask, ledger_positions, ledger_processed,
+                            ledger_tokens)
+from .linear_checks import linear_length, linear_rollback
+from .row_checks import ledger_rows, ledger_stale
+from .vision import new_vision_tokens
 
 
 @dataclass(frozen=True)

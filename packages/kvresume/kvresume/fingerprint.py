@@ -7,7 +7,7 @@ so equality is exact (bits, so NaN in a padded slot still equals itself). Slidin
 slots and are not read; a cache whose chosen layer does not hold every slot (a QuantizedCache keeps most of them
 quantized) cannot be fingerprinted. Everything here stays on the cache's device: no host sync.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 from typing import Any
 

@@ -8,7 +8,7 @@ need it run only where it is given. `guarded_generate` keeps generate()'s signat
 `check_resume_inputs` runs generate() up to its first model call (on a copy of the cache) and stops there.
 Nothing of transformers is patched.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 import copy
 import warnings
@@ -17,10 +17,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from . import compat  # upstream: drop
-from .call import ResumeCall, first_call_hook, from_forward, from_generate, is_encoder_decoder  # upstream: drop
-from .tracking import as_rows, rotary_hook  # upstream: drop
-from .checks import CHECKS, Check, ResumeInputError  # upstream: drop
+from . import compat
+from .call import ResumeCall, first_call_hook, from_forward, from_generate, is_encoder_decoder
+from .tracking import as_rows, rotary_hook
+from .checks import CHECKS, Check, ResumeInputError
 
 Processed = int | torch.Tensor | list[int] | None
 

@@ -8,7 +8,7 @@ prefix before the first image whose pixels differ from the cached one's, or that
 conversation's pixels, grids and token types to the images and columns of what is fed; the suffix's 3-D positions
 and `rope_deltas` come from the model's own `get_rope_index` over the whole conversation.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from . import compat  # upstream: drop
-from .call import refuse  # upstream: drop
-from .ledger import ledger_owner  # upstream: drop
+from . import compat
+from .call import refuse
+from .ledger import ledger_owner
 
 ATTR = "kv_images"
 KINDS = (("pixel_values", "image_grid_thw", "image_token_id"), ("pixel_values_videos", "video_grid_thw", "video_token_id"))

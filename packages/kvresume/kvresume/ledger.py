@@ -13,14 +13,14 @@ without fingerprints (the factory's, from token ids) is trusted by count. A cach
 its window alone: read where every row still holds its own entries there, else untracked (rows not followed).
 An eviction keeps the retained slots' entries (`keep_slots`).
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import torch
 
-from .fingerprint import match, print_layer, slot_prints, window_start  # upstream: drop
+from .fingerprint import match, print_layer, slot_prints, window_start
 
 ATTR = "kv_ledger"
 TAIL = "kv_ledger_tail"

@@ -13,14 +13,14 @@ rotary embedding, so the model's own position state, M-RoPE's rope_deltas, is in
 of the cached slots, the rest was written after it, re-fed or another request's: crop to that prefix; where they
 skip slots a crop removed (the stored ledger, trimmed lazily, still holds them): re-feed those through resume).
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 from typing import Any
 
 import torch
 
-from .call import ResumeCall, refuse  # upstream: drop
-from .ledger import Ledger, stored_ledger  # upstream: drop
+from .call import ResumeCall, refuse
+from .ledger import Ledger, stored_ledger
 
 
 def _whole(call: ResumeCall) -> bool:

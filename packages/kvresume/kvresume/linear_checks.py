@@ -8,17 +8,17 @@ back (5.25.0's `recurrent_states_to_keep`, assisted decoding's own rejections) l
 `linear_length` (no ledger needed): a linear layer's own token count (5.25.0+) that differs from the full-attention
 layers' (a hybrid rebuilt by hand: the conv width, 4), where generate() would re-feed cached tokens.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 import inspect
 from typing import Any
 
 import torch
 
-from . import compat  # upstream: drop
-from .call import ResumeCall, refuse  # upstream: drop
-from .fingerprint import bits  # upstream: drop
-from .ledger import ledger_owner  # upstream: drop
+from . import compat
+from .call import ResumeCall, refuse
+from .fingerprint import bits
+from .ledger import ledger_owner
 
 ATTR = "kv_linear_marks"  # [(tokens the linear layers had processed, fingerprint of their recurrent states)]
 KEEP = 64  # marks kept per cache

@@ -7,15 +7,15 @@ with those rows selected (`batch_select_indices`). `ledger_stale`: a ledger whos
 cache holds (written while the model was not tracked, e.g. cropped and refilled, or edited by hand): its tokens are
 not read as the cache's; the fix crops to the first slots that still match, so the whole sequence's rest is fed.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 import copy
 from typing import Any
 
 import torch
 
-from .call import ResumeCall, refuse  # upstream: drop
-from .ledger import UNKNOWN, Ledger, cache_held, stale_prefix  # upstream: drop
+from .call import ResumeCall, refuse
+from .ledger import UNKNOWN, Ledger, cache_held, stale_prefix
 
 
 def prefix_lengths(led: Ledger, ids: torch.Tensor) -> torch.Tensor:

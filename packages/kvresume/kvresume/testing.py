@@ -4,7 +4,7 @@ Standalone: torch and transformers only. Tiny models are built from configs with
 transformers' own tests do: Qwen3 (dense, sliding/full interleaved), Llama, Qwen3.5 (hybrid), Qwen3-VL (and a
 second chat turn with a new image after its prompt), BART. The tolerance of a comparison is a floor measured on the same model: its full forward under sdpa vs eager, times 4.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 import copy
 import functools

@@ -9,7 +9,7 @@ The decode path keeps every tensor on the cache's device and decides on Python i
 beam search reorders are followed when the ledger is read, by fingerprint. A cache written before tracking started
 (or while untracked) gets no ledger: it stays untracked. Pending writes are kept per thread.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
@@ -18,15 +18,15 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from . import compat  # upstream: drop
-from .compat import rotary_embedding  # upstream: drop
-from . import images  # upstream: drop
-from .linear_checks import linear_layers, note_linear  # upstream: drop
-from .fingerprint import (grown_layer, key_prints, known_layer, slot_prints, unfollowed, window_prints,  # upstream: drop
-                          window_start)  # upstream: drop
-from .writes import TAIL, Write, add_chunk, as_rows, recorded  # upstream: drop  (as_rows: the guard's import)
-from .ledger import (ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner,  # upstream: drop
-                     stored_ledger)  # upstream: drop
+from . import compat
+from .compat import rotary_embedding
+from . import images
+from .linear_checks import linear_layers, note_linear
+from .fingerprint import (grown_layer, key_prints, known_layer, slot_prints, unfollowed, window_prints,
+                          window_start)
+from .writes import TAIL, Write, add_chunk, as_rows, recorded  # (as_rows: the guard's import)
+from .ledger import (ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner,
+                     stored_ledger)
 
 HANDLE_ATTR = "_kv_ledger_tracker"
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why

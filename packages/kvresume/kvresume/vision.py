@@ -6,15 +6,15 @@ generate() resumed from a non-empty cache places the uncached tokens at text pos
 never. New image or video tokens in the suffix placed that way are silently wrong (notebook 09). The check takes
 what generate() receives and returns None, or a message naming the route that works on the installed release.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 import inspect
 from typing import Any
 
 import torch
 
-from . import compat  # upstream: drop
-from .call import ResumeCall, ResumeInputError  # upstream: drop
+from . import compat
+from .call import ResumeCall, ResumeInputError
 
 
 def recomputes_new_vision_positions(model: torch.nn.Module) -> bool:

@@ -4,14 +4,14 @@ slots' fingerprints; turned into ledger entries (`Write.ledger()`) only when the
 The decode path thus runs two tensor ops per step (the fingerprint's view and its copy); slicing the mask, shaping the
 positions and making default ids/positions happen at fold time, FOLD writes at once (kvresume.ledger).
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .ledger import ATTR, TAIL, UNKNOWN, Ledger, joined, ledger_owner, stored_ledger  # upstream: drop
+from .ledger import ATTR, TAIL, UNKNOWN, Ledger, joined, ledger_owner, stored_ledger
 
 FOLD = 64  # writes kept unfolded
 

@@ -1,9 +1,9 @@
 """The resume contract with a token ledger, as tests: a cache that records the tokens and positions it holds lets
 generate() refuse a resume that would be silently wrong (or reuse the common prefix) instead of computing it.
 Cases: the documented prefix-caching recipe without copy.deepcopy, an exact-prefix crop (valid: generate() re-feeds the
-rest), a left-padded prefix prefilled without positions. Standalone with the guard and track(): torch, transformers, pytest.
+rest), a left-padded prefix prefilled without positions. Needs kvresume (torch, transformers) and pytest only.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 import copy
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from kvresume.guard import guarded_generate  # upstream: drop
-from kvresume.tracking import track  # upstream: drop
-from kvresume.testing import assert_close, build, cache_kw, config, full_logits  # upstream: drop
+from kvresume.guard import guarded_generate
+from kvresume.tracking import track
+from kvresume.testing import assert_close, build, cache_kw, config, full_logits
 
 LEDGER_SHOULD_RAISE = "generate() should raise here: the cache's tokens are not the ids' first tokens"
 

@@ -1,8 +1,8 @@
 """The resume contract as tests: documented usage equals the full computation (and the guard stays silent on it);
 misuse raises a clear error under the guard, and plain generate() is expected to raise too (xfail until it does).
-Nothing here depends on the release it runs on. Standalone with upstream_cases and the guard: torch, transformers, pytest.
+Nothing here depends on the release it runs on. Needs kvresume (torch, transformers) and pytest only.
 """
-from __future__ import annotations  # upstream: drop
+from __future__ import annotations
 
 import copy
 from typing import Any
@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
-from kvresume.guard import guarded_generate  # upstream: drop
-from kvresume.testing import (assert_close, both_turns, build, cache_kw, first_turn_cache, full_logits,  # upstream: drop
-                             model, prefix_cache, prompt, rebuild_update, second_turn_kwargs,  # upstream: drop
-                             second_turn_positions, step, text_positions)  # upstream: drop
+from kvresume.guard import guarded_generate
+from kvresume.testing import (assert_close, both_turns, build, cache_kw, first_turn_cache, full_logits,
+                             model, prefix_cache, prompt, rebuild_update, second_turn_kwargs,
+                             second_turn_positions, step, text_positions)
 
 TEXT = ["dense", "llama"]
 SHOULD_RAISE = "generate() should raise here"
