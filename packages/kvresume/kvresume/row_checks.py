@@ -43,7 +43,8 @@ def ledger_rows(call: ResumeCall) -> None:
     """Ids rows that are not the cache's rows: the cache rows holding each ids row's longest prefix, selected."""
     ids = call.given_ids
     rows = cache_held(call.cache)[1] if call.cache is not None else None
-    if ids is None or rows is None or int(ids.shape[0]) == rows:
+    fed = call.fed_ids if call.fed_ids is not None else ids  # generate() expands the ids per beam (num_beams)
+    if ids is None or rows is None or int(fed.shape[0]) == rows:
         return
     b = int(ids.shape[0])
     led = call.ledger
