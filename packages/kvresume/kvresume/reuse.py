@@ -186,7 +186,8 @@ def apply_fix(fix: dict[str, Any], cache: Any, kwargs: dict[str, Any],
               copy_cache: bool = True) -> tuple[Any, dict[str, Any]]:
     """(the cache, a copy unless `copy_cache` is False, cropped where the fix says, the call's keyword arguments with
     the fix's replacements); `cache`: another cache (a rebuild with what was missing), `call`: other (input_ids,
-    kwargs) altogether."""
+    kwargs) altogether; `decoder_input_ids`: an encoder-decoder's whole decoder sequence (generate() prepends the start
+    token to decoder ids that lack it, so a suffix cannot be passed there)."""
     cache = fix.get("cache", cache)
     cache = copy.deepcopy(cache) if copy_cache else cache
     if fix.get("crop") is not None:
@@ -196,7 +197,7 @@ def apply_fix(fix: dict[str, Any], cache: Any, kwargs: dict[str, Any],
         ids, other = fix["call"]
         keep = {k: v for k, v in kwargs.items() if k == "generation_config"}
         out = {**keep, "input_ids": ids, **other}
-    for name in ("attention_mask", "position_ids", "decoder_attention_mask"):
+    for name in ("attention_mask", "position_ids", "decoder_attention_mask", "decoder_input_ids"):
         if fix.get(name) is not None:
             out[name] = fix[name]
     return cache, out
