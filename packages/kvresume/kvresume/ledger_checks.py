@@ -30,12 +30,25 @@ def _refuse(call: ResumeCall, check: str, message: str, **fix: object) -> Resume
     if is_encoder_decoder(call.model) and "attention_mask" in fix:
         fix["decoder_attention_mask"] = fix.pop("attention_mask")
         message = message.replace("a mask of", "a decoder_attention_mask of")
+    if is_encoder_decoder(call.model) and fix.get("crop") is not None and call.given_ids is not None and call.ledger:
+        whole = _decoder_whole(call.ledger, call.given_ids, int(fix["crop"]))  # type: ignore[arg-type]
+        fix.update(decoder_input_ids=whole, decoder_attention_mask=torch.ones_like(whole))
+        message += (f" (an encoder-decoder: generate() prepends the start token to decoder ids that lack it, so pass "
+                    f"the whole decoder sequence, {whole.shape[-1]} tokens, with a decoder_attention_mask of ones)")
     if fix.get("crop") is not None and not can_crop(call.cache):
         message = (f"{message}. This cache cannot be cropped ({type(call.cache).__name__}"
                    f"{', a sliding layer past its window' if _has_crop(call.cache) else ': its layers have no crop'}): "
                    f"pass the whole sequence through kvresume.resume(model, whole_ids, cache), which re-prefills it")
         fix = {"resume": True}
     return refuse(check, message, **fix)
+
+
+def _decoder_whole(led: Ledger, ids: torch.Tensor, crop: int) -> torch.Tensor:
+    """The whole decoder sequence after a crop to `crop`: the ids where they start with the first `crop` cached tokens,
+    else those cached tokens + the ids (a suffix)."""
+    if int(ids.shape[-1]) > crop and led.common_prefix(ids) >= crop:
+        return ids
+    return torch.cat([led.first(crop).token_ids.to(ids.device), ids], 1)
 
 
 def _has_crop(cache: object) -> bool:
