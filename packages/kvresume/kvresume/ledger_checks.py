@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from . import compat  # upstream: drop
 from .call import ResumeCall, ResumeInputError, is_encoder_decoder, refuse  # upstream: drop
 from .ledger import Ledger, stored_ledger  # upstream: drop
 from .prefix import can_crop, misplaced  # upstream: drop
@@ -52,8 +53,7 @@ def _decoder_whole(led: Ledger, ids: torch.Tensor, crop: int) -> torch.Tensor:
 
 
 def _has_crop(cache: object) -> bool:
-    from . import compat
-
+    """Whether every layer of the (self-attention) cache has a crop method."""
     return all(hasattr(layer, "crop") for layer in compat.cache_layers(getattr(cache, "self_attention_cache", None) or cache))
 
 

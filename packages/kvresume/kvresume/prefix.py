@@ -16,7 +16,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .ledger import Ledger
+from . import compat
+from .ledger import Ledger, ledger_owner
 
 ATTR = "kv_resume_record"
 
@@ -130,9 +131,6 @@ def _content_at(text: str, c: int, messages: Sequence[dict[str, Any]] | None, ol
 def can_crop(cache: Any) -> bool:
     """Whether every layer of the cache can be cropped now: it has `crop`, and no sliding layer past its window nor
     linear-attention layer lacks the recorded past states a crop needs."""
-    from . import compat
-    from .ledger import ledger_owner
-
     for layer in compat.cache_layers(ledger_owner(cache)):
         if not hasattr(layer, "crop"):
             return False
