@@ -108,7 +108,7 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
     if led is None:
         return guarded_generate(model, input_ids, **{name: cache}, **generate_kwargs)
     decoder = is_encoder_decoder(model)
-    ids_key, mask_key = ("decoder_input_ids", "decoder_attention_mask") if decoder else ("input_ids", "attention_mask")
+    mask_key = "decoder_attention_mask" if decoder else "attention_mask"
     ids = generate_kwargs.pop("decoder_input_ids", None) if decoder else input_ids
     if ids is None:
         raise ValueError("resume() on an encoder-decoder takes the decoder's whole sequence as decoder_input_ids")
@@ -123,7 +123,29 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
         record.reused, record.detail = 0, f"{record.detail}; {why}"
     if decoder:  # the cross-attention K/V are recomputed from this call's encoder input
         cache.cross_attention_cache, cache.is_updated = type(cache.cross_attention_cache)(), {}
-    kept = led.first(keep)
+    inputs, kwargs = _arguments(model, input_ids, ids, led.first(keep), given_mask, generate_kwargs, decoder)
+    try:
+        cache, inputs, kwargs = _checked(model, inputs, cache, kwargs, name, decoder)
+    except ResumeInputError as exc:  # candidate generation this release feeds wrongly beside a cache: re-prefill
+        which = _candidates(generate_kwargs)
+        if which is None or keep == 0:
+            raise
+        cache, keep = fresh(model, cache), 0
+        record.reused, record.reason = 0, "assisted"
+        record.detail = f"{which}: this release's generate() cannot continue a cache with it ({exc.check}); re-prefilled"
+        inputs, kwargs = _arguments(model, input_ids, ids, led.first(0), given_mask, generate_kwargs, decoder)
+    record.fed = int(ids.shape[-1]) - keep
+    out = model.generate(inputs, **{name: cache}, **kwargs)
+    return _with_record(out, cache, record)
+
+
+def _arguments(model: torch.nn.Module, input_ids: torch.Tensor, ids: torch.Tensor, kept: Ledger,
+               given_mask: torch.Tensor | None, generate_kwargs: dict[str, Any],
+               decoder: bool) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(generate()'s inputs, its keyword arguments) after the kept slots: the suffix (an encoder-decoder: the encoder
+    ids, the whole decoder sequence), the kept slots' mask + the given mask's rest, the suffix's positions."""
+    keep = kept.length
+    mask_key = "decoder_attention_mask" if decoder else "attention_mask"
     suffix = ids[:, keep:]
     suffix_mask = given_mask[:, keep:].to(ids.device) if given_mask is not None else torch.ones_like(suffix)
     kwargs = {k: v for k, v in generate_kwargs.items() if k not in ("attention_mask", "position_ids")}
@@ -132,13 +154,10 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
         kwargs["position_ids"] = _positions(model, kept, suffix, suffix_mask, kwargs).to(ids.device)
         if compat.rope_state_owner(model) is not None and kept.rope_deltas is not None:
             compat.set_rope_state(model, kept.rope_deltas.clone())
-    inputs = input_ids if decoder else suffix
     if decoder:
-        kwargs[ids_key] = ids
-    cache, inputs, kwargs = _checked(model, inputs, cache, kwargs, name, decoder)
-    record.fed = int(ids.shape[-1]) - keep
-    out = model.generate(inputs, **{name: cache}, **kwargs)
-    return _with_record(out, cache, record)
+        kwargs["decoder_input_ids"] = ids
+        return input_ids, kwargs
+    return suffix, kwargs
 
 
 def _checked(model: torch.nn.Module, inputs: torch.Tensor, cache: Any, kwargs: dict[str, Any], name: str,
