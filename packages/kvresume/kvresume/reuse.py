@@ -5,8 +5,9 @@ encoder-decoder, `decoder_input_ids`) and its mask bits, written at increasing p
 least one token to feed; crop the rest; feed what is not cached with the mask the cached slots were written with +
 the given mask's (or ones), and position_ids counting on from each row's last attended kept position (the M-RoPE rows
 where the model has them; the model's rope_deltas put back to the ledger's). Where the cache cannot be cropped there
-(a sliding layer past its window, a StaticCache, linear layers without recorded states), where its linear layers'
-state is stale (kvresume.linear_checks), or where generate() would re-feed every id (assisted decoding, prompt lookup),
+(a sliding layer past its window, a StaticCache before 5.25, linear layers without recorded states), where its
+linear layers' state is stale (kvresume.linear_checks), or where the guard refuses candidate generation beside a cache
+(assistant_model, prompt lookup: 5.17's first call gets a mask narrowed to the ids; 5.25 feeds it right and reuses),
 everything is re-prefilled: a StaticCache is reset in place, another cache replaced by a new one of its class. The
 output carries a `ResumeRecord` (kvresume.prefix.record_of(output)): tokens cached, reused, fed, and why the reuse
 stopped there. Without a ledger: `guarded_generate` with the same arguments. `apply_fix` applies a refusal's `fix`.
@@ -24,9 +25,14 @@ from .guard import ResumeInputError, check_resume_inputs, guarded_generate
 from .ledger import Ledger, attach_ledger, cache_held, ledger_of, ledger_owner, stored_ledger
 from .ledger_checks import next_positions
 from .linear_checks import ATTR as LINEAR_MARKS, stale_of
-from .prefix import ATTR, ResumeRecord, explain, misplaced, reusable, text_positions
+from .prefix import ATTR, ResumeRecord, explain, misplaced, record_of, reusable, text_positions
 
 CANDIDATES = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
+
+
+def resume_report(output: Any) -> ResumeRecord | None:
+    """The ResumeRecord resume() attached to its output (or the cache it wrote): cached, reused, fed, reason, detail."""
+    return record_of(output)
 
 
 def crop_to(cache: Any, n: int) -> Any:
@@ -93,9 +99,6 @@ def plan(led: Ledger, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict
                           ("mask", f"the given mask differs from the cached slots' at token {p} (padding): re-fed"))
     else:
         reason, detail = explain(led.token_ids, ids.cpu(), p, tokenizer, messages)
-    name = _candidates(kwargs)
-    if name is not None and keep:  # generate() re-feeds every given id beside a cache there: reuse nothing
-        keep, reason, detail = 0, "assisted", f"{name}: generate() re-feeds every given id beside a cache; re-prefilled"
     return ResumeRecord(cached, keep, 0, reason, detail)
 
 

@@ -8,7 +8,7 @@ from transformers import DynamicCache, StaticCache
 
 from kvresume import testing as T, track
 from kvresume.compat import generate_cache_kwarg, text_config
-from kvresume.prefix import record_of
+from kvresume import resume_report as record_of
 
 NEW = 3  # new tokens per greedy run
 

@@ -47,14 +47,29 @@ def test_left_padded_batch_kept_prefix_inside_padding() -> None:
     assert record(out).reused == 3  # column 3 differs in row 0; it ends inside row 1's padding
 
 
-@pytest.mark.parametrize("extra", [{"prompt_lookup_num_tokens": 3}, {"assistant": True}])
-def test_candidate_generation_re_prefills(extra: dict) -> None:
+@pytest.mark.parametrize("which", ["prompt_lookup", "assistant"])
+def test_candidate_generation_reuses_where_the_release_feeds_it_right(which: str) -> None:
+    """Prompt lookup / assisted decoding beside a cache: the plain suffix call (full mask, positions) is exact on
+    5.25.0 and wrong on 5.17.0 (its first call's mask narrowed to the ids: 0.31 off). The guard refuses it exactly
+    where it is wrong; resume() reuses the whole cache where it is right and re-prefills (reason assisted) where not."""
     m, p = tracked("dense"), _prompt()
     whole = torch.cat([p, p[:, :6]], 1)  # repeated text: prompt lookup finds candidates
-    kwargs = {"assistant_model": T.build("assistant")} if extra.get("assistant") else extra
-    out = resume(m, whole, prefill(m, p), generation_config=cfg(), **kwargs)
-    assert_same(out, reference(m, whole), "dense")
-    assert (record(out).reused, record(out).reason) == (0, "assisted")
+    extra = {"assistant_model": T.build("assistant")} if which == "assistant" else {"prompt_lookup_num_tokens": 3}
+    ref = reference(m, whole, **extra)
+    plain = dict(attention_mask=torch.ones_like(whole), position_ids=torch.arange(24, 30).view(1, -1),
+                 generation_config=cfg(), **extra)
+    got = m.generate(whole[:, 24:], **{cache_kw(m): prefill(m, p)}, **plain)
+    exact = torch.equal(got.sequences[:, -NEW:], ref.sequences[:, -NEW:]) and \
+        float((got.logits[-1] - ref.logits[-1]).abs().max()) <= T.floor("dense")
+    try:
+        check_resume_inputs(m, whole[:, 24:], **{cache_kw(m): prefill(m, p)}, **plain)
+        refused = False
+    except ResumeInputError:
+        refused = True
+    assert refused != exact
+    out = resume(m, whole, prefill(m, p), generation_config=cfg(), **extra)
+    assert_same(out, ref, "dense")
+    assert (record(out).reused, record(out).reason) == ((24, "extends") if exact else (0, "assisted"))
 
 
 def test_regenerate_plain_generate_is_wrong_once_the_answer_differs_and_is_refused() -> None:
