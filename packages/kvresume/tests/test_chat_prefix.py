@@ -68,3 +68,28 @@ def test_decoder_whole_ids_or_cached_plus_suffix() -> None:
     assert torch.equal(_decoder_whole(led, whole, 3), whole)  # already the whole sequence
     assert _decoder_whole(led, torch.tensor([[7, 8]]), 2).tolist() == [[2, 6, 7, 8]]  # the cache's last 2: a suffix
     assert _decoder_whole(led, torch.tensor([[2, 6]]), 2).tolist() == [[2, 6, 2, 6]]  # as long as the crop: a suffix
+
+
+def test_fed_mask_narrow_only_where_generate_narrowed_the_given_mask() -> None:
+    from kvresume.call import ResumeCall
+    from kvresume.checks import fed_mask_narrow
+    from kvresume import ResumeInputError
+
+    m = T.model("dense")
+    cache = DynamicCache(config=m.config)
+    with torch.no_grad():
+        m(input_ids=T.prompt("dense")["input_ids"], **{T.cache_kw(m): cache}, use_cache=True)  # 24 cached
+
+    def call(given: int | None, fed: int | None) -> ResumeCall:
+        c = ResumeCall(cache, n=6, fed=6, attention_mask=None if given is None else torch.ones(1, given, dtype=torch.long))
+        c.fed_mask = None if fed is None else torch.ones(1, fed, dtype=torch.long)
+        return c
+
+    import pytest
+    with pytest.raises(ResumeInputError) as err:
+        fed_mask_narrow(call(30, 6))  # given 30 columns, generate() fed 6
+    assert err.value.fix == {"resume": True}
+    fed_mask_narrow(call(30, 30))  # fed as given
+    fed_mask_narrow(call(6, 6))  # the caller's own short mask (mask_width / ledger checks name it): not generate()'s
+    fed_mask_narrow(call(None, 6))  # no mask given
+    fed_mask_narrow(call(30, None))  # no mask fed (5.25.0)
