@@ -117,7 +117,7 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
         raise ValueError("resume() on an encoder-decoder takes the decoder's whole sequence as decoder_input_ids")
     given_mask = generate_kwargs.pop(mask_key, None)
     record = plan(led, ids, given_mask, generate_kwargs, generate_kwargs.get("tokenizer"), messages)
-    # (multimodal conversations: the images of ids[:, record.reused:] are decided here, beside `keep`)
+    # (multimodal conversations: a kept prefix that would cut an image block is limited here, before any crop)
     if stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
         record.reused, record.detail = 0, record.detail + "; linear layers' state not rolled back: re-prefilled"
         cache = fresh(model, cache)
@@ -152,6 +152,8 @@ def _arguments(model: torch.nn.Module, input_ids: torch.Tensor, ids: torch.Tenso
     suffix = ids[:, keep:]
     suffix_mask = given_mask[:, keep:].to(ids.device) if given_mask is not None else torch.ones_like(suffix)
     kwargs = {k: v for k, v in generate_kwargs.items() if k not in ("attention_mask", "position_ids")}
+    # (multimodal conversations: the images of ids[:, keep:] are chosen here, from the final `keep`: every path,
+    # a re-prefill included, comes through this one place)
     kwargs[mask_key] = torch.cat([kept.mask.to(ids.device, suffix_mask.dtype), suffix_mask], 1)
     if keep and not decoder:
         kwargs["position_ids"] = _positions(model, kept, suffix, suffix_mask, kwargs).to(ids.device)

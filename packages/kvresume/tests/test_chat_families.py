@@ -78,3 +78,16 @@ def test_regenerate_and_edit(kind: str, static: bool, case: str) -> None:
     want = keep if crops and kind != "hybrid" else 0
     assert record(out).reused == want, record(out)
     assert record(out).fed == whole.shape[1] - want
+
+
+def test_record_on_a_plain_tensor_output() -> None:
+    """generate() returning a tensor (return_dict_in_generate False): the record is on it and on the cache."""
+    m = tracked("dense")
+    conv = _ids(20, 1)
+    cache = prefill(m, conv[:, :12])
+    out = resume(m, conv, cache, generation_config=T.config(max_new_tokens=NEW, return_dict_in_generate=False,
+                                                             output_logits=False))
+    ref = reference(m, conv)
+    assert torch.equal(out[:, -NEW:], ref.sequences[:, -NEW:])
+    from kvresume import resume_report
+    assert resume_report(out) == resume_report(cache) and resume_report(out).reused == 12
