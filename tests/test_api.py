@@ -127,7 +127,7 @@ def test_the_checks_run_in_order_and_one_entry_adds_one():
     names = [c.name for c in CHECKS]
     assert names == ["empty_input", "ledger_rows", "ledger_stale", "ledger_tokens", "ledger_length", "linear_state", "linear_length", "linear_rollback",
                      "nothing_fed", "fed_neither", "restart_token", "ledger_mask", "mask_width", "uneven_layers", "rope_state", "new_vision_tokens",
-                     "already_cached", "positions_at_processed", "ledger_positions", "ledger_processed"]
+                     "already_cached", "positions_at_processed", "fed_mask_narrow", "ledger_positions", "ledger_processed"]
     assert [c.name for c in CHECKS if c.untracked_only] == ["nothing_fed", "mask_width", "uneven_layers", "rope_state",
                                                             "already_cached", "positions_at_processed"]
     call = api_call.ResumeCall(cache=None, n=1)

@@ -12,11 +12,11 @@ from .checks import CHECKS, Check, ResumeInputError
 from .factory import FactoryError, export_tensors, kv_cache_from_tensors
 from .guard import check_forward_call, check_resume_inputs, guarded_generate
 from .ledger import Ledger, keep_slots, ledger_of
-from .reuse import resume
+from .reuse import resume, resume_report
 from .state import ResumeState, ResumeStateError
 from .tracking import track
 
 __version__ = "0.2.0"
 __all__ = ["CHECKS", "Check", "FactoryError", "Ledger", "ResumeInputError", "ResumeState", "ResumeStateError",
            "check_forward_call", "check_resume_inputs", "export_tensors", "guarded_generate", "keep_slots",
-           "kv_cache_from_tensors", "ledger_of", "resume", "state", "track"]
+           "kv_cache_from_tensors", "ledger_of", "resume", "resume_report", "state", "track"]

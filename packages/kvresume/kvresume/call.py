@@ -86,8 +86,9 @@ class ResumeCall:
     model: Any = None  # the model generate() runs (its config and its release's source, for model-specific checks)
     multimodal: dict[str, Any] = field(default_factory=dict)  # the MULTIMODAL inputs given (None ones left out)
     given_ids: torch.Tensor | None = None  # the ids given (the decoder's for an encoder-decoder); None: embeddings
-    ledger: Ledger | None = None  # what the cache holds, where it is tracked (helpers.api.ledger.of)
+    ledger: Ledger | None = None  # what the cache holds, where it is tracked (kvresume.ledger_of)
     fed_positions: torch.Tensor | None = None  # [rows, batch, f]: the positions the first call rotates with
+    fed_mask: Any = None  # the attention mask generate() gave its first model call (the decoder's for enc-dec)
 
     def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         """Record what generate() gave its first model call (these keyword arguments)."""
@@ -95,6 +96,7 @@ class ResumeCall:
         self.fed = _tokens(kwargs, decoder)
         ids = kwargs.get("decoder_input_ids" if decoder else "input_ids")
         self.fed_ids = ids if isinstance(ids, torch.Tensor) else None
+        self.fed_mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
 
     @property
     def lengths(self) -> tuple[int, int]:

@@ -2,8 +2,8 @@
 
 A check raises `ResumeInputError` saying what to pass instead, or returns. `CHECKS` is the ordered list the guard
 runs; a check that needs the caller's processed length (which generate() is never given) says so, and is skipped
-where it is absent, so its catches are counted apart. Where the cache has a token ledger (helpers.api.ledger), the
-ledger's checks (helpers.api.ledger_checks) decide what the shape rules marked `untracked_only` guessed from lengths
+where it is absent, so its catches are counted apart. Where the cache has a token ledger (kvresume.ledger), the
+ledger's checks (kvresume.ledger_checks) decide what the shape rules marked `untracked_only` guessed from lengths
 (nothing_fed, mask_width, uneven_layers, rope_state, already_cached, positions_at_processed): those run only for untracked caches
 (or embeddings, whose ids the ledger cannot compare). A check marked `needs_positions` runs at the text rotary
 embedding's first call, where the positions the model rotates with are known. Adding a check is one function (in its own module if it is
@@ -101,6 +101,30 @@ def fed_neither(call: ResumeCall) -> None:
                                f"attention_mask of {past + n} columns (cached + suffix)")
 
 
+def _candidate_mode(model: object) -> str:
+    """The candidate-generating option a call may use, named for a message (generate() does not say which runs)."""
+    return "assisted decoding / prompt lookup (candidate generation)"
+
+
+def fed_mask_narrow(call: ResumeCall) -> None:
+    """generate() gave its first model call a [batch, columns] mask narrower than the one given and than the cache + the
+    fed tokens (5.17.0's
+    candidate generation, assistant_model or prompt_lookup_num_tokens, keeps only the given ids' columns): the cached
+    slots' columns are missing, so the model attends them wrongly (0.57-0.61 off measured)."""
+    mask, given, f = call.fed_mask, call.mask2d(), call.f
+    past, _ = call.lengths
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or given is None or call.fed is None or not past:
+        return
+    if mask.shape[-1] >= min(past + f, int(given.shape[-1])):  # as given, or wide enough: not generate()'s narrowing
+        return
+    raise _with_fix(ResumeInputError(f"generate() gives its first model call an attention_mask of {mask.shape[-1]} "
+                                     f"columns beside a cache of {past} tokens and {f} fed token(s) (this release's "
+                                     f"{_candidate_mode(call.model)} keeps only the given ids' columns), so the cached "
+                                     f"slots are attended wrongly; pass the whole sequence through "
+                                     f"kvresume.resume(model, whole_ids, cache), which re-prefills for candidate "
+                                     f"generation, or generate the whole sequence without the cache"), resume=True)
+
+
 def restart_token(call: ResumeCall) -> None:
     """An encoder-decoder's first fed decoder token is its decoder start token while the decoder cache is filled."""
     ids, past = call.fed_ids, call.lengths[0]
@@ -147,7 +171,7 @@ def rope_state(call: ResumeCall) -> None:
     if call.keeps_rope_state and call.rope_deltas is None and call.position_ids is None:
         raise ResumeInputError(f"the model keeps rope_deltas but it is None beside a cache of {call.lengths[0]} tokens (a "
                                f"fresh instance?): generate() recomputes multimodal positions from the suffix alone; "
-                               f"restore rope_deltas from the prefix's prefill (helpers.resume) or pass position_ids")
+                               f"restore rope_deltas from the prefix's prefill (kvresume.state) or pass position_ids")
 
 
 def already_cached(call: ResumeCall) -> None:
@@ -222,6 +246,7 @@ CHECKS: list[Check] = [
     Check("new_vision_tokens", new_vision_tokens),
     Check("already_cached", already_cached, needs_processed_length=True, untracked_only=True),
     Check("positions_at_processed", positions_at_processed, needs_processed_length=True, untracked_only=True),
+    Check("fed_mask_narrow", fed_mask_narrow),
     Check("ledger_positions", ledger_positions, needs_positions=True),
     Check("ledger_processed", ledger_processed, needs_processed_length=True),
 ]

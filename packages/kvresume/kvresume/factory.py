@@ -4,7 +4,7 @@
 with one `FactoryError` naming the first mismatch, and returns transformers' own `DynamicCache(config=...)`:
 the layer classes come from the config (`layer_types`), K/V go in through `update()`, a sliding layer's processed
 length through its own `cumulative_length`, a linear-attention layer's conv/recurrent states through
-`update_conv_state` / `update_recurrent_state` (helpers.regress.layers). Nothing of transformers is copied.
+`update_conv_state` / `update_recurrent_state` (kvresume.layers). Nothing of transformers is copied.
 """
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def kv_cache_from_tensors(kv_pairs: Sequence[Any], config: Any, *, processed_len
                           positions: torch.Tensor | None = None) -> Any:
     """A validated `DynamicCache(config=...)` holding these K/V (and linear states); FactoryError on a mismatch.
     `token_ids` [batch, slots] (and `positions` [batch, slots] or [3, batch, slots], default 0..slots-1): the token
-    ledger the guard reads (helpers.api.ledger), one entry per stored slot."""
+    ledger the guard reads (kvresume.ledger), one entry per stored slot."""
     checked = validate(kv_pairs, config, processed_length, linear_states)
     ledger = _ledger(checked, token_ids, positions)
     cache = compat.dynamic_cache(compat.text_config(config))

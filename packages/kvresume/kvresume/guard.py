@@ -5,12 +5,11 @@ first model call (read by a forward pre-hook, so the slicing checked is the inst
 the ordered list `checks.CHECKS`; each raises `ResumeInputError` saying what to pass instead. `processed_length` (how
 many tokens the caller processed before the suffix, which generate() is never told) is optional: the checks that
 need it run only where it is given. `guarded_generate` keeps generate()'s signature (positional `inputs` first);
-`check_resume_inputs` runs generate() up to its first model call (on a copy of the cache) and stops there.
+`check_resume_inputs` runs generate() up to its first model call and stops there, before any layer writes the cache.
 Nothing of transformers is patched.
 """
 from __future__ import annotations
 
-import copy
 import warnings
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -96,14 +95,15 @@ def checked_first_call(model: torch.nn.Module, call: ResumeCall, then: Callable[
 
 
 def _dry_run(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[str, Any], call: ResumeCall) -> None:
-    """generate() up to its first model call (on a copy of the cache; the model's rope_deltas put back), the checks
-    run there; generate()'s own error, where it raised before the model, re-raised unchanged."""
+    """generate() up to its first model call, the checks run there; generate()'s own error, where it raised before the
+    model, re-raised unchanged. The cache is not copied: the run stops at the text rotary embedding's first call (the
+    model's pre-hook where it has none), before any layer writes (tests/test_chat_dryrun.py checks it bitwise); the
+    model's rope_deltas are put back."""
 
     def stop() -> None:
         raise _Stop
 
-    name = next(k for k in ("past_key_values", "cache") if kwargs.get(k) is not None)
-    args = {"max_new_tokens": 1, **kwargs, name: copy.deepcopy(kwargs[name])}  # a length limit cannot stop it first
+    args = {"max_new_tokens": 1, **kwargs}  # a length limit cannot stop it first
     owner = compat.rope_state_owner(model)
     state = compat.get_rope_state(model) if owner is not None else None
     try:

@@ -3,9 +3,9 @@
 Placeholder tokens are the same ids for every image, so a ledger of token ids alone cannot tell a conversation's new
 image from the cached one. As vLLM's multimodal prefix caching does, the tracker records, on each forward call that
 carries pixels, one span per image: the slots its placeholders filled and a hash of its pixel rows (`note`, at the
-tracked call's start; kept on the cache by `attach`, beside the ledger). `fit` (in `resume()`) ends the reusable
-prefix before the first image whose pixels differ from the cached one's, or that straddles the cut, and slices the
-conversation's pixels, grids and token types to the images and columns of what is fed; the suffix's 3-D positions
+tracked call's start; kept on the cache by `attach`, beside the ledger). `limit` (in `resume()`) ends the
+reusable prefix before the first image whose pixels differ from the cached one's, or that the cut would split; `fed`
+slices the conversation's pixels, grids and token types to the images and columns of what is fed; the suffix's 3-D positions
 and `rope_deltas` come from the model's own `get_rope_index` over the whole conversation.
 """
 from __future__ import annotations
@@ -133,22 +133,29 @@ def _cut(keep: int, cached: list[Span], given: list[Span] | None, ids: torch.Ten
     return keep
 
 
-def fit(model: torch.nn.Module, cache: Any, input_ids: torch.Tensor, kwargs: dict[str, Any], keep: int,
-        length: int) -> tuple[int, dict[str, Any], torch.Tensor | None, torch.Tensor | None]:
-    """(the reusable prefix, the call's kwargs with pixels, grids and token types sliced to what is fed, the fed
-    tokens' positions and the model's rope_deltas from get_rope_index over the whole conversation, or None, None)."""
+def limit(model: torch.nn.Module, cache: Any, input_ids: torch.Tensor, kwargs: dict[str, Any], keep: int,
+          length: int) -> int:
+    """The reusable prefix (at most `keep`) ending before the first cached image the conversation does not repeat
+    and before any given image the cut would split; ids over cached image slots without pixels are refused."""
     cached = cached_spans(cache, length)
     given = spans(model, {**kwargs, "input_ids": input_ids})
     if cached and given is None and any(s.start < keep for s in cached):
         raise refuse("image_unverified", "the conversation's ids hold image placeholders the cache wrote with an "
                      "image, but no pixel_values were passed, so whether it is the same image cannot be told: pass "
                      "the whole conversation's pixel_values and image_grid_thw to resume()", resume=True)
+    return keep if given is None else _cut(keep, cached, given, input_ids)
+
+
+def fed(model: torch.nn.Module, input_ids: torch.Tensor, kwargs: dict[str, Any],
+        keep: int) -> tuple[dict[str, Any], torch.Tensor | None, torch.Tensor | None]:
+    """(the whole conversation's kwargs with pixels, grids and token types sliced to what is fed after `keep`, the fed
+    tokens' 3-D positions and the model's rope_deltas from get_rope_index over the whole conversation), or (kwargs,
+    None, None) where the call carries no pixels."""
+    given = spans(model, {**kwargs, "input_ids": input_ids})
     if given is None:
-        return keep, kwargs, None, None
-    keep = _cut(keep, cached, given, input_ids)
-    out = _sliced(kwargs, given, keep)
+        return kwargs, None, None
     positions, deltas = _rope(model, input_ids, kwargs)
-    return keep, out, (None if positions is None else positions[..., keep:]), deltas
+    return _sliced(kwargs, given, keep), (None if positions is None else positions[..., keep:]), deltas
 
 
 def _sliced(kwargs: dict[str, Any], given: list[Span], keep: int) -> dict[str, Any]:

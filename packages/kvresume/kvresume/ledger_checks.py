@@ -1,9 +1,9 @@
-"""The guard's checks that read the cache's token ledger (helpers.api.ledger): what the cache holds, not its lengths.
+"""The guard's checks that read the cache's token ledger (kvresume.ledger): what the cache holds, not its lengths.
 
 Each runs only where the cache has a ledger (`track(model)`, or the factory given token ids) and raises
 `ResumeInputError` with `fix`: the arguments that replace the call's (`crop`: keep the first N cached tokens;
 `attention_mask` / `position_ids`: pass these), which notebook 08 applies and compares with the full forward.
-`resume`: pass the whole sequence through helpers.api.resume, which the caller runs with its whole ids.
+`resume`: pass the whole sequence through kvresume.resume, which the caller runs with its whole ids.
 In order: `ledger_tokens` (ids generate() reads as a whole sequence that differ from the cached tokens: a cache reused
 without copy.deepcopy, or a suffix passed without the cached columns of its mask: resume on the whole sequence, since
 which cached prefix the suffix follows is not among the inputs), `ledger_length` (a cache holding all the ids it
@@ -11,7 +11,11 @@ should precede), `ledger_mask` (a mask that attends to slots written as padding)
 the model would rotate the first fed token with do not continue each row's last cached position; read at the text
 rotary embedding, so the model's own position state, M-RoPE's rope_deltas, is included: where they continue a prefix
 of the cached slots, the rest was written after it, re-fed or another request's: crop to that prefix; where they
-skip slots a crop removed (the stored ledger, trimmed lazily, still holds them): re-feed those through resume).
+skip slots a crop removed (the stored ledger, trimmed lazily, still holds them): re-feed those through resume; where
+the cache's own slots sit at stuck positions (`prefix.misplaced`): re-feed from there through resume).
+Every fix is fitted to the call (`_refuse`): an encoder-decoder's mask and whole decoder ids, and, where the cache
+cannot be cropped (5.17.0's StaticCache, a sliding layer past its window, linear layers without recorded states), a
+re-prefill through resume() instead of a crop that would raise.
 """
 from __future__ import annotations
 
@@ -19,8 +23,42 @@ from typing import Any
 
 import torch
 
-from .call import ResumeCall, refuse
+from . import compat
+from .call import ResumeCall, ResumeInputError, is_encoder_decoder, refuse
 from .ledger import Ledger, stored_ledger
+from .prefix import can_crop, misplaced
+
+
+def _refuse(call: ResumeCall, check: str, message: str, **fix: object) -> ResumeInputError:
+    """`refuse`, the fix fitted to the call: an encoder-decoder's mask is its decoder_attention_mask; a crop of a cache
+    that cannot be cropped (a StaticCache, a sliding layer past its window) becomes a re-prefill through resume()."""
+    if is_encoder_decoder(call.model) and "attention_mask" in fix:
+        fix["decoder_attention_mask"] = fix.pop("attention_mask")
+        message = message.replace("a mask of", "a decoder_attention_mask of")
+    if is_encoder_decoder(call.model) and fix.get("crop") is not None and call.given_ids is not None and call.ledger:
+        whole = _decoder_whole(call.ledger, call.given_ids, int(fix["crop"]))  # type: ignore[arg-type]
+        fix.update(decoder_input_ids=whole, decoder_attention_mask=torch.ones_like(whole))
+        message += (f" (an encoder-decoder: generate() prepends the start token to decoder ids that lack it, so pass "
+                    f"the whole decoder sequence, {whole.shape[-1]} tokens, with a decoder_attention_mask of ones)")
+    if fix.get("crop") is not None and not can_crop(call.cache):
+        message = (f"{message}. This cache cannot be cropped ({type(call.cache).__name__}"
+                   f"{', a sliding layer past its window' if _has_crop(call.cache) else ': its layers have no crop'}): "
+                   f"pass the whole sequence through kvresume.resume(model, whole_ids, cache), which re-prefills it")
+        fix = {"resume": True}
+    return refuse(check, message, **fix)
+
+
+def _decoder_whole(led: Ledger, ids: torch.Tensor, crop: int) -> torch.Tensor:
+    """The whole decoder sequence after a crop to `crop`: the ids where they start with the first `crop` cached tokens,
+    else those cached tokens + the ids (a suffix)."""
+    if int(ids.shape[-1]) > crop and led.common_prefix(ids) >= crop:
+        return ids
+    return torch.cat([led.first(crop).token_ids.to(ids.device), ids], 1)
+
+
+def _has_crop(cache: object) -> bool:
+    """Whether every layer of the (self-attention) cache has a crop method."""
+    return all(hasattr(layer, "crop") for layer in compat.cache_layers(getattr(cache, "self_attention_cache", None) or cache))
 
 
 def _whole(call: ResumeCall) -> bool:
@@ -39,20 +77,20 @@ def ledger_tokens(call: ResumeCall) -> None:
         return
     if p > 0:
         row = int((led.token_ids[:, p].to(ids.device) != ids[:, p]).nonzero()[0])
-        raise refuse("ledger_tokens", f"input_ids differ from the cached tokens at position {p} (row {row}: cached "
+        raise _refuse(call, "ledger_tokens", f"input_ids differ from the cached tokens at position {p} (row {row}: cached "
                      f"{int(led.token_ids[row, p])}, given {int(ids[row, p])}): the cache holds {past - p} token(s) of "
                      f"another request after the common prefix (a cache reused without copy.deepcopy?); copy.deepcopy "
                      f"the cache before each reuse, or crop it to the common prefix of {p} tokens (cache.crop({p}))",
                      crop=p)
     if _tail(led, ids) and past > n:  # the given tokens are the cache's own last ones: cached already
-        raise refuse("ledger_tokens", f"input_ids are the cache's last {n} token(s), cached already: generate() would "
+        raise _refuse(call, "ledger_tokens", f"input_ids are the cache's last {n} token(s), cached already: generate() would "
                      f"process them twice; crop the cache to {past - n} tokens (cache.crop({past - n})) with a mask of "
                      f"{past} columns, or pass only new tokens", crop=past - n,
                      attention_mask=_mask(led.first(past - n), n, ids.device))
-    raise refuse("ledger_tokens", f"input_ids do not start with the cache's tokens (position 0: cached "
+    raise _refuse(call, "ledger_tokens", f"input_ids do not start with the cache's tokens (position 0: cached "
                  f"{int(led.token_ids[0, 0])}, given {int(ids[0, 0])}), so they are the new tokens, not the whole sequence "
                  f"generate() reads them as: pass the whole sequence (the cached part's ids + these) through "
-                 f"helpers.api.resume(model, whole_ids, cache), which keeps the longest cached common prefix and feeds "
+                 f"kvresume.resume(model, whole_ids, cache), which keeps the longest cached common prefix and feeds "
                  f"the rest; only where these tokens follow all {past} cached ones (not another request's): "
                  f"attention_mask with {past + n} columns and position_ids from {led.next_positions().tolist()}",
                  resume=True)
@@ -73,14 +111,17 @@ def _tail(led: Ledger, ids: torch.Tensor | None, k: int | None = None) -> bool:
 
 def ledger_length(call: ResumeCall) -> None:
     """A cache holding at least as many tokens as the whole ids it should precede (ids sliced as a whole sequence, or
-    a mask as wide as the ids alone: nothing new would be fed)."""
+    a mask as wide as the ids alone: nothing new would be fed). A regenerate (ids = the prompt, the cache also holding
+    the old answer) is refused too: plain generate() re-feeds ids[cached - n:] with an n-column mask, so from step 2
+    it attends the OLD answer's slots; right only while the new answer equals the old (greedy), 0.03-0.57 off once it
+    differs (sampling), measured on 5.17.0."""
     led, mask = call.ledger, call.mask2d()
     as_whole = _whole(call) or (call.given_ids is not None and (mask is None or int(mask.shape[-1]) == call.n))
     if led is None or not as_whole:
         return
     past, n = led.length, call.n
     if past >= n and led.common_prefix(call.given_ids) >= n:
-        raise refuse("ledger_length", f"the cache holds {past} tokens, the first {n} of them these input_ids: nothing "
+        raise _refuse(call, "ledger_length", f"the cache holds {past} tokens, the first {n} of them these input_ids: nothing "
                      f"is left to feed; crop the cache to {n - 1} tokens (cache.crop({n - 1})) so generate() feeds the "
                      f"last one", crop=n - 1)
 
@@ -95,7 +136,7 @@ def ledger_mask(call: ResumeCall) -> None:
     if wrong.numel():
         row, slot = (int(v) for v in wrong[0])
         fixed = torch.cat([led.mask.to(mask.device, mask.dtype), mask[:, led.length:]], 1)
-        raise refuse("ledger_mask", f"attention_mask attends to cached slot {slot} of row {row}, which the cache wrote as "
+        raise _refuse(call, "ledger_mask", f"attention_mask attends to cached slot {slot} of row {row}, which the cache wrote as "
                      f"padding (mask 0): pass the mask the cached slots were written with (zeros on padding) + the new "
                      f"tokens' columns", attention_mask=fixed)
 
@@ -112,6 +153,13 @@ def ledger_positions(call: ResumeCall) -> None:
     led, fed = call.ledger, call.fed_positions
     if led is None or fed is None or fed.shape[-1] == 0 or led.length == 0:
         return
+    bad = misplaced(led)
+    if bad is not None:
+        raise _refuse(call, "ledger_positions", f"the cache's slots from {bad} were written at stuck positions (row 0: "
+                      f"{led.positions[0, 0, max(bad - 2, 0):bad + 3].tolist()}), not after the slots before them: "
+                      f"continuing them keeps the wrong keys; re-feed the tokens from slot {bad} (the whole sequence "
+                      f"through kvresume.resume(model, whole_ids, cache), which keeps the {bad} slots written right)",
+                      resume=True)
     got, want = fed[..., 0].amin(0).cpu(), led.next_positions()
     if got.shape != want.shape or torch.equal(got, want):
         return
@@ -121,22 +169,22 @@ def ledger_positions(call: ResumeCall) -> None:
     if keep is not None:  # the fed tokens continue the first `keep` slots; the cache holds more at or after them
         k = led.length - keep
         if k <= f and _tail(led, ids, k):
-            raise refuse("ledger_positions", f"the first {k} fed token(s) are the cache's last {k}, at the same positions "
+            raise _refuse(call, "ledger_positions", f"the first {k} fed token(s) are the cache's last {k}, at the same positions "
                          f"(cached already): crop the cache to {keep} tokens (cache.crop({keep})) with a mask of "
                          f"{keep + f} columns, or pass only tokens after position {int(want.max()) - 1}", crop=keep,
                          attention_mask=_mask(led.first(keep), f, device))
-        raise refuse("ledger_positions", f"the first fed token's position(s) {got.tolist()} continue the cache's first "
+        raise _refuse(call, "ledger_positions", f"the first fed token's position(s) {got.tolist()} continue the cache's first "
                      f"{keep} slots, but it holds {k} more written at or after them (token ids "
                      f"{led.token_ids[0, keep:keep + 8].tolist()}): another request's tokens (a cache reused without "
                      f"copy.deepcopy?); crop the cache to {keep} tokens (cache.crop({keep})) with a mask of {keep + f} "
                      f"columns", crop=keep, attention_mask=_mask(led.first(keep), f, device))
     cropped = cropped_before(call, led, got)
     if cropped:
-        raise refuse("ledger_positions", f"the first fed token is at position(s) {got.tolist()}, but the cache was cropped "
+        raise _refuse(call, "ledger_positions", f"the first fed token is at position(s) {got.tolist()}, but the cache was cropped "
                      f"to {led.length} tokens and continues at {want.tolist()}: the {len(cropped)} cropped token(s) "
                      f"{cropped} between are not in it; feed them before these (the whole sequence through "
-                     f"helpers.api.resume(model, whole_ids, cache), which re-feeds what the cache lacks)", resume=True)
-    raise refuse("ledger_positions", f"the model would place the first fed token at position(s) {got.tolist()}, but the "
+                     f"kvresume.resume(model, whole_ids, cache), which re-feeds what the cache lacks)", resume=True)
+    raise _refuse(call, "ledger_positions", f"the model would place the first fed token at position(s) {got.tolist()}, but the "
                  f"cache's rows continue at {want.tolist()} (their last slots were written at {(want - 1).tolist()}): "
                  f"pass position_ids starting at {want.tolist()}", position_ids=next_positions(led, f))
 
@@ -171,11 +219,11 @@ def ledger_processed(call: ResumeCall) -> None:
     if led is None or not isinstance(p, int) or call.rows is not None or p == led.length or call.given_ids is None:
         return
     if p > led.length:
-        raise refuse("ledger_processed", f"{p} tokens were processed but the cache holds {led.length} (the ledger's "
+        raise _refuse(call, "ledger_processed", f"{p} tokens were processed but the cache holds {led.length} (the ledger's "
                      f"tokens): the {p - led.length} token(s) between are not in it; feed them before these (the whole "
-                     f"sequence through helpers.api.resume(model, whole_ids, cache))", resume=True)
+                     f"sequence through kvresume.resume(model, whole_ids, cache))", resume=True)
     f = call.f
-    raise refuse("ledger_processed", f"{p} tokens were processed but the cache holds {led.length}: its last "
+    raise _refuse(call, "ledger_processed", f"{p} tokens were processed but the cache holds {led.length}: its last "
                  f"{led.length - p} slot(s) (token ids {led.token_ids[0, p:p + 8].tolist()}) came after them (re-fed, or "
                  f"another request's); crop the cache to {p} tokens (cache.crop({p})) with a mask of {p + f} columns",
                  crop=p, attention_mask=_mask(led.first(p), f, call.given_ids.device))

@@ -127,7 +127,7 @@ def linear_length(call: ResumeCall) -> None:
     raise refuse("linear_length", f"the linear-attention layers count {sorted(set(linear))} token(s), the full-attention "
                   f"layers hold {want}: get_seq_length() answers from layer 0, so generate() would re-feed cached "
                   f"tokens; carry the linear layers' count (each linear layer's "
-                  f"`cumulative_length_linear` set to {want}: helpers.compat.carry_linear_length) or rebuild with "
+                  f"`cumulative_length_linear` set to {want}: kvresume.compat.carry_linear_length) or rebuild with "
                   f"kv_cache_from_tensors", cache=fixed)
 
 

@@ -1,13 +1,16 @@
 """`resume(model, input_ids, cache, **generate_kwargs)`: the prefix-aware resume a user calls instead of generate().
 
-With a ledger (helpers.api.ledger): keep the longest common prefix of `input_ids` (the whole sequence) and the cached
-tokens (crop the rest, keeping at least one token to feed), feed what is not cached with the mask the cached slots
-were written with + ones, and position_ids continuing each row's last kept position (the M-RoPE rows where the model
-has them; the model's rope_deltas put back to the ledger's), then return generate()'s output. Without a ledger:
-`guarded_generate` with the same arguments. A hybrid cache cropped below what its linear layers' recurrent state
-summarises (helpers.api.linear_checks) is not reused: everything is re-prefilled into a new cache of its class. `apply_fix` applies a refusal's `fix` (crop / attention_mask /
-position_ids / decoder_attention_mask) to a copy of a call's arguments: what notebook 08 runs for every refusal (a fix
-`resume`: the whole sequence through `resume`, which the caller runs with its whole ids).
+With a ledger (kvresume.ledger): keep the longest cached prefix that equals `input_ids` (the whole sequence; for an
+encoder-decoder, `decoder_input_ids`) and its mask bits, written at increasing positions (kvresume.prefix), keeping at
+least one token to feed; crop the rest; feed what is not cached with the mask the cached slots were written with +
+the given mask's (or ones), and position_ids counting on from each row's last attended kept position (the M-RoPE rows
+where the model has them; the model's rope_deltas put back to the ledger's). Where the cache cannot be cropped there
+(a sliding layer past its window, a StaticCache before 5.25, linear layers without recorded states), where its
+linear layers' state is stale (kvresume.linear_checks), or where the guard refuses candidate generation beside a cache
+(assistant_model, prompt lookup: 5.17's first call gets a mask narrowed to the ids; 5.25 feeds it right and reuses),
+everything is re-prefilled: a StaticCache is reset in place, another cache replaced by a new one of its class. The
+output carries a `ResumeRecord` (kvresume.prefix.record_of(output)): tokens cached, reused, fed, and why the reuse
+stopped there. Without a ledger: `guarded_generate` with the same arguments. `apply_fix` applies a refusal's `fix`.
 """
 from __future__ import annotations
 
@@ -16,12 +19,20 @@ from typing import Any
 
 import torch
 
-from . import compat
+from . import compat, images
+from .call import is_encoder_decoder
 from .guard import ResumeInputError, check_resume_inputs, guarded_generate
-from .ledger import attach_ledger, cache_held, ledger_of, stored_ledger
-from . import images
+from .ledger import Ledger, attach_ledger, cache_held, ledger_of, ledger_owner, stored_ledger
 from .ledger_checks import next_positions
-from .linear_checks import stale_of
+from .linear_checks import ATTR as LINEAR_MARKS, stale_of
+from .prefix import ATTR, ResumeRecord, explain, misplaced, record_of, reusable, text_positions
+
+CANDIDATES = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
+
+
+def resume_report(output: Any) -> ResumeRecord | None:
+    """The ResumeRecord resume() attached to its output (or the cache it wrote): cached, reused, fed, reason, detail."""
+    return record_of(output)
 
 
 def crop_to(cache: Any, n: int) -> Any:
@@ -30,55 +41,168 @@ def crop_to(cache: Any, n: int) -> Any:
     held = cache_held(cache)[0]
     if n < held:
         led = stored_ledger(cache)
-        target = getattr(cache, "self_attention_cache", None) or cache
-        target.crop(n - held)
+        ledger_owner(cache).crop(n - held)
         if led is not None:
             attach_ledger(cache, led.first(n))
     return cache
 
 
+def fresh(model: torch.nn.Module, cache: Any) -> Any:
+    """An empty cache for a re-prefill: a StaticCache reset in place, else a new cache of the same class."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    if isinstance(cache, EncoderDecoderCache):
+        return EncoderDecoderCache(DynamicCache(), DynamicCache())
+    if not all(hasattr(layer, "crop") for layer in compat.cache_layers(cache)):  # static layers: reset, keep memory
+        cache.reset()
+        for name in ("kv_ledger", LINEAR_MARKS):
+            cache.__dict__.pop(name, None)
+        return cache
+    return type(cache)(config=compat.text_config(model.config))
+
+
+def cropped(model: torch.nn.Module, cache: Any, keep: int) -> tuple[Any, int, str]:
+    """(the cache holding its first `keep` tokens, keep, "") or, where it cannot be cropped there, (an empty cache, 0,
+    why); the crop itself is the cache's own."""
+    if keep >= cache_held(cache)[0]:
+        return cache, keep, ""
+    try:
+        return crop_to(cache, keep), keep, ""
+    except (RuntimeError, AttributeError, NotImplementedError, ValueError) as exc:
+        return fresh(model, cache), 0, f"the cache cannot be cropped to {keep} tokens ({type(exc).__name__}: {exc}); re-prefilled"
+
+
+def _candidates(kwargs: dict[str, Any]) -> str | None:
+    """The candidate-generation argument (assisted decoding, prompt lookup) among the call's, or None."""
+    config = kwargs.get("generation_config")
+    for name in CANDIDATES:
+        if kwargs.get(name) is not None or getattr(config, name, None) is not None:
+            return name
+    return None
+
+
+def plan(led: Ledger, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any],
+         tokenizer: Any = None, messages: Any = None) -> ResumeRecord:
+    """How many cached tokens to reuse, and why not more (the record's `fed` filled in later)."""
+    n, cached = int(ids.shape[-1]), led.length
+    p = reusable(led, ids, mask)
+    keep = min(p, n - 1)
+    common = led.common_prefix(ids)
+    if keep == cached:
+        reason, detail = "extends", f"all {cached} cached tokens reused"
+    elif common >= n:
+        reason, detail = "regenerate", f"the ids are the cache's first {n} tokens: re-fed from token {keep}"
+    elif p < common:
+        bad = misplaced(led.first(common))
+        reason, detail = (("misplaced", f"cached slots from {bad} were written at stuck positions: re-fed")
+                          if bad is not None and bad == p else
+                          ("mask", f"the given mask differs from the cached slots' at token {p} (padding): re-fed"))
+    else:
+        reason, detail = explain(led.token_ids, ids.cpu(), p, tokenizer, messages)
+    return ResumeRecord(cached, keep, 0, reason, detail)
+
+
 def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **generate_kwargs: Any) -> Any:
-    """generate() from `cache` for the whole sequence `input_ids`, reusing the longest cached common prefix."""
+    """generate() from `cache` for the whole sequence `input_ids`, reusing the longest cached common prefix; the output
+    carries a ResumeRecord (prefix.record_of). `messages=` (the chat's messages) is read to explain a break only."""
     led = ledger_of(cache)
     name = compat.generate_cache_kwarg(model)
+    messages = generate_kwargs.pop("messages", None)
     if led is None or led.batch != int(input_ids.shape[0]):  # untracked or stale, or rows to select: the guard says
         return guarded_generate(model, input_ids, **{name: cache}, **generate_kwargs)
-    n = int(input_ids.shape[-1])
-    keep = min(led.common_prefix(input_ids), n - 1)
-    if generate_kwargs.get("assistant_model") is not None:
-        keep = 0  # assisted decoding (5.17) re-feeds every given id and narrows the mask beside a cache: reuse nothing
+    decoder = is_encoder_decoder(model)
+    mask_key = "decoder_attention_mask" if decoder else "attention_mask"
+    ids = generate_kwargs.pop("decoder_input_ids", None) if decoder else input_ids
+    if ids is None:
+        raise ValueError("resume() on an encoder-decoder takes the decoder's whole sequence as decoder_input_ids")
+    given_mask = generate_kwargs.pop(mask_key, None)
+    record = plan(led, ids, given_mask, generate_kwargs, generate_kwargs.get("tokenizer"), messages)
+    if not decoder:  # images keyed by their pixels: the prefix ends before one that differs or would be cut
+        record.reused = images.limit(model, cache, ids, generate_kwargs, record.reused, led.length)
     if stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
-        cache, keep = type(cache)(config=compat.text_config(model.config)), 0
-    keep, generate_kwargs, mm_positions, mm_deltas = images.fit(model, cache, input_ids, generate_kwargs, keep,
-                                                                led.length)  # images keyed by their pixels
-    crop_to(cache, keep)
-    kept = led.first(keep)
-    suffix = input_ids[:, keep:]
-    mask = torch.cat([kept.mask.to(input_ids.device), torch.ones_like(suffix)], 1)
+        record.reused, record.detail = 0, record.detail + "; linear layers' state not rolled back: re-prefilled"
+        cache = fresh(model, cache)
+    cache, keep, why = cropped(model, cache, record.reused)
+    if why:
+        record.reused, record.detail = 0, f"{record.detail}; {why}"
+    if decoder:  # the cross-attention K/V are recomputed from this call's encoder input
+        cache.cross_attention_cache, cache.is_updated = type(cache.cross_attention_cache)(), {}
+    inputs, kwargs = _arguments(model, input_ids, ids, led.first(keep), given_mask, generate_kwargs, decoder)
+    try:
+        cache, inputs, kwargs = _checked(model, inputs, cache, kwargs, name, decoder)
+    except ResumeInputError as exc:  # candidate generation this release feeds wrongly beside a cache: re-prefill
+        which = _candidates(generate_kwargs)
+        if which is None or keep == 0:
+            raise
+        cache, keep = fresh(model, cache), 0
+        record.reused, record.reason = 0, "assisted"
+        record.detail = f"{which}: this release's generate() cannot continue a cache with it ({exc.check}); re-prefilled"
+        inputs, kwargs = _arguments(model, input_ids, ids, led.first(0), given_mask, generate_kwargs, decoder)
+    record.fed = int(ids.shape[-1]) - keep
+    out = model.generate(inputs, **{name: cache}, **kwargs)
+    return _with_record(out, cache, record)
+
+
+def _arguments(model: torch.nn.Module, input_ids: torch.Tensor, ids: torch.Tensor, kept: Ledger,
+               given_mask: torch.Tensor | None, generate_kwargs: dict[str, Any],
+               decoder: bool) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(generate()'s inputs, its keyword arguments) after the kept slots: the suffix (an encoder-decoder: the encoder
+    ids, the whole decoder sequence), the kept slots' mask + the given mask's rest, the suffix's positions."""
+    keep = kept.length
+    mask_key = "decoder_attention_mask" if decoder else "attention_mask"
+    suffix = ids[:, keep:]
+    suffix_mask = given_mask[:, keep:].to(ids.device) if given_mask is not None else torch.ones_like(suffix)
     kwargs = {k: v for k, v in generate_kwargs.items() if k not in ("attention_mask", "position_ids")}
-    if keep:
-        positions = mm_positions if mm_positions is not None else _positions(model, kept, suffix, kwargs)
-        kwargs["position_ids"] = positions.to(input_ids.device)
+    mm_positions = mm_deltas = None
+    if not decoder:  # the images of ids[:, keep:] only, and their positions over the whole conversation
+        kwargs, mm_positions, mm_deltas = images.fed(model, ids, kwargs, keep)
+    kwargs[mask_key] = torch.cat([kept.mask.to(ids.device, suffix_mask.dtype), suffix_mask], 1)
+    if keep and not decoder:
+        positions = mm_positions if mm_positions is not None else _positions(model, kept, suffix, suffix_mask, kwargs)
+        kwargs["position_ids"] = positions.to(ids.device)
         deltas = mm_deltas if mm_deltas is not None else kept.rope_deltas
         if compat.rope_state_owner(model) is not None and deltas is not None:
             compat.set_rope_state(model, deltas.clone())
-    kwargs["attention_mask"] = mask
-    try:  # what this release's generate() feeds for these arguments, checked against the ledger (e.g. assisted
-        check_resume_inputs(model, suffix, **{name: cache}, **kwargs)  # decoding re-feeds every given token)
+    if decoder:
+        kwargs["decoder_input_ids"] = ids
+        return input_ids, kwargs
+    return suffix, kwargs
+
+
+def _checked(model: torch.nn.Module, inputs: torch.Tensor, cache: Any, kwargs: dict[str, Any], name: str,
+             decoder: bool) -> tuple[Any, torch.Tensor, dict[str, Any]]:
+    """What this release's generate() feeds for these arguments, checked against the ledger; a refusal's fix applied
+    in place (resume owns the cache it was given)."""
+    try:
+        check_resume_inputs(model, inputs, **{name: cache}, **kwargs)
     except ResumeInputError as exc:
         if not exc.fix or exc.fix.get("resume"):  # resume's own advice: nothing further to apply here
             raise
-        cache, kwargs = apply_fix(exc.fix, cache, {"input_ids": suffix, **kwargs})
-        suffix = kwargs.pop("input_ids")
-    return model.generate(suffix, **{name: cache}, **kwargs)
+        cache, kwargs = apply_fix(exc.fix, cache, {"input_ids": inputs, **kwargs}, copy_cache=False)
+        inputs = kwargs.pop("input_ids")
+    return cache, inputs, kwargs
 
 
-def _positions(model: torch.nn.Module, kept: Any, suffix: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
-    """The suffix's positions after the kept slots: text positions, or, where new images or videos come with it, the
-    model's own M-RoPE positions of the suffix (get_rope_index from 0) shifted to each row's next position."""
+def _with_record(out: Any, cache: Any, record: ResumeRecord) -> Any:
+    """The output with the record attached (and the cache it wrote)."""
+    for target in (out, ledger_owner(compat.output_cache(out) or cache)):
+        try:
+            object.__setattr__(target, ATTR, record)
+        except (AttributeError, TypeError):
+            pass
+    return out
+
+
+def _positions(model: torch.nn.Module, kept: Ledger, suffix: torch.Tensor, suffix_mask: torch.Tensor,
+               kwargs: dict[str, Any]) -> torch.Tensor:
+    """The suffix's positions after the kept slots: text positions (each row's attended tokens counted on), or, where
+    new images or videos come with it, the model's own M-RoPE positions of the suffix (get_rope_index from 0) shifted
+    to each row's next position."""
     owner = compat.rope_state_owner(model)
     grids = {k: kwargs[k] for k in ("image_grid_thw", "video_grid_thw") if kwargs.get(k) is not None}
     if owner is None or not grids or not hasattr(owner, "get_rope_index"):
+        if kept.positions.shape[0] == 1:
+            return text_positions(kept, suffix_mask)
         return next_positions(kept, int(suffix.shape[-1]))
     extra = {"mm_token_type_ids": kwargs["mm_token_type_ids"]} if kwargs.get("mm_token_type_ids") is not None and \
         compat.accepts(owner.get_rope_index, "mm_token_type_ids") else {}
@@ -86,10 +210,14 @@ def _positions(model: torch.nn.Module, kept: Any, suffix: torch.Tensor, kwargs: 
     return local + kept.next_positions().view(1, -1, 1).to(local.device)
 
 
-def apply_fix(fix: dict[str, Any], cache: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-    """(a copy of the cache cropped where the fix says, the call's keyword arguments with the fix's replacements);
-    `cache`: another cache (a rebuild with what was missing), `call`: other (input_ids, kwargs) altogether."""
-    cache = copy.deepcopy(fix.get("cache", cache))
+def apply_fix(fix: dict[str, Any], cache: Any, kwargs: dict[str, Any],
+              copy_cache: bool = True) -> tuple[Any, dict[str, Any]]:
+    """(the cache, a copy unless `copy_cache` is False, cropped where the fix says, the call's keyword arguments with
+    the fix's replacements); `cache`: another cache (a rebuild with what was missing), `call`: other (input_ids,
+    kwargs) altogether; `decoder_input_ids`: an encoder-decoder's whole decoder sequence (generate() prepends the start
+    token to decoder ids that lack it, so a suffix cannot be passed there)."""
+    cache = fix.get("cache", cache)
+    cache = copy.deepcopy(cache) if copy_cache else cache
     if fix.get("crop") is not None:
         crop_to(cache, int(fix["crop"]))
     out = dict(kwargs)
@@ -97,7 +225,7 @@ def apply_fix(fix: dict[str, Any], cache: Any, kwargs: dict[str, Any]) -> tuple[
         ids, other = fix["call"]
         keep = {k: v for k, v in kwargs.items() if k == "generation_config"}
         out = {**keep, "input_ids": ids, **other}
-    for name in ("attention_mask", "position_ids", "decoder_attention_mask"):
+    for name in ("attention_mask", "position_ids", "decoder_attention_mask", "decoder_input_ids"):
         if fix.get(name) is not None:
             out[name] = fix[name]
     return cache, out

@@ -10,7 +10,7 @@ The seed's "documented resume-state object" made concrete. A `ResumeState` holds
   ``processed_length + suffix_length`` columns (cached prefix + unprocessed suffix), as the
   Transformers cache contract and the seed's working path require;
 * `model_metadata`: model-side state outside the K/V tensors: for Qwen3-VL the multimodal position
-  state (`rope_deltas`, read and written only through `helpers.compat`). A text-only model has none.
+  state (`rope_deltas`, read and written only through `kvresume.compat`). A text-only model has none.
 
 `save()` writes ``<dir>/tensors.safetensors`` (all tensors) and ``<dir>/state.json`` (the rest);
 `load()` reads them back. `restore()` validates the state against a model instance (layer count, K/V
