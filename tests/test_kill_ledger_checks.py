@@ -109,7 +109,7 @@ def test_ledger_tokens_new_tokens_read_as_whole_name_resume_and_each_rows_next_p
     assert e.check == "ledger_tokens" and e.fix == {"resume": True}
     assert str(e) == ("input_ids do not start with the cache's tokens (position 0: cached 1, given 7), so they are the new "
                       "tokens, not the whole sequence generate() reads them as: pass the whole sequence (the cached part's "
-                      "ids + these) through helpers.api.resume(model, whole_ids, cache), which keeps the longest cached "
+                      "ids + these) through kvresume.resume(model, whole_ids, cache), which keeps the longest cached "
                       "common prefix and feeds the rest; only where these tokens follow all 3 cached ones (not another "
                       "request's): attention_mask with 5 columns and position_ids from [3, 8]")
 
@@ -333,7 +333,7 @@ def test_ledger_positions_names_the_tokens_a_crop_removed():
     assert e.check == "ledger_positions" and e.fix == {"resume": True}
     assert str(e) == ("the first fed token is at position(s) [6], but the cache was cropped to 4 tokens and continues at "
                       "[4]: the 2 cropped token(s) [5, 6] between are not in it; feed them before these (the whole "
-                      "sequence through helpers.api.resume(model, whole_ids, cache), which re-feeds what the cache lacks)")
+                      "sequence through kvresume.resume(model, whole_ids, cache), which re-feeds what the cache lacks)")
     e = refused(lc.ledger_positions, call(STORED.first(4), 1, fed_pos=[[[5]]], fed_ids=[[7]], stored=STORED))
     assert e.fix == {"resume": True} and "the 1 cropped token(s) [5] between" in str(e)
 
@@ -376,7 +376,7 @@ def test_ledger_processed_more_than_cached_names_resume():
     e = refused(lc.ledger_processed, call(TWELVE, 1, given=[[50]], processed=13))
     assert e.check == "ledger_processed" and e.fix == {"resume": True}
     assert str(e) == ("13 tokens were processed but the cache holds 12 (the ledger's tokens): the 1 token(s) between are not "
-                      "in it; feed them before these (the whole sequence through helpers.api.resume(model, whole_ids, "
+                      "in it; feed them before these (the whole sequence through kvresume.resume(model, whole_ids, "
                       "cache))")
 
 

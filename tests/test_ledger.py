@@ -1,4 +1,4 @@
-"""The token ledger (helpers.api.ledger / track), the guard's ledger checks, resume and the factory's ledger: each
+"""The token ledger (kvresume.ledger / track), the guard's ledger checks, resume and the factory's ledger: each
 ledger check pinned by a case it must refuse and a valid twin it must pass, on a tiny Llama (CPU, float32)."""
 from __future__ import annotations
 

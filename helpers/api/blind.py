@@ -2,7 +2,7 @@
 
 `BLIND_SPOTS` matches a cell by its group and a part of its name. A silently wrong cell the guard passes on
 generate()'s own inputs counts as a named miss only where one of these says why those inputs are those of a valid
-call; any other miss is unexplained and fails notebook 08's claim. With a token ledger (helpers.api.ledger) the guard
+call; any other miss is unexplained and fails notebook 08's claim. With a token ledger (kvresume.ledger) the guard
 refuses 03's stale rope_deltas, 07's all-ones mask and the suffix longer than the cache; these stay blind spots for
 untracked caches only. 04's re-fed token under an L+1 mask, 06's prefix one short and 06's cache reused without copy.deepcopy
 (mask_only: each a valid next step's inputs) stay ones with a ledger too. Whether the caller's processed length catches it

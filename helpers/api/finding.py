@@ -33,12 +33,12 @@ FINDING = Finding(
                Decisions("helpers/api/ledger_decisions.py", ("*",), "tests/test_kill_ledger.py")),
     estimate_s=6.0,
     summary=("The control's proposed API, prototyped: a validated K/V factory into `DynamicCache(config=...)`; a token "
-             "ledger (`helpers.api.track(model)`: which token and position each slot holds) that lets a resume guard "
+             "ledger (`kvresume.track(model)`: which token and position each slot holds) that lets a resume guard "
              "refuse before the first model call (a prompt cache reused without `copy.deepcopy`, a padded prefix "
              "without positions, a hybrid cropped without its recurrent state), each refusal's advice applied and "
-             "measured; `helpers.api.resume()`, the prefix-aware resume; counted against 02, 03, 04, 06, 07, 09 and "
+             "measured; `kvresume.resume()`, the prefix-aware resume; counted against 02, 03, 04, 06, 07, 09 and "
              "10's calls with and without tracking; `make upstream-tests` writes a standalone regression file "
-             "([docs/api.md](docs/api.md))."),
+             "([packages/kvresume](packages/kvresume/README.md), [docs/api.md](docs/api.md))."),
     models="`tiny-qwen3-vl`, `tiny-qwen3`, `tiny-qwen3-sliding`, `tiny-qwen3.5-hybrid`",
     needs="CPU",
 )

@@ -121,7 +121,7 @@ def int8(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
 def crop_short(cache: Any, model: torch.nn.Module, prompt: Any, short: int = 1) -> Any:
     """`copy.deepcopy(cache)` then `crop(n - short)`: every attention layer's last `short` slots dropped (through the
     layer classes, so sliding and hybrid layers take it; linear states stay whole; a sliding layer's processed length
-    goes down with it, as crop() does). An exact prefix, not a compression. A token ledger (helpers.api.ledger) travels
+    goes down with it, as crop() does). An exact prefix, not a compression. A token ledger (kvresume.ledger) travels
     as with copy.deepcopy and crop(): kept whole, read against the shorter cache."""
     out = _rebuild(cache, model, lambda _i, k, v: [(k[..., :-short, :].clone(), v[..., :-short, :].clone())])
     for layer in compat.cache_layers(out):

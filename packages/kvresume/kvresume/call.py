@@ -16,7 +16,7 @@ import torch
 
 from . import compat
 from . import layers
-from .ledger import Ledger, ledger_of
+from .ledger import Ledger, ledger_of, stored_ledger
 
 
 def self_attention_cache(cache: Any) -> Any:
@@ -87,8 +87,13 @@ class ResumeCall:
     multimodal: dict[str, Any] = field(default_factory=dict)  # the MULTIMODAL inputs given (None ones left out)
     given_ids: torch.Tensor | None = None  # the ids given (the decoder's for an encoder-decoder); None: embeddings
     ledger: Ledger | None = None  # what the cache holds, where it is tracked (kvresume.ledger_of)
+    stored: Ledger | None = None  # the ledger as stored before the call (a crop trims it lazily): what a crop removed
     fed_positions: torch.Tensor | None = None  # [rows, batch, f]: the positions the first call rotates with
     fed_mask: Any = None  # the attention mask generate() gave its first model call (the decoder's for enc-dec)
+
+    def __post_init__(self) -> None:
+        if self.stored is None and self.cache is not None:
+            self.stored = stored_ledger(self.cache)
 
     def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         """Record what generate() gave its first model call (these keyword arguments)."""

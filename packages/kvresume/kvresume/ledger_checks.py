@@ -25,7 +25,7 @@ import torch
 
 from . import compat
 from .call import ResumeCall, ResumeInputError, is_encoder_decoder, refuse
-from .ledger import Ledger, stored_ledger
+from .ledger import Ledger
 from .prefix import can_crop, misplaced
 
 
@@ -203,7 +203,7 @@ def prefix_before(led: Ledger, got: torch.Tensor) -> int | None:
 def cropped_before(call: ResumeCall, led: Ledger, got: torch.Tensor) -> list[int]:
     """The token ids of slots a crop removed (still in the stored ledger, which a crop trims lazily) whose positions
     lie between the cache's last slot and the fed position `got` ([] where the ledger shows no such crop)."""
-    stored = stored_ledger(call.cache)
+    stored = call.stored  # read before generate() ran: the tracker trims it at the call's first write
     if stored is None or stored.length <= led.length or stored.batch != led.batch or bool((got <= led.next_positions()).any()):
         return []
     for m in range(1, stored.length - led.length + 1):
