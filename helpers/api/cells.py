@@ -125,7 +125,7 @@ def judge(group: str, name: str, plain: Outcome, reference: torch.Tensor | None,
 
 def run_cell(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor, cache: Any,
              kwargs: dict[str, Any], reference: torch.Tensor | None, floor: NoiseFloor,
-             processed_length: Any, plain: Outcome | None = None, whole: torch.Tensor | None = None,
+             processed_length: Any, plain: Outcome | None = None, whole: Any = None,
              state: Any = "keep") -> Cell:
     """Plain generate() (or the kit's own recorded `plain` outcome), the guarded call, the guard with the length, and
     the follow-ups (`follow_up`; `state`: the model-side position state each starts from, "keep": as it is)."""
@@ -149,7 +149,7 @@ def untracked_guard(model: torch.nn.Module, inputs: torch.Tensor | None, cache: 
 
 
 def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None, cache: Any, kwargs: dict[str, Any],
-              reference: torch.Tensor | None, floor: NoiseFloor, whole: torch.Tensor | None = None,
+              reference: torch.Tensor | None, floor: NoiseFloor, whole: Any = None,
               state: Any = "keep", inputs: torch.Tensor | None = None, read: Any = None,
               resume_kwargs: dict[str, Any] | None = None) -> Cell:
     """The cell's untracked guard, its refusal's fix (rerun on demand: `cell.rerun(fix)`), and, for a silently wrong
@@ -184,11 +184,14 @@ def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None
     return cell
 
 
-def _resume_step(model: torch.nn.Module, whole: torch.Tensor, cache: Any, kwargs: dict[str, Any], read: Any = None,
+def _resume_step(model: torch.nn.Module, whole: Any, cache: Any, kwargs: dict[str, Any], read: Any = None,
                  resume_kwargs: dict[str, Any] | None = None) -> Outcome:
-    """`resume` on the whole sequence from a copy of the cache (the call's other generate() arguments kept)."""
+    """`resume` on the whole sequence (ids, or a Prompt: its ids with the conversation's images) from a copy of the
+    cache (the call's other generate() arguments kept)."""
     extra = dict(resume_kwargs if resume_kwargs is not None else {
         k: v for k, v in kwargs.items() if k not in ("attention_mask", "position_ids", "input_ids", "inputs_embeds")})
+    if hasattr(whole, "mm_kwargs"):  # a Prompt: the conversation as a server passes it, its images included
+        whole, extra = whole.input_ids, {**extra, **whole.mm_kwargs}
     config = extra.pop("generation_config", None) or greedy_config(model)
     try:
         with torch.no_grad():

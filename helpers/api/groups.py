@@ -51,7 +51,7 @@ def group_02(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     variants = {n: v for n, v in caches.build_variants(prefix, model.config).items() if v.cache is not None}
     processed, state = prompt.length - 1, _state(model)
     cells = [run_cell("02", f"{name} · {g}", model, prompt.last_token, v.cache, generation_kwargs(g, prompt, positions),
-                      reference, floor, processed, whole=prompt.input_ids, state=state)
+                      reference, floor, processed, whole=prompt, state=state)
              for g in GENERATION_VARIANTS for name, v in variants.items()]
     return cells, floor.evidence()
 
@@ -84,7 +84,7 @@ def group_04(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
         cache = prefix if r.boundary == "valid split" else cache_of[r.cache]
         cells.append(run_cell("04", f"{r.boundary} · {r.cache} · {r.args}", model, prompt.last_token, cache,
                               _boundary_kwargs(r, prompt, positions), reference, floor, prompt.length - 1, plain=r.outcome,
-                              whole=prompt.input_ids, state=state))
+                              whole=prompt, state=state))
     return cells, floor.evidence()
 
 
@@ -117,7 +117,7 @@ def group_06(bundle: Any, prompt: Prompt, sink: int = 4, window: int = 16) -> tu
             kwargs = triage_controls.arg_kwargs(arg_set, prompt, physical, base.positions)
             compat.put_rope_state(model, base.saved_state)
             cell = run_cell("06", f"{name} · {arg_set}", model, prompt.last_token, cache, kwargs, reference, base.floor, logical,
-                            whole=prompt.input_ids, state=base.saved_state)
+                            whole=prompt, state=base.saved_state)
             if cell.guard_check in ("uneven_layers", "positions_at_processed"):  # its message: positions at `logical`
                 cell.fix = {"position_ids": triage_controls.logical_positions(model, prompt, logical)}
             if reference is None and cell.plain != "raised":
@@ -142,7 +142,7 @@ def family_cells(run: checks.Runner) -> tuple[list[Cell], NoiseFloor]:
         plain = run.generate(cache, **kwargs)
         run._restore(model)
         made = run_cell("07", f"{fam.name} · {name}", model, fam.suffix, cache, kwargs, reference, floor, processed, plain=plain,
-                        whole=fam.prompt.input_ids, state=_state(model))
+                        whole=fam.prompt, state=_state(model))
         if made.guard_check == "linear_state":  # its message: rebuild it with its states (the family's own rebuild)
             made.fix = {"cache": rebuilds.family_rebuild(run.cache, model.config)}
         run._restore(model)
@@ -170,7 +170,7 @@ def group_07(runs: dict[str, checks.Runner]) -> tuple[list[Cell], dict[str, Nois
 
 def _cell_at_state(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor, cache: Any,
                    kwargs: dict[str, Any], reference: torch.Tensor, floor: NoiseFloor, processed: int,
-                   state: torch.Tensor | None, whole: torch.Tensor | None = None,
+                   state: torch.Tensor | None, whole: Any = None,
                    resume_kwargs: dict[str, Any] | None = None) -> Cell:
     """A cell whose plain call, guarded call and guard given the processed length each start from the model-side
     position state `state` (Qwen3-VL's rope_deltas, put back before each)."""
@@ -195,7 +195,7 @@ def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     saved = compat.get_rope_state(model)
     kwargs = {"attention_mask": prompt.attention_mask}
     cells = [_cell_at_state("03", name, model, prompt.last_token, prefix, kwargs, reference, floor, prompt.length - 1, state,
-                            prompt.input_ids)
+                            prompt)
              for name, state in (("rope_deltas missing · mask_only", None),
                                  ("rope_deltas stale · mask_only", None if saved is None else torch.zeros_like(saved)))]
     compat.put_rope_state(model, saved)
@@ -223,8 +223,7 @@ def group_09(bundle: Any, seed: int = 0) -> tuple[list[Cell], dict[str, Any]]:
              for s in turn_shapes.SHAPES if not turn_shapes.unsupported(model, s, chat)]
     calls.append(("repair: generate() at the full-sequence positions",
                   *repair.call_kwargs(chat, repair.full_positions(model, chat)), reference))
-    own = repair.call_kwargs(chat, repair.full_positions(model, chat))[1]  # turn 2's own images, for resume
-    own = {k: v for k, v in own.items() if k not in ("position_ids", "attention_mask")}
+    own = {k: v for k, v in chat.full_prompt().mm_kwargs.items()}  # resume: the whole conversation, both images
     cells = [_cell_at_state("09", name, model, ids, cache, kwargs, ref, floor, chat.cached, turn1,
                             chat.full_ids if ref is reference else None, own)
              for name, ids, kwargs, ref in calls]

@@ -41,7 +41,7 @@ class Shape:
     processed_length: Any
     config: dict[str, Any] = field(default_factory=dict)  # GenerationConfig fields over the greedy one-step config
     models: tuple[torch.nn.Module, ...] = ()  # whose forward calls are checked (the assistant's too)
-    whole: torch.Tensor | None = None  # the whole sequence, for kvresume.resume (None: embeddings, beams, decoder)
+    whole: Any = None  # the whole sequence (ids, or a Prompt with its images) for kvresume.resume (None: embeddings, beams, decoder)
 
 
 @torch.no_grad()
@@ -179,7 +179,7 @@ def mrope_shape(model: torch.nn.Module, prompt: Any) -> Shape:
     finally:
         model.set_attn_implementation(current)
     return Shape("M-RoPE position ids with four rows", model, prompt.last_token, kwargs, cache, ref.float(),
-                 noise_floor(ref, [other], torch.float32), prompt.length - 1, whole=prompt.input_ids)
+                 noise_floor(ref, [other], torch.float32), prompt.length - 1, whole=prompt)
 
 
 @contextmanager
