@@ -23,7 +23,9 @@ def test_layout_names_every_package_folder_and_only_paths_that_exist():
     text = LAYOUT.read_text(encoding="utf-8")
     named = set(re.findall(r"`([\w./-]+/[\w./-]*)`", text))
     assert [p for p in _packages() if p not in named] == [], "docs/layout.md: name these folders"
-    assert [p for p in named if not (ROOT / p).exists()] == [], "docs/layout.md names paths that do not exist"
+    made = ("outputs/",)  # written by a run, absent from a fresh clone
+    assert [p for p in named if not p.startswith(made) and not (ROOT / p).exists()] == [], \
+        "docs/layout.md names paths that do not exist"
 
 
 def test_a_folder_missing_from_the_layout_is_caught(tmp_path):
