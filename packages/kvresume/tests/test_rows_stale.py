@@ -14,6 +14,7 @@ from kvresume.compat import generate_cache_kwarg
 from kvresume.reuse import apply_fix
 from kvresume.testing import build, floor
 from kvresume.tracking import UNFOLLOWED
+from test_rows import assert_hit, greedy, guarded, reference
 
 NEW = 3
 
@@ -22,26 +23,6 @@ def ids_of(seed: int, n: int) -> torch.Tensor:
     return torch.randint(10, 2000, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
-def greedy():
-    return dict(max_new_tokens=NEW, do_sample=False, return_dict_in_generate=True, output_logits=True, pad_token_id=0)
-
-
-@torch.no_grad()
-def reference(m, whole):
-    return m.generate(whole, attention_mask=torch.ones_like(whole), use_cache=False, **greedy())
-
-
-def assert_hit(out, ref) -> float:
-    assert torch.equal(out.sequences[:, -NEW:], ref.sequences[:, -NEW:])
-    diff = max(float((a - b).abs().max()) for a, b in zip(out.logits, ref.logits))
-    assert diff <= floor("dense"), diff
-    return diff
-
-
-@torch.no_grad()
-def guarded(m, whole, cache, **fix_kwargs):
-    return guarded_generate(m, whole, attention_mask=torch.ones_like(whole), **{generate_cache_kwarg(m): cache},
-                            **greedy())
 
 
 @pytest.fixture(scope="module")
