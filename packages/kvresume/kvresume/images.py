@@ -122,13 +122,15 @@ def cached_spans(cache: Any, length: int) -> list[Span]:
 
 def _cut(keep: int, cached: list[Span], given: list[Span] | None, ids: torch.Tensor) -> int:
     """The reusable prefix: at most `keep`, ending before the first cached image the conversation does not repeat
-    (other pixels, or cut by a crop) and before any given image that straddles the cut."""
+    (other pixels, or cut by a crop) and before any given image that straddles the cut or that the cache holds no
+    record of (its slots' picture unknown)."""
     same = {(s.row, s.start, s.end, s.digest) for s in given or ()}
+    known = {(s.row, s.start, s.end, s.digest) for s in cached}
     for s in cached:
         if s.start < keep and (s.row, s.start, s.end, s.digest) not in same:
             keep = min(keep, s.start)
-    for s in given or ():
-        if s.start < keep < s.end:
+    for s in given or ():  # split by the cut, or over cached slots written without this image's record
+        if s.start < keep and (keep < s.end or (s.row, s.start, s.end, s.digest) not in known):
             keep = s.start
     return keep
 
@@ -144,6 +146,17 @@ def limit(model: torch.nn.Module, cache: Any, input_ids: torch.Tensor, kwargs: d
                      "image, but no pixel_values were passed, so whether it is the same image cannot be told: pass "
                      "the whole conversation's pixel_values and image_grid_thw to resume()", resume=True)
     return keep if given is None else _cut(keep, cached, given, input_ids)
+
+
+def limit_record(model: torch.nn.Module, cache: Any, input_ids: torch.Tensor, kwargs: dict[str, Any], record: Any,
+                 length: int) -> None:
+    """`limit` applied to resume()'s record: where an image ends the prefix early, its reused count, reason "image"
+    and a detail saying where."""
+    keep = limit(model, cache, input_ids, kwargs, record.reused, length)
+    if keep < record.reused:
+        record.detail = (f"the image at slot {keep} differs from the cached one's pixels (or a crop cut it): reused "
+                         f"{keep} of {record.cached} cached tokens")
+        record.reused, record.reason = keep, "image"
 
 
 def fed(model: torch.nn.Module, input_ids: torch.Tensor, kwargs: dict[str, Any],

@@ -118,7 +118,7 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
     given_mask = generate_kwargs.pop(mask_key, None)
     record = plan(led, ids, given_mask, generate_kwargs, generate_kwargs.get("tokenizer"), messages)
     if not decoder:  # images keyed by their pixels: the prefix ends before one that differs or would be cut
-        record.reused = images.limit(model, cache, ids, generate_kwargs, record.reused, led.length)
+        images.limit_record(model, cache, ids, generate_kwargs, record, led.length)
     if stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
         record.reused, record.detail = 0, record.detail + "; linear layers' state not rolled back: re-prefilled"
         cache = fresh(model, cache)

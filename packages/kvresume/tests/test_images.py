@@ -77,6 +77,8 @@ def test_another_image_behind_the_same_ids_ends_the_prefix_before_it(vl):
     conversation = _with_image_a_replaced(T.both_turns())
     first_placeholder = int((conversation["input_ids"][0] == T.IMAGE_TOKEN).nonzero()[0])
     _check(vl, conversation, cache, reused=first_placeholder)
+    record = kvresume.resume_report(cache)
+    assert (record.reason, record.reused, record.cached) == ("image", first_placeholder, 82)
 
 
 def test_the_same_ids_without_pixels_are_refused_and_passing_them_restores(vl):
@@ -106,3 +108,16 @@ def test_spans_place_each_image_on_its_placeholders():
     got = images.spans(T.model("multimodal"), conversation)
     assert [(s.start, s.end, s.index) for s in got] == [(13, 62, 0), (91, 116, 1)]
     assert got[0].digest != got[1].digest
+
+
+def test_cut_ends_before_a_changed_image_and_a_straddling_one():
+    """The decision `_cut` fed contradicting cases: same pixels keep all; other pixels, or a given image the cut would
+    split, end the prefix at that image's first slot."""
+    from kvresume.images import Span, _cut
+
+    cached = [Span(0, 13, 62, "a", 0, 0)]
+    ids = torch.zeros(1, 131, dtype=torch.long)
+    assert _cut(82, cached, [Span(0, 13, 62, "a", 0, 0)], ids) == 82
+    assert _cut(82, cached, [Span(0, 13, 62, "b", 0, 0)], ids) == 13
+    assert _cut(82, cached, [Span(0, 13, 62, "a", 0, 0), Span(0, 70, 95, "c", 0, 1)], ids) == 70
+    assert _cut(82, [], [Span(0, 13, 62, "a", 0, 0)], ids) == 13  # pixels given for slots the cache holds as text
