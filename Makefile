@@ -29,7 +29,7 @@ KEY ?=
 GOOD ?=
 BAD ?=
 
-.PHONY: help env share run-all run test test-fast report matrix bisect gpu-plan gpu-check gpu-wheels mutants upstream-tests bench clean
+.PHONY: help env share run-all run test test-fast report matrix bisect gpu-plan gpu-check gpu-wheels mutants upstream-tests bench hf-tests clean
 .DEFAULT_GOAL := help
 
 help: ## this list: every target with one line
@@ -137,3 +137,12 @@ bench: env ## tracking cost per decoded token (tracked vs untracked) and one res
 
 clean: ## remove everything a run left in outputs/
 	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/bisect outputs/SUMMARY.md outputs/timings.json outputs/run.json outputs/upstream
+
+# hf-tests: transformers' own tests plain and with kvresume tracking + guard; summary in outputs/hf-tests/summary.json
+HF_TESTS ?= outputs/hf-tests/tests
+HF_OUT := outputs/hf-tests
+hf-tests: env ## transformers' own tests with every model tracked and the resume guard on generate() (docs/hf-tests.md)
+	mkdir -p $(HF_OUT)
+	-PYTHONPATH=$(CURDIR):$(CURDIR)/packages/kvresume timeout 3000 $(PY) -m pytest -q -p no:xdist -p no:cacheprovider -o timeout=120 -p helpers.pipeline.tools.hftests --hf-json $(HF_OUT)/plain.json $(HF_TESTS)
+	-PYTHONPATH=$(CURDIR):$(CURDIR)/packages/kvresume timeout 3000 $(PY) -m pytest -q -p no:xdist -p no:cacheprovider -o timeout=120 -p helpers.pipeline.tools.hftests --hf-track --hf-json $(HF_OUT)/tracked.json $(HF_TESTS)
+	$(PY) -m helpers.pipeline.tools.hftests $(HF_OUT)/plain.json $(HF_OUT)/tracked.json $(HF_OUT)/summary.json

@@ -1,0 +1,131 @@
+"""pytest plugin: run transformers' own tests with every model tracked by kvresume and the resume guard on generate().
+
+Use: `pytest -p helpers.pipeline.tools.hftests --hf-json OUT.json [--hf-track] TESTS`; `python -m
+helpers.pipeline.tools.hftests BASE.json TRACKED.json SUMMARY.json` compares a plain and a tracked run."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+STATE: dict[str, Any] = {"outcomes": {}, "refusals": [], "false_alarms": [], "resume_calls": Counter(), "test": ""}
+CACHE_KWARGS = ("past_key_values", "cache")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """--hf-track (track models, guard generate) and --hf-json (where the run's record goes)."""
+    parser.addoption("--hf-track", action="store_true", help="track every model with kvresume; guard generate()")
+    parser.addoption("--hf-json", default="hftests.json", help="JSON record of this run")
+
+
+def _cache_of(kwargs: dict[str, Any]) -> Any:
+    """The non-empty cache a generate() call resumes, or None."""
+    for key in CACHE_KWARGS:
+        cache = kwargs.get(key)
+        try:
+            if cache is not None and cache.get_seq_length() > 0:
+                return cache
+        except Exception:  # noqa: BLE001 - legacy tuples and odd caches are not resumes we judge
+            return None
+    return None
+
+
+def _guarded(generate: Any) -> Any:
+    """generate() that runs check_resume_inputs first on a resume, counting refusals and false alarms."""
+    import kvresume
+    from kvresume.checks import ResumeInputError
+
+    @functools.wraps(generate)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        cache = None if STATE.get("inside") else _cache_of(kwargs)
+        if cache is None:  # no resume, or a generate() the guard itself runs
+            return generate(self, *args, **kwargs)
+        tracked = kvresume.ledger_of(cache) is not None
+        STATE["resume_calls"]["tracked" if tracked else "untracked"] += 1
+        try:
+            STATE["inside"] = True
+            kvresume.check_resume_inputs(self, *args, **kwargs)
+        except ResumeInputError as err:
+            STATE["inside"] = False
+            record = {"test": STATE["test"], "check": getattr(err, "check", "?"), "message": str(err)[:300]}
+            STATE["refusals"].append(record)
+            out = generate(self, *args, **kwargs)  # raises: a true refusal; returns: a false alarm
+            STATE["false_alarms"].append(record)
+            return out
+        except Exception:  # noqa: BLE001 - an error generate() itself raises comes from generate() below
+            pass
+        finally:
+            STATE["inside"] = False
+        return generate(self, *args, **kwargs)
+    return wrapper
+
+
+def _tracking(post_init: Any) -> Any:
+    """post_init() that then tracks the model."""
+    import kvresume
+
+    @functools.wraps(post_init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = post_init(self, *args, **kwargs)
+        kvresume.track(self)
+        return out
+    return wrapper
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Install the tracking and the guard (this test session only) when --hf-track is given."""
+    if not config.getoption("--hf-track"):
+        return
+    from transformers import PreTrainedModel
+    from transformers.generation.utils import GenerationMixin
+    PreTrainedModel.post_init = _tracking(PreTrainedModel.post_init)
+    GenerationMixin.generate = _guarded(GenerationMixin.generate)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Remember which test is running (refusals name it)."""
+    STATE["test"] = item.nodeid
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Record each test's outcome: a failure or skip at any phase, else passed."""
+    if report.when == "call" or report.outcome != "passed":
+        prev = STATE["outcomes"].get(report.nodeid)
+        if prev in (None, "passed"):
+            STATE["outcomes"][report.nodeid] = report.outcome
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Write this run's record."""
+    record = {**STATE, "tracked": session.config.getoption("--hf-track"), "resume_calls": dict(STATE["resume_calls"])}
+    record.pop("test")
+    record.pop("inside", None)
+    Path(session.config.getoption("--hf-json")).write_text(json.dumps(record, indent=1))
+
+
+def summary(base: dict[str, Any], tracked: dict[str, Any]) -> dict[str, Any]:
+    """Counts of both runs, tests tracking breaks (fail tracked, pass plain) and false alarms by check."""
+    def counts(run: dict[str, Any]) -> dict[str, int]:
+        return dict(Counter(run["outcomes"].values()))
+    broken = sorted(t for t, o in tracked["outcomes"].items() if o == "failed" and base["outcomes"].get(t) == "passed")
+    return {"tests_run": len(tracked["outcomes"]), "without_tracking": counts(base), "with_tracking": counts(tracked),
+            "broken_by_tracking": broken, "refusals": len(tracked["refusals"]),
+            "false_alarms": len(tracked["false_alarms"]),
+            "false_alarms_by_check": dict(Counter(str(r["check"]) for r in tracked["false_alarms"])),
+            "false_alarm_records": tracked["false_alarms"], "resume_calls": tracked["resume_calls"]}
+
+
+def main(argv: list[str]) -> None:
+    """BASE.json TRACKED.json SUMMARY.json: write the comparison."""
+    base, tracked = (json.loads(Path(p).read_text()) for p in argv[:2])
+    Path(argv[2]).write_text(json.dumps(summary(base, tracked), indent=1))
+    print(json.dumps({k: v for k, v in summary(base, tracked).items() if k != "false_alarm_records"}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

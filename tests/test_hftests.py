@@ -1,0 +1,58 @@
+"""The hf-tests plugin on a 2-test synthetic suite: a plain and a tracked run, then the comparison."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.pipeline.tools import hftests
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = '''
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
+
+def test_resume():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2)
+    model = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 64, (1, 6))
+    first = model.generate(ids, max_new_tokens=2, do_sample=False, past_key_values=DynamicCache(), return_dict_in_generate=True)
+    out = model.generate(first.sequences, max_new_tokens=2, do_sample=False, past_key_values=first.past_key_values)
+    assert out.shape[1] == 10
+
+def test_plain():
+    assert True
+'''
+
+
+def _run(tmp: Path, *flags: str) -> dict:
+    """One pytest run of the synthetic suite under the plugin; its JSON record."""
+    out = tmp / f"run{len(flags)}.json"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'packages' / 'kvresume'}"}
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "-p",
+                    "helpers.pipeline.tools.hftests", "--hf-json", str(out), *flags, str(tmp / "test_suite.py")],
+                   cwd=tmp, env=env, capture_output=True, text=True, timeout=120)
+    return json.loads(out.read_text())
+
+
+def test_plugin_counts_a_tracked_resume(tmp_path: Path) -> None:
+    """Both tests pass in both runs; the tracked run sees one tracked resume call and no refusal."""
+    (tmp_path / "test_suite.py").write_text(SUITE)
+    base, tracked = _run(tmp_path), _run(tmp_path, "--hf-track")
+    result = hftests.summary(base, tracked)
+    assert result["tests_run"] == 2 and result["with_tracking"] == {"passed": 2} == result["without_tracking"]
+    assert base["resume_calls"] == {} and tracked["resume_calls"] == {"tracked": 1}
+    assert result["broken_by_tracking"] == [] and result["false_alarms"] == 0
+
+
+def test_summary_names_a_broken_test() -> None:
+    """A test failing only with tracking is listed; a false alarm is counted by its check."""
+    base = {"outcomes": {"a": "passed", "b": "failed"}, "false_alarms": [], "refusals": [], "resume_calls": {}}
+    fa = {"test": "a", "check": "positions", "message": "m"}
+    tracked = {"outcomes": {"a": "failed", "b": "failed"}, "false_alarms": [fa], "refusals": [fa], "resume_calls": {}}
+    result = hftests.summary(base, tracked)
+    assert result["broken_by_tracking"] == ["a"] and result["false_alarms_by_check"] == {"positions": 1}
