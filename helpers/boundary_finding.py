@@ -28,8 +28,8 @@ FINDING = Finding(
     decisions=(Decisions("helpers/boundary.py", ("decide_*", "_worked", "_smallest"), "tests/test_decisions.py",
                        ("tests/test_boundary_claims.py",)),),
     estimate_s=5.0,
-    summary=("Re-feeding a token that is already cached processes it twice; `cache(prompt[:-1]) + prompt[-1]` is the "
-             "valid split."),
+    summary=('Re-feeding a token that is already cached processes it twice; `cache(prompt[:-1]) + prompt[-1]` is the '
+             'valid split.'),
     models="`tiny-qwen3-vl` (text-only LMs too)",
     needs="CPU",
 )

@@ -21,9 +21,8 @@ FINDING = Finding(
     repro="examples/repro/resume_contract_qwen3_vl.py",
     decisions=(Decisions("helpers/identity.py", ("decide_*", "_rebuilt"), "tests/test_decisions.py"),),
     estimate_s=5.0,
-    summary=("A cache rebuilt from the original K/V (`update()` loop, `DynamicCache(config=...)`, the tensor-data "
-             "constructor) matches the original bitwise and gives identical first-step logits under identical "
-             "arguments."),
+    summary=('A cache rebuilt from the original K/V (an `update()` loop, `DynamicCache(config=...)`, the tensor-data '
+             "constructor) continues exactly like the original: the control's identity check."),
     models="`tiny-qwen3-vl`",
     needs="CPU",
 )

@@ -31,9 +31,8 @@ FINDING = Finding(
     repro="examples/repro/resume_contract_qwen3_vl.py",
     decisions=(Decisions("helpers/mask_matrix.py", ("decide_*", "_dropped", "_unique", "_first_calls", "_one"), "tests/test_decisions.py"),),
     estimate_s=5.0,
-    summary=("With a non-empty cache and a one-token suffix, `generate()` fails without a full-length attention mask "
-             "(its first model call gets `input_ids` of shape `[1, 0]`); `position_ids` alone do not help; the full "
-             "mask does. Direct `forward()` needs sliced 3-D positions."),
+    summary=('With a non-empty cache and a one-token suffix, `generate()` needs a full-length attention mask: '
+             '`neither` / `position_only` / `mask_only` / `both`, with what reached the first model call for each.'),
     models="`tiny-qwen3-vl` (text-only LMs too)",
     needs="CPU",
 )

@@ -30,9 +30,8 @@ FINDING = Finding(
     repro="examples/repro/resume_contract_qwen3_vl.py",
     decisions=(Decisions("helpers/rope.py", ("decide_*", "_ran", "ratio"), "tests/test_decisions.py"),),
     estimate_s=5.0,
-    summary=("Qwen3-VL keeps its multimodal position state (`rope_deltas`) on the model, not in the K/V: "
-             "`None`/`0`/`+1` change the logits, a fresh model instance loses it, and restoring it (resume-state "
-             "helper) recovers the logits."),
+    summary=('Qwen3-VL keeps its multimodal position state (`rope_deltas`) on the model, not in the K/V: `None`, `0` '
+             'and `+1` change the continuation; a fresh instance without the state diverges.'),
     models="`tiny-qwen3-vl`",
     needs="CPU",
 )

@@ -50,3 +50,7 @@ def test_every_notebook_has_a_page_listing_exactly_its_claims():
     for stem, text in pages.items():
         assert len({cid.split(".")[0] for cid, s in listed.items() if s == stem}) == 1, stem
         assert "## How to read" in text, stem
+    from helpers.findings import found
+
+    for f in found():  # the page opens with the finding's one description, the one README's table shows
+        assert pages[f.stem].splitlines()[2] == f.summary, f.stem

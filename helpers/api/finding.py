@@ -32,13 +32,8 @@ FINDING = Finding(
     decisions=(Decisions("helpers/api/decisions.py", ("*",), "tests/test_kill_api.py"),
                Decisions("helpers/api/ledger_decisions.py", ("*",), "tests/test_kill_ledger.py")),
     estimate_s=6.0,
-    summary=("The control's proposed API, prototyped: a validated K/V factory into `DynamicCache(config=...)`; a token "
-             "ledger (`kvresume.track(model)`: which token and position each slot holds) that lets a resume guard "
-             "refuse before the first model call (a prompt cache reused without `copy.deepcopy`, a padded prefix "
-             "without positions, a hybrid cropped without its recurrent state), each refusal's advice applied and "
-             "measured; `kvresume.resume()`, the prefix-aware resume; counted against 02, 03, 04, 06, 07, 09 and "
-             "10's calls with and without tracking; `make upstream-tests` writes a standalone regression file "
-             "([packages/kvresume](packages/kvresume/README.md), [docs/api.md](docs/api.md))."),
+    summary=("The control's proposed API, prototyped as the `kvresume` library: a validated K/V factory, the token "
+             'ledger (`track(model)`), the resume guard and `resume()`, measured on every resume call the kit makes.'),
     models="`tiny-qwen3-vl`, `tiny-qwen3`, `tiny-qwen3-sliding`, `tiny-qwen3.5-hybrid`",
     needs="CPU",
 )

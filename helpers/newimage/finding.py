@@ -38,12 +38,8 @@ FINDING = Finding(
     decisions=(Decisions("helpers/newimage/decisions.py", ("*",), "tests/test_kill_newimage.py"),),
     estimate_s=5.0,
     summary=("A chat resumed from turn 1's cache whose turn 2 brings a new image (`QwenLM/Qwen3-VL#1685`, "
-             "`QwenLM/Qwen3-VL#1412`): the natural `generate()` call runs and is silently wrong (image B's tokens reach"
-             " the model on one text position row, `rope_deltas` stays at turn 1's); the call shapes, what reached "
-             "their first model call, which raise; the repair (turn 2's 3-D positions from the model's own "
-             "`get_rope_index` over the full ids and both grids, `rope_deltas` carried forward) restores the "
-             "one-forward reference within the noise "
-             "([docs/notebooks/09_new_image_turn.md](docs/notebooks/09_new_image_turn.md))."),
+             "`QwenLM/Qwen3-VL#1412`): the natural `generate()` runs and is silently wrong; turn 2's positions "
+             'computed with `get_rope_index` over the full ids and both grids restore it.'),
     models="`tiny-qwen3-vl`",
     needs="CPU",
 )

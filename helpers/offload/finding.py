@@ -63,13 +63,10 @@ FINDING = Finding(
                   _KILL, ("tests/test_kill_gpu.py",)),
         Decisions("helpers/offload/states.py", ("first_difference",), _KILL)),
     estimate_s=14.0,
-    summary=("`DynamicCache(offloading=True)` on a hybrid Gated-DeltaNet + attention model matches at prefill and "
-             "drifts from the first decode step (transformers issue #48947). The CPU record decides which reads the "
-             "installed source leaves unordered, in three loops (the report's `run()` with argmax on the device and no "
-             "host wait, the `.cpu()` loop, `generate()` with its stop-check host wait recorded) × four models (tiny "
-             "hybrid, its all-`full_attention` twin, the report's 64-layer 48/16 layout and its dense twin), plus the "
-             "second hazard (prefetched device blocks released with a pending cross-stream read) and which fix edge "
-             "closes which hazard; a race replay (a simulation); only the GPU arms decide whether the reads race."),
+    summary=('transformers issue #48947: `DynamicCache(offloading=True)` on a hybrid Gated-DeltaNet + attention model '
+             'matches at prefill and drifts from the first decode step. On CPU the kit records which prefetch reads of'
+             ' a host buffer are not ordered after the device-to-host copy that fills them; the drift itself needs '
+             'CUDA (`make gpu-check`).'),
     models="`tiny-qwen3.5-hybrid`",
     needs="ordering table, hazards and replay: CPU; drift, first differing tensor, fix arms: CUDA (`make gpu-check`)",
 )

@@ -29,10 +29,8 @@ FINDING = Finding(
     decisions=(Decisions("helpers/regress/decisions.py", ("*",), "tests/test_kill_regress.py"),),
     estimate_s=9.0,
     summary=("The control's regression list as one table across cache families (dense, Qwen3-VL, sliding-window, "
-             "hybrid, left-padded batch): the control's `update()` rebuild reports the window, not the processed "
-             "length, on a sliding cache (hidden by `generate()` with the full mask under SDPA; an error inside the "
-             "first model call under eager; a direct forward differs) and cannot read a hybrid cache's linear layers; a"
-             " left-padded batch resumes only with its padded mask; the family-aware rebuild is bitwise everywhere."),
+             "hybrid, left-padded batch): the control's rebuild, the same into `DynamicCache(config=...)` and the "
+             'family-aware identity, each resumed with `generate()` and with a direct forward.'),
     models="`tiny-qwen3`, `tiny-qwen3-vl`, `tiny-qwen3-sliding`, `tiny-qwen3.5-hybrid`",
     needs="CPU; FlashAttention-2 column: CUDA + `flash_attn`",
 )

@@ -41,12 +41,9 @@ FINDING = Finding(
     repro="examples/repro/hybrid_rollback_rebuild.py",
     decisions=(Decisions("helpers/rollback/decisions.py", ("*",), "tests/test_kill_rollback.py", ("tests/test_rollback.py",)),),
     estimate_s=5.0,
-    summary=("Rolling a cache back by k tokens (`crop(-k)`, with and without `activate_past_recording`) on the seed's "
-             "Gated-DeltaNet hybrid beside dense, sliding and static caches, against a cache that never saw them (K/V, "
-             "conv and recurrent states, next logits; transformers #49036); 1/2/8-token continuation on the hybrid (PR "
-             "#45513); assisted decoding vs greedy per family; static caches reused across calls; what a hand-rebuilt "
-             "hybrid reports on 5.25.0 (the linear layers' own token count) and what `generate()` then feeds "
-             "([docs/notebooks/10_rollback_hybrid.md](docs/notebooks/10_rollback_hybrid.md))."),
+    summary=('Rolling a cache back by k tokens (`crop(-k)`, with and without `activate_past_recording`) on a '
+             "Gated-DeltaNet hybrid beside dense, sliding and static caches; multi-token continuation; 5.25.0's "
+             'linear-attention length.'),
     models="`tiny-qwen3.5-hybrid`, `tiny-qwen3`, `tiny-qwen3-sliding`",
     needs="CPU",
 )

@@ -39,13 +39,8 @@ FINDING = Finding(
         Decisions("helpers/triage/facts.py", ("consistent", "identical", "metadata_differs", "model_state_differs", "slot_kind",
                                               "slot_verdict", "slot_layers", "Repair.*"), _KILL, _TREE)),
     estimate_s=7.0,
-    summary=("The control's decision tree as a triage tool for any cache rebuild (yours: `-p rebuild file.py:function`)"
-             " on any cache family (full, sliding-window, hybrid) and on your own input (`-p prompt_text`, `-p "
-             "prompt_ids`, `-p generate_kwargs`), with six built-ins: identity, StreamingLLM-style eviction, int8, "
-             "per-layer budgets, an exact prefix one token short, a prompt cache reused without deepcopy "
-             "(NVIDIA/kvpress#16, transformers #35168, #47597). Decides from a resume-state table (control 0), runs "
-             "each leaf's repair and names a leaf only when it restores the result; prints every repair tried with its "
-             "number, and what to do next."),
+    summary=("The control's decision tree as a triage tool for any cache rebuild (`-p rebuild file.py:function`), on "
+             'any cache family and your own input.'),
     models="`tiny-qwen3-vl` (`tiny-qwen3-sliding`, `tiny-qwen3.5-hybrid`, text-only LMs too)",
     needs="CPU",
 )

@@ -92,8 +92,8 @@ def notebook_table(repo: str | None = None) -> str:
     """README's notebook table: one row per declared finding."""
     from ...findings import found
 
-    return TABLE_HEAD + "".join(f"| [{f.stem}](notebooks/{f.stem}.ipynb) | {f.summary} | {f.models} | {f.needs} | "
-                                f"{badge(f.stem, repo)} |\n" for f in found())
+    return TABLE_HEAD + "".join(f"| [{f.stem}](notebooks/{f.stem}.ipynb) | {f.summary} ([more](docs/notebooks/{f.stem}.md)) "
+                                f"| {f.models} | {f.needs} | {badge(f.stem, repo)} |\n" for f in found())
 
 
 def render_readme(text: str, repo: str | None = None) -> str:
