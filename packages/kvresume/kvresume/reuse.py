@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from . import compat, images
-from .call import is_encoder_decoder
+from .call import is_encoder_decoder, refuse
+from .fingerprint import unfollowed
 from .guard import ResumeInputError, check_resume_inputs, guarded_generate
 from .ledger import Ledger, attach_ledger, cache_held, ledger_of, ledger_owner, stored_ledger
 from .ledger_checks import next_positions
@@ -108,6 +109,11 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
     led = ledger_of(cache)
     name = compat.generate_cache_kwarg(model)
     messages = generate_kwargs.pop("messages", None)
+    why = unfollowed(cache) if led is None else None
+    if why is not None:  # a QuantizedCache: which tokens it holds cannot be known, so no prefix can be chosen
+        raise refuse("ledger_unfollowed", f"resume(): {why}, so kvresume cannot tell which tokens this cache holds "
+                     "and which of them the new ids still share. Pass a new cache (a re-prefill, nothing reused: "
+                     "the fix's cache=None) or keep the conversation in a DynamicCache to reuse its prefix", cache=None)
     if led is None or led.batch != int(input_ids.shape[0]):  # untracked or stale, or rows to select: the guard says
         return guarded_generate(model, input_ids, **{name: cache}, **generate_kwargs)
     decoder = is_encoder_decoder(model)

@@ -1,7 +1,8 @@
 """A ledger the cache's content contradicts is never read as if it matched: a cache cropped and written back to the
 same length while the model was not tracked is refused by name (`ledger_stale`), whichever continuation is asked
 for, and the fix (crop to the slots that still match, the whole sequence fed) equals a no-cache run. A QuantizedCache
-(its slots kept quantized) is not followed: it gets no ledger and the guard treats it as untracked."""
+(its slots kept quantized) is not followed: it gets no ledger, the guard treats a plain call as untracked, and
+resume() refuses it by name (`ledger_unfollowed`: it cannot choose a prefix), its fix (no cache) equal to a no-cache run."""
 from __future__ import annotations
 
 import copy
@@ -86,4 +87,10 @@ def test_a_quantized_cache_is_not_followed_and_the_guard_treats_it_untracked():
         again = m.generate(whole, attention_mask=torch.ones_like(whole), **greedy(),
                            **{generate_cache_kwarg(m): quantized().past_key_values})
     assert torch.equal(got.sequences, again.sequences)
+    with pytest.raises(ResumeInputError) as exc:  # resume() cannot know what it holds: refused by its name
+        resume(m, whole, quantized().past_key_values, **greedy())
+    assert exc.value.check == "ledger_unfollowed" and "Quantized" in str(exc.value), str(exc.value)
+    fixed, kwargs = apply_fix(exc.value.fix, None, {})
+    assert fixed is None
+    assert_hit(guarded(m, whole, fixed), reference(m, whole))
     tracker.remove()
