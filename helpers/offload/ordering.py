@@ -106,12 +106,6 @@ def _rows(table: Any, **match: Any) -> list[dict[str, Any]]:
     return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
 
 
-def decide_unordered_on_report_loop(table: Any, model: str) -> tuple[bool, dict[str, Any]]:
-    """`offload.prefetch_reads_unordered_copy`: the report's loop leaves prefetch reads unordered."""
-    row = _rows(table, loop="report", model=model)[0]
-    return row["unordered_prefetch_reads"] > 0, {k: row[k] for k in ("unordered_prefetch_reads", "prefetch_reads")}
-
-
 def decide_not_specific_to_hybrid(table: Any, dense_models: list[str]) -> tuple[bool, dict[str, Any]]:
     """`offload.race_not_specific_to_hybrid`: a dense (all full_attention) model has unordered reads too."""
     counts = {m: rows[0]["unordered_prefetch_reads"] for m in dense_models if (rows := _rows(table, loop="report", model=m))}

@@ -109,7 +109,7 @@ class Run:
         env = child_env(**self.record.env_vars(), **self.warm, KVKIT_OUTPUT_DIR=str(self.out))
         began = time.time()
         cmd = [sys.executable, "-m", "helpers.pipeline.run", "_exec", str(path), "--out-json", str(result_file),
-               "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began), "--no-html"]
+               "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began)]
         with open(log_file, "wb") as log:
             proc = self._fork(cmd, env, log.fileno()) if self.workers_sock else None
             if proc is None:
