@@ -82,9 +82,9 @@ def test_change_section_leads_with_verdicts_then_behaviour_then_collapsed_floats
     text = matrix_report.build_matrix(tmp_path, ["5.17.0", "5.24.0"])
     section = text[text.index("## What changed between releases"): text.index("## Releases")]
     assert text.index("## What changed between releases") < text.index("## Releases") < text.index("## Differences")
-    verdicts = section[section.index("### Verdicts"): section.index("### Behaviour")]
-    assert "`matrix.mask_only_works` (02_mask): 5.17.0: ✅ reproduced → 5.24.0: ❌ not_reproduced" in verdicts
-    assert "first_call_drops_suffix" not in verdicts
+    verdicts = text[text.index("### Verdicts that change"): text.index("## Differences")]
+    assert "`matrix.mask_only_works` (02_mask): 5.17.0 (pinned): ✅ reproduced → 5.24.0: ❌ not_reproduced" in verdicts
+    assert "first_call_drops_suffix" not in verdicts and "### Verdicts\n" not in section
 
     behaviour = section[section.index("### Behaviour"): section.index("### Float differences")].splitlines()
     lines = [ln for ln in behaviour if ln.startswith("- ")]

@@ -66,7 +66,7 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
              "says what changed; the tables after it hold every verdict and every differing value.", ""]
     lines += _matrix_run(out_base)
     lines += change_section(loaded, releases)
-    lines += detail_section(loaded, releases)
+    lines += detail_section(loaded)
 
     lines += ["## Releases", "", "| release | status | transformers / tokenizers / huggingface-hub | environment | run |",
               "|---|---|---|---|---|"]
