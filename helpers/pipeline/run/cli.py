@@ -28,7 +28,7 @@ from .execute import _exec_main, find_notebook, notebooks, parse_parameters, sel
 from ..paths import output_dir
 from .procs import Stop
 from .batch import Run
-from .warm import _kernel_main, _zygote_main
+from .warm import _zygote_main
 from .workers import _workers_main
 
 
@@ -125,8 +125,6 @@ def main(argv: list[str] | None = None) -> int:
         return _exec_main(argv[1:])
     if argv[:1] == ["_zygote"]:
         return _zygote_main(argv[1:])
-    if argv[:1] == ["_kernel"]:
-        return _kernel_main(argv[1:])
     if argv[:1] == ["_workers"]:
         return _workers_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kvkit", description=__doc__,
