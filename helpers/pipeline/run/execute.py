@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import output_dir, repo_root
+from ..report.records import load_json
 from .procs import _connection_files, descendants, stop_processes
 from .warm import _kernel_manager_class
 
@@ -165,11 +166,7 @@ def _exec_main(argv: list[str]) -> int:
     os.environ["KVKIT_TIMINGS_FILE"] = str(timing_file)
     executed = output_dir("notebooks") / path.name
     error, retried = _execute(path, json.loads(args.params), executed)
-    try:
-        session = json.loads(timing_file.read_text())
-    except (OSError, ValueError):
-        session = None
-    result = {"status": "failed" if error else "ok", "error": error, "phases": phases(executed, began, session),
+    result = {"status": "failed" if error else "ok", "error": error, "phases": phases(executed, began, load_json(timing_file)),
               **({"retried": retried} if retried else {})}
     Path(args.out_json).write_text(json.dumps(result))
     return 0
