@@ -37,11 +37,12 @@ class LoopRecord:
 
 
 def record_loop(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, name: str = "model",
-                edge: str = "none") -> LoopRecord:
-    """Run `loop` with `DynamicCache(config, offloading=True)` under the stand-ins, optionally with a fix edge."""
+                edge: str = "none", lag: int | None = None) -> LoopRecord:
+    """Run `loop` with `DynamicCache(config, offloading=True)` under the stand-ins, optionally with a fix edge and
+    (the race replay) stale reads served `lag` cache-update calls behind."""
     with recording_streams() as log, ExitStack() as stack:
         cache = compat.dynamic_cache(model.config, offloading=True)
-        stack.enter_context(track(cache, log))
+        stack.enter_context(track(cache, log, lag=lag))
         if EDGES[edge] is not None:
             stack.enter_context(EDGES[edge](cache))
         kw: dict[str, Any] = {"before_call": lambda label: log.begin(label, host_synced=(loop == "cpu"))}
