@@ -66,7 +66,6 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
     out_base = output_dir()
     record = rec.RunRecord(output_dir("matrix"), "matrix", {"releases": releases}, {s: {} for s in stems or
                                                                                     [nb.stem for nb in notebooks()]})
-    record.write()
     record.data["environment"]["transformers"] = list(releases)
     record.write()
     os.environ["KVKIT_MATRIX_RUN_ID"] = record.run_id
