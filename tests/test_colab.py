@@ -128,7 +128,8 @@ def test_colab_cell_installs_the_kit_non_editable(colab_run):
     import nbformat
 
     first = colab.first_code_cell(json.loads(colab_run["opened"].read_text()))
-    assert colab.cell_text(first) == colab.cell_source(), "the committed notebook's cell is the template"
+    source = first["source"] if isinstance(first["source"], str) else "".join(first["source"])
+    assert source == colab.cell_source(), "the committed notebook's cell is the template"
     python, content = colab_run["python"], colab_run["content"]
     where = sh([str(python), "-c", "import helpers.pipeline, helpers.offload; print(helpers.__file__)"], cwd=colab_run["tmp"],
                env=clean_env()).stdout.strip()

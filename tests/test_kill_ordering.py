@@ -68,12 +68,6 @@ def test_rows_match_every_key_and_take_tables_or_lists():
     assert ordering._rows(rows) == rows and ordering._rows(rows, loop="generate") == []
 
 
-def test_unordered_on_the_report_loop():
-    assert ordering.decide_unordered_on_report_loop([row("cpu"), row("report", same=1)], "m") == (
-        True, {"unordered_prefetch_reads": 1, "prefetch_reads": 5})
-    assert ordering.decide_unordered_on_report_loop([row("cpu", same=3), row("report")], "m")[0] is False
-
-
 def test_not_specific_to_hybrid():
     table = [row("report", "dense", same=1), row("cpu", "dense2", same=2), row("report", "dense2")]
     assert ordering.decide_not_specific_to_hybrid(table, ["dense", "dense2"]) == (
@@ -104,11 +98,9 @@ def test_generate_orders_cross_forward_reads_each_condition():
 def test_decisions_read_the_named_models_row_only():
     other_first = [row("report", "other", same=0), row("generate", "other", earlier=5, waits=0),
                    row("report", "m", same=2, earlier=1), row("generate", "m", same=2, waits=3)]
-    assert ordering.decide_unordered_on_report_loop(other_first, "m")[0] is True
     assert ordering.decide_report_loop_reads_previous_forward(other_first, "m")[0] is True
     assert ordering.decide_generate_orders_cross_forward(other_first, "m")[0] is True
     cpu_first = [row("cpu", "m", same=4, earlier=3), row("report", "m"), row("generate", "m", waits=1)]
-    assert ordering.decide_unordered_on_report_loop(cpu_first, "m")[0] is False
     assert ordering.decide_report_loop_reads_previous_forward(cpu_first, "m")[0] is False
     assert ordering.decide_generate_orders_cross_forward([row("cpu", "m", earlier=2), row("generate", "m", earlier=1, waits=1),
                                                           row("report", "m", earlier=1)], "m")[0] is False

@@ -161,10 +161,42 @@ def test_the_report_layout_runs_in_bfloat16_and_the_reports_loop_only(tmp_path):
     assert data["tables"]["explanations"] == [] and data["tables"]["edges_on_cpu_record"] is None
 
 
+HOST_READS = (torch.Tensor.__bool__, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
+              torch.Tensor.__index__)  # a tensor read on the host: on CUDA each waits for the device
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Enters "read" into `events` at every host read of a tensor (HOST_READS) while active."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.events = events
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in HOST_READS:
+            self.events.append("read")
+        return func(*args, **(kwargs or {}))
+
+
+def reads_after_marks(events: list[str]) -> list[int]:
+    """Per "lag" mark: the host reads entered after it and before the next "update" (or the next mark)."""
+    out: list[int] = []
+    open_ = False
+    for e in events:
+        if e == "lag":
+            out.append(0)
+            open_ = True
+        elif e == "update":
+            open_ = False
+        elif e == "read" and open_:
+            out[-1] += 1
+    return out
+
+
 def _reads_after_lag(model, ids, loop: str, site) -> list[int]:
     """Per forward: the host reads between a pre-hook on `site` and the forward's first cache update (CPU, stand-ins)."""
     from kvresume import compat
-    from helpers.offload import hostwaits, loops
+    from helpers.offload import loops
 
     events: list[str] = []
     handle = site.register_forward_pre_hook(lambda module, args: events.append("lag"))
@@ -172,11 +204,11 @@ def _reads_after_lag(model, ids, loop: str, site) -> list[int]:
         with standins.recording_streams():
             cache = compat.dynamic_cache(model.config, offloading=True)
             with tracking.instrument(cache, lambda *a: events.append("update"), lambda i, l, m, original: original), \
-                    hostwaits.HostReads(events):
+                    HostReads(events):
                 loops.run_loop(loop, model, ids, 3, cache=cache)
     finally:
         handle.remove()
-    return hostwaits.reads_after_marks(events)
+    return reads_after_marks(events)
 
 
 def test_the_lag_sits_where_no_host_read_drains_it(dense):
@@ -205,9 +237,7 @@ def test_the_lag_sits_where_no_host_read_drains_it(dense):
 
 
 def test_host_reads_after_marks():
-    from helpers.offload import hostwaits
-
-    assert hostwaits.reads_after_marks(["read", "lag", "read", "read", "update", "read", "lag", "update", "lag", "read"]) == [2, 0, 1]
+    assert reads_after_marks(["read", "lag", "read", "read", "update", "read", "lag", "update", "lag", "read"]) == [2, 0, 1]
 
 
 def test_the_probe_records_through_the_streams_own_record_event():

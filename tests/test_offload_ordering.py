@@ -43,7 +43,6 @@ def test_generate_records_its_host_waits(table) -> None:
 
 
 def test_decisions_hold_on_the_record(table) -> None:
-    assert ordering.decide_unordered_on_report_loop(table, "tiny hybrid")[0]
     assert ordering.decide_not_specific_to_hybrid(table, ["tiny dense"])[0]
     assert ordering.decide_report_loop_reads_previous_forward(table, "tiny hybrid")[0]
     assert ordering.decide_generate_orders_cross_forward(table, "tiny hybrid")[0]
@@ -52,7 +51,6 @@ def test_decisions_hold_on_the_record(table) -> None:
 def test_decisions_contradicted() -> None:
     ordered = [{"loop": loop, "model": "m", "unordered_prefetch_reads": 0, "prefetch_reads": 5,
                 "unordered_same_forward": 0, "unordered_earlier_forward": 0, "host_waits": 2} for loop in loops.LOOPS]
-    assert not ordering.decide_unordered_on_report_loop(ordered, "m")[0]
     assert not ordering.decide_not_specific_to_hybrid(ordered, ["m"])[0]
     assert not ordering.decide_report_loop_reads_previous_forward(ordered, "m")[0]
     assert not ordering.decide_generate_orders_cross_forward(ordered, "m")[0]

@@ -55,7 +55,7 @@ def test_the_worker_and_the_run_record_say_it_ran_twice(standin, tmp_path, monke
     standin(fails=1)
     monkeypatch.setattr(execute.signal, "signal", lambda *_a: None)  # keep pytest's own handlers
     out = tmp_path / "nb.json"
-    assert execute._exec_main([str(NB), "--out-json", str(out), "--no-html"]) == 0
+    assert execute._exec_main([str(NB), "--out-json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["status"] == "ok" and data["retried"].startswith("run again once")
     record = RunRecord(tmp_path, "run", {}, {NB.stem: {}})

@@ -49,6 +49,16 @@ class GreedyRun:
     host_waits: list[str] = field(default_factory=list)
 
 
+def _call_hooks(before_call: Callable[[str], None] | None, after_call: Callable[[str, Any], None] | None,
+                label: str, fn: Callable[[], Any]) -> Any:
+    if before_call:
+        before_call(label)
+    out = fn()
+    if after_call:
+        after_call(label, compat.output_cache(out))
+    return out
+
+
 @torch.no_grad()
 def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cache: Any = None,
                before_call: Callable[[str], None] | None = None,
@@ -65,12 +75,8 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
     logits, tokens = [], []
     _sync(ids.device)
     start = time.perf_counter()
-    if before_call:
-        before_call("prefill")
     kwargs = {name: cache} if cache is not None else {}
-    out = model(input_ids=ids, use_cache=True, **kwargs, **keep)
-    if after_call:
-        after_call("prefill", compat.output_cache(out))
+    out = _call_hooks(before_call, after_call, "prefill", lambda: model(input_ids=ids, use_cache=True, **kwargs, **keep))
     _sync(ids.device)
     prefill_s = time.perf_counter() - start
     start = time.perf_counter()
@@ -82,27 +88,14 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
         cache = compat.output_cache(out)
         if step == n_steps - 1:
             break
-        if before_call:
-            before_call(f"decode {step + 1}")
-        out = model(input_ids=next_ids, use_cache=True, **{name: cache})
-        if after_call:
-            after_call(f"decode {step + 1}", compat.output_cache(out))
+        out = _call_hooks(before_call, after_call, f"decode {step + 1}",
+                          lambda: model(input_ids=next_ids, use_cache=True, **{name: cache}))
     _sync(ids.device)
     return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache,
                      host_waits=[f"decode {k}" for k in range(1, n_steps)])
 
 
 LOOPS = ("report", "cpu", "generate")
-
-
-def _call_hooks(before_call: Callable[[str], None] | None, after_call: Callable[[str, Any], None] | None,
-                label: str, fn: Callable[[], Any]) -> Any:
-    if before_call:
-        before_call(label)
-    out = fn()
-    if after_call:
-        after_call(label, compat.output_cache(out))
-    return out
 
 
 @torch.no_grad()

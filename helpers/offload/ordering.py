@@ -37,11 +37,12 @@ class LoopRecord:
 
 
 def record_loop(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, name: str = "model",
-                edge: str = "none") -> LoopRecord:
-    """Run `loop` with `DynamicCache(config, offloading=True)` under the stand-ins, optionally with a fix edge."""
+                edge: str = "none", lag: int | None = None) -> LoopRecord:
+    """Run `loop` with `DynamicCache(config, offloading=True)` under the stand-ins, optionally with a fix edge and
+    (the race replay) stale reads served `lag` cache-update calls behind."""
     with recording_streams() as log, ExitStack() as stack:
         cache = compat.dynamic_cache(model.config, offloading=True)
-        stack.enter_context(track(cache, log))
+        stack.enter_context(track(cache, log, lag=lag))
         if EDGES[edge] is not None:
             stack.enter_context(EDGES[edge](cache))
         kw: dict[str, Any] = {"before_call": lambda label: log.begin(label, host_synced=(loop == "cpu"))}
@@ -104,12 +105,6 @@ def loops_by_models(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.
 def _rows(table: Any, **match: Any) -> list[dict[str, Any]]:
     rows = table.to_dict("records") if hasattr(table, "to_dict") else list(table)
     return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
-
-
-def decide_unordered_on_report_loop(table: Any, model: str) -> tuple[bool, dict[str, Any]]:
-    """`offload.prefetch_reads_unordered_copy`: the report's loop leaves prefetch reads unordered."""
-    row = _rows(table, loop="report", model=model)[0]
-    return row["unordered_prefetch_reads"] > 0, {k: row[k] for k in ("unordered_prefetch_reads", "prefetch_reads")}
 
 
 def decide_not_specific_to_hybrid(table: Any, dense_models: list[str]) -> tuple[bool, dict[str, Any]]:

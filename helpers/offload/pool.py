@@ -34,7 +34,6 @@ class SimPool:
     """What each modelled pinned block last held, keyed by (layer, 'keys'/'values', shape, dtype)."""
 
     last: dict[BlockKey, torch.Tensor] = field(default_factory=dict)
-    poisonings: int = 0
 
     def fill(self, layer: int, name: str, tensor: torch.Tensor) -> torch.Tensor | None:
         """An offload allocates a block and its copy fills it: returns what the block held before (None: never used)."""
@@ -46,7 +45,6 @@ class SimPool:
     def poison(self, value: float = POISON) -> dict[str, Any]:
         """Every modelled block filled with `value`."""
         self.last = {k: torch.full_like(t, value) for k, t in self.last.items()}
-        self.poisonings += 1
         return {"poisoned": True, "value": value, "blocks": len(self.last), "how": "simulated pool (stand-ins)"}
 
 

@@ -9,18 +9,15 @@ size of a real drift: only which tensors the host-buffer explanation corrupts, i
 """
 from __future__ import annotations
 
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from kvresume import compat
 from ..compare import noise_floor
-from .loops import Decision, GreedyRun, greedy_run, run_loop, step_table
-from .standins import recording_streams
+from .loops import Decision, GreedyRun, greedy_run, step_table
+from .ordering import record_loop
 from .streams import STALE_VALUE, StreamLog
-from .tracking import ordering_edge, track
 
 # transformers issue #48947, Qwen3.8-27B, bf16, batch 2 x 4096 random tokens
 REPORT_VALUES = {"prefill max |logit diff|": 0.0, "decode 1 max |logit diff|": 2.1171875}
@@ -41,20 +38,13 @@ class ReplayRun:
 
 
 def replay_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, lag: int = 0, fix: bool = False,
-               host_synced: bool = True, loop: str = "cpu") -> ReplayRun:
-    """Greedy run with DynamicCache(offloading=True) under recording stand-ins (lag 0: nothing stale).
-
-    `fix`: add the 5.20.0 ordering edge; `host_synced`: the greedy loop's `.cpu()` of the logits is a
-    host wait for the default stream between calls; `loop`: "cpu" (greedy_run) or "report" (the report's
-    run(), no host wait: `host_synced` is ignored there).
-    """
-    host_synced = host_synced and loop == "cpu"
-    with recording_streams() as log:
-        cache = compat.dynamic_cache(model.config, offloading=True)
-        with track(cache, log, lag=lag), (ordering_edge(cache, ids.device) if fix else nullcontext()):
-            run = run_loop(loop, model, ids, n_steps, cache=cache, before_call=lambda label: log.begin(label, host_synced))
-    run.cache = None
-    return ReplayRun(lag, fix, run, log, loop)
+               loop: str = "cpu") -> ReplayRun:
+    """`loop` ("cpu": the `.cpu()` loop, a host wait between calls; "report": none) with DynamicCache(offloading=True)
+    under the recording stand-ins (ordering.record_loop), stale reads served at `lag` (0: nothing stale); `fix`: with
+    the 5.20.0 ordering edge."""
+    record = record_loop(model, ids, n_steps, loop, edge="5.20.0 edge" if fix else "none", lag=lag)
+    record.run.cache = None
+    return ReplayRun(lag, fix, record.run, record.log, loop)
 
 
 def reads_table(log: StreamLog) -> Any:

@@ -1,27 +1,14 @@
-"""matrix.md's "Changes by kind of value": verdict changes, behaviour differences one line per kind of
-value (shape, None vs a value, boolean, ...), floats and source locations collapsed to one line per notebook."""
+"""matrix.md's "Changes by kind of value": behaviour differences one line per kind of value (shape, None vs a value,
+boolean, ...), floats and source locations collapsed to one line per notebook (verdict changes: "What changed" and
+"Verdicts that change")."""
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Sequence
+from typing import Any
 
 from .facts import _ABSENT, KINDS, LARGE_FLOAT, _leaf, classify, differences, distinct_texts, group_differences, relative_size
-from ..report.paste import VERDICT_MARK, cell, fmt_compact
-
-
-def _verdict_changes(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], releases: Sequence[str]) -> list[str]:
-    lines = []
-    rows: dict[tuple[str, str], dict[str, str]] = {}
-    for rel in releases:
-        for nb, data in loaded[rel][1].items():
-            for claim in data.get("claims", []):
-                rows.setdefault((nb, claim.get("id")), {})[rel] = claim.get("verdict", "error")
-    for (nb, cid), verdicts in rows.items():
-        if len(set(verdicts.values())) > 1:
-            steps = " → ".join(f"{rel}: {VERDICT_MARK.get(v, '')} {v}" for rel, v in verdicts.items())
-            lines.append(f"- `{cell(cid)}` ({cell(nb)}): {steps}")
-    return lines
+from ..report.paste import cell, fmt_compact
 
 
 def _incomplete(ran: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
@@ -86,16 +73,13 @@ def _behaviour_line(kind: str, nb: str, leaf: str, rows: list[tuple[str, dict[st
     return f"- **{cell(nb)}** · {kind} · `{cell(leaf)}` — {texts} (in {where})"
 
 
-def detail_section(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], releases: Sequence[str],
-                   max_lines: int = 40) -> list[str]:
-    """"Changes by kind of value": verdict changes, then behaviour differences (one line per value,
+def detail_section(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], max_lines: int = 40) -> list[str]:
+    """"Changes by kind of value": behaviour differences (one line per value,
     grouped by what it is), then float and source-location differences collapsed to one line per notebook."""
     ran = {rel: res for rel, (_, res) in loaded.items() if res}
     if len(ran) < 2:
         return []
     lines = ["## Changes by kind of value", ""]
-    verdicts = _verdict_changes(loaded, [r for r in releases if r in ran])
-    lines += ["### Verdicts", ""] + (verdicts or ["No claim changes verdict between the releases that ran it."]) + [""]
     behaviour, floats, collapsed = sort_differences(ran)
     lines += ["### Behaviour", "",
               "Values that are not float noise: shapes, None vs a value, booleans, error types, source facts, counts, text.", ""]

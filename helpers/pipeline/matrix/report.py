@@ -1,7 +1,6 @@
 """outputs/matrix.md: the run, "What changed" (diff), the releases, every verdict, every difference."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -13,7 +12,7 @@ from ..paths import output_dir
 from ..report.records import RUN_STATUS
 from ..report.summary import commit_text, truncate
 from ..report.paste import VERDICT_MARK, cell, fmt_compact
-from ..report.records import load_run
+from ..report.records import load_json, load_run
 from ..report.scrub import scrub
 
 DEFAULT_RELEASES = (  # the default matrix (the Makefile's RELEASES)
@@ -22,17 +21,9 @@ DEFAULT_RELEASES = (  # the default matrix (the Makefile's RELEASES)
 
 def _load_release(out_base: Path, release: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     dest = out_base / "matrix" / release
-    try:
-        info = json.loads((dest / "release.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        info = {"release": release, "ok": False, "reason": "not run (no release.json)"}
-    results = {}
-    for path in sorted((dest / "results").glob("*.json")) if (dest / "results").is_dir() else []:
-        try:
-            results[path.stem] = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            pass
-    return info, results
+    info = load_json(dest / "release.json") or {"release": release, "ok": False, "reason": "not run (no release.json)"}
+    loaded = {path.stem: load_json(path) for path in sorted((dest / "results").glob("*.json"))}
+    return info, {stem: data for stem, data in loaded.items() if data}
 
 
 def _matrix_run(out_base: Path) -> list[str]:
@@ -66,7 +57,7 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
              "says what changed; the tables after it hold every verdict and every differing value.", ""]
     lines += _matrix_run(out_base)
     lines += change_section(loaded, releases)
-    lines += detail_section(loaded, releases)
+    lines += detail_section(loaded)
 
     lines += ["## Releases", "", "| release | status | transformers / tokenizers / huggingface-hub | environment | run |",
               "|---|---|---|---|---|"]

@@ -1,5 +1,6 @@
 """The matrix runner: each release's notebooks under its environment's python (`runner run-all`, so
-papermill's kernel is that python too) with KVKIT_OUTPUT_DIR=outputs/matrix/<release>, then matrix.md."""
+papermill's kernel is that python too) with KVKIT_OUTPUT_DIR=outputs/matrix/<release>; cli._matrix runs every
+release in turn as one recorded run, then matrix.md."""
 from __future__ import annotations
 
 import json
@@ -12,8 +13,7 @@ from typing import Any, Callable, Sequence
 
 from . import envs
 from .envs import ReleaseEnv, child_env
-from .report import DEFAULT_RELEASES, write_matrix
-from ..paths import output_dir, repo_root
+from ..paths import repo_root
 from ..report.scrub import scrub
 
 
@@ -46,12 +46,3 @@ def run_release(release: str, out_base: Path, notebooks: Sequence[str] | None = 
     (dest / "release.json").write_text(scrub(json.dumps(info, indent=2), out_base) + "\n")
     return info
 
-
-def run_matrix(releases: Sequence[str] = DEFAULT_RELEASES, notebooks: Sequence[str] | None = None,
-               jobs: int | None = None, out_base: Path | None = None, log=print,
-               ensure: Callable[..., ReleaseEnv] | None = None) -> tuple[Path, list[dict[str, Any]]]:
-    """Every release in turn (one that fails does not stop the others), then matrix.md."""
-    out_base = Path(out_base) if out_base else output_dir()
-    infos = [run_release(r, out_base, notebooks, jobs, log, ensure) for r in releases]
-    path = write_matrix(out_base, releases)
-    return path, infos

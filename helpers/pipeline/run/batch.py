@@ -17,6 +17,7 @@ from . import params as params_mod
 from . import record as rec
 from .execute import RunResult, failure_line, notebooks
 from ..paths import output_dir, repo_root
+from ..report.records import load_json
 from .procs import Stop, _alive, descendants, stop_processes
 from .schedule import HtmlRenderer, child_env, expected_seconds, floor_seconds, longest_first
 from .forks import Forked
@@ -109,7 +110,7 @@ class Run:
         env = child_env(**self.record.env_vars(), **self.warm, KVKIT_OUTPUT_DIR=str(self.out))
         began = time.time()
         cmd = [sys.executable, "-m", "helpers.pipeline.run", "_exec", str(path), "--out-json", str(result_file),
-               "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began), "--no-html"]
+               "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began)]
         with open(log_file, "wb") as log:
             proc = self._fork(cmd, env, log.fileno()) if self.workers_sock else None
             if proc is None:
@@ -202,10 +203,7 @@ class Run:
 
     def _kernel_environment(self) -> dict[str, Any] | None:
         for stem in self.results:
-            try:
-                data = json.loads((self.out / "results" / f"{stem}.json").read_text())
-            except (OSError, ValueError):
-                continue
+            data = load_json(self.out / "results" / f"{stem}.json")
             if (data.get("run") or {}).get("run_id") == self.record.run_id and data.get("environment"):
                 return data["environment"]
         return None

@@ -17,7 +17,6 @@ warm process's imports for the first notebooks), imports_s, model_build_s, exper
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -26,9 +25,10 @@ from . import params as params_mod
 from . import record as rec
 from .execute import _exec_main, find_notebook, notebooks, parse_parameters, select
 from ..paths import output_dir
+from ..report.records import load_json
 from .procs import Stop
 from .batch import Run
-from .warm import _kernel_main, _zygote_main
+from .warm import _zygote_main
 from .workers import _workers_main
 
 
@@ -66,7 +66,6 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
     out_base = output_dir()
     record = rec.RunRecord(output_dir("matrix"), "matrix", {"releases": releases}, {s: {} for s in stems or
                                                                                     [nb.stem for nb in notebooks()]})
-    record.write()
     record.data["environment"]["transformers"] = list(releases)
     record.write()
     os.environ["KVKIT_MATRIX_RUN_ID"] = record.run_id
@@ -77,10 +76,7 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
                 break
             info = matrix_run.run_release(release, out_base, stems, jobs, log=lambda *a, **k: tqdm.write(" ".join(map(str, a))))
             infos.append(info)
-            try:
-                sub_data = json.loads((out_base / "matrix" / release / "run.json").read_text())
-            except (OSError, ValueError):
-                sub_data = {}
+            sub_data = load_json(out_base / "matrix" / release / "run.json")
             record.data["releases"][release] = {"run_id": sub_data.get("run_id"), "status": sub_data.get("status")
                                                 or ("not_installed" if not info.get("ok") else "failed"), "rc": info.get("rc")}
             for stem, nb in (sub_data.get("notebooks") or {}).items():
@@ -125,8 +121,6 @@ def main(argv: list[str] | None = None) -> int:
         return _exec_main(argv[1:])
     if argv[:1] == ["_zygote"]:
         return _zygote_main(argv[1:])
-    if argv[:1] == ["_kernel"]:
-        return _kernel_main(argv[1:])
     if argv[:1] == ["_workers"]:
         return _workers_main(argv[1:])
     parser = argparse.ArgumentParser(prog="kvkit", description=__doc__,

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import output_dir, repo_root
+from ..report.records import load_json
 from .procs import _connection_files, descendants, stop_processes
 from .warm import _kernel_manager_class
 
@@ -140,14 +141,13 @@ def run_one(path: Path, parameters: dict[str, Any] | None = None, quiet: bool = 
 
 
 def _exec_main(argv: list[str]) -> int:
-    """Child entry (`runner _exec NB --out-json F --params JSON`): run one notebook, render its HTML,
-    write {status, error, phases} to F. SIGTERM/SIGINT shut its kernel down and exit at once."""
+    """Child entry (`runner _exec NB --out-json F --params JSON`): run one notebook (its HTML is rendered by the
+    runner, schedule.HtmlRenderer), write {status, error, phases} to F. SIGTERM/SIGINT shut its kernel down and exit at once."""
     parser = argparse.ArgumentParser(prog="kvkit _exec")
     parser.add_argument("notebook")
     parser.add_argument("--out-json", required=True)
     parser.add_argument("--params", default="{}")
     parser.add_argument("--began", type=float, default=None)
-    parser.add_argument("--no-html", action="store_true")
     args = parser.parse_args(argv)
 
     def stop(signum: int, _frame: Any) -> None:
@@ -166,21 +166,7 @@ def _exec_main(argv: list[str]) -> int:
     os.environ["KVKIT_TIMINGS_FILE"] = str(timing_file)
     executed = output_dir("notebooks") / path.name
     error, retried = _execute(path, json.loads(args.params), executed)
-    try:
-        session = json.loads(timing_file.read_text())
-    except (OSError, ValueError):
-        session = None
-    result = {"status": "failed" if error else "ok", "error": error, "phases": phases(executed, began, session),
+    result = {"status": "failed" if error else "ok", "error": error, "phases": phases(executed, began, load_json(timing_file)),
               **({"retried": retried} if retried else {})}
-    if not args.no_html and executed.exists():
-        start = time.perf_counter()
-        try:
-            from ..report import html
-
-            _, errors = html.write_html(stems=[path.stem])
-            result["html_errors"] = errors
-        except Exception as exc:  # noqa: BLE001 - the summary still lists the notebook
-            result["html_errors"] = [failure_line(exc)]
-        result["phases"]["html_s"] = round(time.perf_counter() - start, 2)
     Path(args.out_json).write_text(json.dumps(result))
     return 0

@@ -20,9 +20,6 @@ MINIMUMS: dict[str, tuple[int, str]] = {
     "seq_len": (2, "a prefix and at least one token to resume from"),
     "n_steps": (2, "the prefill and at least one decode step"),
     "batch_size": (1, "at least one sequence"),
-    "max_new_tokens": (1, "at least one generated token"),
-    "n_tokens": (1, "at least one token"),
-    "n_layers": (1, "at least one layer"),
     "seed": (0, "torch seeds are non-negative"),
 }
 DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}

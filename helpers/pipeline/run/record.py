@@ -133,10 +133,9 @@ def run_stamp() -> dict[str, Any]:
 def mark_interrupted(results_path: Path, run_id: str, reason: str = INTERRUPTED) -> bool:
     """Rewrite an unfinished notebook's results file of run `run_id`: every claim `error` with the reason
     "interrupted" (a verdict reached before the stop is kept in the evidence, not shown as the result)."""
-    try:
-        data = json.loads(Path(results_path).read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
+    from ..report.records import load_json
+
+    data = load_json(Path(results_path))
     if (data.get("run") or {}).get("run_id") != run_id:
         return False  # another run's file: not this run's to rewrite
     for claim in data.get("claims", []):

@@ -27,14 +27,10 @@ WARM_SKIP = ("helpers.plots", "helpers.offload.plots", "helpers.pipeline")
 
 
 def warm_enabled() -> bool:
-    return (sys.platform.startswith("linux") and hasattr(os, "fork") and hasattr(socket_mod(), "send_fds")
-            and os.environ.get("KVKIT_WARM_KERNELS", "1") != "0")
-
-
-def socket_mod() -> Any:
     import socket
 
-    return socket
+    return (sys.platform.startswith("linux") and hasattr(os, "fork") and hasattr(socket, "send_fds")
+            and os.environ.get("KVKIT_WARM_KERNELS", "1") != "0")
 
 
 def _warm_imports() -> None:

@@ -72,12 +72,6 @@ def first_code_cell(nb: dict) -> dict:
     return next(c for c in nb["cells"] if c["cell_type"] == "code")
 
 
-def cell_text(cell: dict) -> str:
-    """A cell's source as one string (the JSON holds a string or a list of lines)."""
-    source = cell["source"]
-    return source if isinstance(source, str) else "".join(source)
-
-
 def render_notebook(raw: str, repo: str | None = None) -> str:
     """The notebook JSON with only its first code cell replaced (formatted as nbformat writes it)."""
     nb = json.loads(raw)
