@@ -22,6 +22,7 @@ from ..continuation import Outcome, greedy_config
 from ..models import tiny_bart
 from .cells import Cell, follow_up, guarded_step, judge, with_length
 from kvresume.checks import ResumeInputError
+from kvresume.call import cache_lengths
 from kvresume.guard import check_forward_call
 
 VOCAB = 2048
@@ -192,7 +193,7 @@ def checked_calls(models: tuple[torch.nn.Module, ...], rows: list[dict[str, Any]
         def pre(_m: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
             index, calls[id(module)] = calls[id(module)], calls[id(module)] + 1
             cache = compat.cache_from_kwargs(kwargs)
-            if (module is models[0] and index == 0) or cache is None or int(_length(cache)) == 0:
+            if (module is models[0] and index == 0) or cache is None or cache_lengths(cache)[0] == 0:
                 return
             message = ""
             try:
@@ -210,10 +211,6 @@ def checked_calls(models: tuple[torch.nn.Module, ...], rows: list[dict[str, Any]
             handle = m.register_forward_pre_hook(hook(m), with_kwargs=True)
             stack.callback(handle.remove)
         yield
-
-
-def _length(cache: Any) -> int:
-    return int(getattr(cache, "self_attention_cache", cache).get_seq_length())
 
 
 def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:

@@ -24,7 +24,6 @@ CHECKS = ("control_rebuild·generate", "control_rebuild·other_kernel", "control
           "config_rebuild·forward",
           "family_rebuild·generate", "family_rebuild·forward", "neither", "position_only", "mask_only", "both",
           "fresh_instance", "eager_vs_sdpa", "flash_attention_2")
-PADDED_MASKS = ("suffix_only", "all_ones", "padded")  # the masks a left-padded batch is resumed with
 REBUILD_STAGE = "at the rebuild, before any model call"
 
 
