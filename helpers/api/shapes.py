@@ -18,7 +18,7 @@ import torch
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import Outcome, greedy_config
+from ..continuation import Outcome, attention_kernel, greedy_config
 from ..models import tiny_bart
 from .cells import Cell, follow_up, guarded_step, judge, with_length
 from kvresume.checks import ResumeInputError
@@ -53,12 +53,8 @@ def last_logits(model: torch.nn.Module, **kwargs: Any) -> torch.Tensor:
 @torch.no_grad()
 def floor_of(model: torch.nn.Module, kwargs: dict[str, Any], reference: torch.Tensor) -> NoiseFloor:
     """The full forward under the other attention kernel (sdpa <-> eager) vs the reference: this model's noise."""
-    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
-    model.set_attn_implementation("eager" if current != "eager" else "sdpa")
-    try:
+    with attention_kernel(model):
         other = last_logits(model, **kwargs)
-    finally:
-        model.set_attn_implementation(current)
     return noise_floor(reference, [other], torch.float32, what="full forward vs the other attention kernel's")
 
 
@@ -173,12 +169,8 @@ def mrope_shape(model: torch.nn.Module, prompt: Any) -> Shape:
     three = current_position_ids(model, prompt)
     four = torch.cat([torch.full((1, 1, 1), prompt.length - 1, dtype=three.dtype), three])
     kwargs = {"attention_mask": prompt.attention_mask, "position_ids": four}
-    current = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
+    with attention_kernel(model, "eager"):
         other, _ = prefill(model, prompt, end=None)
-    finally:
-        model.set_attn_implementation(current)
     return Shape("M-RoPE position ids with four rows", model, prompt.last_token, kwargs, cache, ref.float(),
                  noise_floor(ref, [other], torch.float32), prompt.length - 1, whole=prompt)
 

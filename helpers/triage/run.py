@@ -15,7 +15,7 @@ import torch
 from kvresume import compat
 from . import patterns, rebuilds, repairs, slots, state
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import prefill
+from ..continuation import attention_kernel, prefill
 from ..inputs import Prompt
 from kvresume import layers
 from .facts import ArgSet, Controls, slot_verdict
@@ -211,17 +211,13 @@ def backend_outcomes(base: Baseline, t: Triaged, backends: tuple[str, ...] = ("s
     Per backend: ok, error type and stage (the innermost transformers frame), max |diff| vs the original. The
     model's own backend is put back."""
     model, out = base.model, {}
-    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
     for backend in backends:
-        model.set_attn_implementation(backend)
-        try:
+        with attention_kernel(model, backend):
             compat.put_rope_state(model, base.saved_state)
             original = generate_step(model, base.prompt, base.prefix_cache, base.generate_kwargs, **_full(base.prompt, base.prefix_cache))
             compat.put_rope_state(model, base.saved_state)
             rebuilt = generate_step(model, base.prompt, t.rebuilt.cache, base.generate_kwargs, **_full(base.prompt, t.rebuilt.cache))
-        finally:
-            model.set_attn_implementation(current)
-            compat.put_rope_state(model, base.saved_state)
+        compat.put_rope_state(model, base.saved_state)
         out[backend] = {"ok": rebuilt.ok, "error_type": rebuilt.error_type, "stage": rebuilt.stage, "error": rebuilt.error[:200],
                         "error_layer": rebuilt.call.get("error_layer"), "original_ok": original.ok,
                         "max_abs_diff_vs_original": diff(original, rebuilt)}
