@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Legacy kinds written by older kits, read as today's.
-LEGACY_KINDS = {"finding": "reproduces", "environment_check": "environment"}
-
 
 @dataclass(frozen=True)
 class Source:
@@ -74,9 +71,8 @@ def source_of(notebook: str) -> Source:
 
 
 def kind_of(claim: dict[str, Any]) -> str:
-    """A claim's kind, legacy names mapped (finding -> reproduces, environment_check -> environment)."""
-    kind = claim.get("kind") or "reproduces"
-    return LEGACY_KINDS.get(kind, kind)
+    """A claim's kind ('reproduces' where none is recorded)."""
+    return claim.get("kind") or "reproduces"
 
 
 def run_setup(envs: list[dict[str, Any]]) -> dict[str, str]:
