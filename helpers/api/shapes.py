@@ -70,7 +70,7 @@ def _prefix(model: torch.nn.Module, ids: torch.Tensor) -> Any:
     return compat.output_cache(model(input_ids=ids, use_cache=True))
 
 
-def text_shapes(name: str, model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 0) -> list[Shape]:
+def text_shapes(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 0) -> list[Shape]:
     """The text-model shapes on one model (24-token prompt; batch of 12 and 20 tokens left-padded)."""
     gen = torch.Generator().manual_seed(seed + 1)
     ids = torch.randint(10, VOCAB - 10, (1, 24), generator=gen)
@@ -236,7 +236,7 @@ def population(text_models: dict[str, tuple[torch.nn.Module, torch.nn.Module]], 
                prepare: Callable[[torch.nn.Module], Any] | None = None) -> tuple[list[Cell], list[dict[str, Any]]]:
     """Every valid shape's cell, and every internal call checked: (cells, internal call rows); `prepare(model)` on the
     models built here (the tiny BART), e.g. kvresume.track."""
-    shapes = [s for model, assistant in text_models.values() for s in text_shapes("", model, assistant, seed)]
+    shapes = [s for model, assistant in text_models.values() for s in text_shapes(model, assistant, seed)]
     shapes += bart_shapes(seed, prepare)
     if vl_model is not None:
         shapes.append(mrope_shape(vl_model, vl_prompt))

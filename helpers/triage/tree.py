@@ -123,7 +123,7 @@ def decide_retained_length(c: Controls, generate_position: int | None, logical_p
     return holds, evidence, deciding
 
 
-def per_layer_outcome(c: Controls, full: ArgSet, stage: str = "", error_layer: int | None = None) -> str:
+def per_layer_outcome(c: Controls, full: ArgSet) -> str:
     """'error', 'silent_difference' or 'no_difference' of generate() (full mask) from the per-layer cache."""
     if not full.rebuilt_ok:
         return "error"
