@@ -38,8 +38,6 @@ def describe_call(kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-
-
 @dataclass
 class Trace:
     """The first model call (shapes), whether it finished, and the rotary position shapes seen inside it."""
@@ -102,18 +100,3 @@ def hooked(model: torch.nn.Module, pre: Callable, post: Callable, rotary: Callab
         for handle in handles:
             handle.remove()
 
-
-@contextmanager
-def first_call(model: torch.nn.Module) -> Iterator[list[dict[str, Any]]]:
-    """Yields a list that holds the description of the first forward call made inside the block."""
-    captured: list[dict[str, Any]] = []
-
-    def hook(_module: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
-        if not captured:
-            captured.append(describe_call(kwargs))
-
-    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield captured
-    finally:
-        handle.remove()

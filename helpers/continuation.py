@@ -5,8 +5,9 @@ failures are returned as data (the matrix *is* which calls fail), not raised.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from transformers import GenerationConfig
@@ -127,15 +128,22 @@ def forward_step(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **
 OTHER_ATTENTION = {"sdpa": "eager", "eager": "sdpa"}
 
 
+@contextmanager
+def attention_kernel(model: torch.nn.Module, implementation: str | None = None) -> Iterator[str]:
+    """The model under `implementation` (None: the other kernel, sdpa <-> eager) inside the block; its own put back."""
+    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    chosen = implementation or OTHER_ATTENTION.get(current, "eager")
+    model.set_attn_implementation(chosen)
+    try:
+        yield chosen
+    finally:
+        model.set_attn_implementation(current)
+
+
 @torch.no_grad()
 def other_attention_logits(model: torch.nn.Module, prompt: Prompt) -> tuple[torch.Tensor, str]:
     """The full forward's last logits with the other attention kernel (sdpa <-> eager): the same math by a
     different kernel, i.e. this dtype's rounding noise on this model. The model's kernel is put back."""
-    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
-    other = OTHER_ATTENTION.get(current, "eager")
-    model.set_attn_implementation(other)
-    try:
+    with attention_kernel(model) as other:
         logits, _ = prefill(model, prompt, end=None)
-    finally:
-        model.set_attn_implementation(current)
     return logits, other

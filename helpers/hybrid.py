@@ -13,7 +13,6 @@ import torch
 # Three linear-attention layers, then one full-attention layer, twice.
 HYBRID_PATTERN = ("linear_attention", "linear_attention", "linear_attention", "full_attention")
 N_LAYERS = 8
-VOCAB_SIZE = 2048
 
 
 def tiny_hybrid_layer_types(n_layers: int = N_LAYERS) -> list[str]:

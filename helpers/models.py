@@ -111,17 +111,6 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def tiny_qwen3_vl_config(attn_implementation: str = "sdpa", tokens: dict[str, int] | None = None) -> Any:
-    """kvresume.testing's tiny Qwen3-VL (4 text layers, hidden 128, a 2-block vision tower, patch 16): with the tiny
-    default's image processor a 224x224 image gives 49 image tokens and rope_deltas -42 as in the seed. `tokens`
-    overrides the special token ids (keys of TINY_VL_TOKENS), e.g. with a real tokenizer's."""
-    from kvresume import testing
-
-    ids = {**TINY_VL_TOKENS, **(tokens or {})}
-    return testing.vl_config(attn_implementation, image_token_id=ids["image"], video_token_id=ids["video"],
-                             vision_start_token_id=ids["vision_start"], vision_end_token_id=ids["vision_end"])
-
-
 def _seeded(seed: int, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     torch.manual_seed(seed)
     return make().eval()

@@ -101,11 +101,10 @@ def build_model(folder: Path, ids: dict[str, int], seed: int = 0) -> None:
     import torch
     from transformers import Qwen3VLForConditionalGeneration
 
-    from helpers import models
+    from kvresume import testing
 
-    config = models.tiny_qwen3_vl_config(tokens={"image": ids["<|image_pad|>"], "video": ids["<|video_pad|>"],
-                                                 "vision_start": ids["<|vision_start|>"],
-                                                 "vision_end": ids["<|vision_end|>"]})
+    config = testing.vl_config(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                               vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
     torch.manual_seed(seed)
     Qwen3VLForConditionalGeneration(config).eval().save_pretrained(folder)
 

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 from helpers import caches, compare, continuation, mask_matrix, models, results
 
 from kvresume import compat
-from helpers.capture import IN_FIRST_CALL, first_call, trace
+from helpers.capture import IN_FIRST_CALL, trace
 
 
 def test_tiny_model_is_deterministic_and_sized_as_the_seed(bundle, prompt):
@@ -138,12 +138,6 @@ def test_greedy_step_ignores_a_checkpoints_sampling_settings(bundle, prompt, pre
     finally:
         hf_logging.get_logger("transformers").removeHandler(handler)
     assert out.ok and not [r.getMessage() for r in records]
-
-
-def test_first_call_hook_is_removed(bundle, prompt):
-    with first_call(bundle.model) as captured:
-        pass
-    assert captured == [] and not bundle.model._forward_pre_hooks
 
 
 def test_full_mask_continuation_matches_full_forward(bundle, prompt, prefix_cache):

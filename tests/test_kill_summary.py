@@ -14,7 +14,7 @@ def claim(verdict: str | None, kind: str | None = "reproduces", **kw) -> tuple[s
 
 CLAIMS = [claim("reproduced"), claim("reproduced"), claim("not_reproduced"), claim("skipped"), claim("error"),
           claim("refuted", "refutes"), claim("holds", "refutes"), claim("holds", "simulation"), claim("fails", "beyond"),
-          claim("skipped", "environment"), claim(None), claim("reproduced", None), claim("reproduced", "finding"),
+          claim("skipped", "environment"), claim(None), claim("reproduced", None), claim("reproduced"),
           claim("holds", "mystery")]
 
 

@@ -22,8 +22,7 @@ def sets(diff: float | None = 0.0, error: str = "RuntimeError") -> list[tree.Arg
 
 def ctl(**kw: Any) -> tree.Controls:
     base = dict(rebuild="x", floor=FLOOR, arg_sets=sets(), processed_length=82,
-                rebuilt_lengths=[82] * 4,
-                identity_identical=True, identity_worst=0.0)
+                rebuilt_lengths=[82] * 4)
     return tree.Controls(**{**base, **kw})
 
 
@@ -72,7 +71,7 @@ def fixes(**diffs: float | None) -> dict[str, tree.Repair]:
     return {name: tree.Repair(name, d, d is not None, "" if d is not None else "E at s") for name, d in diffs.items()}
 
 
-FRESH = dict(resume_on="fresh_instance", fresh_bare_diff=0.45, fresh_restored_diff=0.0, repairs=fixes(saved_state=0.0))
+FRESH = dict(resume_on="fresh_instance", fresh_bare_diff=0.45, repairs=fixes(saved_state=0.0))
 
 
 def test_fresh_instance_leaf_through_each_condition():
@@ -202,13 +201,6 @@ def per_layer(**kw: Any) -> tuple:
 
 Case = tuple[str, Callable[[], Any], bool]
 CASES: list[Case] = [
-    ("branch: lands where expected", lambda: tree.decide_branch(tree.choose_branch(ctl()), "no_defect"), True),
-    ("branch: another leaf", lambda: tree.decide_branch(tree.choose_branch(ctl(arg_sets=sets(0.3))), "no_defect"), False),
-    ("branch: assignment rebuild, re-registering restores", lambda: tree.decide_branch(tree.choose_branch(ASSIGNED), "cache_metadata"), True),
-    ("branch: assignment rebuild, re-registering does not restore", lambda: tree.decide_branch(tree.choose_branch(
-        replace(ASSIGNED, repairs=fixes(full_mask=1.15, reregister_via_update=ABOVE))), "cache_metadata"), False),
-    ("branch: assignment rebuild, table shows no metadata cell", lambda: tree.decide_branch(tree.choose_branch(
-        replace(ASSIGNED, rebuilt_state=layer_states([82] * 4))), "cache_metadata"), False),
     ("retained: normal", lambda: tree.decide_retained_length(RETAINED, 18, 80, 0.36), True),
     ("retained: generate at the logical position", lambda: tree.decide_retained_length(RETAINED, 80, 80, 0.36), False),
     ("retained: shift by another amount", lambda: tree.decide_retained_length(RETAINED, 19, 80, 0.36), False),
@@ -253,10 +245,6 @@ def test_claim_decisions(name, thunk, expected):
 
 
 def test_the_claim_decisions_report_their_numbers():
-    holds, evidence, deciding = tree.decide_branch(tree.choose_branch(ctl(arg_sets=sets(1e-7))), "no_defect")
-    assert deciding == {"branch": "no_defect", "worst_max_abs_diff_vs_original": 1e-7, "noise_threshold": T}
-    assert evidence["expected_branch"] == "no_defect" and evidence["branch"] == "no_defect"
-    assert tree.decide_branch({"branch": "x", "path": []}, "x")[2]["noise_threshold"] is None
     holds, evidence, deciding = tree.decide_retained_length(RETAINED, 18, 80, 0.36)
     assert (evidence["position_shift"], evidence["expected_shift_if_retained_length"], deciding["retained_length"]) == (-62, -62, 20)
     assert evidence["noise_threshold"] == T and evidence["value"] == 0.36

@@ -143,8 +143,8 @@ def test_claims_table_shows_only_the_current_run(tmp_path):
 
 def test_environment_checks_are_listed_apart_and_never_counted(tmp_path):
     _run(tmp_path)
-    _write_results(tmp_path, "01_a", [_claim("a.one"), _claim("env.cuda", "skipped", kind="environment_check"),
-                                      _claim("env.flag", "reproduced", kind="environment_check")])
+    _write_results(tmp_path, "01_a", [_claim("a.one"), _claim("env.cuda", "skipped", kind="environment"),
+                                      _claim("env.flag", "reproduced", kind="environment")])
     text = summary.build_summary(tmp_path)
     assert "1 of 1 source statement(s) reproduced" in text
     assert "| environment | a fact about this machine | 0 holds | 0 fails | 1 | 0 + 1 with a verdict foreign to the kind |" in text

@@ -48,18 +48,16 @@ def section(text: str, heading: str) -> str:
 
 def test_each_kind_is_counted_under_its_own_verdicts_and_only_reproduces_reads_reproduced():
     claims = [("05_x", claim(f"{kind}.{v}", kind, v)) for kind, pair in KINDS.items() for v in pair]
-    claims += [("05_x", claim("legacy.finding", "finding", "reproduced")),
-               ("05_x", claim("legacy.env", "environment_check", "holds")),
-               ("05_x", claim("refutes.mislabelled", "refutes", "reproduced")),  # a verdict foreign to its kind
+    claims += [("05_x", claim("refutes.mislabelled", "refutes", "reproduced")),  # a verdict foreign to its kind
                ("05_x", claim("sim.mislabelled", "simulation", "reproduced")),
                ("05_x", claim("env.skipped", "environment", "skipped")), ("05_x", claim("b.error", "beyond", "error"))]
     counts = claims_md.kind_counts(claims)
-    assert counts["reproduces"] == {"reproduced": 2, "not_reproduced": 1}
+    assert counts["reproduces"] == {"reproduced": 1, "not_reproduced": 1}
     assert counts["refutes"] == {"refuted": 1, "not_refuted": 1, "other": 1}
     assert counts["simulation"] == {"holds": 1, "fails": 1, "other": 1}
-    assert counts["environment"] == {"holds": 2, "fails": 1, "skipped": 1}
+    assert counts["environment"] == {"holds": 1, "fails": 1, "skipped": 1}
     assert counts["beyond"] == {"holds": 1, "fails": 1, "error": 1}
-    assert claims_md.reproduced_count(counts) == 2  # the legacy finding and the reproduces claim, nothing else
+    assert claims_md.reproduced_count(counts) == 1  # the reproduces claim, nothing else
 
 
 @pytest.mark.parametrize("kind", ["refutes", "beyond", "simulation", "environment"])

@@ -61,7 +61,7 @@ def controls(rebuilt: triage.ResumeState | None = None, repairs: list[triage.Rep
     """An identity-like outcome (control 0 equal, the full mask restores); keyword arguments change one control."""
     base = dict(rebuild="x", floor=FLOOR, arg_sets=arg_sets(), processed_length=82,
                 rebuilt_lengths=[82] * 4, slots=held(),
-                identity_identical=True, identity_worst=0.0, original_state=state(), rebuilt_state=rebuilt or state(),
+                original_state=state(), rebuilt_state=rebuilt or state(),
                 repairs={r.name: r for r in (repairs or [fix("full_mask", 1e-7)])}, identity_remaining=4e-7)
     base.update(kw)
     return triage.Controls(**base)
@@ -79,10 +79,10 @@ ASSIGNED = state([82] * 4, [0] * 4, initialized=False)  # the assignment rebuild
 LEAF_CASES = {
     "no_defect": controls(),
     "resume_contract": controls(arg_sets=[triage.ArgSet("neither", False, False, "RuntimeError", "ValueError")] + arg_sets()[1:]),
-    "model_side_state (fresh instance)": controls(resume_on="fresh_instance", fresh_bare_diff=0.45, fresh_restored_diff=0.0,
+    "model_side_state (fresh instance)": controls(resume_on="fresh_instance", fresh_bare_diff=0.45,
                                                   repairs=[fix("full_mask", 1e-7), fix("saved_state", 0.0)]),
     "model_side_state (state changed by the rebuild)": controls(
-        arg_sets=arg_sets(0.45), state_changed=True, restored_diff=0.0, rebuilt=state(model_state=[-40]),
+        arg_sets=arg_sets(0.45), state_changed=True, rebuilt=state(model_state=[-40]),
         original_state=state(model_state=[-42]), repairs=[fix("full_mask", 0.45), fix("saved_state", 0.0)]),
     "cache_metadata": controls(arg_sets=arg_sets(1.15), rebuilt=ASSIGNED, rebuilt_lengths=[0] * 4,
                                repairs=[fix("full_mask", 1.15), fix("reregister_via_update", 4e-7)]),
@@ -297,15 +297,6 @@ def test_render_marks_the_taken_path_and_lists_the_repairs():
 def _verdict_of(holds: bool, tmp_path: Path) -> str:
     res = Results("t", {"c": "claim"}, {}, path=tmp_path / "r.json")
     return res.decide("c", holds, {})
-
-
-def test_branch_claims_and_their_contradiction(tmp_path):
-    for case, expected in (("no_defect", "no_defect"), ("reconstruction_copy", "reconstruction_copy")):
-        verdict = triage.choose_branch(LEAF_CASES[case])
-        holds, evidence, deciding = triage.decide_branch(verdict, expected)
-        assert _verdict_of(holds, tmp_path) == "reproduced" and deciding["branch"] == expected
-        other = triage.choose_branch(LEAF_CASES["unexplained"])
-        assert _verdict_of(triage.decide_branch(other, expected)[0], tmp_path) == "not_reproduced"
 
 
 def test_retained_length_claim_and_its_contradictions(tmp_path):

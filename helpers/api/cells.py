@@ -16,9 +16,8 @@ from typing import Any
 import torch
 
 from kvresume import compat
-from ..compare import NoiseFloor
+from ..compare import NoiseFloor, max_abs_diff
 from ..continuation import Outcome, generate_first_step, greedy_config
-from ..regress.cells import max_diff
 from kvresume.guard import ResumeInputError, check_resume_inputs, guarded_generate
 from kvresume.ledger import ledger_of, without_ledger
 from kvresume.reuse import apply_fix, resume
@@ -72,7 +71,7 @@ def plain_status(outcome: Outcome, reference: torch.Tensor | None, floor: NoiseF
         return "raised", None
     if reference is None:
         return "worked", None
-    value = max_diff(reference, outcome.logits)
+    value = max_abs_diff(reference, outcome.logits)
     return ("worked" if floor.matches(value) else "silently_wrong"), value
 
 

@@ -14,11 +14,10 @@ from typing import Any, Callable
 import torch
 
 from kvresume import compat, state as resume
-from ..compare import NoiseFloor
+from ..compare import NoiseFloor, max_abs_diff
 from ..continuation import generate_first_step
 from ..regress import checks
 from kvresume import layers
-from ..regress.cells import max_diff
 from kvresume.factory import FactoryError, export_tensors, kv_cache_from_tensors
 
 
@@ -112,7 +111,7 @@ def portability(run: checks.Runner, directory: Path, floor: NoiseFloor) -> dict[
     bare = _step(bare_model, bare_cache, loaded)
     hook = sorted(state.model_metadata)
     return {"family": fam.name, "hook": hook, "same_ok": same.ok, "restored_ok": restored.ok, "bare_ok": bare.ok,
-            "restored_vs_same": max_diff(same.logits, restored.logits) if same.ok and restored.ok else None,
-            "bare_vs_same": max_diff(same.logits, bare.logits) if same.ok and bare.ok else None,
+            "restored_vs_same": max_abs_diff(same.logits, restored.logits) if same.ok and restored.ok else None,
+            "bare_vs_same": max_abs_diff(same.logits, bare.logits) if same.ok and bare.ok else None,
             "restored_bitwise": bool(same.ok and restored.ok and torch.equal(same.logits, restored.logits)),
             **{k: v for k, v in floor.evidence().items() if k in ("noise_threshold", "noise_floor", "noise_margin")}}

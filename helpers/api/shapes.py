@@ -18,10 +18,11 @@ import torch
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import Outcome, greedy_config
+from ..continuation import Outcome, attention_kernel, greedy_config
 from ..models import tiny_bart
 from .cells import Cell, follow_up, guarded_step, judge, with_length
 from kvresume.checks import ResumeInputError
+from kvresume.call import cache_lengths
 from kvresume.guard import check_forward_call
 
 VOCAB = 2048
@@ -52,12 +53,8 @@ def last_logits(model: torch.nn.Module, **kwargs: Any) -> torch.Tensor:
 @torch.no_grad()
 def floor_of(model: torch.nn.Module, kwargs: dict[str, Any], reference: torch.Tensor) -> NoiseFloor:
     """The full forward under the other attention kernel (sdpa <-> eager) vs the reference: this model's noise."""
-    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
-    model.set_attn_implementation("eager" if current != "eager" else "sdpa")
-    try:
+    with attention_kernel(model):
         other = last_logits(model, **kwargs)
-    finally:
-        model.set_attn_implementation(current)
     return noise_floor(reference, [other], torch.float32, what="full forward vs the other attention kernel's")
 
 
@@ -73,7 +70,7 @@ def _prefix(model: torch.nn.Module, ids: torch.Tensor) -> Any:
     return compat.output_cache(model(input_ids=ids, use_cache=True))
 
 
-def text_shapes(name: str, model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 0) -> list[Shape]:
+def text_shapes(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 0) -> list[Shape]:
     """The text-model shapes on one model (24-token prompt; batch of 12 and 20 tokens left-padded)."""
     gen = torch.Generator().manual_seed(seed + 1)
     ids = torch.randint(10, VOCAB - 10, (1, 24), generator=gen)
@@ -172,12 +169,8 @@ def mrope_shape(model: torch.nn.Module, prompt: Any) -> Shape:
     three = current_position_ids(model, prompt)
     four = torch.cat([torch.full((1, 1, 1), prompt.length - 1, dtype=three.dtype), three])
     kwargs = {"attention_mask": prompt.attention_mask, "position_ids": four}
-    current = model.config._attn_implementation
-    model.set_attn_implementation("eager")
-    try:
+    with attention_kernel(model, "eager"):
         other, _ = prefill(model, prompt, end=None)
-    finally:
-        model.set_attn_implementation(current)
     return Shape("M-RoPE position ids with four rows", model, prompt.last_token, kwargs, cache, ref.float(),
                  noise_floor(ref, [other], torch.float32), prompt.length - 1, whole=prompt)
 
@@ -192,7 +185,7 @@ def checked_calls(models: tuple[torch.nn.Module, ...], rows: list[dict[str, Any]
         def pre(_m: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
             index, calls[id(module)] = calls[id(module)], calls[id(module)] + 1
             cache = compat.cache_from_kwargs(kwargs)
-            if (module is models[0] and index == 0) or cache is None or int(_length(cache)) == 0:
+            if (module is models[0] and index == 0) or cache is None or cache_lengths(cache)[0] == 0:
                 return
             message = ""
             try:
@@ -210,10 +203,6 @@ def checked_calls(models: tuple[torch.nn.Module, ...], rows: list[dict[str, Any]
             handle = m.register_forward_pre_hook(hook(m), with_kwargs=True)
             stack.callback(handle.remove)
         yield
-
-
-def _length(cache: Any) -> int:
-    return int(getattr(cache, "self_attention_cache", cache).get_seq_length())
 
 
 def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:
@@ -247,7 +236,7 @@ def population(text_models: dict[str, tuple[torch.nn.Module, torch.nn.Module]], 
                prepare: Callable[[torch.nn.Module], Any] | None = None) -> tuple[list[Cell], list[dict[str, Any]]]:
     """Every valid shape's cell, and every internal call checked: (cells, internal call rows); `prepare(model)` on the
     models built here (the tiny BART), e.g. kvresume.track."""
-    shapes = [s for model, assistant in text_models.values() for s in text_shapes("", model, assistant, seed)]
+    shapes = [s for model, assistant in text_models.values() for s in text_shapes(model, assistant, seed)]
     shapes += bart_shapes(seed, prepare)
     if vl_model is not None:
         shapes.append(mrope_shape(vl_model, vl_prompt))

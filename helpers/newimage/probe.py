@@ -10,10 +10,7 @@ import torch
 
 from kvresume import compat
 from ..capture import describe_call, hooked, shape_of
-
-
-def flat(value: Any) -> list | None:
-    return None if value is None else value.detach().cpu().flatten().tolist()
+from ..rope import as_list as flat
 
 
 @dataclass

@@ -6,10 +6,8 @@ from typing import Any
 
 import torch
 
-from ..compare import NoiseFloor
+from ..compare import NoiseFloor, max_abs_diff
 from ..continuation import Outcome
-
-STATUSES = ("bitwise", "matches", "differs", "error", "zero_input", "both_error", "skipped")
 
 
 @dataclass
@@ -38,11 +36,6 @@ def zero_input(outcome: Outcome) -> bool:
     return bool(shape) and shape[-1] == 0
 
 
-def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| in float32 (shapes reconciled to a's)."""
-    return float((a.detach().float() - b.detach().float().reshape(a.shape)).abs().max())
-
-
 def row_diffs(a: torch.Tensor, b: torch.Tensor) -> list[float]:
     """Per batch row: max |a - b| (a, b: [batch, vocab])."""
     x, y = a.detach().float(), b.detach().float().reshape(a.shape)
@@ -66,7 +59,7 @@ def against_tensor(family: str, check: str, outcome: Outcome, target: torch.Tens
     if not outcome.ok:
         status = "zero_input" if zero_input(outcome) else "error"
         return Cell(family, check, status, None, compared_with, _error(outcome), outcome.first_call)
-    value = max_diff(target, outcome.logits)
+    value = max_abs_diff(target, outcome.logits)
     bitwise = torch.equal(target.float().reshape(-1), outcome.logits.float().reshape(-1))
     return Cell(family, check, judged(value, bitwise, floor), value, compared_with, "", outcome.first_call)
 

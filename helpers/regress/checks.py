@@ -14,7 +14,7 @@ import torch
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import GENERATION_VARIANTS, Outcome, forward_step, generate_first_step
+from ..continuation import GENERATION_VARIANTS, Outcome, attention_kernel, forward_step, generate_first_step
 from kvresume import layers
 from .cells import Cell, against_outcome, against_tensor, raised, row_diffs, skipped
 from .families import Family, reference
@@ -24,7 +24,6 @@ CHECKS = ("control_rebuild·generate", "control_rebuild·other_kernel", "control
           "config_rebuild·forward",
           "family_rebuild·generate", "family_rebuild·forward", "neither", "position_only", "mask_only", "both",
           "fresh_instance", "eager_vs_sdpa", "flash_attention_2")
-PADDED_MASKS = ("suffix_only", "all_ones", "padded")  # the masks a left-padded batch is resumed with
 REBUILD_STAGE = "at the rebuild, before any model call"
 
 
@@ -87,25 +86,15 @@ class Runner:
 
     def with_backend(self, implementation: str, cache: Any) -> Outcome:
         """generate(full mask) with another attention implementation; the model's own is put back."""
-        model = self.family.model
-        current = getattr(model.config, "_attn_implementation", None) or "sdpa"
-        model.set_attn_implementation(implementation)
-        try:
+        with attention_kernel(self.family.model, implementation):
             return self.generate(cache, attention_mask=self.family.full_mask)
-        finally:
-            model.set_attn_implementation(current)
 
 
 @torch.no_grad()
 def other_attention_reference(family: Family) -> torch.Tensor:
     """The reference with the other attention kernel (sdpa <-> eager): this dtype's rounding noise on this model."""
-    model = family.model
-    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
-    model.set_attn_implementation("eager" if current != "eager" else "sdpa")
-    try:
+    with attention_kernel(family.model):
         return reference(family)
-    finally:
-        model.set_attn_implementation(current)
 
 
 def measure(family: Family, flash: tuple[bool, str]) -> Measured:

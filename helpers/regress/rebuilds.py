@@ -22,9 +22,6 @@ from kvresume.layers import copy_linear_state, copy_processed_length, has_kv, ha
 KVTransform = Callable[[int, torch.Tensor, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]
 
 CONTROL_HOW = "DynamicCache() + update(layer.keys, layer.values, i) per layer (the control's loop)"
-FAMILY_HOW = ("DynamicCache(config=text_config); K/V update() per attention layer; sliding layers' cumulative_length "
-              "and linear layers' conv/recurrent states copied through the layer's own attributes and methods")
-ATTENTION_ONLY_HOW = "DynamicCache(config=text_config) + update() of the attention layers' K/V only (linear layers left empty)"
 
 
 def control_rebuild(cache: Any) -> DynamicCache:

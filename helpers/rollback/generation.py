@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, StaticCache
 
-from kvresume import compat
+from kvresume import compat, layers
 from .setup import Family, error_line
 
 NEW_TOKENS = 6
@@ -59,11 +59,7 @@ def assisted_rows(families: dict[str, Family], seed: int = 0) -> list[dict[str, 
 
 def _capacity(cache: Any) -> int | None:
     """Slots the cache's first attention layer allocates (a static cache's capacity); None without one."""
-    for layer in compat.cache_layers(cache) if cache is not None else []:
-        keys, _ = compat.layer_kv(layer)
-        if keys is not None:
-            return int(keys.shape[-2])
-    return None
+    return next((w for w in layers.widths(cache) if w is not None), None) if cache is not None else None
 
 
 def static_rows(family: Family, seed: int = 0) -> list[dict[str, Any]]:

@@ -89,12 +89,8 @@ class Controls:
     arg_sets: list[ArgSet]
     processed_length: int
     rebuilt_lengths: list[int]
-    identity_identical: bool | None = None  # the identity control's first decision (None: not run)
-    identity_worst: float | None = None
     state_changed: bool = False  # the rebuild changed the model-side state of the instance
-    restored_diff: float | None = None  # same instance, state restored after the rebuild, vs original
     fresh_bare_diff: float | None = None  # fresh instance without the state vs same instance
-    fresh_restored_diff: float | None = None  # fresh instance with the state restored vs same instance
     resume_on: str = "same_instance"
     extra: dict[str, Any] = field(default_factory=dict)  # positions, explicit-step numbers: shown, not branched on
     original_state: ResumeState | None = None  # control 0, the original cache

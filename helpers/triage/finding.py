@@ -13,7 +13,7 @@ _TREE = tuple(f"tests/test_triage.py::test_{t}" for t in (  # the tree's tests, 
     "slot_decisions_each_with_a_contradicting_twin", "a_prefix_short_cache_is_not_compression_when_its_refeed_restores",
     "compression_is_split_by_the_continue_at_processed_length_repair",
     "loss_leaves_show_what_remains_against_the_identity_floor", "every_leaf_says_what_to_do_next",
-    "render_marks_the_taken_path_and_lists_the_repairs", "branch_claims_and_their_contradiction",
+    "render_marks_the_taken_path_and_lists_the_repairs",
     "retained_length_claim_and_its_contradictions", "per_layer_claim_outcomes_and_contradictions",
     "per_layer_backend_prediction_and_its_contradictions"))
 

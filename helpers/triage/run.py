@@ -15,10 +15,10 @@ import torch
 from kvresume import compat
 from . import patterns, rebuilds, repairs, slots, state
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import prefill
+from ..continuation import attention_kernel, prefill
 from ..inputs import Prompt
 from kvresume import layers
-from .facts import ArgSet, Controls, identical, slot_verdict
+from .facts import ArgSet, Controls, slot_verdict
 from .walk import choose_branch
 from .controls import ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step, logical_positions
 
@@ -49,7 +49,6 @@ class Triaged:
     rebuilt: rebuilds.Rebuilt
     controls: Controls
     steps: dict[str, Step]
-    explicit: Step
     fresh: dict[str, Step] = field(default_factory=dict)
     verdict: dict[str, Any] = field(default_factory=dict)
 
@@ -125,8 +124,6 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     compat.put_rope_state(model, applied.state_after)  # the instance as the rebuild left it
     steps = arg_set_steps(model, prompt, rebuilt.cache, base.positions, base.generate_kwargs)
     compat.put_rope_state(model, base.saved_state)
-    restored = (generate_step(model, prompt, rebuilt.cache, base.generate_kwargs, **_full(prompt, rebuilt.cache))
-                if applied.state_changed else None)
     processed = prompt.processed
     logical = rebuilt.processed_length if rebuilt.processed_length is not None else processed
     explicit = explicit_step(model, prompt, rebuilt.cache, logical_positions(model, prompt, logical))
@@ -147,9 +144,8 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     controls = Controls(
         rebuild=name, floor=base.floor, arg_sets=arg_sets(base, steps), processed_length=processed,
         rebuilt_lengths=layers.lengths(rebuilt.cache), slots=matched,
-        state_changed=applied.state_changed, restored_diff=diff(restored, base.original[FULL]) if restored else None,
+        state_changed=applied.state_changed,
         fresh_bare_diff=diff(fresh.get("fresh instance, no state"), steps[FULL]) if fresh else None,
-        fresh_restored_diff=diff(fresh.get("fresh instance, state restored"), steps[FULL]) if fresh else None,
         resume_on=resume_on, extra=extra, repairs=fixes,
         original_state=state.measure(base.prefix_cache, processed, prompt.length - processed, base.original[FULL].call,
                                      base.original_explicit.call, slots=slots.described(base.prefix_cache, base.prefix_cache),
@@ -159,11 +155,8 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
                                     [slots.describe(i, s) for i, s in enumerate(matched)], applied.state_after),
         localized=repairs.localize(base.prefix_cache, rebuilt.cache),
         topk=repairs.topk_kept(base.reference, steps[FULL], base.floor))
-    # the identity control's first decision (for the identity rebuild itself: its own)
-    controls.identity_identical, numbers = identical(identity.controls if identity is not None else controls)
-    controls.identity_worst = numbers["worst_max_abs_diff"]
     controls.identity_remaining = (identity.controls if identity is not None else controls).extra["explicit_vs_full_forward"]
-    out = Triaged(name, rebuilt, controls, steps, explicit, fresh)
+    out = Triaged(name, rebuilt, controls, steps, fresh)
     out.verdict = choose_branch(controls)
     return out
 
@@ -218,17 +211,13 @@ def backend_outcomes(base: Baseline, t: Triaged, backends: tuple[str, ...] = ("s
     Per backend: ok, error type and stage (the innermost transformers frame), max |diff| vs the original. The
     model's own backend is put back."""
     model, out = base.model, {}
-    current = getattr(model.config, "_attn_implementation", None) or "sdpa"
     for backend in backends:
-        model.set_attn_implementation(backend)
-        try:
+        with attention_kernel(model, backend):
             compat.put_rope_state(model, base.saved_state)
             original = generate_step(model, base.prompt, base.prefix_cache, base.generate_kwargs, **_full(base.prompt, base.prefix_cache))
             compat.put_rope_state(model, base.saved_state)
             rebuilt = generate_step(model, base.prompt, t.rebuilt.cache, base.generate_kwargs, **_full(base.prompt, t.rebuilt.cache))
-        finally:
-            model.set_attn_implementation(current)
-            compat.put_rope_state(model, base.saved_state)
+        compat.put_rope_state(model, base.saved_state)
         out[backend] = {"ok": rebuilt.ok, "error_type": rebuilt.error_type, "stage": rebuilt.stage, "error": rebuilt.error[:200],
                         "error_layer": rebuilt.call.get("error_layer"), "original_ok": original.ok,
                         "max_abs_diff_vs_original": diff(original, rebuilt)}

@@ -75,9 +75,3 @@ def table(original: ResumeState, rebuilt: ResumeState) -> pd.DataFrame:
     df["original"] = df.original.map(str)
     df["rebuilt"] = df.rebuilt.map(str)
     return df.set_index("state")
-
-
-def tables(results: dict[str, Any]) -> pd.DataFrame:
-    """Control 0 for every rebuild (`Triaged` with `.controls.original_state/rebuilt_state`), one block each."""
-    return pd.concat({name: table(t.controls.original_state, t.controls.rebuilt_state) for name, t in results.items()},
-                     names=["rebuild"])

@@ -107,14 +107,6 @@ def render(rebuild: str, verdict: dict[str, Any]) -> str:
 
 # --- the notebook's claims on the built-ins ------------------------------------------------------
 
-def decide_branch(verdict: dict[str, Any], expected: str) -> tuple[bool, dict[str, Any], dict[str, Any]]:
-    """holds, evidence, deciding for 'this rebuild lands in `expected`'."""
-    first = verdict["path"][0]["numbers"] if verdict["path"] else {}
-    deciding = {"branch": verdict["branch"], "worst_max_abs_diff_vs_original": first.get("worst_max_abs_diff"),
-                "noise_threshold": first.get("noise_threshold")}
-    return verdict["branch"] == expected, {"expected_branch": expected, **verdict}, deciding
-
-
 def decide_retained_length(c: Controls, generate_position: int | None, logical_position: int | None,
                            explicit_vs_generate: float | None) -> tuple[bool, dict[str, Any], dict[str, Any]]:
     """generate() gave the next token the retained length as its position, and the explicit-logical step differs."""
@@ -131,7 +123,7 @@ def decide_retained_length(c: Controls, generate_position: int | None, logical_p
     return holds, evidence, deciding
 
 
-def per_layer_outcome(c: Controls, full: ArgSet, stage: str = "", error_layer: int | None = None) -> str:
+def per_layer_outcome(c: Controls, full: ArgSet) -> str:
     """'error', 'silent_difference' or 'no_difference' of generate() (full mask) from the per-layer cache."""
     if not full.rebuilt_ok:
         return "error"

@@ -30,7 +30,7 @@ def all_claims(results: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any]]
 
 
 def kind_counts(claims: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, int]]:
-    """{kind: {verdict: n}} with legacy kinds mapped; a verdict not of its kind is counted under 'other'."""
+    """{kind: {verdict: n}}; a verdict not of its kind is counted under 'other'."""
     counts: dict[str, dict[str, int]] = {}
     for _, c in claims:
         kind, verdict = kind_of(c), c.get("verdict", "error")

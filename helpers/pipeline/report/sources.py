@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Legacy kinds written by older kits, read as today's.
-LEGACY_KINDS = {"finding": "reproduces", "environment_check": "environment"}
-
 
 @dataclass(frozen=True)
 class Source:
@@ -17,11 +14,10 @@ class Source:
     title: str
     setup: dict[str, str] = field(default_factory=dict)  # release, dtype, device, model (the source's own words)
     not_tested: str = ""
-    # The first screen's plain-transformers repro: a file under examples/repro/ (torch and transformers only), what
-    # it prints beside the source's number, and the claims it shows. A new source is one entry here + its file.
+    # The first screen's plain-transformers repro: a file under examples/repro/ (torch and transformers only) and what
+    # it prints beside the source's number. A new source is one entry here + its file.
     repro: str = ""
     repro_prints: str = ""
-    repro_claims: tuple[str, ...] = ()
     short: str = ""  # the name on the first screen
     untested: str = ""  # the first screen's words for what is not tested here and why, where no count says it
 
@@ -35,7 +31,7 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "control's own scope too).",
            "examples/repro/resume_contract_qwen3_vl.py",
            "expected vs got first model call without and with the full mask (the source: [1, 0] and a failure, [1, 1] and it works)",
-           ("matrix.neither_fails", "matrix.mask_only_works"), "Qwen3-VL control"),
+           "Qwen3-VL control"),
     Source("48947", "transformers issue #48947: hybrid offloading drift",
            {"release": "5.17.0", "dtype": "bfloat16", "device": "cuda (RTX PRO 6000 Blackwell)",
             "model": "Qwen/Qwen3.8-27B"},
@@ -43,13 +39,13 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "skipped with the reason, and the race is replayed as a simulation.",
            "examples/repro/offloading_48947.py",
            "on CPU the prefetch reads left unordered after their offload copy; with CUDA max |logit diff| per step, offloading on vs off (the report: 0.0, 2.1171875, 7.625, 17.4375)",
-           ("offload.prefill_identical", "offload.decode_drifts"), "#48947"),
+           "#48947"),
     Source("new-image", "A new image after a cached turn (Qwen3-VL multi-turn resume: `QwenLM/Qwen3-VL#1685`, `QwenLM/Qwen3-VL#1412`)",
            {}, "the threads' own checkpoints, images and code (their text could not be read from this machine, so every "
            "claim is the kit's own, kind beyond; the tiny random-weight default stands in; pass `-p model_id ...` online).",
            "examples/repro/qwen3_vl_new_image_turn.py",
            "expected vs got max |logit diff| of the natural turn-2 call against one forward over both turns, turn 2's positions and the repair's",
-           (), "Qwen3-VL new image",
+           "Qwen3-VL new image",
            "the threads' statements (text not readable here)"),
     Source("rollback", "Rolling a hybrid's cache back and continuing it (transformers `#49036`, PR `#45513`, 5.25.0's "
            "linear-attention cache rewrite)",
@@ -59,7 +55,7 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "examples/repro/hybrid_rollback_rebuild.py",
            "expected vs got next logits after crop(-k) against a cache that never saw the k tokens, and a hand-rebuilt "
            "hybrid's length and re-fed tokens",
-           ("rollback.hybrid_recorded_crop_keeps_recurrent_state", "rollback.hand_rebuild_keeps_length"), "Hybrid rollback",
+           "Hybrid rollback",
            "the threads' statements (text not readable here)"),
     Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
@@ -75,9 +71,8 @@ def source_of(notebook: str) -> Source:
 
 
 def kind_of(claim: dict[str, Any]) -> str:
-    """A claim's kind, legacy names mapped (finding -> reproduces, environment_check -> environment)."""
-    kind = claim.get("kind") or "reproduces"
-    return LEGACY_KINDS.get(kind, kind)
+    """A claim's kind ('reproduces' where none is recorded)."""
+    return claim.get("kind") or "reproduces"
 
 
 def run_setup(envs: list[dict[str, Any]]) -> dict[str, str]:

@@ -106,11 +106,3 @@ def tally(stmts: list[Statement]) -> dict[str, int]:
     for s in stmts:
         out[s.verdict] = out.get(s.verdict, 0) + 1
     return out
-
-
-def first_line(text: str, limit: int = 70) -> str:
-    """A quote shortened at a word boundary for the first screen, with an ellipsis where cut."""
-    text = normalized(text)
-    if len(text) <= limit:
-        return text
-    return text[: text.rfind(" ", 0, limit - 5)].rstrip(",;:") + " [...]"
