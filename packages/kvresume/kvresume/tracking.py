@@ -22,7 +22,7 @@ from . import compat
 from .compat import rotary_embedding
 from . import images
 from .linear_checks import linear_layers, note_linear
-from .fingerprint import (grown_layer, key_prints, known_layer, slot_prints, unfollowed, window_prints,
+from .fingerprint import (grown_layer, known_layer, slot_prints, unfollowed, window_prints,
                           window_start)
 from .writes import TAIL, Write, add_chunk, as_rows, recorded  # (as_rows: the guard's import)
 from .ledger import (ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner,
@@ -55,7 +55,7 @@ def rotary_positions(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None
     return value if isinstance(value, torch.Tensor) else None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     cache: Any
     past: int
@@ -66,6 +66,8 @@ class _Pending:
     positions: torch.Tensor | None = None
     layer: int | None = None
     grown: Any = None  # the fingerprint layer, where its keys' shape is the cache's length
+    images: Any = None  # the pictures behind its placeholders (kvresume.images.note)
+    given: torch.Tensor | None = None  # the position ids the call was given
 
 
 @dataclass
@@ -80,6 +82,8 @@ class Tracker:
     rope_state: bool = False  # the model keeps a position state (rope_deltas)
     decoder: bool = False  # an encoder-decoder: the decoder's ids, mask and positions are read
     linear: bool | None = None  # its caches have linear-attention layers (None: not seen yet)
+    rope_handle: Any = None  # the rotary pre-hook while it is on
+    passthrough: bool | None = None  # the rotary got the given position ids themselves (None: not seen yet)
 
     @property
     def pending(self) -> list[_Pending | None]:
@@ -166,12 +170,24 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         decoder = tracker.decoder
         mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
         given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
-        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown)
-        pending.images = images.note(tracker.model, kwargs, past)  # the pictures behind its placeholders
-        if isinstance(given, torch.Tensor) and tracker.rope is None:
-            pending.positions = given
+        given = given if isinstance(given, torch.Tensor) else None
+        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown, images.note(tracker.model, kwargs, past),
+                           given)
+        if given is not None and (tracker.rope is None or (tracker.passthrough and given.dim() == 2)):
+            pending.positions = given  # what the rotary embedding would get (kvresume.tracking._rotary learnt it)
+            if tracker.rope_handle is not None:
+                tracker.rope_handle.remove()
+                tracker.rope_handle = None
+        elif tracker.rope is not None and tracker.rope_handle is None:
+            _hook_rotary(tracker)
         stack[:] = [pending]
     return pre
+
+
+def _hook_rotary(tracker: Tracker) -> None:
+    """Put the rotary pre-hook on (again)."""
+    tracker.rope_handle = tracker.rope.register_forward_pre_hook(_rotary(tracker), with_kwargs=True)
+    tracker.handles.append(tracker.rope_handle)
 
 
 def _rotary(tracker: Tracker) -> Callable[..., None]:
@@ -181,6 +197,9 @@ def _rotary(tracker: Tracker) -> Callable[..., None]:
         positions = rotary_positions(args, kwargs)
         if pending is not None and pending.positions is None and positions is not None:
             pending.positions = positions  # shaped when the ledger is folded (kvresume.writes.as_rows)
+            if tracker.passthrough is None and pending.given is not None and pending.given.dim() == 2:
+                # a text model passing its position ids on as they are: read from the call's kwargs from now on
+                tracker.passthrough = positions is pending.given and not tracker.rope_state and not tracker.decoder
     return rotary
 
 
@@ -188,8 +207,9 @@ def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
     """This write as seen (references, and a copy of its fingerprints), or None where the cache cannot show its slots."""
     layer = pending.layer
     grown = pending.grown
-    if grown is not None:  # a copy: reset() zeroes keys in place, and a view would keep replaced keys alive
-        prints = key_prints(grown.keys, pending.past, pending.past + pending.f).clone()
+    slab = grown is not None
+    if slab:  # a copy (one op; cut to fingerprints when folded): reset() zeroes keys in place, a view keeps them alive
+        prints = grown.keys.narrow_copy(-2, pending.past, pending.f)
     elif layer is not None and window_start(cache, layer, pending.past + pending.f) is not None:  # a sliding layer
         prints = window_prints(cache, layer, pending.past, pending.past + pending.f)
     else:
@@ -201,7 +221,7 @@ def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
     state = compat.get_rope_state(tracker.model) if tracker.rope_state else None
     state = state.detach().clone() if isinstance(state, torch.Tensor) else state
     return Write(pending.ids, pending.positions, pending.mask, prints, layer, state, pending.past, pending.batch,
-                 pending.f)
+                 pending.f, slab)
 
 
 def _post(tracker: Tracker) -> Callable[..., None]:
@@ -224,7 +244,7 @@ def _post(tracker: Tracker) -> Callable[..., None]:
             attach_ledger(pending.cache, None)
             return
         add_chunk(pending.cache, chunk)
-        images.attach(pending.cache, pending.past, getattr(pending, "images", None))
+        images.attach(pending.cache, pending.past, pending.images)
         if tracker.linear is None:
             tracker.linear = bool(linear_layers(pending.cache))
         if tracker.linear:
@@ -242,7 +262,7 @@ def track(model: torch.nn.Module) -> Tracker:
     tracker.handles += [model.register_forward_pre_hook(_pre(tracker), with_kwargs=True),
                         model.register_forward_hook(_post(tracker), with_kwargs=True)]
     if tracker.rope is not None:
-        tracker.handles.append(tracker.rope.register_forward_pre_hook(_rotary(tracker), with_kwargs=True))
+        _hook_rotary(tracker)
     model.__dict__[HANDLE_ATTR] = tracker
     return tracker
 
