@@ -22,7 +22,7 @@ from . import compat
 from .compat import rotary_embedding
 from . import images
 from .linear_checks import linear_layers, note_linear
-from .fingerprint import (grown_layer, known_layer, slot_prints, unfollowed, window_prints,
+from .fingerprint import (LAYER_ATTR, grown_layer, known_layer, slot_prints, unfollowed, window_prints,
                           window_start)
 from .writes import TAIL, Write, add_chunk, as_rows, recorded  # (as_rows: the guard's import)
 from .ledger import (ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner,
@@ -36,11 +36,14 @@ def _decoder(model: torch.nn.Module) -> bool:
     return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
 
 
+_FED = {False: ("input_ids", "inputs_embeds"), True: ("decoder_input_ids", "decoder_inputs_embeds")}
+
+
 def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any],
             decoder: bool | None = None) -> tuple[torch.Tensor | None, int | None, int | None]:
     """(ids or None for embeddings, batch, tokens) of one forward call."""
-    prefix = "decoder_" if (_decoder(model) if decoder is None else decoder) else ""
-    ids, embeds = kwargs.get(f"{prefix}input_ids"), kwargs.get(f"{prefix}inputs_embeds")
+    names = _FED[bool(_decoder(model) if decoder is None else decoder)]
+    ids, embeds = kwargs.get(names[0]), kwargs.get(names[1])
     if isinstance(ids, torch.Tensor):
         ids = ids.view(1, -1) if ids.dim() == 1 else ids
         return ids, int(ids.shape[0]), int(ids.shape[-1])
@@ -155,18 +158,12 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         ids, batch, f = fed_ids(tracker.model, kwargs, tracker.decoder)
         if f is None or f == 0 or kwargs.get("use_cache") is False:
             return
-        layer = known_layer(cache) if cache is not None else None
-        grown = grown_layer(cache, layer)
-        if grown is not None:
-            past, rows = grown.keys.shape[-2], grown.keys.shape[0]
-        else:
-            past, rows = cache_held(cache) if cache is not None else (0, None)
-        if rows is not None and rows != batch:
-            return  # the cache's rows are not the fed rows (generate() fails on it): nothing recorded
-        if cache is not None and not past:
-            attach_ledger(cache, None)
-        elif past and not _rebase(cache, past, batch):
-            return
+        start = _continued(cache, batch) if cache is not None else None
+        if start is None:
+            start = _started(cache, batch)
+            if start is None:
+                return
+        past, layer, grown = start
         decoder = tracker.decoder
         mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
         given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
@@ -182,6 +179,41 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
             _hook_rotary(tracker)
         stack[:] = [pending]
     return pre
+
+
+def _continued(cache: Any, batch: int) -> tuple[int, int, Any] | None:
+    """(past, layer, grown layer) where this call continues the last tracked write to `cache` and nothing changed since
+    (its unfolded writes and fingerprint layer as left, the layer's keys as long as the ledger, the same rows): what
+    `_started` finds then, from a few attribute reads (generate()'s decode steps). None: ask `_started`."""
+    owner = ledger_owner(cache)
+    tail = owner.__dict__.get(TAIL)
+    grown = tail.grown if tail is not None else None
+    if grown is None or not tail.chunks:
+        return None
+    layer, layers, keys = tail.layer, owner.layers, grown.keys
+    if layer < len(layers) and layers[layer] is grown and owner.__dict__.get(LAYER_ATTR) == layer and \
+            isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[-2] == tail.length and \
+            keys.shape[0] == batch == tail.batch:
+        return tail.length, layer, grown
+    return None
+
+
+def _started(cache: Any, batch: int) -> tuple[int, int | None, Any] | None:
+    """(past, fingerprint layer, grown layer) of a write of `batch` rows to `cache` (None: the model makes one), its
+    stored ledger fitted first (`_rebase`); None: nothing is recorded."""
+    layer = known_layer(cache) if cache is not None else None
+    grown = grown_layer(cache, layer)
+    if grown is not None:
+        past, rows = grown.keys.shape[-2], grown.keys.shape[0]
+    else:
+        past, rows = cache_held(cache) if cache is not None else (0, None)
+    if rows is not None and rows != batch:
+        return None  # the cache's rows are not the fed rows (generate() fails on it): nothing recorded
+    if cache is not None and not past:
+        attach_ledger(cache, None)
+    elif past and not _rebase(cache, past, batch):
+        return None
+    return past, layer, grown
 
 
 def _hook_rotary(tracker: Tracker) -> None:
@@ -243,8 +275,11 @@ def _post(tracker: Tracker) -> Callable[..., None]:
         if chunk is None:  # the cache did not take f slots, or cannot show them: untracked
             attach_ledger(pending.cache, None)
             return
-        add_chunk(pending.cache, chunk)
-        images.attach(pending.cache, pending.past, pending.images)
+        tail = add_chunk(pending.cache, chunk)
+        if tail is not None and grown is not None and tail.grown is not grown:
+            tail.layer, tail.grown = pending.layer, grown  # where the next decode step continues (`_continued`)
+        if pending.images is not None or ledger_owner(pending.cache).__dict__.get(images.ATTR):
+            images.attach(pending.cache, pending.past, pending.images)
         if tracker.linear is None:
             tracker.linear = bool(linear_layers(pending.cache))
         if tracker.linear:

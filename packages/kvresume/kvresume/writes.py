@@ -122,7 +122,7 @@ def _stacked(writes: list[Write]) -> Ledger | None:
     batch, p0, slab = first.batch, first.positions, first.slab
     if first.ids is None or not isinstance(p0, torch.Tensor) or p0.dim() != 2:
         return None
-    rows, f0 = p0.shape[0], first.f
+    rows = p0.shape[0]
     ids, cut, masks, prints, total = [], [], [], [], 0
     for w in writes:
         i, p, f = w.ids, w.positions, w.f
@@ -134,12 +134,21 @@ def _stacked(writes: list[Write]) -> Ledger | None:
         masks.append(w.mask)
         prints.append(w.prints)
         total += f
-    mask = _grown_masks(masks, batch, f0) if total == f0 * len(writes) else None
-    if mask is None:
-        mask = torch.cat([mask_slots(m, batch, w.f, w.ids.device) for m, w in zip(masks, writes)], 1)
+    mask = _slot_masks(writes, masks, batch, total)
     joined_prints = slab_prints(torch.cat(prints, -2)) if slab else torch.cat(prints, 1)
     return Ledger(plain(torch.cat(ids, 1)), as_rows(torch.cat(cut, -1), batch, total), plain(mask),
                   writes[-1].state, joined_prints, writes[-1].layer)
+
+
+def _slot_masks(writes: list[Write], masks: list[Any], batch: int, total: int) -> torch.Tensor:
+    """The writes' mask bits [batch, total], not yet `plain`: a prefill and the decode steps after it (`_grown_masks`)
+    in a few ops, else a view per write."""
+    head = 1 if len(writes) > 2 and writes[0].f != writes[1].f else 0  # generate()'s prompt, then one f per step
+    f = writes[head].f
+    grown = _grown_masks(masks[head:], batch, f) if total == writes[0].f * head + f * (len(writes) - head) else None
+    if grown is None:
+        return torch.cat([mask_slots(m, batch, w.f, w.ids.device) for m, w in zip(masks, writes)], 1)
+    return torch.cat([mask_slots(masks[0], batch, writes[0].f, writes[0].ids.device), grown], 1) if head else grown
 
 
 def _grown_masks(masks: list[Any], batch: int, f: int) -> torch.Tensor | None:
@@ -162,11 +171,15 @@ def _grown_masks(masks: list[Any], batch: int, f: int) -> torch.Tensor | None:
 
 @dataclass
 class Tail:
-    """Writes not yet folded into the ledger: their chunks, and the slots and rows the ledger then has."""
+    """Writes not yet folded into the ledger: their chunks, and the slots and rows the ledger then has; `layer` and
+    `grown`: the fingerprint layer's index and object the last tracked write grew (kvresume.tracking's decode step
+    continues from them; None: not known)."""
 
     chunks: list[Any] = field(default_factory=list)
     length: int = 0
     batch: int = 0
+    layer: int | None = None
+    grown: Any = None
 
     def __deepcopy__(self, memo: dict) -> "Tail":
         """A copy holding the folded ledger (a copy of each write's ids and mask views would copy the whole tensors
@@ -190,9 +203,9 @@ def recorded(cache: Any) -> tuple[int, int] | None:
     return None if led is None else (led.length, led.batch)
 
 
-def add_chunk(cache: Any, chunk: Any) -> None:
+def add_chunk(cache: Any, chunk: Any) -> Tail | None:
     """Record one write (a Ledger or a kvresume.writes.Write of the ledger's rows, or the first write); folded in
-    every FOLD writes."""
+    every FOLD writes. Returns the unfolded writes (None: just folded)."""
     owner = ledger_owner(cache)
     tail = owner.__dict__.get(TAIL)
     if tail is None or not tail.chunks:
@@ -203,3 +216,5 @@ def add_chunk(cache: Any, chunk: Any) -> None:
     tail.length += chunk.length
     if len(tail.chunks) >= FOLD:
         stored_ledger(cache)
+        return None
+    return tail
