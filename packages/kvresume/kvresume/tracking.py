@@ -1,11 +1,14 @@
 """`track(model)`: record a token ledger (kvresume.ledger) for every forward call and generate() that writes to a cache.
 
 Hooks only, nothing patched: a forward pre-hook on the model reads the cache, the ids (the decoder's for an
-encoder-decoder; embeddings are recorded as unknown ids), the mask and the cache's length before the call; a pre-hook
-on the text rotary embedding reads the positions the model actually rotates with (the 3 M-RoPE rows where the model
-has them; a model without a rotary embedding: the cache positions); the forward hook adds one chunk of entries for the
-written slots, with their fingerprints (kvresume.fingerprint) and the model-side state (`rope_deltas`) after the call.
-The decode path keeps every tensor on the cache's device and decides on Python ints only (no host sync): rows that
+encoder-decoder; embeddings are recorded as unknown ids), the mask and the cache's length before the call
+(kvresume.steps); a pre-hook on the text rotary embedding reads the positions the model actually rotates with (the 3
+M-RoPE rows where the model has them; a model without a rotary embedding: the given or the cache positions), taken
+off once it saw the model pass the given 2-D position ids on as they are (a text model without rope_deltas: the call's
+own are read then, and the hook comes back for a call given none); the forward hook adds one chunk of entries for the
+written slots, with their fingerprints (kvresume.fingerprint; one `narrow_copy` per step) and the model-side state
+(`rope_deltas`) after the call. The decode path keeps every tensor on the cache's device and decides on Python ints
+only (no host sync): rows that
 beam search reorders are followed when the ledger is read, by fingerprint. A cache written before tracking started
 (or while untracked) gets no ledger: it stays untracked. Pending writes are kept per thread.
 """
@@ -22,11 +25,10 @@ from . import compat
 from .compat import rotary_embedding
 from . import images
 from .linear_checks import linear_layers, note_linear
-from .fingerprint import (LAYER_ATTR, grown_layer, known_layer, slot_prints, unfollowed, window_prints,
-                          window_start)
-from .writes import TAIL, Write, add_chunk, as_rows, recorded  # (as_rows: the guard's import)
-from .ledger import (ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner,
-                     stored_ledger)
+from .fingerprint import grown_layer, known_layer, slot_prints, unfollowed, window_prints, window_start
+from .writes import Write, add_chunk, as_rows  # (as_rows: the guard's import)
+from .ledger import attach_ledger, cache_held, ledger_owner
+from .steps import continued, started
 
 HANDLE_ATTR = "_kv_ledger_tracker"
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
@@ -108,33 +110,6 @@ class Tracker:
         self.remove()
 
 
-def _rebase(cache: Any, past: int, batch: int) -> bool:
-    """Fit the stored ledger to the cache before a write of `batch` rows after `past` tokens: trimmed to a crop, rows
-    followed by fingerprint where the cache's batch changed, fingerprints adopted where it has none (all on the
-    device, no host sync; the common decode step only compares Python ints). False: the cache stays untracked."""
-    have = recorded(cache)
-    if have is None or have[0] < past:  # untracked, or written while untracked
-        return False
-    owner = ledger_owner(cache)
-    base = owner.__dict__.get(ATTR) if owner.__dict__.get(TAIL) is None else None
-    if have == (past, batch) and (base is None or getattr(base, "prints", None) is not None):
-        return True
-    led = stored_ledger(cache).first(past)
-    if led.prints is None:
-        led = adopt_prints(cache, led)
-    if led.batch != batch:
-        fit = fitted(led, cache)
-        if fit is not None:
-            led = fit[0]
-        elif batch % led.batch == 0:
-            led = led.rows(torch.arange(led.batch, device=led.token_ids.device).repeat_interleave(batch // led.batch))
-        else:
-            attach_ledger(cache, None)
-            return False
-    attach_ledger(cache, led)
-    return True
-
-
 def _named(model: torch.nn.Module) -> list[str]:
     """The forward's positional parameter names (positional arguments are read as these)."""
     import inspect
@@ -158,9 +133,9 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         ids, batch, f = fed_ids(tracker.model, kwargs, tracker.decoder)
         if f is None or f == 0 or kwargs.get("use_cache") is False:
             return
-        start = _continued(cache, batch) if cache is not None else None
+        start = continued(cache, batch) if cache is not None else None
         if start is None:
-            start = _started(cache, batch)
+            start = started(cache, batch)
             if start is None:
                 return
         past, layer, grown = start
@@ -179,41 +154,6 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
             _hook_rotary(tracker)
         stack[:] = [pending]
     return pre
-
-
-def _continued(cache: Any, batch: int) -> tuple[int, int, Any] | None:
-    """(past, layer, grown layer) where this call continues the last tracked write to `cache` and nothing changed since
-    (its unfolded writes and fingerprint layer as left, the layer's keys as long as the ledger, the same rows): what
-    `_started` finds then, from a few attribute reads (generate()'s decode steps). None: ask `_started`."""
-    owner = ledger_owner(cache)
-    tail = owner.__dict__.get(TAIL)
-    grown = tail.grown if tail is not None else None
-    if grown is None or not tail.chunks:
-        return None
-    layer, layers, keys = tail.layer, owner.layers, grown.keys
-    if layer < len(layers) and layers[layer] is grown and owner.__dict__.get(LAYER_ATTR) == layer and \
-            isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[-2] == tail.length and \
-            keys.shape[0] == batch == tail.batch:
-        return tail.length, layer, grown
-    return None
-
-
-def _started(cache: Any, batch: int) -> tuple[int, int | None, Any] | None:
-    """(past, fingerprint layer, grown layer) of a write of `batch` rows to `cache` (None: the model makes one), its
-    stored ledger fitted first (`_rebase`); None: nothing is recorded."""
-    layer = known_layer(cache) if cache is not None else None
-    grown = grown_layer(cache, layer)
-    if grown is not None:
-        past, rows = grown.keys.shape[-2], grown.keys.shape[0]
-    else:
-        past, rows = cache_held(cache) if cache is not None else (0, None)
-    if rows is not None and rows != batch:
-        return None  # the cache's rows are not the fed rows (generate() fails on it): nothing recorded
-    if cache is not None and not past:
-        attach_ledger(cache, None)
-    elif past and not _rebase(cache, past, batch):
-        return None
-    return past, layer, grown
 
 
 def _hook_rotary(tracker: Tracker) -> None:
@@ -277,7 +217,7 @@ def _post(tracker: Tracker) -> Callable[..., None]:
             return
         tail = add_chunk(pending.cache, chunk)
         if tail is not None and grown is not None and tail.grown is not grown:
-            tail.layer, tail.grown = pending.layer, grown  # where the next decode step continues (`_continued`)
+            tail.layer, tail.grown = pending.layer, grown  # where the next decode step continues (steps.continued)
         if pending.images is not None or ledger_owner(pending.cache).__dict__.get(images.ATTR):
             images.attach(pending.cache, pending.past, pending.images)
         if tracker.linear is None:
