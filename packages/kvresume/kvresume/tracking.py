@@ -143,8 +143,8 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
         given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
         given = given if isinstance(given, torch.Tensor) else None
-        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown, images.note(tracker.model, kwargs, past),
-                           given)
+        pictures = images.note(tracker.model, kwargs, past)
+        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown, pictures, given)
         if given is not None and (tracker.rope is None or (tracker.passthrough and given.dim() == 2)):
             pending.positions = given  # what the rotary embedding would get (kvresume.tracking._rotary learnt it)
             if tracker.rope_handle is not None:
