@@ -148,8 +148,7 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         if given is not None and (tracker.rope is None or (tracker.passthrough and given.dim() == 2)):
             pending.positions = given  # what the rotary embedding would get (kvresume.tracking._rotary learnt it)
             if tracker.rope_handle is not None:
-                tracker.rope_handle.remove()
-                tracker.rope_handle = None
+                _unhook_rotary(tracker)
         elif tracker.rope is not None and tracker.rope_handle is None:
             _hook_rotary(tracker)
         stack[:] = [pending]
@@ -160,6 +159,14 @@ def _hook_rotary(tracker: Tracker) -> None:
     """Put the rotary pre-hook on (again)."""
     tracker.rope_handle = tracker.rope.register_forward_pre_hook(_rotary(tracker), with_kwargs=True)
     tracker.handles.append(tracker.rope_handle)
+
+
+def _unhook_rotary(tracker: Tracker) -> None:
+    """Take the rotary pre-hook off (the handles keep no stale entry)."""
+    handle, tracker.rope_handle = tracker.rope_handle, None
+    handle.remove()
+    if handle in tracker.handles:
+        tracker.handles.remove(handle)
 
 
 def _rotary(tracker: Tracker) -> Callable[..., None]:

@@ -96,7 +96,11 @@ def test_the_rotary_hook_comes_off_only_for_a_model_passing_its_positions_on():
         assert tracker.rope_handle is None and not rotary_embedding(m)._forward_pre_hooks
         m(input_ids=torch.tensor([[31]]), past_key_values=cache)  # no position ids: the hook is back
         assert tracker.rope_handle is not None
-    assert stored_ledger(cache).positions[0, 0].tolist() == [*range(5, 17), 17, 13]
+        for n in range(3):  # and off again, on and off: one handle at a time
+            _decode(m, cache, 40 + n, 14 + 2 * n)
+            m(input_ids=torch.tensor([[50 + n]]), past_key_values=cache)
+        assert len(tracker.handles) == 3 and len(rotary_embedding(m)._forward_pre_hooks) == 1
+    assert stored_ledger(cache).positions[0, 0].tolist()[:14] == [*range(5, 17), 17, 13]
     assert not rotary_embedding(m)._forward_pre_hooks  # remove() took it off
 
     other = build("dense")  # a model that hands its rotary embedding other positions than the given ones
