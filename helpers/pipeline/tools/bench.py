@@ -1,8 +1,9 @@
 """`make bench`: what tracking costs. Per-token decode time of greedy generate() with the model tracked vs untracked
 (kvresume.track), on the tiny seeded model and a ~64M-parameter random Qwen3 (hidden 512, 10 layers), NEW new
-tokens, the median of RUNS interleaved runs each in this one process; and the peak extra memory of one resume()
-call (CUDA: measured by the allocator, tracked resume() minus untracked generate() on the same cache; CPU: the
-ledger's bytes and its read's largest temporary, computed from shapes). `--write` puts the table into
+tokens, the median of RUNS interleaved runs each in this one process (on one CPU thread: this thread's CPU time, so
+what the scheduler gives other processes on a shared CPU is not counted; else wall time); and the peak extra memory
+of one resume() call (CUDA: measured by the allocator, tracked resume() minus untracked generate() on the same cache;
+CPU: the ledger's bytes and its read's largest temporary, computed from shapes). `--write` puts the table into
 docs/performance.md between its bench markers."""
 from __future__ import annotations
 
@@ -42,19 +43,26 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
+def clock(device: torch.device) -> Callable[[], float]:
+    """The CPU time of this thread on a one-thread CPU run (time the scheduler gives other processes on a shared CPU
+    is not counted), else wall time."""
+    return time.thread_time if device.type == "cpu" and torch.get_num_threads() == 1 else time.perf_counter
+
+
 def decode_seconds(m: torch.nn.Module, prompt: torch.Tensor, new: int, tracked: bool) -> float:
-    """Wall seconds of one greedy generate() of exactly `new` tokens, tracked or not."""
+    """Seconds (`clock`) of one greedy generate() of exactly `new` tokens, tracked or not."""
     from kvresume import track
 
     tracker = track(m) if tracked else None
+    now = clock(prompt.device)
     try:
         sync(prompt.device)
-        start = time.perf_counter()
+        start = now()
         with torch.no_grad():
             m.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
                        do_sample=False, pad_token_id=0)
         sync(prompt.device)
-        return time.perf_counter() - start
+        return now() - start
     finally:
         if tracker is not None:
             tracker.remove()
@@ -116,7 +124,8 @@ def table(device: torch.device, new: int, runs: int) -> list[str]:
         f"CPU ({torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.2f} at the start)"
     lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {name}, torch {torch.__version__}, "
              f"transformers {transformers.__version__}: greedy generate() of {new} new tokens after a 32-token prompt, "
-             f"median of {runs} interleaved runs per arm in one process (`make bench`).", "",
+             f"median of {runs} interleaved runs per arm in one process, "
+             f"{'thread CPU time' if clock(device) is time.thread_time else 'wall time'} (`make bench`).", "",
              "| model | parameters | untracked ms/token | tracked ms/token | overhead (median) | overhead (min) | "
              "one resume(): extra memory |", "|---|---|---|---|---|---|---|"]
     for label, make in models().items():

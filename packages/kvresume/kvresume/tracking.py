@@ -1,11 +1,14 @@
 """`track(model)`: record a token ledger (kvresume.ledger) for every forward call and generate() that writes to a cache.
 
 Hooks only, nothing patched: a forward pre-hook on the model reads the cache, the ids (the decoder's for an
-encoder-decoder; embeddings are recorded as unknown ids), the mask and the cache's length before the call; a pre-hook
-on the text rotary embedding reads the positions the model actually rotates with (the 3 M-RoPE rows where the model
-has them; a model without a rotary embedding: the cache positions); the forward hook adds one chunk of entries for the
-written slots, with their fingerprints (kvresume.fingerprint) and the model-side state (`rope_deltas`) after the call.
-The decode path keeps every tensor on the cache's device and decides on Python ints only (no host sync): rows that
+encoder-decoder; embeddings are recorded as unknown ids), the mask and the cache's length before the call
+(kvresume.steps); a pre-hook on the text rotary embedding reads the positions the model actually rotates with (the 3
+M-RoPE rows where the model has them; a model without a rotary embedding: the given or the cache positions), taken
+off once it saw the model pass the given 2-D position ids on as they are (a text model without rope_deltas: the call's
+own are read then, and the hook comes back for a call given none); the forward hook adds one chunk of entries for the
+written slots, with their fingerprints (kvresume.fingerprint; one `narrow_copy` per step) and the model-side state
+(`rope_deltas`) after the call. The decode path keeps every tensor on the cache's device and decides on Python ints
+only (no host sync): rows that
 beam search reorders are followed when the ledger is read, by fingerprint. A cache written before tracking started
 (or while untracked) gets no ledger: it stays untracked. Pending writes are kept per thread.
 """
@@ -22,11 +25,10 @@ from . import compat
 from .compat import rotary_embedding
 from . import images
 from .linear_checks import linear_layers, note_linear
-from .fingerprint import (grown_layer, key_prints, known_layer, slot_prints, unfollowed, window_prints,
-                          window_start)
-from .writes import TAIL, Write, add_chunk, as_rows, recorded  # (as_rows: the guard's import)
-from .ledger import (ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner,
-                     stored_ledger)
+from .fingerprint import grown_layer, known_layer, slot_prints, unfollowed, window_prints, window_start
+from .writes import Write, add_chunk, as_rows  # (as_rows: the guard's import)
+from .ledger import attach_ledger, cache_held, ledger_owner
+from .steps import continued, started
 
 HANDLE_ATTR = "_kv_ledger_tracker"
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
@@ -36,11 +38,14 @@ def _decoder(model: torch.nn.Module) -> bool:
     return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
 
 
+_FED = {False: ("input_ids", "inputs_embeds"), True: ("decoder_input_ids", "decoder_inputs_embeds")}
+
+
 def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any],
             decoder: bool | None = None) -> tuple[torch.Tensor | None, int | None, int | None]:
     """(ids or None for embeddings, batch, tokens) of one forward call."""
-    prefix = "decoder_" if (_decoder(model) if decoder is None else decoder) else ""
-    ids, embeds = kwargs.get(f"{prefix}input_ids"), kwargs.get(f"{prefix}inputs_embeds")
+    names = _FED[bool(_decoder(model) if decoder is None else decoder)]
+    ids, embeds = kwargs.get(names[0]), kwargs.get(names[1])
     if isinstance(ids, torch.Tensor):
         ids = ids.view(1, -1) if ids.dim() == 1 else ids
         return ids, int(ids.shape[0]), int(ids.shape[-1])
@@ -55,7 +60,7 @@ def rotary_positions(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None
     return value if isinstance(value, torch.Tensor) else None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     cache: Any
     past: int
@@ -66,6 +71,8 @@ class _Pending:
     positions: torch.Tensor | None = None
     layer: int | None = None
     grown: Any = None  # the fingerprint layer, where its keys' shape is the cache's length
+    images: Any = None  # the pictures behind its placeholders (kvresume.images.note)
+    given: torch.Tensor | None = None  # the position ids the call was given
 
 
 @dataclass
@@ -80,6 +87,8 @@ class Tracker:
     rope_state: bool = False  # the model keeps a position state (rope_deltas)
     decoder: bool = False  # an encoder-decoder: the decoder's ids, mask and positions are read
     linear: bool | None = None  # its caches have linear-attention layers (None: not seen yet)
+    rope_handle: Any = None  # the rotary pre-hook while it is on
+    passthrough: bool | None = None  # the rotary got the given position ids themselves (None: not seen yet)
 
     @property
     def pending(self) -> list[_Pending | None]:
@@ -99,33 +108,6 @@ class Tracker:
 
     def __exit__(self, *exc: Any) -> None:
         self.remove()
-
-
-def _rebase(cache: Any, past: int, batch: int) -> bool:
-    """Fit the stored ledger to the cache before a write of `batch` rows after `past` tokens: trimmed to a crop, rows
-    followed by fingerprint where the cache's batch changed, fingerprints adopted where it has none (all on the
-    device, no host sync; the common decode step only compares Python ints). False: the cache stays untracked."""
-    have = recorded(cache)
-    if have is None or have[0] < past:  # untracked, or written while untracked
-        return False
-    owner = ledger_owner(cache)
-    base = owner.__dict__.get(ATTR) if owner.__dict__.get(TAIL) is None else None
-    if have == (past, batch) and (base is None or getattr(base, "prints", None) is not None):
-        return True
-    led = stored_ledger(cache).first(past)
-    if led.prints is None:
-        led = adopt_prints(cache, led)
-    if led.batch != batch:
-        fit = fitted(led, cache)
-        if fit is not None:
-            led = fit[0]
-        elif batch % led.batch == 0:
-            led = led.rows(torch.arange(led.batch, device=led.token_ids.device).repeat_interleave(batch // led.batch))
-        else:
-            attach_ledger(cache, None)
-            return False
-    attach_ledger(cache, led)
-    return True
 
 
 def _named(model: torch.nn.Module) -> list[str]:
@@ -151,27 +133,40 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         ids, batch, f = fed_ids(tracker.model, kwargs, tracker.decoder)
         if f is None or f == 0 or kwargs.get("use_cache") is False:
             return
-        layer = known_layer(cache) if cache is not None else None
-        grown = grown_layer(cache, layer)
-        if grown is not None:
-            past, rows = grown.keys.shape[-2], grown.keys.shape[0]
-        else:
-            past, rows = cache_held(cache) if cache is not None else (0, None)
-        if rows is not None and rows != batch:
-            return  # the cache's rows are not the fed rows (generate() fails on it): nothing recorded
-        if cache is not None and not past:
-            attach_ledger(cache, None)
-        elif past and not _rebase(cache, past, batch):
-            return
+        start = continued(cache, batch) if cache is not None else None
+        if start is None:
+            start = started(cache, batch)
+            if start is None:
+                return
+        past, layer, grown = start
         decoder = tracker.decoder
         mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
         given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
-        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown)
-        pending.images = images.note(tracker.model, kwargs, past)  # the pictures behind its placeholders
-        if isinstance(given, torch.Tensor) and tracker.rope is None:
-            pending.positions = given
+        given = given if isinstance(given, torch.Tensor) else None
+        pictures = images.note(tracker.model, kwargs, past)
+        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown, pictures, given)
+        if given is not None and (tracker.rope is None or (tracker.passthrough and given.dim() == 2)):
+            pending.positions = given  # what the rotary embedding would get (kvresume.tracking._rotary learnt it)
+            if tracker.rope_handle is not None:
+                _unhook_rotary(tracker)
+        elif tracker.rope is not None and tracker.rope_handle is None:
+            _hook_rotary(tracker)
         stack[:] = [pending]
     return pre
+
+
+def _hook_rotary(tracker: Tracker) -> None:
+    """Put the rotary pre-hook on (again)."""
+    tracker.rope_handle = tracker.rope.register_forward_pre_hook(_rotary(tracker), with_kwargs=True)
+    tracker.handles.append(tracker.rope_handle)
+
+
+def _unhook_rotary(tracker: Tracker) -> None:
+    """Take the rotary pre-hook off (the handles keep no stale entry)."""
+    handle, tracker.rope_handle = tracker.rope_handle, None
+    handle.remove()
+    if handle in tracker.handles:
+        tracker.handles.remove(handle)
 
 
 def _rotary(tracker: Tracker) -> Callable[..., None]:
@@ -181,6 +176,9 @@ def _rotary(tracker: Tracker) -> Callable[..., None]:
         positions = rotary_positions(args, kwargs)
         if pending is not None and pending.positions is None and positions is not None:
             pending.positions = positions  # shaped when the ledger is folded (kvresume.writes.as_rows)
+            if tracker.passthrough is None and pending.given is not None and pending.given.dim() == 2:
+                # a text model passing its position ids on as they are: read from the call's kwargs from now on
+                tracker.passthrough = positions is pending.given and not tracker.rope_state and not tracker.decoder
     return rotary
 
 
@@ -188,8 +186,9 @@ def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
     """This write as seen (references, and a copy of its fingerprints), or None where the cache cannot show its slots."""
     layer = pending.layer
     grown = pending.grown
-    if grown is not None:  # a copy: reset() zeroes keys in place, and a view would keep replaced keys alive
-        prints = key_prints(grown.keys, pending.past, pending.past + pending.f).clone()
+    slab = grown is not None
+    if slab:  # a copy (one op; cut to fingerprints when folded): reset() zeroes keys in place, a view keeps them alive
+        prints = grown.keys.narrow_copy(-2, pending.past, pending.f)
     elif layer is not None and window_start(cache, layer, pending.past + pending.f) is not None:  # a sliding layer
         prints = window_prints(cache, layer, pending.past, pending.past + pending.f)
     else:
@@ -201,7 +200,7 @@ def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
     state = compat.get_rope_state(tracker.model) if tracker.rope_state else None
     state = state.detach().clone() if isinstance(state, torch.Tensor) else state
     return Write(pending.ids, pending.positions, pending.mask, prints, layer, state, pending.past, pending.batch,
-                 pending.f)
+                 pending.f, slab)
 
 
 def _post(tracker: Tracker) -> Callable[..., None]:
@@ -223,8 +222,11 @@ def _post(tracker: Tracker) -> Callable[..., None]:
         if chunk is None:  # the cache did not take f slots, or cannot show them: untracked
             attach_ledger(pending.cache, None)
             return
-        add_chunk(pending.cache, chunk)
-        images.attach(pending.cache, pending.past, getattr(pending, "images", None))
+        tail = add_chunk(pending.cache, chunk)
+        if tail is not None and grown is not None and tail.grown is not grown:
+            tail.layer, tail.grown = pending.layer, grown  # where the next decode step continues (steps.continued)
+        if pending.images is not None or ledger_owner(pending.cache).__dict__.get(images.ATTR):
+            images.attach(pending.cache, pending.past, pending.images)
         if tracker.linear is None:
             tracker.linear = bool(linear_layers(pending.cache))
         if tracker.linear:
@@ -242,7 +244,7 @@ def track(model: torch.nn.Module) -> Tracker:
     tracker.handles += [model.register_forward_pre_hook(_pre(tracker), with_kwargs=True),
                         model.register_forward_hook(_post(tracker), with_kwargs=True)]
     if tracker.rope is not None:
-        tracker.handles.append(tracker.rope.register_forward_pre_hook(_rotary(tracker), with_kwargs=True))
+        _hook_rotary(tracker)
     model.__dict__[HANDLE_ATTR] = tracker
     return tracker
 
