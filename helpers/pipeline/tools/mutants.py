@@ -119,7 +119,8 @@ SCOPE: list[Scope] = [
                                                                PACKAGE_TESTS + "test_ledger_contract.py")),
     Scope("packages/kvresume/kvresume/reuse.py", ("*",), ("tests/test_ledger.py", "tests/test_linear_checks.py",
                                                             PACKAGE_TESTS + "test_ledger_contract.py")),
-    Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py")),
+    Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py",
+                                                             PACKAGE_TESTS + "test_factory.py")),
 ]
 SCOPE += decision_scopes()  # the deciding modules: each finding declares its own
 
