@@ -84,6 +84,10 @@ def decision_scopes() -> list[Scope]:
     return [Scope(d.module, d.mutate, tuple(dict.fromkeys(DECISION_TESTS + d.tests + (d.kill,)))) for d in decisions()]
 
 
+# the package's tests of resume() and its parts that run in seconds (a survivor runs them all: the other chat, image
+# and row files would make each surviving mutant take ~1 min)
+REUSE_TESTS = ("test_ledger_contract.py", "test_reuse_parts.py", "test_reuse_calls.py", "test_chat_resume.py")
+
 SCOPE: list[Scope] = [
     Scope("helpers/compare.py", ("NoiseFloor.*", "tensors_bitwise_equal", "ulp", "dtype_eps", "noise_floor",
                                  "max_abs_diff", "logit_metrics", "last_logits"),
@@ -118,7 +122,7 @@ SCOPE: list[Scope] = [
     Scope("packages/kvresume/kvresume/tracking.py", ("*", "Tracker.*"), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
                                                                PACKAGE_TESTS + "test_ledger_contract.py")),
     Scope("packages/kvresume/kvresume/reuse.py", ("*",), ("tests/test_ledger.py", "tests/test_linear_checks.py",
-                                                            PACKAGE_TESTS + "test_ledger_contract.py")),
+                                                            *(PACKAGE_TESTS + f for f in REUSE_TESTS))),
     Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py",
                                                              PACKAGE_TESTS + "test_factory.py")),
 ]
