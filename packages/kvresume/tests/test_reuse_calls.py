@@ -198,3 +198,22 @@ def test_a_second_image_turn_reuses_turn_one_and_a_replaced_image_ends_the_prefi
         assert out[:, -2:].equal(vl.generate(turns["input_ids"], **other, **args)[:, -2:])
     finally:
         tracker.remove()
+
+
+def test_an_encoder_decoder_resume_reads_the_decoder_mask_and_resets_the_cross_attention():
+    from transformers import EncoderDecoderCache
+
+    bart = T.build("bart")
+    enc = T.prompt("bart")["input_ids"]
+    with track(bart), torch.no_grad():
+        first = bart.generate(enc, generation_config=T.config(max_new_tokens=6, min_new_tokens=6),
+                              past_key_values=EncoderDecoderCache(DynamicCache(), DynamicCache()))
+    dec = torch.cat([first.sequences, torch.tensor([[40, 41, 42]])], 1)
+    mask = torch.ones_like(dec)
+    mask[0, 2] = 0
+    config = T.config(max_new_tokens=2, min_new_tokens=2)
+    out = resume(bart, enc, first.past_key_values, decoder_input_ids=dec, decoder_attention_mask=mask,
+                 generation_config=config)
+    assert (record_of(out).reason, record_of(out).reused, record_of(out).fed) == ("mask", 2, 8)
+    ref = bart.generate(enc, decoder_input_ids=dec, decoder_attention_mask=mask, generation_config=config)
+    assert out.sequences[:, -2:].equal(ref.sequences[:, -2:])

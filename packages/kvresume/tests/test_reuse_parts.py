@@ -131,33 +131,46 @@ def stuck(at: int) -> Ledger:
 
 
 def test_plan_extends_when_every_cached_token_is_reused():
-    assert plan(CACHED, LONGER, None, {}) == ResumeRecord(12, 12, 0, "extends", "all 12 cached tokens reused")
+    assert plan(CACHED, LONGER, None) == ResumeRecord(12, 12, 0, "extends", "all 12 cached tokens reused")
 
 
 def test_plan_regenerates_ids_the_cache_holds_keeping_one_token_to_feed():
-    assert plan(CACHED, IDS[:, :8], None, {}) == \
+    assert plan(CACHED, IDS[:, :8], None) == \
         ResumeRecord(12, 7, 0, "regenerate", "the ids are the cache's first 8 tokens: re-fed from token 7")
-    assert plan(CACHED, IDS, None, {}) == \
+    assert plan(CACHED, IDS, None) == \
         ResumeRecord(12, 11, 0, "regenerate", "the ids are the cache's first 12 tokens: re-fed from token 11")
 
 
 def test_plan_stops_at_a_mask_bit_that_differs_or_a_stuck_position_naming_which():
     mask = torch.ones(1, 15, dtype=torch.long)
     mask[0, 4] = 0
-    assert plan(CACHED, LONGER, mask, {}) == ResumeRecord(
+    assert plan(CACHED, LONGER, mask) == ResumeRecord(
         12, 4, 0, "mask", "the given mask differs from the cached slots' at token 4 (padding): re-fed")
-    assert plan(stuck(6), LONGER, None, {}) == ResumeRecord(
+    assert plan(stuck(6), LONGER, None) == ResumeRecord(
         12, 6, 0, "misplaced", "cached slots from 6 were written at stuck positions: re-fed")
-    assert plan(stuck(8), LONGER, mask, {}).reason == "mask"  # the mask breaks first, before the stuck slots
+    assert plan(stuck(8), LONGER, mask).reason == "mask"  # the mask breaks first, before the stuck slots
 
 
 def test_plan_explains_a_differing_token_with_the_tokenizer_and_messages_given():
     edited = LONGER.clone()
     edited[0, 6] = 99
-    assert plan(CACHED, edited, None, {}) == ResumeRecord(
+    assert plan(CACHED, edited, None) == ResumeRecord(
         12, 6, 0, "differs", "the ids differ from the cached ones at token 6 (no tokenizer given to say why)")
-    record = plan(CACHED, edited, None, {}, Words())
+    record = plan(CACHED, edited, None, Words())
     assert (record.reason, record.reused) == ("template", 6) and "earlier text changed at character 18 ('16 " in record.detail
-    record = plan(CACHED, edited, None, {}, Words(), [{"role": "user", "content": "99 17 18"}])
+    record = plan(CACHED, edited, None, Words(), [{"role": "user", "content": "99 17 18"}])
     assert record == ResumeRecord(12, 6, 0, "edit", "message 0 was edited: text differs at character 18 "
                                                     "('16 17 18 19 20 21' -> '99 17 18 19 20 21 30')")
+
+
+def test_a_cache_whose_layers_cannot_crop_is_reset_in_place_too(dense):
+    from types import SimpleNamespace
+
+    class Uncroppable(DynamicCache):
+        """A cache whose layers have no crop (an older release's static layers)."""
+
+    cache = Uncroppable()
+    cache.layers = [SimpleNamespace(get_seq_length=lambda: 0)]
+    cache.reset = lambda: cache.__dict__.setdefault("was_reset", True)
+    cache.__dict__["kv_ledger"] = "ledger"
+    assert fresh(dense, cache) is cache and cache.__dict__.get("was_reset") and "kv_ledger" not in cache.__dict__
