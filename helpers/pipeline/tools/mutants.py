@@ -90,6 +90,9 @@ REUSE_TESTS = ("test_ledger_contract.py", "test_reuse_parts.py", "test_reuse_cal
 
 # the package's fast tests of the ledger's operations, its fingerprints and a sliding window's rows
 LEDGER_TESTS = ("test_ledger_contract.py", "test_ledger_units.py", "test_rows_units.py", "test_rows_sliding.py")
+# what records the ledger: the ledger's tests, tracked resumes and rows, threads, and the recording's own parts
+TRACKING_TESTS = LEDGER_TESTS + ("test_tracking_units.py", "test_reuse_calls.py", "test_chat_resume.py", "test_rows_stale.py",
+                                 "test_tracking_threads.py")
 
 SCOPE: list[Scope] = [
     Scope("helpers/compare.py", ("NoiseFloor.*", "tensors_bitwise_equal", "ulp", "dtype_eps", "noise_floor",
@@ -123,7 +126,7 @@ SCOPE: list[Scope] = [
     Scope("packages/kvresume/kvresume/ledger.py", ("*", "Ledger.*"), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
                                                              *(PACKAGE_TESTS + f for f in LEDGER_TESTS))),
     Scope("packages/kvresume/kvresume/tracking.py", ("*", "Tracker.*"), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
-                                                               PACKAGE_TESTS + "test_ledger_contract.py")),
+                                                               *(PACKAGE_TESTS + f for f in TRACKING_TESTS))),
     Scope("packages/kvresume/kvresume/reuse.py", ("*",), ("tests/test_ledger.py", "tests/test_linear_checks.py",
                                                             *(PACKAGE_TESTS + f for f in REUSE_TESTS))),
     Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py",
