@@ -153,7 +153,7 @@ def _arguments(model: torch.nn.Module, input_ids: torch.Tensor, ids: torch.Tenso
     mask_key = "decoder_attention_mask" if decoder else "attention_mask"
     suffix = ids[:, keep:]
     suffix_mask = given_mask[:, keep:].to(ids.device) if given_mask is not None else torch.ones_like(suffix)
-    kwargs = {k: v for k, v in generate_kwargs.items() if k not in ("attention_mask", "position_ids")}
+    kwargs = {k: v for k, v in generate_kwargs.items() if k not in (mask_key, "position_ids")}  # (the encoder's mask kept)
     mm_positions = mm_deltas = None  # pragma: no mutate - both are set by images.fed wherever they are read
     if not decoder:  # the images of ids[:, keep:] only, and their positions over the whole conversation
         kwargs, mm_positions, mm_deltas = images.fed(model, ids, kwargs, keep)

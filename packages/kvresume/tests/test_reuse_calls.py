@@ -217,3 +217,23 @@ def test_an_encoder_decoder_resume_reads_the_decoder_mask_and_resets_the_cross_a
     assert (record_of(out).reason, record_of(out).reused, record_of(out).fed) == ("mask", 2, 8)
     ref = bart.generate(enc, decoder_input_ids=dec, decoder_attention_mask=mask, generation_config=config)
     assert out.sequences[:, -2:].equal(ref.sequences[:, -2:])
+
+
+def test_an_encoder_decoder_resume_keeps_the_encoder_s_padding_mask():
+    """The encoder's attention_mask reaches generate() (dropped, the padded encoder tokens were attended: 6e-3 off)."""
+    from transformers import EncoderDecoderCache
+
+    bart = T.build("bart")
+    enc, emask = torch.tensor([[1, 1, 5, 6, 7, 8]]), torch.tensor([[0, 0, 1, 1, 1, 1]])  # left padding
+    with track(bart), torch.no_grad():
+        first = bart.generate(enc, attention_mask=emask, generation_config=T.config(max_new_tokens=6, min_new_tokens=6),
+                              past_key_values=EncoderDecoderCache(DynamicCache(), DynamicCache()))
+    dec = torch.cat([first.sequences, torch.tensor([[40, 41]])], 1)
+    config = T.config(max_new_tokens=2, min_new_tokens=2)
+    ref = bart.generate(enc, attention_mask=emask, decoder_input_ids=dec, generation_config=config)
+    out = resume(bart, enc, first.past_key_values, attention_mask=emask, decoder_input_ids=dec, generation_config=config)
+    assert (record_of(out).reason, record_of(out).reused) == ("extends", 6)
+    assert out.sequences[:, -2:].equal(ref.sequences[:, -2:])
+    T.assert_close(out.logits[0], ref.logits[0], "bart")
+    _, kwargs = _arguments(bart, enc, dec, ledger_from_tensors(dec[:, :6]), None, {"attention_mask": emask}, True)
+    assert kwargs["attention_mask"] is emask
