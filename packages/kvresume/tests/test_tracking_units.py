@@ -74,3 +74,39 @@ def test_an_encoder_decoder_records_the_decoder_ids():
         out = bart(input_ids=enc, decoder_input_ids=torch.tensor([[2, 40, 41]]), use_cache=True)
     cache = out.past_key_values
     assert ledger_of(cache).token_ids.tolist() == [[2, 40, 41]]
+
+
+def _cache(m: torch.nn.Module, ids: torch.Tensor) -> object:
+    with track(m), torch.no_grad():
+        return m(input_ids=ids, use_cache=True).past_key_values
+
+
+def test_rebase_fits_the_stored_ledger_to_the_cache_before_a_write_or_leaves_it_untracked():
+    from kvresume import kv_cache_from_tensors
+    from kvresume.ledger import stored_ledger
+    from kvresume.tracking import _rebase
+
+    m = build("dense")
+    ids = torch.arange(10, 22).view(2, 6)
+    with torch.no_grad():
+        assert _rebase(m(input_ids=ids, use_cache=True).past_key_values, 6, 2) is False  # untracked
+    cache = _cache(m, ids)
+    assert _rebase(cache, 7, 2) is False  # written past the ledger while untracked
+    before = stored_ledger(cache)
+    assert _rebase(cache, 6, 2) is True and stored_ledger(cache) is before  # nothing to fit
+    assert _rebase(cache, 4, 2) is True and stored_ledger(cache).token_ids.equal(ids[:, :4])  # a crop
+    twice = _cache(m, ids)
+    twice.batch_repeat_interleave(2)
+    assert _rebase(twice, 6, 4) is True
+    assert stored_ledger(twice).token_ids.tolist() == [ids[0].tolist()] * 2 + [ids[1].tolist()] * 2
+    three = _cache(m, ids)
+    three.batch_select_indices(torch.tensor([1, 0, 1]))
+    assert _rebase(three, 6, 3) is True and stored_ledger(three).token_ids.tolist() == [ids[1].tolist(), ids[0].tolist(),
+                                                                                      ids[1].tolist()]
+    pairs = [(l.keys, l.values) for l in _cache(m, ids).layers]
+    built = kv_cache_from_tensors(pairs, m.config, token_ids=ids)
+    assert stored_ledger(built).prints is None
+    assert _rebase(built, 6, 2) is True and stored_ledger(built).prints is not None  # the cache's fingerprints adopted
+    by_count = kv_cache_from_tensors(pairs, m.config, token_ids=ids)
+    by_count.batch_repeat_interleave(2)
+    assert _rebase(by_count, 6, 4) is True and stored_ledger(by_count).batch == 4
