@@ -84,6 +84,16 @@ def decision_scopes() -> list[Scope]:
     return [Scope(d.module, d.mutate, tuple(dict.fromkeys(DECISION_TESTS + d.tests + (d.kill,)))) for d in decisions()]
 
 
+# the package's tests of resume() and its parts that run in seconds (a survivor runs them all: the other chat, image
+# and row files would make each surviving mutant take ~1 min)
+REUSE_TESTS = ("test_ledger_contract.py", "test_reuse_parts.py", "test_reuse_calls.py", "test_chat_resume.py")
+
+# the package's fast tests of the ledger's operations, its fingerprints and a sliding window's rows
+LEDGER_TESTS = ("test_ledger_contract.py", "test_ledger_units.py", "test_rows_units.py", "test_rows_sliding.py")
+# what records the ledger: the ledger's tests, tracked resumes and rows, threads, and the recording's own parts
+TRACKING_TESTS = LEDGER_TESTS + ("test_tracking_units.py", "test_reuse_calls.py", "test_chat_resume.py", "test_rows_stale.py",
+                                 "test_tracking_threads.py")
+
 SCOPE: list[Scope] = [
     Scope("helpers/compare.py", ("NoiseFloor.*", "tensors_bitwise_equal", "ulp", "dtype_eps", "noise_floor",
                                  "max_abs_diff", "logit_metrics", "last_logits"),
@@ -114,12 +124,13 @@ SCOPE: list[Scope] = [
                                                                     PACKAGE_TESTS + "test_ledger_contract.py")),
     # the rest of the package: the ledger, its recording, resume() and the factory, with their package tests
     Scope("packages/kvresume/kvresume/ledger.py", ("*", "Ledger.*"), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
-                                                             PACKAGE_TESTS + "test_ledger_contract.py")),
+                                                             *(PACKAGE_TESTS + f for f in LEDGER_TESTS))),
     Scope("packages/kvresume/kvresume/tracking.py", ("*", "Tracker.*"), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
-                                                               PACKAGE_TESTS + "test_ledger_contract.py")),
+                                                               *(PACKAGE_TESTS + f for f in TRACKING_TESTS))),
     Scope("packages/kvresume/kvresume/reuse.py", ("*",), ("tests/test_ledger.py", "tests/test_linear_checks.py",
-                                                            PACKAGE_TESTS + "test_ledger_contract.py")),
-    Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py")),
+                                                            *(PACKAGE_TESTS + f for f in REUSE_TESTS))),
+    Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py",
+                                                             PACKAGE_TESTS + "test_factory.py")),
 ]
 SCOPE += decision_scopes()  # the deciding modules: each finding declares its own
 

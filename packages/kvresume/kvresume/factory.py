@@ -68,7 +68,7 @@ def _check_common(checked: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None
     if not checked:
         return
     first = min(checked)
-    k0 = checked[first][0]
+    k0, _ = checked[first]
     for i, (keys, _) in sorted(checked.items()):
         if keys.dtype != k0.dtype:
             raise FactoryError(f"layer {i}: dtype {keys.dtype}, layer {first} is {k0.dtype} (one dtype across layers)")
@@ -83,13 +83,13 @@ def _check_lengths(text: Any, types: list[str], checked: dict[int, tuple[torch.T
     """Sliding layers hold at most their window; the processed length is at least every layer's stored slots."""
     window = getattr(text, "sliding_window", None)
     for i, (keys, _) in sorted(checked.items()):
-        slots = int(keys.shape[-2])
+        slots = int(keys.shape[2])  # rank 4 (_check_pair): [batch, heads, slots, head_dim]
         if types[i] == "sliding_attention" and window is not None and slots > int(window):
             raise FactoryError(f"layer {i}: sliding layer given {slots} slots, more than its window sliding_window={window}")
         if processed_length is not None and processed_length < slots:
             raise FactoryError(f"layer {i}: processed_length {processed_length} is smaller than the {slots} slots it stores")
     if processed_length is None and any(types[i] == "sliding_attention" and window is not None
-                                        and int(k.shape[-2]) >= int(window) - 1 for i, (k, _) in checked.items()):
+                                        and int(k.shape[2]) >= int(window) - 1 for i, (k, _) in checked.items()):
         raise FactoryError("processed_length: a sliding layer holds a full window, so how many tokens it has seen "
                            "is not in its K/V; pass processed_length")
 
@@ -134,12 +134,12 @@ def kv_cache_from_tensors(kv_pairs: Sequence[Any], config: Any, *, processed_len
                                  conv_kernel_size=dict(states.get("conv_kernel_size") or {}))
         layers.copy_linear_state(source, built[i])
         compat.carry_linear_length(built[i], processed_length if processed_length is not None
-                                   else max((int(k.shape[-2]) for k, _ in checked.values()), default=0))
+                                   else max((int(k.shape[2]) for k, _ in checked.values()), default=0))
     for i, (keys, values) in sorted(checked.items()):
         cache.update(keys.detach().clone(), values.detach().clone(), i)
         if processed_length is not None and layers.is_sliding(built[i]):
             layers.copy_processed_length(SimpleNamespace(cumulative_length=processed_length), built[i])
-    return cache if ledger is None else attach_ledger(cache, ledger)
+    return attach_ledger(cache, ledger)  # None: a fresh cache, nothing to remove
 
 
 def _ledger(checked: dict[int, tuple[torch.Tensor, torch.Tensor]], token_ids: torch.Tensor | None,
@@ -150,8 +150,10 @@ def _ledger(checked: dict[int, tuple[torch.Tensor, torch.Tensor]], token_ids: to
             raise FactoryError("positions given without token_ids: the ledger needs both (or token_ids alone)")
         return None
     ledger = ledger_from_tensors(token_ids, positions)
-    keys = checked[min(checked)][0] if checked else None
-    want = (int(keys.shape[0]), int(keys.shape[-2])) if keys is not None else None
+    want = None
+    if checked:
+        keys, _ = checked[min(checked)]
+        want = (int(keys.shape[0]), int(keys.shape[2]))
     if want is not None and (ledger.batch, ledger.length) != want:
         raise FactoryError(f"token_ids: {ledger.batch} rows x {ledger.length} slots, the K/V hold {want[0]} x {want[1]}")
     if ledger.positions.shape[1:] != ledger.token_ids.shape:

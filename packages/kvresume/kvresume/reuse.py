@@ -40,7 +40,7 @@ def crop_to(cache: Any, n: int) -> Any:
     """Keep the first n cached tokens (a negative crop: the removal count, which every release takes), the ledger
     trimmed with it; returns the cache."""
     held = cache_held(cache)[0]
-    if n < held:
+    if n < held:  # pragma: no mutate - at n == held `<=` crops nothing either (crop(0) is a no-op)
         led = stored_ledger(cache)
         ledger_owner(cache).crop(n - held)
         if led is not None:
@@ -50,11 +50,12 @@ def crop_to(cache: Any, n: int) -> Any:
 
 def fresh(model: torch.nn.Module, cache: Any) -> Any:
     """An empty cache for a re-prefill: a StaticCache reset in place, else a new cache of the same class."""
-    from transformers import DynamicCache, EncoderDecoderCache
+    from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
     if isinstance(cache, EncoderDecoderCache):
-        return EncoderDecoderCache(DynamicCache(), DynamicCache())
-    if not all(hasattr(layer, "crop") for layer in compat.cache_layers(cache)):  # static layers: reset, keep memory
+        return EncoderDecoderCache(DynamicCache(), DynamicCache())  # pragma: no mutate - one argument: same empty cross
+    # static layers (croppable from 5.25 on, and built with a max_cache_len): reset, keep memory
+    if isinstance(cache, StaticCache) or not all(hasattr(layer, "crop") for layer in compat.cache_layers(cache)):
         cache.reset()
         for name in ("kv_ledger", LINEAR_MARKS):
             cache.__dict__.pop(name, None)
@@ -65,7 +66,7 @@ def fresh(model: torch.nn.Module, cache: Any) -> Any:
 def cropped(model: torch.nn.Module, cache: Any, keep: int) -> tuple[Any, int, str]:
     """(the cache holding its first `keep` tokens, keep, "") or, where it cannot be cropped there, (an empty cache, 0,
     why); the crop itself is the cache's own."""
-    if keep >= cache_held(cache)[0]:
+    if keep >= cache_held(cache)[0]:  # pragma: no mutate - at keep == held `>` goes on to crop_to, which crops nothing
         return cache, keep, ""
     try:
         return crop_to(cache, keep), keep, ""
@@ -82,10 +83,10 @@ def _candidates(kwargs: dict[str, Any]) -> str | None:
     return None
 
 
-def plan(led: Ledger, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict[str, Any],
-         tokenizer: Any = None, messages: Any = None) -> ResumeRecord:
+def plan(led: Ledger, ids: torch.Tensor, mask: torch.Tensor | None, tokenizer: Any = None,
+         messages: Any = None) -> ResumeRecord:
     """How many cached tokens to reuse, and why not more (the record's `fed` filled in later)."""
-    n, cached = int(ids.shape[-1]), led.length
+    n, cached = int(ids.shape[1]), led.length
     p = reusable(led, ids, mask)
     keep = min(p, n - 1)
     common = led.common_prefix(ids)
@@ -94,7 +95,7 @@ def plan(led: Ledger, ids: torch.Tensor, mask: torch.Tensor | None, kwargs: dict
     elif common >= n:
         reason, detail = "regenerate", f"the ids are the cache's first {n} tokens: re-fed from token {keep}"
     elif p < common:
-        bad = misplaced(led.first(common))
+        bad = misplaced(led.first(common))  # pragma: no mutate - first(None): a stuck slot past the common prefix is never p
         reason, detail = (("misplaced", f"cached slots from {bad} were written at stuck positions: re-fed")
                           if bad is not None and bad == p else
                           ("mask", f"the given mask differs from the cached slots' at token {p} (padding): re-fed"))
@@ -122,7 +123,7 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
     if ids is None:
         raise ValueError("resume() on an encoder-decoder takes the decoder's whole sequence as decoder_input_ids")
     given_mask = generate_kwargs.pop(mask_key, None)
-    record = plan(led, ids, given_mask, generate_kwargs, generate_kwargs.get("tokenizer"), messages)
+    record = plan(led, ids, given_mask, generate_kwargs.get("tokenizer"), messages)
     if not decoder:  # images keyed by their pixels: the prefix ends before one that differs or would be cut
         images.limit_record(model, cache, ids, generate_kwargs, record, led.length)
     if stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
@@ -135,7 +136,7 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
         cache.cross_attention_cache, cache.is_updated = type(cache.cross_attention_cache)(), {}
     inputs, kwargs = _arguments(model, input_ids, ids, led.first(keep), given_mask, generate_kwargs, decoder)
     try:
-        cache, inputs, kwargs = _checked(model, inputs, cache, kwargs, name, decoder)
+        cache, inputs, kwargs = _checked(model, inputs, cache, kwargs, name)
     except ResumeInputError as exc:  # candidate generation this release feeds wrongly beside a cache: re-prefill
         which = _candidates(generate_kwargs)
         if which is None or keep == 0:
@@ -144,7 +145,7 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
         record.reused, record.reason = 0, "assisted"
         record.detail = f"{which}: this release's generate() cannot continue a cache with it ({exc.check}); re-prefilled"
         inputs, kwargs = _arguments(model, input_ids, ids, led.first(0), given_mask, generate_kwargs, decoder)
-    record.fed = int(ids.shape[-1]) - keep
+    record.fed = int(ids.shape[1]) - keep
     out = model.generate(inputs, **{name: cache}, **kwargs)
     return _with_record(out, cache, record)
 
@@ -158,8 +159,8 @@ def _arguments(model: torch.nn.Module, input_ids: torch.Tensor, ids: torch.Tenso
     mask_key = "decoder_attention_mask" if decoder else "attention_mask"
     suffix = ids[:, keep:]
     suffix_mask = given_mask[:, keep:].to(ids.device) if given_mask is not None else torch.ones_like(suffix)
-    kwargs = {k: v for k, v in generate_kwargs.items() if k not in ("attention_mask", "position_ids")}
-    mm_positions = mm_deltas = None
+    kwargs = {k: v for k, v in generate_kwargs.items() if k not in (mask_key, "position_ids")}  # (the encoder's mask kept)
+    mm_positions = mm_deltas = None  # pragma: no mutate - both are set by images.fed wherever they are read
     if not decoder:  # the images of ids[:, keep:] only, and their positions over the whole conversation
         kwargs, mm_positions, mm_deltas = images.fed(model, ids, kwargs, keep)
     kwargs[mask_key] = torch.cat([kept.mask.to(ids.device, suffix_mask.dtype), suffix_mask], 1)
@@ -175,8 +176,8 @@ def _arguments(model: torch.nn.Module, input_ids: torch.Tensor, ids: torch.Tenso
     return suffix, kwargs
 
 
-def _checked(model: torch.nn.Module, inputs: torch.Tensor, cache: Any, kwargs: dict[str, Any], name: str,
-             decoder: bool) -> tuple[Any, torch.Tensor, dict[str, Any]]:
+def _checked(model: torch.nn.Module, inputs: torch.Tensor, cache: Any, kwargs: dict[str, Any],
+             name: str) -> tuple[Any, torch.Tensor, dict[str, Any]]:
     """What this release's generate() feeds for these arguments, checked against the ledger; a refusal's fix applied
     in place (resume owns the cache it was given)."""
     try:
@@ -209,7 +210,7 @@ def _positions(model: torch.nn.Module, kept: Ledger, suffix: torch.Tensor, suffi
     if owner is None or not grids or not hasattr(owner, "get_rope_index"):
         if kept.positions.shape[0] == 1:
             return text_positions(kept, suffix_mask)
-        return next_positions(kept, int(suffix.shape[-1]))
+        return next_positions(kept, int(suffix.shape[1]))
     extra = {"mm_token_type_ids": kwargs["mm_token_type_ids"]} if kwargs.get("mm_token_type_ids") is not None and \
         compat.accepts(owner.get_rope_index, "mm_token_type_ids") else {}
     local, _ = owner.get_rope_index(suffix, **grids, attention_mask=torch.ones_like(suffix), **extra)
