@@ -13,8 +13,30 @@ from typing import Any
 
 import pytest
 
-STATE: dict[str, Any] = {"outcomes": {}, "refusals": [], "false_alarms": [], "resume_calls": Counter(), "test": ""}
+STATE: dict[str, Any] = {"outcomes": {}, "refusals": [], "false_alarms": [], "guard_errors": [],
+                         "resume_calls": Counter(), "test": ""}
+RANK = {"skipped": 0, "passed": 1, "failed": 2}  # a test's outcome: its worst report, a skipped subtest not hiding a pass
 CACHE_KWARGS = ("past_key_values", "cache")
+
+
+class _XdistSpecs:
+    """xdist's node hook, declared when xdist is off (-p no:xdist): transformers' conftest implements it."""
+
+    @pytest.hookspec(historic=False)
+    def pytest_configure_node(self, node: Any) -> None:
+        """Declared only; never called without xdist."""
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Declare pytest_configure_node when xdist is not loaded, so a plugin that implements it still validates."""
+    if pluginmanager.is_blocked("xdist") or _no_xdist():
+        pluginmanager.add_hookspecs(_XdistSpecs)
+
+
+def _no_xdist() -> bool:
+    """True when pytest-xdist is not installed."""
+    import importlib.util
+    return importlib.util.find_spec("xdist") is None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,8 +79,8 @@ def _guarded(generate: Any) -> Any:
             out = generate(self, *args, **kwargs)  # raises: a true refusal; returns: a false alarm
             STATE["false_alarms"].append(record)
             return out
-        except Exception:  # noqa: BLE001 - an error generate() itself raises comes from generate() below
-            pass
+        except Exception as err:  # noqa: BLE001 - the guard crashed: recorded; generate() below decides the test
+            STATE["guard_errors"].append({"test": STATE["test"], "error": f"{type(err).__name__}: {err}"[:300]})
         finally:
             STATE["inside"] = False
         return generate(self, *args, **kwargs)
@@ -93,11 +115,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Record each test's outcome: a failure or skip at any phase, else passed."""
-    if report.when == "call" or report.outcome != "passed":
-        prev = STATE["outcomes"].get(report.nodeid)
-        if prev in (None, "passed"):
-            STATE["outcomes"][report.nodeid] = report.outcome
+    """Record each test's outcome: failed if any phase or subtest failed, else passed if its call passed, else skipped."""
+    if report.when != "call" and report.outcome == "passed":
+        return
+    prev = STATE["outcomes"].get(report.nodeid)
+    if prev is None or RANK[report.outcome] > RANK[prev]:
+        STATE["outcomes"][report.nodeid] = report.outcome
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -117,6 +140,7 @@ def summary(base: dict[str, Any], tracked: dict[str, Any]) -> dict[str, Any]:
             "broken_by_tracking": broken, "refusals": len(tracked["refusals"]),
             "false_alarms": len(tracked["false_alarms"]),
             "false_alarms_by_check": dict(Counter(str(r["check"]) for r in tracked["false_alarms"])),
+            "guard_errors": len(tracked.get("guard_errors", [])), "guard_error_records": tracked.get("guard_errors", []),
             "false_alarm_records": tracked["false_alarms"], "resume_calls": tracked["resume_calls"]}
 
 
@@ -124,7 +148,7 @@ def main(argv: list[str]) -> None:
     """BASE.json TRACKED.json SUMMARY.json: write the comparison."""
     base, tracked = (json.loads(Path(p).read_text()) for p in argv[:2])
     Path(argv[2]).write_text(json.dumps(summary(base, tracked), indent=1))
-    print(json.dumps({k: v for k, v in summary(base, tracked).items() if k != "false_alarm_records"}))
+    print(json.dumps({k: v for k, v in summary(base, tracked).items() if not k.endswith("_records")}))
 
 
 if __name__ == "__main__":
