@@ -56,26 +56,31 @@ def test_summary_names_a_broken_test() -> None:
     tracked = {"outcomes": {"a": "failed", "b": "failed"}, "false_alarms": [fa], "refusals": [fa], "resume_calls": {}}
     result = hftests.summary(base, tracked)
     assert result["broken_by_tracking"] == ["a"] and result["false_alarms_by_check"] == {"positions": 1}
+    assert result["broken_errors"] == {"a": "?"}
 
 
 def test_outcome_is_the_worst_report() -> None:
     """A skipped subtest does not hide a later failure, nor a passing call; a setup skip stays skipped."""
     from types import SimpleNamespace as NS
     hftests.STATE["outcomes"].clear()
+    hftests.STATE["errors"].clear()
     for nodeid, when, outcome in [("t1", "call", "skipped"), ("t1", "call", "failed"), ("t1", "call", "passed"),
                                   ("t2", "call", "skipped"), ("t2", "call", "passed"), ("t2", "teardown", "passed"),
                                   ("t3", "setup", "skipped"), ("t4", "setup", "passed"), ("t4", "call", "passed")]:
         hftests.pytest_runtest_logreport(NS(nodeid=nodeid, when=when, outcome=outcome))
     assert hftests.STATE["outcomes"] == {"t1": "failed", "t2": "passed", "t3": "skipped", "t4": "passed"}
+    assert list(hftests.STATE["errors"]) == ["t1"]
     hftests.STATE["outcomes"].clear()
+    hftests.STATE["errors"].clear()
 
 
 def test_xdist_hook_declared_when_xdist_is_off(tmp_path: Path) -> None:
     """A conftest implementing xdist's pytest_configure_node (as transformers' does) runs under -p no:xdist."""
     (tmp_path / "conftest.py").write_text("def pytest_configure_node(node):\n    pass\n")
-    (tmp_path / "test_suite.py").write_text("def test_plain():\n    assert True\n")
+    (tmp_path / "test_suite.py").write_text("def test_plain():\n    assert True\n\ndef test_fails():\n    assert 1 == 2\n")
     record = _run(tmp_path)
-    assert record["outcomes"] == {"test_suite.py::test_plain": "passed"} and record["guard_errors"] == []
+    assert record["outcomes"] == {"test_suite.py::test_plain": "passed", "test_suite.py::test_fails": "failed"}
+    assert record["errors"] == {"test_suite.py::test_fails": "assert 1 == 2"} and record["guard_errors"] == []
 
 
 def test_guard_crash_and_false_alarm_are_recorded(monkeypatch) -> None:

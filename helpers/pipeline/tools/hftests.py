@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-STATE: dict[str, Any] = {"outcomes": {}, "refusals": [], "false_alarms": [], "guard_errors": [],
+STATE: dict[str, Any] = {"outcomes": {}, "errors": {}, "refusals": [], "false_alarms": [], "guard_errors": [],
                          "resume_calls": Counter(), "test": ""}
 RANK = {"skipped": 0, "passed": 1, "failed": 2}  # a test's outcome: its worst report, a skipped subtest not hiding a pass
 CACHE_KWARGS = ("past_key_values", "cache")
@@ -121,6 +121,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     prev = STATE["outcomes"].get(report.nodeid)
     if prev is None or RANK[report.outcome] > RANK[prev]:
         STATE["outcomes"][report.nodeid] = report.outcome
+    if report.outcome == "failed" and report.nodeid not in STATE["errors"]:
+        crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+        STATE["errors"][report.nodeid] = str(getattr(crash, "message", getattr(report, "longrepr", "")))[:300]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -136,8 +139,10 @@ def summary(base: dict[str, Any], tracked: dict[str, Any]) -> dict[str, Any]:
     def counts(run: dict[str, Any]) -> dict[str, int]:
         return dict(Counter(run["outcomes"].values()))
     broken = sorted(t for t, o in tracked["outcomes"].items() if o == "failed" and base["outcomes"].get(t) == "passed")
+    errors = tracked.get("errors", {})
     return {"tests_run": len(tracked["outcomes"]), "without_tracking": counts(base), "with_tracking": counts(tracked),
-            "broken_by_tracking": broken, "refusals": len(tracked["refusals"]),
+            "broken_by_tracking": broken, "broken_errors": {t: errors.get(t, "?") for t in broken},
+            "refusals": len(tracked["refusals"]),
             "false_alarms": len(tracked["false_alarms"]),
             "false_alarms_by_check": dict(Counter(str(r["check"]) for r in tracked["false_alarms"])),
             "guard_errors": len(tracked.get("guard_errors", [])), "guard_error_records": tracked.get("guard_errors", []),
