@@ -67,9 +67,12 @@ def test_outcome_is_the_worst_report() -> None:
     for nodeid, when, outcome in [("t1", "call", "skipped"), ("t1", "call", "failed"), ("t1", "call", "passed"),
                                   ("t2", "call", "skipped"), ("t2", "call", "passed"), ("t2", "teardown", "passed"),
                                   ("t3", "setup", "skipped"), ("t4", "setup", "passed"), ("t4", "call", "passed")]:
-        hftests.pytest_runtest_logreport(NS(nodeid=nodeid, when=when, outcome=outcome))
+        hftests.pytest_runtest_logreport(NS(nodeid=nodeid, when=when, outcome=outcome, location=("f.py", 1, nodeid)))
     assert hftests.STATE["outcomes"] == {"t1": "failed", "t2": "passed", "t3": "skipped", "t4": "passed"}
     assert list(hftests.STATE["errors"]) == ["t1"]
+    hftests.pytest_runtest_logreport(NS(nodeid="::Cls::t5", when="call", outcome="passed", location=("../x/f.py", 1, "")))
+    assert hftests.STATE["outcomes"]["../x/f.py::Cls::t5"] == "passed"  # a file outside the rootdir keeps its path
+    del hftests.STATE["outcomes"]["../x/f.py::Cls::t5"]
     hftests.STATE["outcomes"].clear()
     hftests.STATE["errors"].clear()
 

@@ -114,16 +114,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     STATE["test"] = item.nodeid
 
 
+def _key(report: Any) -> str:
+    """The test's node id, with its file put back where pytest left it out (a file outside the rootdir: '::Cls::test')."""
+    nodeid = str(report.nodeid)
+    return f"{report.location[0]}{nodeid}" if nodeid.startswith("::") else nodeid
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Record each test's outcome: failed if any phase or subtest failed, else passed if its call passed, else skipped."""
     if report.when != "call" and report.outcome == "passed":
         return
-    prev = STATE["outcomes"].get(report.nodeid)
+    key = _key(report)
+    prev = STATE["outcomes"].get(key)
     if prev is None or RANK[report.outcome] > RANK[prev]:
-        STATE["outcomes"][report.nodeid] = report.outcome
-    if report.outcome == "failed" and report.nodeid not in STATE["errors"]:
+        STATE["outcomes"][key] = report.outcome
+    if report.outcome == "failed" and key not in STATE["errors"]:
         crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
-        STATE["errors"][report.nodeid] = str(getattr(crash, "message", getattr(report, "longrepr", "")))[:300]
+        STATE["errors"][key] = str(getattr(crash, "message", getattr(report, "longrepr", "")))[:300]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
