@@ -100,3 +100,9 @@ def test_guard_crash_and_false_alarm_are_recorded(monkeypatch) -> None:
         assert generate(object(), past_key_values=cache) == "out" and len(hftests.STATE[key]) == before + 1
     assert hftests.STATE["guard_errors"][-1]["error"] == "RuntimeError: boom"
     assert hftests.STATE["false_alarms"][-1]["check"] == "positions"
+
+
+def test_measured_set_names_the_files_and_filter() -> None:
+    """--files ROOT gives the documented run: 9 files under ROOT and the -k filter."""
+    value = hftests.measured_set("/src")
+    assert value.count("/src/tests/") == 9 and value.endswith("-k 'cache or continue or assist or lookup or past_key'")

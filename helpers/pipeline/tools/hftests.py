@@ -1,7 +1,9 @@
 """pytest plugin: run transformers' own tests with every model tracked by kvresume and the resume guard on generate().
 
 Use: `pytest -p helpers.pipeline.tools.hftests --hf-json OUT.json [--hf-track] TESTS`; `python -m
-helpers.pipeline.tools.hftests BASE.json TRACKED.json SUMMARY.json` compares a plain and a tracked run."""
+helpers.pipeline.tools.hftests BASE.json TRACKED.json SUMMARY.json` compares a plain and a tracked run;
+`python -m helpers.pipeline.tools.hftests --files ROOT` prints the measured set (docs/hf-tests.md) for
+`make hf-tests HF_TESTS="$(...)"`, ROOT a transformers checkout's tests (kept outside this repository)."""
 from __future__ import annotations
 
 import functools
@@ -15,8 +17,12 @@ import pytest
 
 STATE: dict[str, Any] = {"outcomes": {}, "errors": {}, "refusals": [], "false_alarms": [], "guard_errors": [],
                          "resume_calls": Counter(), "test": ""}
-RANK = {"skipped": 0, "passed": 1, "failed": 2}  # a test's outcome: its worst report, a skipped subtest not hiding a pass
+RANK = {"skipped": 0, "passed": 1, "failed": 2}  # a test's outcome is its worst report; a skip does not hide a pass
 CACHE_KWARGS = ("past_key_values", "cache")
+MODELS = ("llama", "qwen3", "gemma2", "qwen3_next", "qwen3_5", "qwen3_vl")
+MEASURED = ["tests/utils/test_cache_utils.py", "tests/generation/test_utils.py",
+            "tests/generation/test_candidate_generator.py", *(f"tests/models/{m}/test_modeling_{m}.py" for m in MODELS)]
+MEASURED_K = "cache or continue or assist or lookup or past_key"
 
 
 class _XdistSpecs:
@@ -115,13 +121,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 def _key(report: Any) -> str:
-    """The test's node id, with its file put back where pytest left it out (a file outside the rootdir: '::Cls::test')."""
+    """The test's node id, its file put back where pytest left it out (a file outside the rootdir: '::Cls::test')."""
     nodeid = str(report.nodeid)
     return f"{report.location[0]}{nodeid}" if nodeid.startswith("::") else nodeid
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Record each test's outcome: failed if any phase or subtest failed, else passed if its call passed, else skipped."""
+    """Record each test's outcome: failed if a phase or subtest failed, else passed if its call passed, else skipped."""
     if report.when != "call" and report.outcome == "passed":
         return
     key = _key(report)
@@ -152,12 +158,21 @@ def summary(base: dict[str, Any], tracked: dict[str, Any]) -> dict[str, Any]:
             "refusals": len(tracked["refusals"]),
             "false_alarms": len(tracked["false_alarms"]),
             "false_alarms_by_check": dict(Counter(str(r["check"]) for r in tracked["false_alarms"])),
-            "guard_errors": len(tracked.get("guard_errors", [])), "guard_error_records": tracked.get("guard_errors", []),
+            "guard_errors": len(tracked.get("guard_errors", [])),
+            "guard_error_records": tracked.get("guard_errors", []),
             "false_alarm_records": tracked["false_alarms"], "resume_calls": tracked["resume_calls"]}
 
 
+def measured_set(root: str) -> str:
+    """The HF_TESTS value of the measured run: the files under `root` (a transformers checkout) and its -k filter."""
+    return " ".join(str(Path(root) / f) for f in MEASURED) + f" -k '{MEASURED_K}'"
+
+
 def main(argv: list[str]) -> None:
-    """BASE.json TRACKED.json SUMMARY.json: write the comparison."""
+    """BASE.json TRACKED.json SUMMARY.json: write the comparison; --files ROOT: print the measured HF_TESTS."""
+    if argv[:1] == ["--files"]:
+        print(measured_set(argv[1]))
+        return
     base, tracked = (json.loads(Path(p).read_text()) for p in argv[:2])
     Path(argv[2]).write_text(json.dumps(summary(base, tracked), indent=1))
     print(json.dumps({k: v for k, v in summary(base, tracked).items() if not k.endswith("_records")}))
