@@ -72,7 +72,12 @@ def test_outcome_is_the_worst_report() -> None:
     assert list(hftests.STATE["errors"]) == ["t1"]
     hftests.pytest_runtest_logreport(NS(nodeid="::Cls::t5", when="call", outcome="passed", location=("../x/f.py", 1, "")))
     assert hftests.STATE["outcomes"]["../x/f.py::Cls::t5"] == "passed"  # a file outside the rootdir keeps its path
-    del hftests.STATE["outcomes"]["../x/f.py::Cls::t5"]
+    hftests.STATE["files"]["::Cls::t6"] = "/abs/g.py"  # pytest_itemcollected's record wins over the def's location
+    hftests.pytest_runtest_logreport(NS(nodeid="::Cls::t6", when="call", outcome="passed", location=("../x/f.py", 1, "")))
+    assert "/abs/g.py::Cls::t6" in hftests.STATE["outcomes"]
+    for key in ("../x/f.py::Cls::t5", "/abs/g.py::Cls::t6"):
+        del hftests.STATE["outcomes"][key]
+    hftests.STATE["files"].clear()
     hftests.STATE["outcomes"].clear()
     hftests.STATE["errors"].clear()
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-STATE: dict[str, Any] = {"outcomes": {}, "errors": {}, "refusals": [], "false_alarms": [], "guard_errors": [],
+STATE: dict[str, Any] = {"outcomes": {}, "errors": {}, "files": {}, "refusals": [], "false_alarms": [], "guard_errors": [],
                          "resume_calls": Counter(), "test": ""}
 RANK = {"skipped": 0, "passed": 1, "failed": 2}  # a test's outcome is its worst report; a skip does not hide a pass
 CACHE_KWARGS = ("past_key_values", "cache")
@@ -123,7 +123,13 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def _key(report: Any) -> str:
     """The test's node id, its file put back where pytest left it out (a file outside the rootdir: '::Cls::test')."""
     nodeid = str(report.nodeid)
-    return f"{report.location[0]}{nodeid}" if nodeid.startswith("::") else nodeid
+    return f"{STATE['files'].get(nodeid, report.location[0])}{nodeid}" if nodeid.startswith("::") else nodeid
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Remember the file of a test whose node id lacks it (see _key)."""
+    if item.nodeid.startswith("::"):
+        STATE["files"][item.nodeid] = str(item.path)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -143,6 +149,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Write this run's record."""
     record = {**STATE, "tracked": session.config.getoption("--hf-track"), "resume_calls": dict(STATE["resume_calls"])}
     record.pop("test")
+    record.pop("files")
     record.pop("inside", None)
     Path(session.config.getoption("--hf-json")).write_text(json.dumps(record, indent=1))
 
