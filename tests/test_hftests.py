@@ -56,3 +56,58 @@ def test_summary_names_a_broken_test() -> None:
     tracked = {"outcomes": {"a": "failed", "b": "failed"}, "false_alarms": [fa], "refusals": [fa], "resume_calls": {}}
     result = hftests.summary(base, tracked)
     assert result["broken_by_tracking"] == ["a"] and result["false_alarms_by_check"] == {"positions": 1}
+    assert result["broken_errors"] == {"a": "?"}
+
+
+def test_outcome_is_the_worst_report() -> None:
+    """A skipped subtest does not hide a later failure, nor a passing call; a setup skip stays skipped."""
+    from types import SimpleNamespace as NS
+    hftests.STATE["outcomes"].clear()
+    hftests.STATE["errors"].clear()
+    for nodeid, when, outcome in [("t1", "call", "skipped"), ("t1", "call", "failed"), ("t1", "call", "passed"),
+                                  ("t2", "call", "skipped"), ("t2", "call", "passed"), ("t2", "teardown", "passed"),
+                                  ("t3", "setup", "skipped"), ("t4", "setup", "passed"), ("t4", "call", "passed")]:
+        hftests.pytest_runtest_logreport(NS(nodeid=nodeid, when=when, outcome=outcome, location=("f.py", 1, nodeid)))
+    assert hftests.STATE["outcomes"] == {"t1": "failed", "t2": "passed", "t3": "skipped", "t4": "passed"}
+    assert list(hftests.STATE["errors"]) == ["t1"]
+    hftests.pytest_runtest_logreport(NS(nodeid="::Cls::t5", when="call", outcome="passed", location=("../x/f.py", 1, "")))
+    assert hftests.STATE["outcomes"]["../x/f.py::Cls::t5"] == "passed"  # a file outside the rootdir keeps its path
+    hftests.STATE["files"]["::Cls::t6"] = "/abs/g.py"  # pytest_itemcollected's record wins over the def's location
+    hftests.pytest_runtest_logreport(NS(nodeid="::Cls::t6", when="call", outcome="passed", location=("../x/f.py", 1, "")))
+    assert "/abs/g.py::Cls::t6" in hftests.STATE["outcomes"]
+    for key in ("../x/f.py::Cls::t5", "/abs/g.py::Cls::t6"):
+        del hftests.STATE["outcomes"][key]
+    hftests.STATE["files"].clear()
+    hftests.STATE["outcomes"].clear()
+    hftests.STATE["errors"].clear()
+
+
+def test_xdist_hook_declared_when_xdist_is_off(tmp_path: Path) -> None:
+    """A conftest implementing xdist's pytest_configure_node (as transformers' does) runs under -p no:xdist."""
+    (tmp_path / "conftest.py").write_text("def pytest_configure_node(node):\n    pass\n")
+    (tmp_path / "test_suite.py").write_text("def test_plain():\n    assert True\n\ndef test_fails():\n    assert 1 == 2\n")
+    record = _run(tmp_path)
+    assert record["outcomes"] == {"test_suite.py::test_plain": "passed", "test_suite.py::test_fails": "failed"}
+    assert record["errors"] == {"test_suite.py::test_fails": "assert 1 == 2"} and record["guard_errors"] == []
+
+
+def test_guard_crash_and_false_alarm_are_recorded(monkeypatch) -> None:
+    """A guard that crashes is a guard_error, a refusal that generate() then accepts a false alarm; both return."""
+    import kvresume
+    from kvresume.call import refuse
+    cache = type("Cache", (), {"get_seq_length": lambda self: 3})()
+    generate = hftests._guarded(lambda self, *a, **k: "out")
+    for raised, key in [(RuntimeError("boom"), "guard_errors"), (refuse("positions", "m"), "false_alarms")]:
+        def check(*args, _err=raised, **kwargs):
+            raise _err
+        monkeypatch.setattr(kvresume, "check_resume_inputs", check)
+        before = len(hftests.STATE[key])
+        assert generate(object(), past_key_values=cache) == "out" and len(hftests.STATE[key]) == before + 1
+    assert hftests.STATE["guard_errors"][-1]["error"] == "RuntimeError: boom"
+    assert hftests.STATE["false_alarms"][-1]["check"] == "positions"
+
+
+def test_measured_set_names_the_files_and_filter() -> None:
+    """--files ROOT gives the documented run: 9 files under ROOT and the -k filter."""
+    value = hftests.measured_set("/src")
+    assert value.count("/src/tests/") == 9 and value.endswith("-k 'cache or continue or assist or lookup or past_key'")

@@ -1,7 +1,9 @@
 """pytest plugin: run transformers' own tests with every model tracked by kvresume and the resume guard on generate().
 
 Use: `pytest -p helpers.pipeline.tools.hftests --hf-json OUT.json [--hf-track] TESTS`; `python -m
-helpers.pipeline.tools.hftests BASE.json TRACKED.json SUMMARY.json` compares a plain and a tracked run."""
+helpers.pipeline.tools.hftests BASE.json TRACKED.json SUMMARY.json` compares a plain and a tracked run;
+`python -m helpers.pipeline.tools.hftests --files ROOT` prints the measured set (docs/hf-tests.md) for
+`make hf-tests HF_TESTS="$(...)"`, ROOT a transformers checkout's tests (kept outside this repository)."""
 from __future__ import annotations
 
 import functools
@@ -13,8 +15,34 @@ from typing import Any
 
 import pytest
 
-STATE: dict[str, Any] = {"outcomes": {}, "refusals": [], "false_alarms": [], "resume_calls": Counter(), "test": ""}
+STATE: dict[str, Any] = {"outcomes": {}, "errors": {}, "files": {}, "refusals": [], "false_alarms": [], "guard_errors": [],
+                         "resume_calls": Counter(), "test": ""}
+RANK = {"skipped": 0, "passed": 1, "failed": 2}  # a test's outcome is its worst report; a skip does not hide a pass
 CACHE_KWARGS = ("past_key_values", "cache")
+MODELS = ("llama", "qwen3", "gemma2", "qwen3_next", "qwen3_5", "qwen3_vl")
+MEASURED = ["tests/utils/test_cache_utils.py", "tests/generation/test_utils.py",
+            "tests/generation/test_candidate_generator.py", *(f"tests/models/{m}/test_modeling_{m}.py" for m in MODELS)]
+MEASURED_K = "cache or continue or assist or lookup or past_key"
+
+
+class _XdistSpecs:
+    """xdist's node hook, declared when xdist is off (-p no:xdist): transformers' conftest implements it."""
+
+    @pytest.hookspec(historic=False)
+    def pytest_configure_node(self, node: Any) -> None:
+        """Declared only; never called without xdist."""
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    """Declare pytest_configure_node when xdist is not loaded, so a plugin that implements it still validates."""
+    if pluginmanager.is_blocked("xdist") or _no_xdist():
+        pluginmanager.add_hookspecs(_XdistSpecs)
+
+
+def _no_xdist() -> bool:
+    """True when pytest-xdist is not installed."""
+    import importlib.util
+    return importlib.util.find_spec("xdist") is None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,8 +85,8 @@ def _guarded(generate: Any) -> Any:
             out = generate(self, *args, **kwargs)  # raises: a true refusal; returns: a false alarm
             STATE["false_alarms"].append(record)
             return out
-        except Exception:  # noqa: BLE001 - an error generate() itself raises comes from generate() below
-            pass
+        except Exception as err:  # noqa: BLE001 - the guard crashed: recorded; generate() below decides the test
+            STATE["guard_errors"].append({"test": STATE["test"], "error": f"{type(err).__name__}: {err}"[:300]})
         finally:
             STATE["inside"] = False
         return generate(self, *args, **kwargs)
@@ -92,18 +120,36 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     STATE["test"] = item.nodeid
 
 
+def _key(report: Any) -> str:
+    """The test's node id, its file put back where pytest left it out (a file outside the rootdir: '::Cls::test')."""
+    nodeid = str(report.nodeid)
+    return f"{STATE['files'].get(nodeid, report.location[0])}{nodeid}" if nodeid.startswith("::") else nodeid
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Remember the file of a test whose node id lacks it (see _key)."""
+    if item.nodeid.startswith("::"):
+        STATE["files"][item.nodeid] = str(item.path)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Record each test's outcome: a failure or skip at any phase, else passed."""
-    if report.when == "call" or report.outcome != "passed":
-        prev = STATE["outcomes"].get(report.nodeid)
-        if prev in (None, "passed"):
-            STATE["outcomes"][report.nodeid] = report.outcome
+    """Record each test's outcome: failed if a phase or subtest failed, else passed if its call passed, else skipped."""
+    if report.when != "call" and report.outcome == "passed":
+        return
+    key = _key(report)
+    prev = STATE["outcomes"].get(key)
+    if prev is None or RANK[report.outcome] > RANK[prev]:
+        STATE["outcomes"][key] = report.outcome
+    if report.outcome == "failed" and key not in STATE["errors"]:
+        crash = getattr(getattr(report, "longrepr", None), "reprcrash", None)
+        STATE["errors"][key] = str(getattr(crash, "message", getattr(report, "longrepr", "")))[:300]
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Write this run's record."""
     record = {**STATE, "tracked": session.config.getoption("--hf-track"), "resume_calls": dict(STATE["resume_calls"])}
     record.pop("test")
+    record.pop("files")
     record.pop("inside", None)
     Path(session.config.getoption("--hf-json")).write_text(json.dumps(record, indent=1))
 
@@ -113,18 +159,30 @@ def summary(base: dict[str, Any], tracked: dict[str, Any]) -> dict[str, Any]:
     def counts(run: dict[str, Any]) -> dict[str, int]:
         return dict(Counter(run["outcomes"].values()))
     broken = sorted(t for t, o in tracked["outcomes"].items() if o == "failed" and base["outcomes"].get(t) == "passed")
+    errors = tracked.get("errors", {})
     return {"tests_run": len(tracked["outcomes"]), "without_tracking": counts(base), "with_tracking": counts(tracked),
-            "broken_by_tracking": broken, "refusals": len(tracked["refusals"]),
+            "broken_by_tracking": broken, "broken_errors": {t: errors.get(t, "?") for t in broken},
+            "refusals": len(tracked["refusals"]),
             "false_alarms": len(tracked["false_alarms"]),
             "false_alarms_by_check": dict(Counter(str(r["check"]) for r in tracked["false_alarms"])),
+            "guard_errors": len(tracked.get("guard_errors", [])),
+            "guard_error_records": tracked.get("guard_errors", []),
             "false_alarm_records": tracked["false_alarms"], "resume_calls": tracked["resume_calls"]}
 
 
+def measured_set(root: str) -> str:
+    """The HF_TESTS value of the measured run: the files under `root` (a transformers checkout) and its -k filter."""
+    return " ".join(str(Path(root) / f) for f in MEASURED) + f" -k '{MEASURED_K}'"
+
+
 def main(argv: list[str]) -> None:
-    """BASE.json TRACKED.json SUMMARY.json: write the comparison."""
+    """BASE.json TRACKED.json SUMMARY.json: write the comparison; --files ROOT: print the measured HF_TESTS."""
+    if argv[:1] == ["--files"]:
+        print(measured_set(argv[1]))
+        return
     base, tracked = (json.loads(Path(p).read_text()) for p in argv[:2])
     Path(argv[2]).write_text(json.dumps(summary(base, tracked), indent=1))
-    print(json.dumps({k: v for k, v in summary(base, tracked).items() if k != "false_alarm_records"}))
+    print(json.dumps({k: v for k, v in summary(base, tracked).items() if not k.endswith("_records")}))
 
 
 if __name__ == "__main__":
