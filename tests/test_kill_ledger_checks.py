@@ -208,6 +208,20 @@ def test_ledger_positions_a_one_slot_cache_and_nothing_to_read():
     lc.ledger_positions(call(None, 1, fed_pos=[[[3]]]))
 
 
+def test_ledger_positions_reads_the_first_attended_fed_token():
+    """transformers' assisted decoding test (5.17.0): a left-padded row's pad is fed first, placed at 0 (a false alarm
+    when the first fed token was read); the first token the mask attends is compared, a row of pads only is skipped."""
+    ledger = led([[28, 19, 11, 95, 2, 37]], positions=[[0] * 6], mask=[[1, 0, 0, 0, 0, 0]])
+    mask = [[1, 0, 0, 0, 0, 0, 0, 1]]
+    lc.ledger_positions(call(ledger, 2, fed_pos=[[[0, 1]]], fed_ids=[[35, 15]], mask=mask))
+    e = refused(lc.ledger_positions, call(ledger, 2, fed_pos=[[[0, 4]]], fed_ids=[[35, 15]], mask=mask))
+    assert e.check == "ledger_positions" and "position(s) [4]" in str(e)
+    two = led([[1, 2], [3, 4]], positions=[[0, 1], [0, 1]])
+    lc.ledger_positions(call(two, 1, fed_pos=[[[2], [9]]], fed_ids=[[5], [6]], mask=[[1, 1, 1], [1, 1, 0]]))
+    e = refused(lc.ledger_positions, call(two, 1, fed_pos=[[[3], [9]]], fed_ids=[[5], [6]], mask=[[1, 1, 1], [1, 1, 0]]))
+    assert "position(s) [3, 2]" in str(e)
+
+
 def test_ledger_positions_a_batch_mismatch_is_not_read():
     lc.ledger_positions(call(led([[1, 2]]), 1, fed_pos=[[[7], [7]]]))
 

@@ -148,6 +148,18 @@ def next_positions(led: Ledger, f: int) -> torch.Tensor:
     return ids if led.positions.shape[0] == 1 else ids.unsqueeze(0).expand(led.positions.shape[0], *ids.shape).clone()
 
 
+def first_attended(fed: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Per row, the position of the first fed token the mask attends (-1 where it attends none); fed [R, B, f]. A
+    padding token's position is whatever the caller filled in (assisted decoding feeds a left-padded row's pads)."""
+    f = int(fed.shape[-1])
+    first = fed.amin(0).cpu()  # [B, f]: the smallest rotary row per token
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[-1] < f or mask.shape[0] != first.shape[0]:
+        return first[:, 0]
+    real = mask[:, -f:].cpu().bool()
+    at = real.to(torch.uint8).argmax(-1, keepdim=True)
+    return torch.where(real.any(-1), first.gather(-1, at).squeeze(-1), torch.full_like(first[:, 0], -1))
+
+
 def ledger_positions(call: ResumeCall) -> None:
     """The first fed token's positions (as the model rotates them) continue each row's last cached position."""
     led, fed = call.ledger, call.fed_positions
@@ -160,8 +172,11 @@ def ledger_positions(call: ResumeCall) -> None:
                       f"continuing them keeps the wrong keys; re-feed the tokens from slot {bad} (the whole sequence "
                       f"through kvresume.resume(model, whole_ids, cache), which keeps the {bad} slots written right)",
                       resume=True)
-    got, want = fed[..., 0].amin(0).cpu(), led.next_positions()
-    if got.shape != want.shape or torch.equal(got, want):
+    got, want = first_attended(fed, call.attention_mask), led.next_positions()
+    if got is None or got.shape != want.shape:
+        return
+    got = torch.where(got < 0, want, got)  # a row whose fed tokens are all padding: nothing rotated to compare
+    if torch.equal(got, want):
         return
     f, ids = int(fed.shape[-1]), call.fed_ids
     device = ids.device if ids is not None else "cpu"

@@ -31,6 +31,12 @@ from .ledger import attach_ledger, cache_held, ledger_owner
 from .steps import continued, started
 
 HANDLE_ATTR = "_kv_ledger_tracker"
+
+
+def eager(hook: Callable[..., None]) -> Callable[..., None]:
+    """The hook run outside torch.compile's graph: traced, the ledger's Python state would guard the graph and
+    recompile it every decode step (transformers' test_static_cache_no_recompile_with_smaller_length)."""
+    return torch.compiler.disable(hook)
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
 
 
@@ -157,7 +163,7 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
 
 def _hook_rotary(tracker: Tracker) -> None:
     """Put the rotary pre-hook on (again)."""
-    tracker.rope_handle = tracker.rope.register_forward_pre_hook(_rotary(tracker), with_kwargs=True)
+    tracker.rope_handle = tracker.rope.register_forward_pre_hook(eager(_rotary(tracker)), with_kwargs=True)
     tracker.handles.append(tracker.rope_handle)
 
 
@@ -241,8 +247,8 @@ def track(model: torch.nn.Module) -> Tracker:
         return existing
     tracker = Tracker(model, rope=rotary_embedding(model), rope_state=compat.rope_state_owner(model) is not None,
                       decoder=_decoder(model))
-    tracker.handles += [model.register_forward_pre_hook(_pre(tracker), with_kwargs=True),
-                        model.register_forward_hook(_post(tracker), with_kwargs=True)]
+    tracker.handles += [model.register_forward_pre_hook(eager(_pre(tracker)), with_kwargs=True),
+                        model.register_forward_hook(eager(_post(tracker)), with_kwargs=True)]
     if tracker.rope is not None:
         _hook_rotary(tracker)
     model.__dict__[HANDLE_ATTR] = tracker

@@ -84,7 +84,7 @@ def _cache(m: torch.nn.Module, ids: torch.Tensor) -> object:
 def test_rebase_fits_the_stored_ledger_to_the_cache_before_a_write_or_leaves_it_untracked():
     from kvresume import kv_cache_from_tensors
     from kvresume.ledger import stored_ledger
-    from kvresume.tracking import _rebase
+    from kvresume.steps import rebase as _rebase
 
     m = build("dense")
     ids = torch.arange(10, 22).view(2, 6)
@@ -110,3 +110,14 @@ def test_rebase_fits_the_stored_ledger_to_the_cache_before_a_write_or_leaves_it_
     by_count = kv_cache_from_tensors(pairs, m.config, token_ids=ids)
     by_count.batch_repeat_interleave(2)
     assert _rebase(by_count, 6, 4) is True and stored_ledger(by_count).batch == 4
+
+
+def test_the_hooks_run_outside_torch_compile():
+    """Traced, the ledger's Python state guards the compiled graph: transformers' own
+    test_static_cache_no_recompile_with_smaller_length failed tracked (7 models, 5.17.0); with the hooks excluded it passes."""
+    m = build("dense")
+    tracker = track(m)
+    hooks = [*m._forward_pre_hooks.values(), *m._forward_hooks.values()]
+    assert len(hooks) == 2 and all(getattr(h, "_torchdynamo_disable", False) for h in hooks)
+    tracker.remove()
+    assert not m._forward_pre_hooks and not m._forward_hooks
