@@ -129,7 +129,7 @@ upstream-tests: env ## write outputs/upstream/test_resume_contract.py (standalon
 	$(PY) -m helpers.api.upstream $(if $(UPSTREAM_RELEASES),--releases $(UPSTREAM_RELEASES))
 
 # bench: what kvresume.track costs: ms per decoded token tracked vs untracked (the tiny model and a ~64M random Qwen3,
-# 256 new tokens, median of 5 interleaved runs in one process) and one resume()'s extra memory; the table goes into
+# 256 new tokens, median of 11 interleaved runs in one process) and one resume()'s extra memory; the table goes into
 # docs/performance.md ("Tracking cost"). BENCH_ARGS="--runs 9 --new 128 --device cuda" changes it.
 BENCH_ARGS ?=
 bench: env ## tracking cost per decoded token (tracked vs untracked) and one resume()'s memory, into docs/performance.md

@@ -158,7 +158,7 @@ def write(lines: list[str], doc: Path = DOC) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new", type=int, default=256)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=11)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: no OpenMP spinning on a shared CPU)")
     parser.add_argument("--write", action="store_true", help="put the table into docs/performance.md")
