@@ -127,6 +127,9 @@ SCOPE: list[Scope] = [
                                                              *(PACKAGE_TESTS + f for f in LEDGER_TESTS))),
     Scope("packages/kvresume/kvresume/tracking.py", ("*", "Tracker.*"), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
                                                                *(PACKAGE_TESTS + f for f in TRACKING_TESTS))),
+    # where a tracked write starts (the tracking pre-hook's part): the same tests
+    Scope("packages/kvresume/kvresume/steps.py", ("*",), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
+                                                          *(PACKAGE_TESTS + f for f in TRACKING_TESTS))),
     Scope("packages/kvresume/kvresume/reuse.py", ("*",), ("tests/test_ledger.py", "tests/test_linear_checks.py",
                                                             *(PACKAGE_TESTS + f for f in REUSE_TESTS))),
     Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py",

@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvresume import ledger_of, linear_checks, steps, track, tracking, writes
+from kvresume import images, ledger_of, linear_checks, steps, track, tracking, writes
 from kvresume.compat import rotary_embedding
 from kvresume.fingerprint import grown_layer, known_layer
 from kvresume.ledger import TAIL, ledger_owner
 from kvresume.testing import build
+from kvresume.writes import recorded
 from kvresume.tracking import (UNFOLLOWED, Tracker, _chunk, _hook_rotary, _Pending, _post, _pre, _rotary, eager,
                                is_tracked)
 
@@ -172,7 +173,25 @@ def test_the_post_hook_leaves_a_short_write_untracked(dense):
     cache = _plain_cache(dense)
     t.pending[:] = [_pending(cache, 0, 4)]  # the cache took 6 slots, not 4
     post(dense, (), {}, None)
-    assert ledger_of(cache) is None and t.pending == []
+    assert ledger_of(cache) is None and recorded(cache) is None and t.pending == []
+
+
+def test_the_grown_layer_not_the_reported_length_tells_what_a_write_took(dense):
+    t = Tracker(dense)
+    cache = _plain_cache(dense)
+    cache.get_seq_length = lambda *_: 0  # a cache reporting another count (5.25.0: linear layers count their own)
+    t.pending[:] = [_pending(cache, 0, 6)]
+    _post(t)(dense, (), {}, None)
+    assert recorded(cache) == (6, 1)
+
+
+def test_a_text_write_over_an_images_slots_drops_the_image(dense):
+    cache = _plain_cache(dense)
+    ledger_owner(cache).__dict__[images.ATTR] = [images.Span(0, 4, 6, "digest", 0, 0)]
+    t = Tracker(dense)
+    t.pending[:] = [_pending(cache, 0, 6)]  # no pictures in this call
+    _post(t)(dense, (), {}, None)
+    assert recorded(cache) == (6, 1) and ledger_owner(cache).__dict__[images.ATTR] == []
 
 
 def test_a_fold_returns_no_tail_and_the_next_write_goes_on(dense, monkeypatch):
