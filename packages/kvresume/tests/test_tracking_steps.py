@@ -45,7 +45,7 @@ def test_a_decode_step_continues_only_while_nothing_changed_since_the_last_write
     owner.__dict__[LAYER_ATTR] = other
     assert continued(cache, 2) is None  # the fingerprint layer moved
     owner.__dict__[LAYER_ATTR] = layer
-    cache.crop(4)
+    cache.crop(-2)  # two slots off (5.25.0 refuses a positive length)
     assert continued(cache, 2) is None  # cropped: the keys are shorter than the ledger
 
 
