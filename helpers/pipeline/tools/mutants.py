@@ -92,7 +92,8 @@ REUSE_TESTS = ("test_ledger_contract.py", "test_reuse_parts.py", "test_reuse_cal
 LEDGER_TESTS = ("test_ledger_contract.py", "test_ledger_units.py", "test_rows_units.py", "test_rows_sliding.py")
 # what records the ledger: the ledger's tests, tracked resumes and rows, threads, and the recording's own parts
 TRACKING_TESTS = LEDGER_TESTS + ("test_tracking_units.py", "test_reuse_calls.py", "test_chat_resume.py", "test_rows_stale.py",
-                                 "test_tracking_threads.py")
+                                 "test_tracking_threads.py", "test_tracking_hooks.py",
+                                 "test_tracking_steps.py")
 
 SCOPE: list[Scope] = [
     Scope("helpers/compare.py", ("NoiseFloor.*", "tensors_bitwise_equal", "ulp", "dtype_eps", "noise_floor",
@@ -127,6 +128,9 @@ SCOPE: list[Scope] = [
                                                              *(PACKAGE_TESTS + f for f in LEDGER_TESTS))),
     Scope("packages/kvresume/kvresume/tracking.py", ("*", "Tracker.*"), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
                                                                *(PACKAGE_TESTS + f for f in TRACKING_TESTS))),
+    # where a tracked write starts (the tracking pre-hook's part): the same tests
+    Scope("packages/kvresume/kvresume/steps.py", ("*",), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
+                                                          *(PACKAGE_TESTS + f for f in TRACKING_TESTS))),
     Scope("packages/kvresume/kvresume/reuse.py", ("*",), ("tests/test_ledger.py", "tests/test_linear_checks.py",
                                                             *(PACKAGE_TESTS + f for f in REUSE_TESTS))),
     Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py",
