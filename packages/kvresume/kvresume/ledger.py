@@ -152,7 +152,8 @@ def empty_ledger(batch: int, rows: int = 1, device: Any = "cpu") -> Ledger:
 
 def ledger_owner(cache: Any) -> Any:
     """The object the ledger is kept on: an encoder-decoder cache's self-attention cache, else the cache."""
-    return getattr(cache, "self_attention_cache", None) or cache
+    inner = getattr(cache, "self_attention_cache", None)
+    return cache if inner is None else inner  # (an empty DynamicCache is falsy: `or` would give the wrapper)
 
 
 def cache_held(cache: Any) -> tuple[int, int | None]:

@@ -224,3 +224,16 @@ def test_a_stale_slot_inside_a_cropped_cache_is_named_and_cache_held_reads_any_c
     assert cache_held(SimpleNamespace(layers=layers, get_seq_length=lambda: 2)) == (2, 3)
     bare = without_ledger(cache)
     assert bare.layers[0].keys is not cache.layers[0].keys and bare.layers[0].keys.equal(cache.layers[0].keys)
+
+
+def test_the_ledger_of_an_empty_encoder_decoder_cache_is_kept_on_its_decoder_side():
+    """An empty DynamicCache is falsy: the owner is still the self-attention cache, where later reads look."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    from kvresume.ledger import ledger_owner
+
+    inner = DynamicCache()
+    wrapper = EncoderDecoderCache(inner, DynamicCache())
+    assert not inner and ledger_owner(wrapper) is inner
+    plain = DynamicCache()
+    assert ledger_owner(plain) is plain
