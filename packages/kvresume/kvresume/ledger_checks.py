@@ -27,6 +27,7 @@ from . import compat
 from .call import ResumeCall, ResumeInputError, is_encoder_decoder, refuse
 from .ledger import Ledger
 from .prefix import can_crop, misplaced
+from .writes import slot_mask
 
 
 def _refuse(call: ResumeCall, check: str, message: str, **fix: object) -> ResumeInputError:
@@ -148,14 +149,12 @@ def next_positions(led: Ledger, f: int) -> torch.Tensor:
     return ids if led.positions.shape[0] == 1 else ids.unsqueeze(0).expand(led.positions.shape[0], *ids.shape).clone()
 
 
-def first_attended(fed: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor | None:
-    """Per row, the position of the first fed token the mask attends (-1 where it attends none); fed [R, B, f]. A
-    padding token's position is whatever the caller filled in (assisted decoding feeds a left-padded row's pads)."""
-    f = int(fed.shape[-1])
+def first_attended(fed: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Per row, the position of the first fed token the mask attends (-1 where it attends none; without a 2-D mask of
+    these rows, the first fed token); fed [R, B, f]. A padding token's position is whatever the caller filled in
+    (assisted decoding feeds a left-padded row's pads)."""
     first = fed.amin(0).cpu()  # [B, f]: the smallest rotary row per token
-    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[-1] < f or mask.shape[0] != first.shape[0]:
-        return first[:, 0]
-    real = mask[:, -f:].cpu().bool()
+    real = slot_mask(mask, int(first.shape[0]), int(fed.shape[-1]), "cpu").cpu().bool()
     at = real.to(torch.uint8).argmax(-1, keepdim=True)
     return torch.where(real.any(-1), first.gather(-1, at).squeeze(-1), torch.full_like(first[:, 0], -1))
 
@@ -173,7 +172,7 @@ def ledger_positions(call: ResumeCall) -> None:
                       f"through kvresume.resume(model, whole_ids, cache), which keeps the {bad} slots written right)",
                       resume=True)
     got, want = first_attended(fed, call.attention_mask), led.next_positions()
-    if got is None or got.shape != want.shape:
+    if got.shape != want.shape:
         return
     got = torch.where(got < 0, want, got)  # a row whose fed tokens are all padding: nothing rotated to compare
     if torch.equal(got, want):

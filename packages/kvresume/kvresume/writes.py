@@ -40,9 +40,7 @@ def as_rows(positions: torch.Tensor, batch: int, f: int) -> torch.Tensor:
 
 def slot_mask(mask: Any, batch: int, f: int, device: Any) -> torch.Tensor:
     """The written slots' mask bits [batch, f] (ones where no 2-D mask of these rows was given)."""
-    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= f and mask.shape[0] == batch:
-        return plain(mask if mask.shape[-1] == f else mask[:, -f:])
-    return torch.ones(batch, f, dtype=torch.long, device=device)
+    return plain(mask_slots(mask, batch, f, device))
 
 
 def mask_slots(mask: Any, batch: int, f: int, device: Any) -> torch.Tensor:
