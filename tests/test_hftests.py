@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers.pipeline.tools import hftests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +41,7 @@ def _run(tmp: Path, *flags: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.e2e  # a multi-step run: in `make test`, not test-fast
 def test_plugin_counts_a_tracked_resume(tmp_path: Path) -> None:
     """Both tests pass in both runs; the tracked run sees one tracked resume call and no refusal."""
     (tmp_path / "test_suite.py").write_text(SUITE)

@@ -227,6 +227,7 @@ def test_both_layouts_give_the_same_results(runs, bundles):
         assert legacy["measurements"] == v5["measurements"], stem
 
 
+@pytest.mark.e2e  # a multi-step run: in `make test`, not test-fast
 def test_hub_repository_from_the_local_cache(folders, tmp_path):
     """A hub id (offline, from the hub cache) takes the same fallback, read through the hub client, and is
     named by the commit it resolved to."""

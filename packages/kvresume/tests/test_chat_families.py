@@ -32,6 +32,7 @@ def _crops(kind: str, static: bool, keep: int, held: int) -> bool:
     return kind == "dense" or (kind == "sliding" and held < 15)
 
 
+@pytest.mark.e2e  # a multi-step run: in `make test`, not test-fast
 @pytest.mark.parametrize("kind,static", FAMILIES)
 def test_three_turns_over_the_outputs_cache(kind: str, static: bool) -> None:
     """Each turn: the whole conversation so far (the last answer included) + a new message, resumed from the cache

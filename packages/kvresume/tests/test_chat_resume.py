@@ -147,6 +147,7 @@ def test_uncroppable_cache_extends_in_place(static: bool) -> None:
     assert record(out).reused == p.shape[1] - 1
 
 
+@pytest.mark.e2e  # a multi-step run: in `make test`, not test-fast
 def test_static_cache_reused_over_turns_then_edited() -> None:
     m, p = tracked("dense"), _prompt()
     cache = prefill(m, p[:, :-1], static=True)
@@ -162,6 +163,7 @@ def test_static_cache_reused_over_turns_then_edited() -> None:
     assert record(out3).reused == (5 if STATIC_CROPS else 0)  # 5.17: re-prefilled (reset in place); 5.25: cropped
 
 
+@pytest.mark.e2e  # a multi-step run: in `make test`, not test-fast
 def test_encoder_decoder_resume_and_cached_already_fix() -> None:
     """BART: resume() keeps the decoder's cached prefix; the "cached already" refusal's fix sets
     decoder_attention_mask (not attention_mask, the encoder's) and, applied, restores."""
