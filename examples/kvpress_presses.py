@@ -3,8 +3,8 @@
     make run NB=06 ARGS="-p rebuild examples/kvpress_presses.py:knorm"
     make run NB=06 ARGS="-p rebuild examples/kvpress_presses.py:streaming_llm"
 
-kvpress itself does not install beside this kit: 0.5.5 requires `transformers<5.3,>=4.56.0` (the kit pins 5.17.0).
-These follow its code line for line: `ScorerPress.compress` scores every cached slot per KV head, keeps the
+kvpress 0.5.5 declares `transformers<5.3,>=4.56.0` (the kit pins 5.17.0); examples/kvpress_real.py applies kvpress
+itself (installed `--no-deps`). These follow its code line for line, with no kvpress installed: `ScorerPress.compress` scores every cached slot per KV head, keeps the
 `compute_n_kept` best with `scores.topk(n_kept)` (in score order, not position order), gathers them per head, and
 `BasePress.forward_hook` assigns the result to the cache layer's `.keys` / `.values`. `KnormPress` scores a slot by its
 key's negative L2 norm (each head keeps its own slots); `StreamingLLMPress` scores the first `n_sink` slots and the

@@ -2,7 +2,7 @@
 that gathers its kept slots by top-k score) is an eviction. The order is shown harmless by the repair that puts the
 slots back in position order (it must leave generate()'s step within the floor), and the positions cause is named
 when continuing at the processed length moves the step. Each decision with its contradicting case, then two kvpress
-presses rebuilt (examples/kvpress_presses.py: kvpress 0.5.5 requires transformers<5.3) on the tiny Qwen3-VL."""
+presses rebuilt (examples/kvpress_presses.py; kvpress itself: test_triage_kvpress.py) on the tiny Qwen3-VL."""
 from __future__ import annotations
 
 import copy

@@ -1,0 +1,56 @@
+"""Notebook 06 on kvpress itself (0.5.5, requirements-nodeps.txt): its KnormPress (slots kept by score, per head) and
+StreamingLLMPress (the first and the last slots) on the tiny Qwen3-VL, applied as its README does
+(examples/kvpress_real.py). Each gives the cache the kit's line-for-line rebuild gives (examples/kvpress_presses.py),
+and 06 names an eviction whose order is harmless and the positions cause, as on the rebuilds."""
+from __future__ import annotations
+
+import copy
+import runpy
+from typing import Any
+
+import pytest
+import torch
+
+from helpers import continuation
+from helpers.pipeline.paths import repo_root
+from helpers.triage import rebuilds
+from helpers.triage import run as triage_run
+from kvresume import compat
+
+REAL = ("examples/kvpress_real.py:knorm", "examples/kvpress_real.py:streaming_llm")
+
+
+def _fn(spec: str) -> Any:
+    path, _, name = spec.partition(":")
+    return runpy.run_path(str(repo_root() / path))[name]
+
+
+@pytest.mark.parametrize("name", ["knorm", "streaming_llm"])
+def test_the_real_press_writes_the_rebuilds_cache(bundle, prompt, name):
+    compat.set_rope_state(bundle.model, None)
+    real = _fn(f"examples/kvpress_real.py:{name}")(None, bundle.model, prompt)
+    cache = continuation.prefill(bundle.model, prompt)[1]
+    rebuilt = _fn(f"examples/kvpress_presses.py:{name}")(copy.deepcopy(cache), None, None)
+    for a, b, whole in zip(*(compat.cache_layers(c) for c in (real, rebuilt, cache))):
+        assert a.keys.shape[-2] == b.keys.shape[-2] < whole.keys.shape[-2], "kvpress kept fewer slots than it was given"
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values), "the same slots in the same order"
+
+
+@pytest.fixture(scope="module")
+def measured(bundle, prompt) -> dict[str, Any]:
+    compat.set_rope_state(bundle.model, None)
+    base = triage_run.prepare(bundle, prompt)
+    specs = {"identity": rebuilds.load("identity"), **{rebuilds.label(s): rebuilds.load(s) for s in REAL}}
+    return {"base": base, **{k: r.verdict for k, r in triage_run.triage_all(base, triage_run.apply_all(base, specs)).items()}}
+
+
+@pytest.mark.parametrize("spec", REAL)
+def test_06_names_the_eviction_and_its_positions_cause_on_kvpress(measured, spec):
+    v = measured[rebuilds.label(spec)]
+    steps = {d["node"]: d["numbers"] for d in v["path"]}
+    assert v["branch"] == "compression_positions_and_loss", v["branch"]
+    assert steps["compressed"]["slots"] == "reordered" and steps["compressed"]["stored_slots"] == [40] * 4
+    floor = measured["base"].floor
+    assert floor.matches(steps["order_harmless"]["position_order_vs_generate"]), "putting them in order changes nothing"
+    assert steps["positions_restore"]["generate_position"] != steps["positions_restore"]["logical_position"]
+    assert floor.differs(steps["positions_and_loss"]["repaired_vs_generate"]), "the processed length moves the step"
