@@ -2,11 +2,12 @@
 
     make run NB=06 ARGS="-p rebuild examples/kvpress_real.py:knorm"
 
-kvpress 0.5.5 declares `transformers<5.3`; the kit installs it with `--no-deps` (Makefile `env`). Its forward hook reads
-`kwargs["cache_position"]` on each attention layer to tell a prefill; transformers 5.3 and later no longer pass it there,
-so the call passes it itself (the model's `**kwargs` reach the attention layers). From 5.24.0 the layers get the cache as
-`cache`, not the `past_key_values` its hook reads (KeyError measured on 5.25.0); measured running on 5.17.0. examples/kvpress_presses.py rebuilds
-the same presses line for line; tests/test_triage_kvpress.py checks both give the same cache and the same 06 leaf.
+kvpress 0.5.5 declares `transformers<5.3`; the kit installs it with `--no-deps` (Makefile `env`). Its forward
+hook reads `kwargs["cache_position"]` on each attention layer to tell a prefill; transformers 5.3 and later no longer
+pass it there, so the call passes it itself (the model's `**kwargs` reach the attention layers). Measured running on
+5.17.0; from 5.24.0 the layers get the cache as `cache`, not the `past_key_values` its hook reads (KeyError on 5.25.0).
+examples/kvpress_presses.py rebuilds the same presses line for line; tests/test_triage_kvpress.py checks that both
+give the same cache and the same 06 leaf.
 """
 from __future__ import annotations
 

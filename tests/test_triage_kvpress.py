@@ -48,7 +48,8 @@ def measured(bundle, prompt) -> dict[str, Any]:
     compat.set_rope_state(bundle.model, None)
     base = triage_run.prepare(bundle, prompt)
     specs = {"identity": rebuilds.load("identity"), **{rebuilds.label(s): rebuilds.load(s) for s in REAL}}
-    return {"base": base, **{k: r.verdict for k, r in triage_run.triage_all(base, triage_run.apply_all(base, specs)).items()}}
+    verdicts = triage_run.triage_all(base, triage_run.apply_all(base, specs))
+    return {"base": base, **{k: r.verdict for k, r in verdicts.items()}}
 
 
 @pytest.mark.parametrize("spec", REAL)
