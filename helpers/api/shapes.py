@@ -18,9 +18,10 @@ import torch
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import Outcome, attention_kernel, greedy_config
+from ..continuation import attention_kernel, greedy_config
 from ..models import tiny_bart
-from .cells import Cell, follow_up, guarded_step, judge, with_length
+from ..regress.families import left_pad
+from .cells import Cell, _outcome, follow_up, guarded_step, judge, with_length
 from kvresume.checks import ResumeInputError
 from kvresume.call import cache_lengths
 from kvresume.guard import check_forward_call
@@ -98,10 +99,8 @@ def text_shapes(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 
     out.append(Shape("suffix longer than the cache, mask of its own width", model, ids[:, 8:20],
                      {"attention_mask": ones(12)}, _prefix(model, ids[:, :8]), long_ref,
                      floor_of(model, {"input_ids": ids[:, :20]}, long_ref), 8, whole=ids[:, :20]))
-    static = _static(model, ids[:, :23])
-    if static is not None:
-        out.append(Shape("StaticCache larger than the sequence", model, ids[:, -1:], {"attention_mask": ones(24)}, static,
-                         ref, floor, 23, whole=ids))
+    out.append(Shape("StaticCache larger than the sequence", model, ids[:, -1:], {"attention_mask": ones(24)},
+                     _static(model, ids[:, :23]), ref, floor, 23, whole=ids))
     return out + [_padded(model, gen)]
 
 
@@ -123,18 +122,21 @@ def _static(model: torch.nn.Module, ids: torch.Tensor) -> Any:
     return cache
 
 
+def per_row(model: torch.nn.Module, rows: list[torch.Tensor]) -> tuple[torch.Tensor, NoiseFloor]:
+    """Each unpadded row's full forward (last logits, stacked) and the widest of their floors."""
+    refs = [last_logits(model, input_ids=r) for r in rows]
+    floor = max((floor_of(model, {"input_ids": r}, ref) for r, ref in zip(rows, refs)), key=lambda f: f.threshold)
+    return torch.cat(refs), floor
+
+
 def _padded(model: torch.nn.Module, gen: torch.Generator) -> Shape:
     """A left-padded batch (12 and 20 tokens) generated 3 tokens, continued from its sequences and returned cache."""
-    rows = [torch.randint(10, VOCAB - 10, (n,), generator=gen) for n in (12, 20)]
-    ids, mask = torch.zeros(2, 20, dtype=torch.long), torch.zeros(2, 20, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, 20 - len(r):], mask[i, 20 - len(r):] = r, 1
+    ids, mask = left_pad([torch.randint(10, VOCAB - 10, (n,), generator=gen) for n in (12, 20)])
     first = _gen(model, ids, attention_mask=mask, config={"max_new_tokens": 3})
     seqs = first.sequences
     full = torch.cat([mask, torch.ones(2, seqs.shape[1] - 20, dtype=torch.long)], dim=1)
     kept = [seqs[i][full[i].bool()].view(1, -1) for i in range(2)]
-    ref = torch.cat([last_logits(model, input_ids=k) for k in kept])
-    floor = max((floor_of(model, {"input_ids": k}, last_logits(model, input_ids=k)) for k in kept), key=lambda f: f.threshold)
+    ref, floor = per_row(model, kept)
     return Shape("left-padded batch: sequences + cache", model, seqs, {"attention_mask": full}, compat.output_cache(first),
                  ref, floor, [int(k.shape[1]) - 1 for k in kept], whole=seqs)
 
@@ -214,12 +216,9 @@ def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:
     config = greedy_config(s.model)
     config.update(**s.config)
     kwargs = {**s.kwargs, "generation_config": config}
-    try:
-        with checked_calls(s.models or (s.model,), internal, s.shape), torch.no_grad():
-            out = s.model.generate(s.inputs, **{compat.generate_cache_kwarg(s.model): copy.deepcopy(s.cache)}, **kwargs)
-        plain = Outcome(True, read(out).detach().clone())
-    except Exception as exc:  # noqa: BLE001 - recorded: a valid shape that raises plain is a measurement
-        plain = Outcome(False, error_type=type(exc).__name__, error=str(exc).splitlines()[0] if str(exc) else "")
+    with checked_calls(s.models or (s.model,), internal, s.shape), torch.no_grad():  # a raise plain: a measurement
+        plain = _outcome(lambda: s.model.generate(s.inputs, **{compat.generate_cache_kwarg(s.model): copy.deepcopy(s.cache)},
+                                                  **kwargs), read)
     error, guarded = guarded_step(s.model, s.inputs, s.cache, first_logits=read, **kwargs)
     length = with_length(s.model, s.inputs, s.cache, kwargs, s.processed_length)
     cell = judge("valid", f"{type(s.model).__name__} · {s.shape}", plain, s.reference, s.floor, error, guarded, length)

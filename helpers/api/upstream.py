@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import graphlib
 import os
 import subprocess
 import sys
@@ -61,17 +62,11 @@ def _local_imports(source: str) -> set[str]:
 
 
 def import_order() -> list[str]:
-    """The package's module names, each after the modules it imports (`__init__` last)."""
+    """The package's module names, each after the modules it imports (`__init__` last; a cycle: graphlib.CycleError)."""
     sources = {p.stem: p.read_text() for p in sorted((PACKAGE / "kvresume").glob("*.py"))}
     needs = {name: _local_imports(text) - {name} for name, text in sources.items()}
     needs["__init__"] = set(sources) - {"__init__"}
-    order: list[str] = []
-    while len(order) < len(needs):
-        ready = [n for n in needs if n not in order and needs[n] <= set(order)]
-        if not ready:
-            raise ValueError(f"import cycle among {sorted(set(needs) - set(order))}")
-        order += ready
-    return order
+    return list(graphlib.TopologicalSorter(needs).static_order())
 
 
 def _literal(text: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -56,29 +56,21 @@ def _image_kwargs(turns: TwoTurns) -> dict[str, Any]:
     return kwargs
 
 
-def direct_forward(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positions,
-                   turn1_state: torch.Tensor) -> tuple[Outcome, dict[str, Any], Any]:
-    """forward() over turn 2 at the repaired positions from a copy of the turn-1 cache: (outcome, first call, cache)."""
-    compat.set_rope_state(model, turn1_state.clone())
-    mine = copy.deepcopy(cache)
-    with probe.first_call(model) as seen:
-        out = forward_step(model, turns.turn2_ids, mine, position_ids=positions.with_text_row(), **_image_kwargs(turns))
-    return out, seen.summary(), mine
-
-
 def call_kwargs(turns: TwoTurns, positions: Positions) -> tuple[torch.Tensor, dict[str, Any]]:
     """(input_ids, the other generate() kwargs) of the repaired call: turn 2 and image B at the full-sequence positions."""
     return turns.turn2_ids, {"position_ids": positions.with_text_row(), **_image_kwargs(turns)}
 
 
-def generate_at(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positions,
-                turn1_state: torch.Tensor) -> tuple[Outcome, dict[str, Any]]:
-    """generate() one step over turn 2 with the repaired positions passed explicitly (where the release uses them)."""
+def resumed_at(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positions, turn1_state: torch.Tensor,
+               step: Callable[..., Outcome]) -> tuple[Outcome, dict[str, Any], Any]:
+    """`step` (forward_step: a direct forward; generate_first_step: generate() with the positions passed explicitly)
+    over turn 2 at the repaired positions from a copy of the turn-1 cache: (outcome, first call, that copy)."""
     compat.set_rope_state(model, turn1_state.clone())
+    mine = copy.deepcopy(cache)
     ids, kwargs = call_kwargs(turns, positions)
     with probe.first_call(model) as seen:
-        out = generate_first_step(model, ids, copy.deepcopy(cache), **kwargs)
-    return out, seen.summary()
+        out = step(model, ids, mine, **kwargs)
+    return out, seen.summary(), mine
 
 
 def carry_forward(model: torch.nn.Module, positions: Positions) -> torch.Tensor:
@@ -108,8 +100,8 @@ def rows(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positio
          reference: torch.Tensor, floor: NoiseFloor) -> dict[str, dict[str, Any]]:
     """The repair measured: direct forward and generate() at the repaired positions against the reference, then the
     next token with rope_deltas as the repaired call left it and carried forward, against its own reference."""
-    direct, direct_call, cache_after = direct_forward(model, turns, cache, positions, turn1_state)
-    generated, generated_call = generate_at(model, turns, cache, positions, turn1_state)
+    direct, direct_call, cache_after = resumed_at(model, turns, cache, positions, turn1_state, forward_step)
+    generated, generated_call, _ = resumed_at(model, turns, cache, positions, turn1_state, generate_first_step)
     out = {"forward": row(Shape("repair_forward", "repair: forward at full-sequence positions", "turn2", "B", "B", "turn2"),
                           direct, direct_call, reference, floor),
            "generate": row(Shape("repair_generate", "repair: generate() with explicit positions", "turn2", "B", "B", "turn2"),

@@ -8,6 +8,7 @@ text rotary embedding, and the attention mask each decoder layer's attention rec
 from __future__ import annotations
 
 import copy
+import itertools
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -201,18 +202,8 @@ def diff(a: Step | None, b: Step | None) -> float | None:
 
 def spans(positions: list[int]) -> str:
     """[0, 1, 2, 5, 6] -> '0-2, 5-6' (the original positions a layer kept)."""
-    out, start, prev = [], None, None
-    for p in positions:
-        if start is None:
-            start = prev = p
-        elif p == prev + 1:
-            prev = p
-        else:
-            out.append(f"{start}-{prev}" if prev != start else f"{start}")
-            start = prev = p
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return ", ".join(out)
+    runs = [[p for _, p in run] for _, run in itertools.groupby(enumerate(positions), lambda ip: ip[1] - ip[0])]
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
 
 def step_row(name: str, step: Step, original: Step | None, reference: torch.Tensor) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from .. import caches
 from kvresume import compat
 from kvresume.ledger import attach_ledger, stored_ledger
 from . import patterns
+from .prompts import resolve
 from kvresume import layers
 from ..regress import rebuilds as family
 
@@ -168,11 +169,7 @@ def _import_target(spec: str) -> Any:
                            "'path/to/file.py:function' or 'package.module:function'")
     try:
         if where.endswith(".py"):
-            path = Path(where).expanduser()
-            if not path.is_absolute() and not path.exists():
-                from ..pipeline.paths import repo_root
-
-                path = repo_root() / path
+            path = resolve(where)
             if not path.is_file():
                 raise RebuildError(f"rebuild {shown(spec)!r}: file {shown(where + ':')[:-1]!r} does not exist "
                                    "(relative paths are tried from the working directory, then the kit checkout)")

@@ -65,13 +65,11 @@ LAYER_ROWS = (("class", "cls"), ("stored slots", "stored"), ("reported length", 
 
 def table(original: ResumeState, rebuilt: ResumeState) -> pd.DataFrame:
     """Rows: the states; columns: original, rebuilt, differs ('<<' marks a differing cell)."""
-    rows = [(name, "", fn(original), fn(rebuilt)) for name, fn in ROWS]
+    rows = [(name, fn(original), fn(rebuilt)) for name, fn in ROWS]
     for i, (o, r) in enumerate(zip(original.layers, rebuilt.layers)):
-        rows += [(f"layer {i} {label}", "", getattr(o, attr), getattr(r, attr)) for label, attr in LAYER_ROWS]
+        rows += [(f"layer {i} {label}", getattr(o, attr), getattr(r, attr)) for label, attr in LAYER_ROWS]
         if i < len(rebuilt.slots):
-            rows.append((f"layer {i} slots by content (vs the original's)", "", original.slots[i], rebuilt.slots[i]))
-    df = pd.DataFrame([{"state": n, "original": o, "rebuilt": r} for n, _, o, r in rows])
-    df["differs"] = ["<<" if str(o) != str(r) else "" for o, r in zip(df.original, df.rebuilt)]
-    df["original"] = df.original.map(str)
-    df["rebuilt"] = df.rebuilt.map(str)
+            rows.append((f"layer {i} slots by content (vs the original's)", original.slots[i], rebuilt.slots[i]))
+    df = pd.DataFrame([{"state": n, "original": str(o), "rebuilt": str(r)} for n, o, r in rows])
+    df["differs"] = ["<<" if o != r else "" for o, r in zip(df.original, df.rebuilt)]
     return df.set_index("state")
