@@ -115,7 +115,8 @@ def guarded_step(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any
     """(the guard's error, or the outcome of `guarded_generate`'s one greedy step), generate()'s own inputs only."""
     kwargs.setdefault("generation_config", greedy_config(model))
     try:
-        return None, _outcome(lambda: guarded_generate(model, inputs, **_cache_kwargs(model, cache), **kwargs), first_logits)
+        call = lambda: guarded_generate(model, inputs, **_cache_kwargs(model, cache), **kwargs)  # noqa: E731
+        return None, _outcome(call, first_logits)
     except ResumeInputError as exc:
         return exc, None
 

@@ -59,8 +59,8 @@ def decide_guard_passes(cells: list[Cell], internal: list[dict[str, Any]] | None
     why = (f"all {n['worked']} working cells passed the guard (with and without processed_length), none of "
            f"{len(internal or [])} internal calls was refused, and every passed call equals the plain one bitwise" if holds else
            "no cell worked: nothing to pass" if n["worked"] == 0 else
-           f"false alarms on {named(alarms)}; internal calls refused: {refused}; guarded call not identical to the plain "
-           f"one on {named(changed)}")
+           f"false alarms on {named(alarms)}; internal calls refused: {refused}; guarded call not identical to the "
+           f"plain one on {named(changed)}")
     return Decision(holds, why, {"counts": n, "by_group": _by_group(cells), "false_alarms": named(alarms),
                                  "internal_calls": len(internal or []), "internal_refused": refused,
                                  "guarded_differs_from_plain": named(changed)},

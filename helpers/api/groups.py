@@ -137,8 +137,7 @@ def family_cells(run: checks.Runner) -> tuple[list[Cell], NoiseFloor]:
     model = fam.model
 
     def cell(name: str, cache: Any, kwargs: dict[str, Any]) -> Cell:
-        run._restore(model)
-        plain = run.generate(cache, **kwargs)
+        plain = run.generate(cache, **kwargs)  # from the prefill's model-side state (Runner.generate puts it back)
         run._restore(model)
         made = run_cell("07", f"{fam.name} · {name}", model, fam.suffix, cache, kwargs, reference, floor, processed, plain=plain,
                         whole=fam.prompt, state=_state(model))
@@ -204,8 +203,8 @@ def group_09(bundle: Any, seed: int = 0) -> tuple[list[Cell], dict[str, Any]]:
     calls.append(("repair: generate() at the full-sequence positions",
                   *repair.call_kwargs(chat, repair.full_positions(model, chat)), reference))
     own = dict(chat.full_prompt().mm_kwargs)  # resume: the whole conversation, both images
-    cells = [run_cell("09", name, model, ids, cache, kwargs, ref, floor, chat.cached, whole=chat.full_ids if ref is reference
-                      else None, state=turn1, reset=True, resume_kwargs=own)
+    cells = [run_cell("09", name, model, ids, cache, kwargs, ref, floor, chat.cached, state=turn1, reset=True,
+                      whole=chat.full_ids if ref is reference else None, resume_kwargs=own)
              for name, ids, kwargs, ref in calls]
     for cell in cells:  # new_vision_tokens names 09's route: generate() at the full-sequence positions
         if cell.guard_check == "new_vision_tokens":

@@ -75,33 +75,33 @@ def text_shapes(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 
     """The text-model shapes on one model (24-token prompt; batch of 12 and 20 tokens left-padded)."""
     gen = torch.Generator().manual_seed(seed + 1)
     ids = torch.randint(10, VOCAB - 10, (1, 24), generator=gen)
-    ones = lambda n, b=1: torch.ones(b, n, dtype=torch.long)  # noqa: E731
-    ref = last_logits(model, input_ids=ids)
-    floor = floor_of(model, {"input_ids": ids}, ref)
-    cache23, cache20 = _prefix(model, ids[:, :23]), _prefix(model, ids[:, :20])
+    full = {"attention_mask": torch.ones(1, 24, dtype=torch.long)}
+    cache23 = _prefix(model, ids[:, :23])
+
+    def judged(name: str, against: torch.Tensor, inputs: torch.Tensor | None, kwargs: dict[str, Any], cache: Any,
+               processed: int, resumable: bool = True, **extra: Any) -> Shape:
+        """A shape judged against the full forward over `against` (the whole sequence resume takes, if `resumable`)."""
+        ref = last_logits(model, input_ids=against)
+        return Shape(name, model, inputs, kwargs, cache, ref, floor_of(model, {"input_ids": against}, ref), processed,
+                     whole=against if resumable else None, **extra)
+
     first = _gen(model, ids[:, :16], config={"max_new_tokens": 4})
     seqs = first.sequences
-    seq_ref = last_logits(model, input_ids=seqs)
-    out = [Shape("sequences + returned cache", model, seqs, {"attention_mask": ones(seqs.shape[1])},
-                 compat.output_cache(first), seq_ref, floor_of(model, {"input_ids": seqs}, seq_ref), seqs.shape[1] - 1,
-                 whole=seqs),
-           Shape("multi-token suffix, full mask", model, None, {"input_ids": ids[:, 20:], "attention_mask": ones(24)},
-                 cache20, ref, floor, 20, whole=ids),
-           Shape("inputs_embeds + cache", model, None, {"inputs_embeds": model.get_input_embeddings()(ids).detach(),
-                                                        "attention_mask": ones(24)}, cache23, ref, floor, 23),
-           Shape("positional inputs", model, ids[:, -1:], {"attention_mask": ones(24)}, cache23, ref, floor, 23, whole=ids),
-           Shape("beam search from a cache", model, ids[:, -1:], {"attention_mask": ones(24)}, _beams(cache23, 2), ref,
-                 floor, 23, {"num_beams": 2}),
-           Shape("assisted decoding from a cache of prompt[:-1]", model, ids,
-                 {"attention_mask": ones(24), "assistant_model": assistant}, cache23, ref, floor, 23,
-                 models=(model, assistant), whole=ids)]
-    long_ref = last_logits(model, input_ids=ids[:, :20])
-    out.append(Shape("suffix longer than the cache, mask of its own width", model, ids[:, 8:20],
-                     {"attention_mask": ones(12)}, _prefix(model, ids[:, :8]), long_ref,
-                     floor_of(model, {"input_ids": ids[:, :20]}, long_ref), 8, whole=ids[:, :20]))
-    out.append(Shape("StaticCache larger than the sequence", model, ids[:, -1:], {"attention_mask": ones(24)},
-                     _static(model, ids[:, :23]), ref, floor, 23, whole=ids))
-    return out + [_padded(model, gen)]
+    return [judged("sequences + returned cache", seqs, seqs, {"attention_mask": torch.ones_like(seqs)},
+                   compat.output_cache(first), seqs.shape[1] - 1),
+            judged("multi-token suffix, full mask", ids, None, {"input_ids": ids[:, 20:], **full},
+                   _prefix(model, ids[:, :20]), 20),
+            judged("inputs_embeds + cache", ids, None, {"inputs_embeds": model.get_input_embeddings()(ids).detach(),
+                                                        **full}, cache23, 23, False),
+            judged("positional inputs", ids, ids[:, -1:], full, cache23, 23),
+            judged("beam search from a cache", ids, ids[:, -1:], full, _beams(cache23, 2), 23, False,
+                   config={"num_beams": 2}),
+            judged("assisted decoding from a cache of prompt[:-1]", ids, ids, {**full, "assistant_model": assistant},
+                   cache23, 23, models=(model, assistant)),
+            judged("suffix longer than the cache, mask of its own width", ids[:, :20], ids[:, 8:20],
+                   {"attention_mask": torch.ones(1, 12, dtype=torch.long)}, _prefix(model, ids[:, :8]), 8),
+            judged("StaticCache larger than the sequence", ids, ids[:, -1:], full, _static(model, ids[:, :23]), 23),
+            _padded(model, gen)]
 
 
 def _beams(cache: Any, beams: int) -> Any:
@@ -217,8 +217,8 @@ def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:
     config.update(**s.config)
     kwargs = {**s.kwargs, "generation_config": config}
     with checked_calls(s.models or (s.model,), internal, s.shape), torch.no_grad():  # a raise plain: a measurement
-        plain = _outcome(lambda: s.model.generate(s.inputs, **{compat.generate_cache_kwarg(s.model): copy.deepcopy(s.cache)},
-                                                  **kwargs), read)
+        cache = {compat.generate_cache_kwarg(s.model): copy.deepcopy(s.cache)}
+        plain = _outcome(lambda: s.model.generate(s.inputs, **cache, **kwargs), read)
     error, guarded = guarded_step(s.model, s.inputs, s.cache, first_logits=read, **kwargs)
     length = with_length(s.model, s.inputs, s.cache, kwargs, s.processed_length)
     cell = judge("valid", f"{type(s.model).__name__} · {s.shape}", plain, s.reference, s.floor, error, guarded, length)

@@ -9,7 +9,7 @@ module in its own namespace), then the bodies of the package's contract tests (p
 unchanged: torch, transformers and pytest only. `--releases 5.14.1 5.24.0` runs it with each release's python as
 well (.venv-tf/<release>, helpers.pipeline.matrix.envs).
 
-    python -m helpers.api.upstream [--releases R ...] [--out PATH] [--no-run]
+    python -m helpers.api.upstream [--releases R ...]
 """
 from __future__ import annotations
 
@@ -119,21 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     """Write the file, run it with pytest on this release and every one asked for."""
     ap = argparse.ArgumentParser(prog="python -m helpers.api.upstream", description=__doc__.split("\n\n")[0])
     ap.add_argument("--releases", nargs="*", default=[])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--no-run", action="store_true")
     args = ap.parse_args(argv)
     import transformers
 
-    path = Path(args.out) if args.out else output_dir("upstream") / FILE_NAME
+    path = output_dir("upstream") / FILE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render())
     print(f"wrote {path.name}")
     pythons = {transformers.__version__: sys.executable}
-    for release in args.releases:
-        if release not in pythons:
-            pythons[release] = _release_python(release)
+    pythons |= {release: _release_python(release) for release in args.releases if release not in pythons}
     failed = []
-    for release, python in ([] if args.no_run else pythons.items()):
+    for release, python in pythons.items():
         print(f"pytest on transformers {release}:", flush=True)
         if subprocess.run(pytest_command(python, path), cwd=path.parent).returncode != 0:
             failed.append(release)

@@ -73,12 +73,6 @@ def resumed_at(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: P
     return out, seen.summary(), mine
 
 
-def carry_forward(model: torch.nn.Module, positions: Positions) -> torch.Tensor:
-    """The resume-state update: the model-side rope_deltas set to its value after turn 2; returns it."""
-    compat.set_rope_state(model, positions.rope_deltas.clone())
-    return positions.rope_deltas.clone()
-
-
 @torch.no_grad()
 def next_turn(model: torch.nn.Module, turns: TwoTurns, token: int, cache_after_turn2: Any,
               state: torch.Tensor | None) -> tuple[Outcome, torch.Tensor]:
@@ -110,7 +104,9 @@ def rows(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positio
     left = compat.get_rope_state(model).clone()  # what the repaired calls left on the model
     for key, label, state in (("next_stale", "next token, rope_deltas as the repaired call left it", left),
                               ("next_carried", "next token, rope_deltas carried forward", None)):
-        state = carry_forward(model, positions) if state is None else state
+        if state is None:  # the resume-state update: rope_deltas set to its value after turn 2
+            compat.set_rope_state(model, positions.rope_deltas.clone())
+            state = positions.rope_deltas.clone()
         out_next, next_reference = next_turn(model, turns, token, cache_after, state)
         out[key] = row(Shape(key, label, "turn2", "none", "none", "none"), out_next,
                        {"rope_deltas_before": probe.flat(state)}, next_reference, floor)

@@ -99,11 +99,6 @@ def text_family(name: str, bundle: ModelBundle, length: int, seed: int) -> Famil
     return Family(name, bundle, Prompt(ids, torch.ones_like(ids)))
 
 
-def multimodal_family(bundle: ModelBundle, seed: int) -> Family:
-    """The seed's prompt: one synthetic 224x224 image plus text."""
-    return Family("multimodal", bundle, build_prompt(bundle, seed=seed))
-
-
 def padded_family(bundle: ModelBundle, lengths: tuple[int, int], seed: int) -> Family:
     """Two prompts of different lengths, left-padded into one batch (the padding id is 0)."""
     vocab = int(bundle.model.config.get_text_config().vocab_size)
@@ -127,7 +122,7 @@ def build_all(dense: ModelBundle, others: dict[str, ModelBundle], prompt_length:
     """The five families in table order; `others`: bundles for multimodal, sliding and hybrid."""
     return {
         "dense": text_family("dense", dense, prompt_length, seed),
-        "multimodal": multimodal_family(others["multimodal"], seed),
+        "multimodal": Family("multimodal", others["multimodal"], build_prompt(others["multimodal"], seed=seed)),
         "sliding": text_family("sliding", others["sliding"], sliding_prompt_length, seed),
         "hybrid": text_family("hybrid", others["hybrid"], prompt_length, seed),
         "padded_batch": padded_family(dense, padded_lengths, seed),

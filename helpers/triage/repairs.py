@@ -71,7 +71,7 @@ def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: tor
     mask = {"attention_mask": full_mask(prompt, int(cache.get_seq_length()))}
 
     def repair(name: str, fixed: Any, against: str = "full", **kwargs: Any) -> None:
-        """generate() from `fixed` (the full mask sized to it unless given), then the state the rebuild left put back."""
+        """generate() from `fixed` (the full mask sized to it unless given); then the rebuild's state put back."""
         kwargs = kwargs or {"attention_mask": full_mask(prompt, int(fixed.get_seq_length()))}
         out[name] = as_repair(name, generate_step(model, prompt, fixed, kw, **kwargs), ref, unrepaired[against])
         compat.put_rope_state(model, state_after)

@@ -32,10 +32,6 @@ def layer_states(cache: Any) -> list[LayerState]:
     return out
 
 
-def _state_values(state: torch.Tensor | None) -> list | None:
-    return None if state is None else state.detach().flatten().tolist()[:8]
-
-
 def measure(cache: Any, processed: int, suffix: int, call: dict[str, Any], explicit_call: dict[str, Any],
             carried: int | None = None, slots: list[str] | None = None, model_state: torch.Tensor | None = None) -> ResumeState:
     """One cache's resume state. `call`: what generate() (full mask) reached the model with (captured); `explicit_call`:
@@ -46,7 +42,8 @@ def measure(cache: Any, processed: int, suffix: int, call: dict[str, Any], expli
     return ResumeState(processed_tokens=processed, carried_processed=carried, reported_length=int(cache.get_seq_length()),
                        suffix=suffix, full_mask=first + suffix, next_position=call.get("rotary_position"),
                        logical_position=explicit_call.get("rotary_position"), layers=ls,
-                       model_state=_state_values(model_state), slots=list(slots or []))
+                       slots=list(slots or []),
+                       model_state=None if model_state is None else model_state.detach().flatten().tolist()[:8])
 
 
 ROWS = (
