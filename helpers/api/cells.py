@@ -10,6 +10,7 @@ extra catches it adds, counted apart.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -221,11 +222,8 @@ def _first_step(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any,
 
 def confusion(cells: list[Cell], guard: str = "guard") -> dict[str, dict[str, int]]:
     """{plain outcome: {guard outcome: count}} over the decided cells (`guard`: 'guard' or 'with_length')."""
-    table = {p: {g: 0 for g in GUARDED} for p in PLAIN}
-    for c in cells:
-        if not c.undecided and getattr(c, guard):
-            table[c.plain][getattr(c, guard)] += 1
-    return table
+    seen = Counter((c.plain, getattr(c, guard)) for c in cells if not c.undecided and getattr(c, guard))
+    return {p: {g: seen[(p, g)] for g in GUARDED} for p in PLAIN}
 
 
 def counts(cells: list[Cell], guard: str = "guard") -> dict[str, int]:  # guard: 'guard', 'with_length', 'untracked'

@@ -19,6 +19,7 @@ from ..compare import NoiseFloor, noise_floor
 from ..continuation import (GENERATION_VARIANTS, current_position_ids, generation_kwargs, other_attention_logits,
                             prefill)
 from ..inputs import Prompt
+from ..newimage import repair, shapes as turn_shapes, turns
 from ..regress import checks, families, rebuilds
 from ..triage import controls as triage_controls
 from ..triage import facts as triage_facts
@@ -186,8 +187,6 @@ def group_09(bundle: Any, seed: int = 0) -> tuple[list[Cell], dict[str, Any]]:
     repair (generate() at turn 2's positions from the full sequence), each from a copy of turn 1's cache with
     rope_deltas at turn 1's value, against one forward over both turns (the text-only turn: over its own), 09's floor.
     None on a model without multimodal position state; the model's state is put back afterwards."""
-    from ..newimage import repair, shapes as turn_shapes, turns
-
     model = bundle.model
     if not bundle.is_multimodal or compat.rope_state_owner(model) is None:
         return [], {}

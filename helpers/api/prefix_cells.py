@@ -16,6 +16,7 @@ import copy
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from .cells import Cell, run_cell
 from ..regress.families import left_pad
@@ -27,8 +28,6 @@ PADDED_LENGTHS = (8, 14)
 
 
 def _cache(model: torch.nn.Module) -> Any:
-    from transformers import DynamicCache
-
     return DynamicCache(config=model.config)
 
 

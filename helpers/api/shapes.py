@@ -10,15 +10,17 @@ internal calls, the assistant's included) is checked too (`check_forward_call`):
 """
 from __future__ import annotations
 
+import copy
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+from transformers import StaticCache
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import attention_kernel, greedy_config
+from ..continuation import attention_kernel, current_position_ids, greedy_config, prefill
 from ..models import tiny_bart
 from ..regress.families import left_pad
 from .cells import Cell, _outcome, follow_up, guarded_step, judge, with_length
@@ -106,16 +108,12 @@ def text_shapes(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 
 
 def _beams(cache: Any, beams: int) -> Any:
     """The cache of a batch-1 prefix repeated for `beams` beams (generate() expands the inputs, not the cache)."""
-    import copy
-
     out = copy.deepcopy(cache)
     out.batch_repeat_interleave(beams)
     return out
 
 
 def _static(model: torch.nn.Module, ids: torch.Tensor) -> Any:
-    from transformers import StaticCache
-
     cache = StaticCache(config=model.config, max_cache_len=64)
     with torch.no_grad():
         model(input_ids=ids, use_cache=True, **{compat.cache_kwarg(model): cache})
@@ -164,8 +162,6 @@ def bart_shapes(seed: int = 0, prepare: Callable[[torch.nn.Module], Any] | None 
 
 def mrope_shape(model: torch.nn.Module, prompt: Any) -> Shape:
     """Qwen3-VL with 4-row position ids (the text row at the processed length beside the three M-RoPE rows)."""
-    from ..continuation import current_position_ids, prefill
-
     ref, _ = prefill(model, prompt, end=None)
     _, cache = prefill(model, prompt)
     three = current_position_ids(model, prompt)
@@ -209,8 +205,6 @@ def checked_calls(models: tuple[torch.nn.Module, ...], rows: list[dict[str, Any]
 
 def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:
     """The shape plain (its internal calls checked) and guarded; judged against its reference."""
-    import copy
-
     rows = s.reference.shape[0]
     read = lambda out: compat.generate_logits(out)[0][:rows].float()  # noqa: E731 - beams: the first beam's row
     config = greedy_config(s.model)

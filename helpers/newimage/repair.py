@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -14,7 +14,7 @@ from ..compare import NoiseFloor
 from ..continuation import Outcome, forward_step, generate_first_step
 from . import probe
 from ..inputs import Prompt
-from .shapes import Shape, row
+from .shapes import Shape, probed, row
 from .turns import TwoTurns
 
 
@@ -61,18 +61,6 @@ def call_kwargs(turns: TwoTurns, positions: Positions) -> tuple[torch.Tensor, di
     return turns.turn2_ids, {"position_ids": positions.with_text_row(), **_image_kwargs(turns)}
 
 
-def resumed_at(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positions, turn1_state: torch.Tensor,
-               step: Callable[..., Outcome]) -> tuple[Outcome, dict[str, Any], Any]:
-    """`step` (forward_step: a direct forward; generate_first_step: generate() with the positions passed explicitly)
-    over turn 2 at the repaired positions from a copy of the turn-1 cache: (outcome, first call, that copy)."""
-    compat.set_rope_state(model, turn1_state.clone())
-    mine = copy.deepcopy(cache)
-    ids, kwargs = call_kwargs(turns, positions)
-    with probe.first_call(model) as seen:
-        out = step(model, ids, mine, **kwargs)
-    return out, seen.summary(), mine
-
-
 @torch.no_grad()
 def next_turn(model: torch.nn.Module, turns: TwoTurns, token: int, cache_after_turn2: Any,
               state: torch.Tensor | None) -> tuple[Outcome, torch.Tensor]:
@@ -94,8 +82,8 @@ def rows(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positio
          reference: torch.Tensor, floor: NoiseFloor) -> dict[str, dict[str, Any]]:
     """The repair measured: direct forward and generate() at the repaired positions against the reference, then the
     next token with rope_deltas as the repaired call left it and carried forward, against its own reference."""
-    direct, direct_call, cache_after = resumed_at(model, turns, cache, positions, turn1_state, forward_step)
-    generated, generated_call, _ = resumed_at(model, turns, cache, positions, turn1_state, generate_first_step)
+    direct, direct_call, cache_after = probed(model, *call_kwargs(turns, positions), cache, turn1_state, forward_step)
+    generated, generated_call, _ = probed(model, *call_kwargs(turns, positions), cache, turn1_state)
     out = {"forward": row(Shape("repair_forward", "repair: forward at full-sequence positions", "turn2", "B", "B", "turn2"),
                           direct, direct_call, reference, floor),
            "generate": row(Shape("repair_generate", "repair: generate() with explicit positions", "turn2", "B", "B", "turn2"),

@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from kvresume import compat
+from kvresume.factory import export_tensors, kv_cache_from_tensors
 from ..compare import NoiseFloor, max_abs_diff
 from ..continuation import generate_first_step
 from ..regress import rebuilds
@@ -134,8 +135,6 @@ def hand_rebuild(cache: Any, config: Any) -> DynamicCache:
 
 
 def _factory(cache: Any, config: Any) -> Any:
-    from kvresume import export_tensors, kv_cache_from_tensors
-
     pairs, linear, processed = export_tensors(cache)
     return kv_cache_from_tensors(pairs, config, processed_length=processed, linear_states=linear)
 

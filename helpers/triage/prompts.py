@@ -16,6 +16,7 @@ import torch
 
 from ..inputs import Prompt, build_prompt
 from ..models import ModelBundle
+from ..pipeline.paths import repo_root
 
 BYTE_OFFSET = 10  # byte b -> token id 10 + b: clear of the first ids, below every tiny vocabulary (2048)
 # generate() arguments the controls set themselves (the argument sets and the one-step greedy contract)
@@ -25,8 +26,6 @@ RESERVED_GENERATE = ("input_ids", "attention_mask", "position_ids", "past_key_va
 
 def resolve(path: str) -> Path:
     """A relative path from the working directory, else from the kit checkout (as for a rebuild's file)."""
-    from ..pipeline.paths import repo_root
-
     p = Path(path).expanduser()
     return p if p.is_file() or p.is_absolute() else repo_root() / p
 
