@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ..continuation import current_position_ids
 from ..inputs import Prompt, build_prompt
@@ -33,14 +34,9 @@ def synthetic_ids(length: int, vocab: int, seed: int) -> torch.Tensor:
 
 def left_pad(rows: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D token rows -> (input_ids, attention_mask), left-padded to the longest row (mask 0 on padding)."""
-    width = max(int(r.numel()) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        n = int(row.numel())
-        ids[i, width - n:] = row.reshape(-1)
-        mask[i, width - n:] = 1
-    return ids, mask
+    flat = [r.reshape(-1).long() for r in rows]
+    ids = pad_sequence(flat, batch_first=True, padding_value=pad_id, padding_side="left")
+    return ids, pad_sequence([torch.ones_like(r) for r in flat], batch_first=True, padding_side="left")
 
 
 def mask_positions(mask: torch.Tensor) -> torch.Tensor:

@@ -55,7 +55,7 @@ def _tiny_with_image(bundle: ModelBundle, text_ids: list[int]) -> Prompt:
     end = max(i for i, t in enumerate(ids) if t == image_id) + 2  # through vision_end
     start = ids.index(image_id) - 1  # vision_start
     new = torch.tensor([ids[start:end] + text_ids], device=base.input_ids.device)
-    mm = {k: (v[:, start:start + new.shape[1]] if k == "mm_token_type_ids" else v) for k, v in base.mm_kwargs.items()}
+    mm = dict(base.mm_kwargs)
     if "mm_token_type_ids" in mm:
         mm["mm_token_type_ids"] = (new == image_id).long()
     return Prompt(new, torch.ones_like(new), mm)
