@@ -14,25 +14,17 @@ from typing import Any
 from .cells import Cell
 
 
+WORDS = {"crop": "cache.crop to {} tokens", "cache": "a rebuilt cache", "call": "the call the message names",
+         "resume": "resume() on the whole sequence"}
+
+
 def describe(fix: dict[str, Any] | None) -> str:
     """The fix in words (what was applied)."""
     if not fix:
         return "no fix named"
-    parts = []
-    for key, value in fix.items():
-        if key == "crop":
-            parts.append(f"cache.crop to {value} tokens")
-        elif key == "cache":
-            parts.append("a rebuilt cache")
-        elif key == "call":
-            parts.append("the call the message names")
-        elif key == "resume":
-            parts.append("resume() on the whole sequence")
-        else:
-            shape = list(getattr(value, "shape", []))
-            parts.append(f"{key} {shape}" + (f" from {value.reshape(-1, value.shape[-1])[:, 0].tolist()}"
-                                             if key == "position_ids" else ""))
-    return "; ".join(parts)
+    return "; ".join(WORDS[key].format(value) if key in WORDS else f"{key} {list(getattr(value, 'shape', []))}" + (
+        f" from {value.reshape(-1, value.shape[-1])[:, 0].tolist()}" if key == "position_ids" else "")
+        for key, value in fix.items())
 
 
 def advice_rows(cells: list[Cell]) -> list[dict[str, Any]]:

@@ -10,8 +10,9 @@ extra catches it adds, counted apart.
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -55,14 +56,13 @@ class Cell:
     rerun: Any = None  # (fix) -> (status, max |diff|): the call again with the fix applied (notebook 08's advice)
 
     def row(self) -> dict[str, Any]:
-        return {"group": self.group, "cell": self.cell, "plain": self.plain, "guard": self.guard,
-                "check": self.guard_check, "with_processed_length": self.with_length,
-                "check_with_length": self.with_length_check, "max_abs_diff": self.max_abs_diff,
-                "threshold": self.threshold, "plain_error": self.plain_error[:120],
-                "guard_message": self.guard_message[:160], "guarded_equals_plain": self.guarded_equals_plain,
-                "undecided": self.undecided, "shape": self.shape, "untracked": self.untracked,
-                "untracked_check": self.untracked_check, "tracked": self.tracked, "resume": self.resume_status,
-                "resume_diff": self.resume_diff, "resume_error": self.resume_error, "resume_scope": self.resume_scope}
+        """The cell as a results row (the guard's check and the resume fields under their table names)."""
+        out = {ROW_NAMES.get(k, k): v for k, v in vars(self).items() if k not in ("fix", "rerun")}
+        return out | {"plain_error": self.plain_error[:120], "guard_message": self.guard_message[:160]}
+
+
+ROW_NAMES = {"guard_check": "check", "with_length": "with_processed_length", "with_length_check": "check_with_length",
+             "resume_status": "resume"}
 
 
 def plain_status(outcome: Outcome, reference: torch.Tensor | None, floor: NoiseFloor) -> tuple[str, float | None]:
@@ -79,33 +79,47 @@ def _cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
     return {compat.generate_cache_kwarg(model): copy.deepcopy(cache)}
 
 
+def _guard(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwargs: dict[str, Any]) -> tuple[str, str]:
+    """(passed / raised, the check) of check_resume_inputs on the call (`cache`: the cache keyword's value as given)."""
+    try:
+        check_resume_inputs(model, inputs, **{compat.generate_cache_kwarg(model): cache}, **kwargs)
+    except ResumeInputError as exc:
+        return "raised", exc.check
+    except Exception:  # noqa: BLE001 - generate()'s own error, raised unchanged: the guard added no refusal
+        pass
+    return "passed", ""
+
+
 def with_length(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwargs: dict[str, Any],
                 processed_length: Any) -> tuple[str, str]:
     """(passed / raised, the check) of the guard given the caller's processed length ('' where none is known)."""
     if processed_length is None:
         return "", ""
+    return _guard(model, inputs, copy.deepcopy(cache), {"processed_length": processed_length, **kwargs})
+
+
+def _outcome(call: Callable[[], Any], read: Any = None) -> Outcome:
+    """The first-step logits of `call()` (read by `read`), or the error it raised (first line); the guard's refusal
+    (ResumeInputError) is raised on."""
     try:
-        check_resume_inputs(model, inputs, processed_length=processed_length, **_cache_kwargs(model, cache), **kwargs)
-    except ResumeInputError as exc:
-        return "raised", exc.check
-    except Exception:  # noqa: BLE001 - generate()'s own error, raised unchanged: the guard added no refusal
-        return "passed", ""
-    return "passed", ""
+        out = call()
+    except ResumeInputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - recorded: a call that raises is a measurement
+        return Outcome(False, error_type=type(exc).__name__, error=str(exc).splitlines()[0] if str(exc) else "")
+    return Outcome(True, (read or (lambda o: compat.generate_logits(o)[0]))(out).detach().clone())
 
 
 @torch.no_grad()
 def guarded_step(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, first_logits: Any = None,
                  **kwargs: Any) -> tuple[ResumeInputError | None, Outcome | None]:
     """(the guard's error, or the outcome of `guarded_generate`'s one greedy step), generate()'s own inputs only."""
-    read = first_logits or (lambda out: compat.generate_logits(out)[0])
     kwargs.setdefault("generation_config", greedy_config(model))
     try:
-        out = guarded_generate(model, inputs, **_cache_kwargs(model, cache), **kwargs)
-        return None, Outcome(True, read(out).detach().clone())
+        call = lambda: guarded_generate(model, inputs, **_cache_kwargs(model, cache), **kwargs)  # noqa: E731
+        return None, _outcome(call, first_logits)
     except ResumeInputError as exc:
         return exc, None
-    except Exception as exc:  # noqa: BLE001 - generate() itself raised after the guard passed: recorded
-        return None, Outcome(False, error_type=type(exc).__name__, error=str(exc).splitlines()[0] if str(exc) else "")
 
 
 def judge(group: str, name: str, plain: Outcome, reference: torch.Tensor | None, floor: NoiseFloor,
@@ -125,26 +139,23 @@ def judge(group: str, name: str, plain: Outcome, reference: torch.Tensor | None,
 def run_cell(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor, cache: Any,
              kwargs: dict[str, Any], reference: torch.Tensor | None, floor: NoiseFloor,
              processed_length: Any, plain: Outcome | None = None, whole: Any = None,
-             state: Any = "keep") -> Cell:
+             state: Any = "keep", reset: bool = False, resume_kwargs: dict[str, Any] | None = None) -> Cell:
     """Plain generate() (or the kit's own recorded `plain` outcome), the guarded call, the guard with the length, and
-    the follow-ups (`follow_up`; `state`: the model-side position state each starts from, "keep": as it is)."""
+    the follow-ups (`follow_up`; `state`: the model-side position state each starts from, "keep": as it is; `reset`:
+    put back before the plain, guarded and length calls too)."""
+    def put() -> None:
+        if reset:
+            compat.put_rope_state(model, state)
+
+    put()
     if plain is None:
         plain = generate_first_step(model, input_ids, copy.deepcopy(cache), **kwargs)
+    put()
     error, guarded = guarded_step(model, None, cache, input_ids=input_ids, **kwargs)
+    put()
     length = with_length(model, None, cache, {"input_ids": input_ids, **kwargs}, processed_length)
     cell = judge(group, name, plain, reference, floor, error, guarded, length)
-    return follow_up(cell, model, input_ids, cache, kwargs, reference, floor, whole, state)
-
-
-def untracked_guard(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwargs: dict[str, Any]) -> tuple[str, str]:
-    """(passed / raised, the check) of the guard on the same call with the ledger removed: today's guard."""
-    try:
-        check_resume_inputs(model, inputs, **{compat.generate_cache_kwarg(model): without_ledger(cache)}, **kwargs)
-    except ResumeInputError as exc:
-        return "raised", exc.check
-    except Exception:  # noqa: BLE001 - generate()'s own error: the guard added no refusal
-        return "passed", ""
-    return "passed", ""
+    return follow_up(cell, model, input_ids, cache, kwargs, reference, floor, whole, state, resume_kwargs=resume_kwargs)
 
 
 def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None, cache: Any, kwargs: dict[str, Any],
@@ -160,7 +171,8 @@ def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None
     given = {**kwargs, **({"input_ids": input_ids} if input_ids is not None else {})}
     cell.tracked = ledger_of(cache) is not None
     put()
-    cell.untracked, cell.untracked_check = untracked_guard(model, inputs, cache, given) if cell.tracked else (cell.guard, cell.guard_check)
+    cell.untracked, cell.untracked_check = _guard(model, inputs, without_ledger(cache), given) if cell.tracked else (
+        cell.guard, cell.guard_check)
 
     def rerun(fix: dict[str, Any]) -> tuple[str, float | None]:
         if fix.get("resume"):  # the message names resume() on the whole sequence
@@ -204,22 +216,14 @@ def _resume_step(model: torch.nn.Module, whole: Any, cache: Any, kwargs: dict[st
 def _first_step(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwargs: dict[str, Any],
                 read: Any = None) -> Outcome:
     """generate()'s first greedy step with these arguments (positional `inputs` where given)."""
-    read = read or (lambda out: compat.generate_logits(out)[0])
     kwargs = {"generation_config": greedy_config(model), **kwargs}
-    try:
-        out = model.generate(inputs, **{compat.generate_cache_kwarg(model): cache}, **kwargs)
-        return Outcome(True, read(out).detach().clone())
-    except Exception as exc:  # noqa: BLE001 - recorded
-        return Outcome(False, error_type=type(exc).__name__, error=str(exc).splitlines()[0] if str(exc) else "")
+    return _outcome(lambda: model.generate(inputs, **{compat.generate_cache_kwarg(model): cache}, **kwargs), read)
 
 
 def confusion(cells: list[Cell], guard: str = "guard") -> dict[str, dict[str, int]]:
     """{plain outcome: {guard outcome: count}} over the decided cells (`guard`: 'guard' or 'with_length')."""
-    table = {p: {g: 0 for g in GUARDED} for p in PLAIN}
-    for c in cells:
-        if not c.undecided and getattr(c, guard):
-            table[c.plain][getattr(c, guard)] += 1
-    return table
+    seen = Counter((c.plain, getattr(c, guard)) for c in cells if not c.undecided and getattr(c, guard))
+    return {p: {g: seen[(p, g)] for g in GUARDED} for p in PLAIN}
 
 
 def counts(cells: list[Cell], guard: str = "guard") -> dict[str, int]:  # guard: 'guard', 'with_length', 'untracked'

@@ -18,8 +18,13 @@ def _by_group(cells: list[Cell]) -> dict[str, dict[str, int]]:
     return {g: counts([c for c in cells if c.group == g]) for g in groups}
 
 
-def _named(cells: list[Cell]) -> list[str]:
+def named(cells: list[Cell]) -> list[str]:
     return [f"{c.group}: {c.cell}" for c in cells]
+
+
+def refused_calls(internal: list[dict[str, Any]] | None) -> list[str]:
+    """The internal calls the guard refused, named."""
+    return [f"{r['shape']} · {r['model']} call {r['call']}" for r in internal or [] if r.get("refused")]
 
 
 def decide_guard_catches(cells: list[Cell]) -> Decision:
@@ -49,16 +54,16 @@ def decide_guard_passes(cells: list[Cell], internal: list[dict[str, Any]] | None
     n = counts(cells)
     alarms = [c for c in cells if not c.undecided and c.plain == "worked" and "raised" in (c.guard, c.with_length)]
     changed = [c for c in cells if c.guard == "passed" and c.guarded_equals_plain is not True]
-    refused = [f"{r['shape']} · {r['model']} call {r['call']}" for r in internal or [] if r.get("refused")]
+    refused = refused_calls(internal)
     holds = n["worked"] > 0 and not alarms and not changed and not refused
     why = (f"all {n['worked']} working cells passed the guard (with and without processed_length), none of "
            f"{len(internal or [])} internal calls was refused, and every passed call equals the plain one bitwise" if holds else
            "no cell worked: nothing to pass" if n["worked"] == 0 else
-           f"false alarms on {_named(alarms)}; internal calls refused: {refused}; guarded call not identical to the plain "
-           f"one on {_named(changed)}")
-    return Decision(holds, why, {"counts": n, "by_group": _by_group(cells), "false_alarms": _named(alarms),
+           f"false alarms on {named(alarms)}; internal calls refused: {refused}; guarded call not identical to the "
+           f"plain one on {named(changed)}")
+    return Decision(holds, why, {"counts": n, "by_group": _by_group(cells), "false_alarms": named(alarms),
                                  "internal_calls": len(internal or []), "internal_refused": refused,
-                                 "guarded_differs_from_plain": _named(changed)},
+                                 "guarded_differs_from_plain": named(changed)},
                     {"worked": n["worked"], "false_alarms": len(alarms), "internal_refused": len(refused)}, SOURCE_API)
 
 

@@ -82,13 +82,13 @@ def refusals(runs: dict[str, checks.Runner]) -> list[dict[str, Any]]:
     for what, word, call in _malformed(runs):
         try:
             call()
-            rows.append({"input": what, "refused": False, "message": "", "names_mismatch": False, "expected_word": word})
+            refused, message = False, ""
         except FactoryError as exc:
-            rows.append({"input": what, "refused": True, "message": str(exc), "expected_word": word,
-                         "names_mismatch": word.lower() in str(exc).lower()})
+            refused, message = True, str(exc)
         except Exception as exc:  # noqa: BLE001 - another exception is not a refusal naming the mismatch
-            rows.append({"input": what, "refused": False, "message": f"{type(exc).__name__}: {exc}"[:200],
-                         "names_mismatch": False, "expected_word": word})
+            refused, message = False, f"{type(exc).__name__}: {exc}"[:200]
+        rows.append({"input": what, "refused": refused, "message": message, "expected_word": word,
+                     "names_mismatch": refused and word.lower() in message.lower()})
     return rows
 
 

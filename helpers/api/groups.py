@@ -8,7 +8,6 @@ processed length given to the guard is what the caller of that notebook knows: t
 """
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -20,6 +19,7 @@ from ..compare import NoiseFloor, noise_floor
 from ..continuation import (GENERATION_VARIANTS, current_position_ids, generation_kwargs, other_attention_logits,
                             prefill)
 from ..inputs import Prompt
+from ..newimage import repair, shapes as turn_shapes, turns
 from ..regress import checks, families, rebuilds
 from ..triage import controls as triage_controls
 from ..triage import facts as triage_facts
@@ -138,8 +138,7 @@ def family_cells(run: checks.Runner) -> tuple[list[Cell], NoiseFloor]:
     model = fam.model
 
     def cell(name: str, cache: Any, kwargs: dict[str, Any]) -> Cell:
-        run._restore(model)
-        plain = run.generate(cache, **kwargs)
+        plain = run.generate(cache, **kwargs)  # from the prefill's model-side state (Runner.generate puts it back)
         run._restore(model)
         made = run_cell("07", f"{fam.name} · {name}", model, fam.suffix, cache, kwargs, reference, floor, processed, plain=plain,
                         whole=fam.prompt, state=_state(model))
@@ -168,25 +167,6 @@ def group_07(runs: dict[str, checks.Runner]) -> tuple[list[Cell], dict[str, Nois
     return [c for cells, _ in measured.values() for c in cells], {name: floor for name, (_, floor) in measured.items()}
 
 
-def _cell_at_state(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor, cache: Any,
-                   kwargs: dict[str, Any], reference: torch.Tensor, floor: NoiseFloor, processed: int,
-                   state: torch.Tensor | None, whole: Any = None,
-                   resume_kwargs: dict[str, Any] | None = None) -> Cell:
-    """A cell whose plain call, guarded call and guard given the processed length each start from the model-side
-    position state `state` (Qwen3-VL's rope_deltas, put back before each)."""
-    from ..continuation import generate_first_step
-    from .cells import follow_up, guarded_step, judge, with_length
-
-    compat.put_rope_state(model, state)
-    plain = generate_first_step(model, input_ids, copy.deepcopy(cache), **kwargs)
-    compat.put_rope_state(model, state)
-    error, guarded = guarded_step(model, None, cache, input_ids=input_ids, **kwargs)
-    compat.put_rope_state(model, state)
-    length = with_length(model, None, cache, {"input_ids": input_ids, **kwargs}, processed)
-    cell = judge(group, name, plain, reference, floor, error, guarded, length)
-    return follow_up(cell, model, input_ids, cache, kwargs, reference, floor, whole, state, resume_kwargs=resume_kwargs)
-
-
 def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
     """03's silent case on Qwen3-VL: a mask-only resume with the model's rope_deltas missing (a fresh instance) or
     stale (a text-only prompt's zeros), against the full forward (floor: sdpa vs eager). The model's state is put
@@ -194,8 +174,8 @@ def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     reference, floor, prefix = _kernel_floor(model, prompt, dtype)
     saved = compat.get_rope_state(model)
     kwargs = {"attention_mask": prompt.attention_mask}
-    cells = [_cell_at_state("03", name, model, prompt.last_token, prefix, kwargs, reference, floor, prompt.length - 1, state,
-                            prompt)
+    cells = [run_cell("03", name, model, prompt.last_token, prefix, kwargs, reference, floor, prompt.length - 1,
+                      whole=prompt, state=state, reset=True)
              for name, state in (("rope_deltas missing · mask_only", None),
                                  ("rope_deltas stale · mask_only", None if saved is None else torch.zeros_like(saved)))]
     compat.put_rope_state(model, saved)
@@ -207,8 +187,6 @@ def group_09(bundle: Any, seed: int = 0) -> tuple[list[Cell], dict[str, Any]]:
     repair (generate() at turn 2's positions from the full sequence), each from a copy of turn 1's cache with
     rope_deltas at turn 1's value, against one forward over both turns (the text-only turn: over its own), 09's floor.
     None on a model without multimodal position state; the model's state is put back afterwards."""
-    from ..newimage import repair, shapes as turn_shapes, turns
-
     model = bundle.model
     if not bundle.is_multimodal or compat.rope_state_owner(model) is None:
         return [], {}
@@ -223,9 +201,9 @@ def group_09(bundle: Any, seed: int = 0) -> tuple[list[Cell], dict[str, Any]]:
              for s in turn_shapes.SHAPES if not turn_shapes.unsupported(model, s, chat)]
     calls.append(("repair: generate() at the full-sequence positions",
                   *repair.call_kwargs(chat, repair.full_positions(model, chat)), reference))
-    own = {k: v for k, v in chat.full_prompt().mm_kwargs.items()}  # resume: the whole conversation, both images
-    cells = [_cell_at_state("09", name, model, ids, cache, kwargs, ref, floor, chat.cached, turn1,
-                            chat.full_ids if ref is reference else None, own)
+    own = dict(chat.full_prompt().mm_kwargs)  # resume: the whole conversation, both images
+    cells = [run_cell("09", name, model, ids, cache, kwargs, ref, floor, chat.cached, state=turn1, reset=True,
+                      whole=chat.full_ids if ref is reference else None, resume_kwargs=own)
              for name, ids, kwargs, ref in calls]
     for cell in cells:  # new_vision_tokens names 09's route: generate() at the full-sequence positions
         if cell.guard_check == "new_vision_tokens":

@@ -13,14 +13,11 @@ from typing import Any
 from ..compare import Decision
 from . import blind
 from .cells import Cell, counts
+from .decisions import named, refused_calls
 
 SOURCE_LEDGER = {"transformers docs": "Re-use Cache to continue generation: copy.deepcopy the prompt cache for each "
                                       "new prompt (the prefix-caching recipe); llama.cpp / vLLM / SGLang key cached "
                                       "slots by their tokens (the engines' design, not measured here)"}
-
-
-def _names(cells: list[Cell]) -> list[str]:
-    return [f"{c.group}: {c.cell}" for c in cells]
 
 
 def decide_ledger_refuses(cells: list[Cell], internal: list[dict[str, Any]] | None = None) -> Decision:
@@ -31,17 +28,17 @@ def decide_ledger_refuses(cells: list[Cell], internal: list[dict[str, Any]] | No
     passed = [c for c in wrong if c.guard != "raised"]
     missed = [c for c in passed if not blind.reason(c)]  # a named blind spot: its inputs and ledger are a valid call's
     alarms = [c for c in tracked if c.plain == "worked" and c.guard == "raised"]
-    refused = [f"{r['shape']} · {r['model']} call {r['call']}" for r in internal or [] if r.get("refused")]
+    refused = refused_calls(internal)
     holds = bool(wrong) and not missed and not alarms and not refused
     why = (f"{len(wrong) - len(passed)} of {len(wrong)} silently wrong tracked cells refused, the other {len(passed)} "
-           f"named blind spots ({_names(passed)}); 0 of {sum(c.plain == 'worked' for c in tracked)} "
+           f"named blind spots ({named(passed)}); 0 of {sum(c.plain == 'worked' for c in tracked)} "
            f"working tracked cells and 0 of {len(internal or [])} internal calls refused" if holds else
            "no tracked cell was silently wrong: nothing to refuse" if not wrong else
-           f"missed: {_names(missed)}; false alarms: {_names(alarms)}; internal calls refused: {refused}")
+           f"missed: {named(missed)}; false alarms: {named(alarms)}; internal calls refused: {refused}")
     untracked = [c for c in cells if not c.tracked and not c.undecided]
     return Decision(holds, why, {"tracked": counts(tracked), "tracked_untracked_guard": counts(tracked, "untracked"),
-                                 "untracked_caches": counts(untracked), "missed": _names(missed),
-                                 "false_alarms": _names(alarms), "internal_refused": refused,
+                                 "untracked_caches": counts(untracked), "missed": named(missed),
+                                 "false_alarms": named(alarms), "internal_refused": refused,
                                  "named_blind_spots": {f"{c.group}: {c.cell}": blind.reason(c) for c in passed}},
                     {"silently_wrong_tracked": len(wrong), "refused": len(wrong) - len(passed),
                      "named_blind_spots": len(passed) - len(missed), "unnamed_misses": len(missed),
@@ -80,10 +77,10 @@ def decide_resume_matches(cells: list[Cell]) -> Decision:
     why = (f"all {len(run)} silently wrong tracked cells match the full forward through resume (largest max |diff| "
            f"{worst:.3g})" if holds and worst is not None else
            "no silently wrong tracked cell ran through resume" if not run else
-           f"through resume: differs or raised on {_names(bad)}; not run (no whole sequence) on {_names(unrun)}")
+           f"through resume: differs or raised on {named(bad)}; not run (no whole sequence) on {named(unrun)}")
     return Decision(holds, why, {"rows": [{"cell": f"{c.group}: {c.cell}", "resume": c.resume_status,
                                            "max_abs_diff": c.resume_diff, "threshold": c.threshold} for c in wrong],
-                                 "differs": _names(bad), "not_run": _names(unrun),
+                                 "differs": named(bad), "not_run": named(unrun),
                                  "out_of_scope": {f"{c.group}: {c.cell}": c.resume_scope for c in scope}},
                     {"silently_wrong_tracked": len(wrong), "resume_matches": len(run) - len(bad),
                      "worst": worst}, SOURCE_LEDGER)

@@ -16,9 +16,11 @@ import copy
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from .cells import Cell, run_cell
-from .shapes import VOCAB, floor_of, last_logits
+from ..regress.families import left_pad
+from .shapes import VOCAB, floor_of, last_logits, per_row
 
 # (prefix, question 1, question 2, answer tokens of question 1)
 RECIPE_LENGTHS = ((8, 4, 10, 3), (16, 6, 12, 2), (8, 8, 4, 6), (12, 5, 5, 4))
@@ -26,8 +28,6 @@ PADDED_LENGTHS = (8, 14)
 
 
 def _cache(model: torch.nn.Module) -> Any:
-    from transformers import DynamicCache
-
     return DynamicCache(config=model.config)
 
 
@@ -57,17 +57,11 @@ def recipe_cells(model: torch.nn.Module, seed: int = 0, lengths: tuple = RECIPE_
 def padded_cells(model: torch.nn.Module, seed: int = 0, lengths: tuple = PADDED_LENGTHS) -> list[Cell]:
     """A left-padded prefix prefilled without positions (the padded row is wrong) and with the mask's (valid)."""
     gen = torch.Generator().manual_seed(seed + 13)
-    width = max(lengths)
     rows = [torch.randint(10, VOCAB - 10, (n,), generator=gen) for n in lengths]
-    ids, mask = torch.zeros(len(rows), width, dtype=torch.long), torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    ids, mask = left_pad(rows)
     new = torch.randint(10, VOCAB - 10, (len(rows), 3), generator=gen)
     whole, full = torch.cat([ids, new], 1), torch.cat([mask, torch.ones_like(new)], 1)
-    alone = [torch.cat([r, new[i]]).view(1, -1) for i, r in enumerate(rows)]
-    ref = torch.cat([last_logits(model, input_ids=a) for a in alone])
-    floor = max((floor_of(model, {"input_ids": a}, last_logits(model, input_ids=a)) for a in alone),
-                key=lambda f: f.threshold)
+    ref, floor = per_row(model, [torch.cat([r, new[i]]).view(1, -1) for i, r in enumerate(rows)])
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     bare = model(input_ids=ids, attention_mask=mask, past_key_values=_cache(model)).past_key_values
     placed = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=_cache(model)).past_key_values

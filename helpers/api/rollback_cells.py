@@ -12,9 +12,7 @@ import copy
 from typing import Any
 
 import torch
-from transformers import DynamicCache, StaticCache
 
-from kvresume import compat
 from ..continuation import generate_first_step
 from ..rollback import probes, setup
 from ..rollback.generation import greedy, repetitive_ids
@@ -23,30 +21,6 @@ from .shapes import checked_calls
 from kvresume.tracking import is_tracked, track
 
 PROMPT, K = setup.PROMPT, 4
-
-
-def families(dense: torch.nn.Module, sliding: torch.nn.Module, hybrid: torch.nn.Module) -> dict[str, setup.Family]:
-    """Notebook 10's four families on 08's own models (no new model built)."""
-    text = compat.text_config(hybrid.config)
-    return {"dense": setup.Family("dense", dense, lambda: DynamicCache(config=dense.config), "dense"),
-            "sliding": setup.Family("sliding", sliding, lambda: DynamicCache(config=sliding.config), "sliding"),
-            "static": setup.Family("static", dense, lambda: StaticCache(config=dense.config, max_cache_len=setup.STATIC_LEN),
-                                   "static"),
-            "hybrid": setup.Family("hybrid", hybrid, lambda: DynamicCache(config=text), "hybrid")}
-
-
-def _rolled(family: setup.Family, ids: torch.Tensor, mode: str) -> Any:
-    """The cache of ids[:PROMPT] that processed K more and was cropped back, or None where the release refuses."""
-    cache = family.new_cache()
-    setup.forward(family.model, ids[:, :PROMPT], cache)
-    if probes._start_recording(cache, mode, K):
-        return None
-    try:
-        setup.forward(family.model, ids[:, PROMPT:PROMPT + K], cache)
-        cache.crop(-K)
-    except Exception:  # noqa: BLE001 - transformers' own refusal: no resume call to guard
-        return None
-    return cache
 
 
 ROLLBACKS = (("dense", "plain"), ("sliding", "record"), ("static", "plain"), ("hybrid", "record"), ("hybrid", "record_keep"))
@@ -64,8 +38,8 @@ def rollback_cells(fams: dict[str, setup.Family], seed: int = 0) -> list[Cell]:
     for name, mode in ROLLBACKS:
         fam = fams[name]
         ids = setup.token_ids(PROMPT + K + 1, fam.model, seed)
-        cache = _rolled(fam, ids, mode)
-        if cache is None:
+        cache = probes.rolled_back(fam, ids, PROMPT, K, mode)[0]
+        if cache is None:  # transformers' own refusal: no resume call to guard
             continue
         whole = torch.cat([ids[:, :PROMPT], ids[:, PROMPT + K:]], 1)
         reference = generate_first_step(fam.model, whole, fam.new_cache(), attention_mask=torch.ones_like(whole)).logits
@@ -103,7 +77,7 @@ def group_10(dense: torch.nn.Module, sliding: torch.nn.Module, hybrid: torch.nn.
     tracked for the group (the tracking put there taken off afterwards)."""
     added = [track(m) for m in {id(m): m for m in (dense, sliding, hybrid)}.values() if not is_tracked(m)]
     try:
-        fams = families(dense, sliding, hybrid)
+        fams = setup.families(hybrid, seed, dense, sliding)
         return rollback_cells(fams, seed) + rebuild_cells(fams["hybrid"], seed), assisted_calls(fams["hybrid"], seed)
     finally:
         for t in added:

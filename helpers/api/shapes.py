@@ -10,17 +10,20 @@ internal calls, the assistant's included) is checked too (`check_forward_call`):
 """
 from __future__ import annotations
 
+import copy
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+from transformers import StaticCache
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import Outcome, attention_kernel, greedy_config
+from ..continuation import attention_kernel, current_position_ids, greedy_config, prefill
 from ..models import tiny_bart
-from .cells import Cell, follow_up, guarded_step, judge, with_length
+from ..regress.families import left_pad
+from .cells import Cell, _outcome, follow_up, guarded_step, judge, with_length
 from kvresume.checks import ResumeInputError
 from kvresume.call import cache_lengths
 from kvresume.guard import check_forward_call
@@ -74,67 +77,64 @@ def text_shapes(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 
     """The text-model shapes on one model (24-token prompt; batch of 12 and 20 tokens left-padded)."""
     gen = torch.Generator().manual_seed(seed + 1)
     ids = torch.randint(10, VOCAB - 10, (1, 24), generator=gen)
-    ones = lambda n, b=1: torch.ones(b, n, dtype=torch.long)  # noqa: E731
-    ref = last_logits(model, input_ids=ids)
-    floor = floor_of(model, {"input_ids": ids}, ref)
-    cache23, cache20 = _prefix(model, ids[:, :23]), _prefix(model, ids[:, :20])
+    full = {"attention_mask": torch.ones(1, 24, dtype=torch.long)}
+    cache23 = _prefix(model, ids[:, :23])
+
+    def judged(name: str, against: torch.Tensor, inputs: torch.Tensor | None, kwargs: dict[str, Any], cache: Any,
+               processed: int, resumable: bool = True, **extra: Any) -> Shape:
+        """A shape judged against the full forward over `against` (the whole sequence resume takes, if `resumable`)."""
+        ref = last_logits(model, input_ids=against)
+        return Shape(name, model, inputs, kwargs, cache, ref, floor_of(model, {"input_ids": against}, ref), processed,
+                     whole=against if resumable else None, **extra)
+
     first = _gen(model, ids[:, :16], config={"max_new_tokens": 4})
     seqs = first.sequences
-    seq_ref = last_logits(model, input_ids=seqs)
-    out = [Shape("sequences + returned cache", model, seqs, {"attention_mask": ones(seqs.shape[1])},
-                 compat.output_cache(first), seq_ref, floor_of(model, {"input_ids": seqs}, seq_ref), seqs.shape[1] - 1,
-                 whole=seqs),
-           Shape("multi-token suffix, full mask", model, None, {"input_ids": ids[:, 20:], "attention_mask": ones(24)},
-                 cache20, ref, floor, 20, whole=ids),
-           Shape("inputs_embeds + cache", model, None, {"inputs_embeds": model.get_input_embeddings()(ids).detach(),
-                                                        "attention_mask": ones(24)}, cache23, ref, floor, 23),
-           Shape("positional inputs", model, ids[:, -1:], {"attention_mask": ones(24)}, cache23, ref, floor, 23, whole=ids),
-           Shape("beam search from a cache", model, ids[:, -1:], {"attention_mask": ones(24)}, _beams(cache23, 2), ref,
-                 floor, 23, {"num_beams": 2}),
-           Shape("assisted decoding from a cache of prompt[:-1]", model, ids,
-                 {"attention_mask": ones(24), "assistant_model": assistant}, cache23, ref, floor, 23,
-                 models=(model, assistant), whole=ids)]
-    long_ref = last_logits(model, input_ids=ids[:, :20])
-    out.append(Shape("suffix longer than the cache, mask of its own width", model, ids[:, 8:20],
-                     {"attention_mask": ones(12)}, _prefix(model, ids[:, :8]), long_ref,
-                     floor_of(model, {"input_ids": ids[:, :20]}, long_ref), 8, whole=ids[:, :20]))
-    static = _static(model, ids[:, :23])
-    if static is not None:
-        out.append(Shape("StaticCache larger than the sequence", model, ids[:, -1:], {"attention_mask": ones(24)}, static,
-                         ref, floor, 23, whole=ids))
-    return out + [_padded(model, gen)]
+    return [judged("sequences + returned cache", seqs, seqs, {"attention_mask": torch.ones_like(seqs)},
+                   compat.output_cache(first), seqs.shape[1] - 1),
+            judged("multi-token suffix, full mask", ids, None, {"input_ids": ids[:, 20:], **full},
+                   _prefix(model, ids[:, :20]), 20),
+            judged("inputs_embeds + cache", ids, None, {"inputs_embeds": model.get_input_embeddings()(ids).detach(),
+                                                        **full}, cache23, 23, False),
+            judged("positional inputs", ids, ids[:, -1:], full, cache23, 23),
+            judged("beam search from a cache", ids, ids[:, -1:], full, _beams(cache23, 2), 23, False,
+                   config={"num_beams": 2}),
+            judged("assisted decoding from a cache of prompt[:-1]", ids, ids, {**full, "assistant_model": assistant},
+                   cache23, 23, models=(model, assistant)),
+            judged("suffix longer than the cache, mask of its own width", ids[:, :20], ids[:, 8:20],
+                   {"attention_mask": torch.ones(1, 12, dtype=torch.long)}, _prefix(model, ids[:, :8]), 8),
+            judged("StaticCache larger than the sequence", ids, ids[:, -1:], full, _static(model, ids[:, :23]), 23),
+            _padded(model, gen)]
 
 
 def _beams(cache: Any, beams: int) -> Any:
     """The cache of a batch-1 prefix repeated for `beams` beams (generate() expands the inputs, not the cache)."""
-    import copy
-
     out = copy.deepcopy(cache)
     out.batch_repeat_interleave(beams)
     return out
 
 
 def _static(model: torch.nn.Module, ids: torch.Tensor) -> Any:
-    from transformers import StaticCache
-
     cache = StaticCache(config=model.config, max_cache_len=64)
     with torch.no_grad():
         model(input_ids=ids, use_cache=True, **{compat.cache_kwarg(model): cache})
     return cache
 
 
+def per_row(model: torch.nn.Module, rows: list[torch.Tensor]) -> tuple[torch.Tensor, NoiseFloor]:
+    """Each unpadded row's full forward (last logits, stacked) and the widest of their floors."""
+    refs = [last_logits(model, input_ids=r) for r in rows]
+    floor = max((floor_of(model, {"input_ids": r}, ref) for r, ref in zip(rows, refs)), key=lambda f: f.threshold)
+    return torch.cat(refs), floor
+
+
 def _padded(model: torch.nn.Module, gen: torch.Generator) -> Shape:
     """A left-padded batch (12 and 20 tokens) generated 3 tokens, continued from its sequences and returned cache."""
-    rows = [torch.randint(10, VOCAB - 10, (n,), generator=gen) for n in (12, 20)]
-    ids, mask = torch.zeros(2, 20, dtype=torch.long), torch.zeros(2, 20, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, 20 - len(r):], mask[i, 20 - len(r):] = r, 1
+    ids, mask = left_pad([torch.randint(10, VOCAB - 10, (n,), generator=gen) for n in (12, 20)])
     first = _gen(model, ids, attention_mask=mask, config={"max_new_tokens": 3})
     seqs = first.sequences
     full = torch.cat([mask, torch.ones(2, seqs.shape[1] - 20, dtype=torch.long)], dim=1)
     kept = [seqs[i][full[i].bool()].view(1, -1) for i in range(2)]
-    ref = torch.cat([last_logits(model, input_ids=k) for k in kept])
-    floor = max((floor_of(model, {"input_ids": k}, last_logits(model, input_ids=k)) for k in kept), key=lambda f: f.threshold)
+    ref, floor = per_row(model, kept)
     return Shape("left-padded batch: sequences + cache", model, seqs, {"attention_mask": full}, compat.output_cache(first),
                  ref, floor, [int(k.shape[1]) - 1 for k in kept], whole=seqs)
 
@@ -162,8 +162,6 @@ def bart_shapes(seed: int = 0, prepare: Callable[[torch.nn.Module], Any] | None 
 
 def mrope_shape(model: torch.nn.Module, prompt: Any) -> Shape:
     """Qwen3-VL with 4-row position ids (the text row at the processed length beside the three M-RoPE rows)."""
-    from ..continuation import current_position_ids, prefill
-
     ref, _ = prefill(model, prompt, end=None)
     _, cache = prefill(model, prompt)
     three = current_position_ids(model, prompt)
@@ -207,19 +205,14 @@ def checked_calls(models: tuple[torch.nn.Module, ...], rows: list[dict[str, Any]
 
 def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:
     """The shape plain (its internal calls checked) and guarded; judged against its reference."""
-    import copy
-
     rows = s.reference.shape[0]
     read = lambda out: compat.generate_logits(out)[0][:rows].float()  # noqa: E731 - beams: the first beam's row
     config = greedy_config(s.model)
     config.update(**s.config)
     kwargs = {**s.kwargs, "generation_config": config}
-    try:
-        with checked_calls(s.models or (s.model,), internal, s.shape), torch.no_grad():
-            out = s.model.generate(s.inputs, **{compat.generate_cache_kwarg(s.model): copy.deepcopy(s.cache)}, **kwargs)
-        plain = Outcome(True, read(out).detach().clone())
-    except Exception as exc:  # noqa: BLE001 - recorded: a valid shape that raises plain is a measurement
-        plain = Outcome(False, error_type=type(exc).__name__, error=str(exc).splitlines()[0] if str(exc) else "")
+    with checked_calls(s.models or (s.model,), internal, s.shape), torch.no_grad():  # a raise plain: a measurement
+        cache = {compat.generate_cache_kwarg(s.model): copy.deepcopy(s.cache)}
+        plain = _outcome(lambda: s.model.generate(s.inputs, **cache, **kwargs), read)
     error, guarded = guarded_step(s.model, s.inputs, s.cache, first_logits=read, **kwargs)
     length = with_length(s.model, s.inputs, s.cache, kwargs, s.processed_length)
     cell = judge("valid", f"{type(s.model).__name__} · {s.shape}", plain, s.reference, s.floor, error, guarded, length)

@@ -9,12 +9,13 @@ module in its own namespace), then the bodies of the package's contract tests (p
 unchanged: torch, transformers and pytest only. `--releases 5.14.1 5.24.0` runs it with each release's python as
 well (.venv-tf/<release>, helpers.pipeline.matrix.envs).
 
-    python -m helpers.api.upstream [--releases R ...] [--out PATH] [--no-run]
+    python -m helpers.api.upstream [--releases R ...]
 """
 from __future__ import annotations
 
 import argparse
 import ast
+import graphlib
 import os
 import subprocess
 import sys
@@ -61,17 +62,11 @@ def _local_imports(source: str) -> set[str]:
 
 
 def import_order() -> list[str]:
-    """The package's module names, each after the modules it imports (`__init__` last)."""
+    """The package's module names, each after the modules it imports (`__init__` last; a cycle: graphlib.CycleError)."""
     sources = {p.stem: p.read_text() for p in sorted((PACKAGE / "kvresume").glob("*.py"))}
     needs = {name: _local_imports(text) - {name} for name, text in sources.items()}
     needs["__init__"] = set(sources) - {"__init__"}
-    order: list[str] = []
-    while len(order) < len(needs):
-        ready = [n for n in needs if n not in order and needs[n] <= set(order)]
-        if not ready:
-            raise ValueError(f"import cycle among {sorted(set(needs) - set(order))}")
-        order += ready
-    return order
+    return list(graphlib.TopologicalSorter(needs).static_order())
 
 
 def _literal(text: str) -> str:
@@ -124,21 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     """Write the file, run it with pytest on this release and every one asked for."""
     ap = argparse.ArgumentParser(prog="python -m helpers.api.upstream", description=__doc__.split("\n\n")[0])
     ap.add_argument("--releases", nargs="*", default=[])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--no-run", action="store_true")
     args = ap.parse_args(argv)
     import transformers
 
-    path = Path(args.out) if args.out else output_dir("upstream") / FILE_NAME
+    path = output_dir("upstream") / FILE_NAME
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render())
     print(f"wrote {path.name}")
     pythons = {transformers.__version__: sys.executable}
-    for release in args.releases:
-        if release not in pythons:
-            pythons[release] = _release_python(release)
+    pythons |= {release: _release_python(release) for release in args.releases if release not in pythons}
     failed = []
-    for release, python in ([] if args.no_run else pythons.items()):
+    for release, python in pythons.items():
         print(f"pytest on transformers {release}:", flush=True)
         if subprocess.run(pytest_command(python, path), cwd=path.parent).returncode != 0:
             failed.append(release)

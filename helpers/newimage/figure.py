@@ -9,9 +9,10 @@ from .. import plots
 ROWS = ("t (temporal)", "h (height)", "w (width)")
 
 
-def positions_figure(reference: list[list[int]], resumed: dict[str, list[list[int]]], span: tuple[int, int],
-                     start: int, title: str, caption: str | None = None) -> Any:
-    """reference: [t, h, w] rows of turn 2; resumed: {label: rows as received}; span: image B inside turn 2."""
+def plot_positions(reference: list[list[int]], resumed: dict[str, list[list[int]]], span: tuple[int, int], start: int,
+                   title: str, stem: str, name: str, caption: str | None = None) -> Any:
+    """reference: [t, h, w] rows of turn 2; resumed: {label: rows as received}; span: image B inside turn 2; saved to
+    outputs/figures/<stem>-<name>.png and shown."""
     x = list(range(start, start + len(reference[0])))
 
     def draw(ax: Any, metric: str, _values: Any) -> None:
@@ -26,10 +27,4 @@ def positions_figure(reference: list[list[int]], resumed: dict[str, list[list[in
         if i == 0:
             ax.legend(fontsize=7, loc="upper left")
 
-    return plots.figure({row: [] for row in ROWS}, draw, title, caption=caption)
-
-
-def plot_positions(reference: list[list[int]], resumed: dict[str, list[list[int]]], span: tuple[int, int], start: int,
-                   title: str, stem: str, name: str, caption: str | None = None) -> Any:
-    """positions_figure, saved to outputs/figures/<stem>-<name>.png and shown."""
-    return plots.finish(positions_figure(reference, resumed, span, start, title, caption), stem, name)
+    return plots.finish(plots.figure({row: [] for row in ROWS}, draw, title, caption=caption), stem, name)

@@ -14,7 +14,7 @@ from ..compare import NoiseFloor
 from ..continuation import Outcome, forward_step, generate_first_step
 from . import probe
 from ..inputs import Prompt
-from .shapes import Shape, row
+from .shapes import Shape, probed, row
 from .turns import TwoTurns
 
 
@@ -56,35 +56,9 @@ def _image_kwargs(turns: TwoTurns) -> dict[str, Any]:
     return kwargs
 
 
-def direct_forward(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positions,
-                   turn1_state: torch.Tensor) -> tuple[Outcome, dict[str, Any], Any]:
-    """forward() over turn 2 at the repaired positions from a copy of the turn-1 cache: (outcome, first call, cache)."""
-    compat.set_rope_state(model, turn1_state.clone())
-    mine = copy.deepcopy(cache)
-    with probe.first_call(model) as seen:
-        out = forward_step(model, turns.turn2_ids, mine, position_ids=positions.with_text_row(), **_image_kwargs(turns))
-    return out, seen.summary(), mine
-
-
 def call_kwargs(turns: TwoTurns, positions: Positions) -> tuple[torch.Tensor, dict[str, Any]]:
     """(input_ids, the other generate() kwargs) of the repaired call: turn 2 and image B at the full-sequence positions."""
     return turns.turn2_ids, {"position_ids": positions.with_text_row(), **_image_kwargs(turns)}
-
-
-def generate_at(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positions,
-                turn1_state: torch.Tensor) -> tuple[Outcome, dict[str, Any]]:
-    """generate() one step over turn 2 with the repaired positions passed explicitly (where the release uses them)."""
-    compat.set_rope_state(model, turn1_state.clone())
-    ids, kwargs = call_kwargs(turns, positions)
-    with probe.first_call(model) as seen:
-        out = generate_first_step(model, ids, copy.deepcopy(cache), **kwargs)
-    return out, seen.summary()
-
-
-def carry_forward(model: torch.nn.Module, positions: Positions) -> torch.Tensor:
-    """The resume-state update: the model-side rope_deltas set to its value after turn 2; returns it."""
-    compat.set_rope_state(model, positions.rope_deltas.clone())
-    return positions.rope_deltas.clone()
 
 
 @torch.no_grad()
@@ -108,8 +82,8 @@ def rows(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positio
          reference: torch.Tensor, floor: NoiseFloor) -> dict[str, dict[str, Any]]:
     """The repair measured: direct forward and generate() at the repaired positions against the reference, then the
     next token with rope_deltas as the repaired call left it and carried forward, against its own reference."""
-    direct, direct_call, cache_after = direct_forward(model, turns, cache, positions, turn1_state)
-    generated, generated_call = generate_at(model, turns, cache, positions, turn1_state)
+    direct, direct_call, cache_after = probed(model, *call_kwargs(turns, positions), cache, turn1_state, forward_step)
+    generated, generated_call, _ = probed(model, *call_kwargs(turns, positions), cache, turn1_state)
     out = {"forward": row(Shape("repair_forward", "repair: forward at full-sequence positions", "turn2", "B", "B", "turn2"),
                           direct, direct_call, reference, floor),
            "generate": row(Shape("repair_generate", "repair: generate() with explicit positions", "turn2", "B", "B", "turn2"),
@@ -118,7 +92,9 @@ def rows(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positio
     left = compat.get_rope_state(model).clone()  # what the repaired calls left on the model
     for key, label, state in (("next_stale", "next token, rope_deltas as the repaired call left it", left),
                               ("next_carried", "next token, rope_deltas carried forward", None)):
-        state = carry_forward(model, positions) if state is None else state
+        if state is None:  # the resume-state update: rope_deltas set to its value after turn 2
+            compat.set_rope_state(model, positions.rope_deltas.clone())
+            state = positions.rope_deltas.clone()
         out_next, next_reference = next_turn(model, turns, token, cache_after, state)
         out[key] = row(Shape(key, label, "turn2", "none", "none", "none"), out_next,
                        {"rope_deltas_before": probe.flat(state)}, next_reference, floor)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -77,14 +77,22 @@ def call_kwargs(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> tuple[
     return ids, kwargs
 
 
+def probed(model: torch.nn.Module, ids: torch.Tensor, kwargs: dict[str, Any], cache: Any, turn1_state: torch.Tensor,
+           step: Callable[..., Outcome] = generate_first_step) -> tuple[Outcome, dict[str, Any], Any]:
+    """`step` (generate() one greedy step, or forward_step) from a copy of the turn-1 cache, the model-side state at
+    turn 1's value: (outcome, what reached its first model call, that copy of the cache)."""
+    compat.set_rope_state(model, turn1_state.clone())
+    mine = copy.deepcopy(cache)
+    with probe.first_call(model) as seen:
+        out = step(model, ids, mine, **kwargs)
+    return out, seen.summary(), mine
+
+
 def run_shape(model: torch.nn.Module, shape: Shape, turns: TwoTurns, cache: Any,
               turn1_state: torch.Tensor) -> tuple[Outcome, dict[str, Any]]:
     """generate() one step from a copy of the turn-1 cache, the model-side state at turn 1's value."""
-    ids, kwargs = call_kwargs(model, shape, turns)
-    compat.set_rope_state(model, turn1_state.clone())
-    with probe.first_call(model) as seen:
-        out = generate_first_step(model, ids, copy.deepcopy(cache), **kwargs)
-    return out, {**seen.summary(), "rope_deltas_after_call": probe.flat(compat.get_rope_state(model))}
+    out, call, _ = probed(model, *call_kwargs(model, shape, turns), cache, turn1_state)
+    return out, {**call, "rope_deltas_after_call": probe.flat(compat.get_rope_state(model))}
 
 
 def outcome(out: Outcome, max_abs_diff: float | None, floor: NoiseFloor) -> str:

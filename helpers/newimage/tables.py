@@ -7,6 +7,7 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
+from .decisions import image_b_positions
 from .shapes import SHAPES, call_kwargs, unsupported
 from .turns import TwoTurns
 
@@ -28,12 +29,9 @@ def short(row: dict[str, Any]) -> str:
     return SHORT.get(row["key"], row["shape"])
 
 
-def _image_b(rows: list[list[int]] | None, span: tuple[int, int]) -> str | None:
-    """'t/h/w of image B's first .. last token' from three position rows."""
-    if not rows or len(rows[0]) < span[1]:
-        return None
-    first, last = [r[span[0]] for r in rows], [r[span[1] - 1] for r in rows]
-    return f"{first} .. {last}"
+def _ends(rows: list[list[int]] | None) -> str | None:
+    """'t/h/w of the first .. last token' from three position rows."""
+    return None if not rows else f"{[r[0] for r in rows]} .. {[r[-1] for r in rows]}"
 
 
 def first_calls(rows: list[dict[str, Any]], span: tuple[int, int]) -> pd.DataFrame:
@@ -45,8 +43,9 @@ def first_calls(rows: list[dict[str, Any]], span: tuple[int, int]) -> pd.DataFra
                     "mm_encoder_outputs": r.get("mm_encoder_outputs"), "image_grid_thw": r.get("image_grid_thw"),
                     "mm_token_type_ids": r.get("mm_token_type_ids_shape"), "position_ids": r.get("position_ids_shape"),
                     "rows received": r.get("position_rows_received"),
-                    "turn-2 positions (first, last)": None if not positions else f"{[p[0] for p in positions]} .. {[p[-1] for p in positions]}",
-                    "image B t/h/w (first .. last)": _image_b(positions, span) if r["key"] != "control_text_turn" else None,
+                    "turn-2 positions (first, last)": _ends(positions),
+                    "image B t/h/w (first .. last)": _ends(image_b_positions(positions, span))
+                    if r["key"] != "control_text_turn" else None,
                     "rope_deltas before": r.get("rope_deltas_before"), "after": r.get("rope_deltas_after_call")})
     return pd.DataFrame(out).set_index("shape")
 

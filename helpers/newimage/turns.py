@@ -6,9 +6,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import image_utils
 
 from kvresume import compat
-from ..continuation import prefill
+from .. import inputs
+from ..compare import noise_floor as floor_of
+from ..continuation import generate_first_step, other_attention_logits, prefill
 from ..inputs import Prompt, build_prompt, synthetic_image
 from ..models import TINY_VL_TOKENS, ModelBundle
 
@@ -97,15 +100,11 @@ def _real_turn2(bundle: ModelBundle, image: Any, text: str) -> dict[str, torch.T
 
 def load_image(source: Any) -> Any:
     """A PIL image from a path or URL (transformers' loader; a URL needs the network), or the image itself."""
-    from transformers.image_utils import load_image as load
-
-    return source if not isinstance(source, str) else load(source)
+    return source if not isinstance(source, str) else image_utils.load_image(source)
 
 
 def _turn1(bundle: ModelBundle, image: Any, seed: int) -> Prompt:
     """The kit's prompt around a given image (the seed prompt's text, the checkpoint's chat template where real)."""
-    from .. import inputs
-
     prompt = (inputs._tiny_multimodal(bundle, image, seed) if bundle.tokenizer is None
               else inputs._real_multimodal(bundle, image, inputs.PROMPT_TEXT))
     mm = {k: (v.to(bundle.device, bundle.dtype) if v.is_floating_point() else v.to(bundle.device))
@@ -151,9 +150,6 @@ def turn1_cache(model: torch.nn.Module, turns: TwoTurns) -> Any:
 def noise_floor(model: torch.nn.Module, turns: TwoTurns, reference_logits: torch.Tensor, dtype: torch.dtype) -> Any:
     """The floor: how far two computations that must equal the reference are from it in this run and dtype (both
     turns prefilled but the last token, then generate() on it; the same forward with the other attention kernel)."""
-    from ..compare import noise_floor as floor_of
-    from ..continuation import generate_first_step, other_attention_logits
-
     full = turns.full_prompt()
     compat.set_rope_state(model, None)
     _, cache = prefill(model, full)

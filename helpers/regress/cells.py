@@ -68,8 +68,7 @@ def against_outcome(family: str, check: str, outcome: Outcome, base: Outcome, fl
                     compared_with: str) -> Cell:
     """A continuation against another one under identical arguments (the control's comparison)."""
     if base.ok:
-        cell = against_tensor(family, check, outcome, base.logits, floor, compared_with)
-        return cell
+        return against_tensor(family, check, outcome, base.logits, floor, compared_with)
     if not outcome.ok:
         same = outcome.error_type == base.error_type
         status = ("zero_input" if zero_input(outcome) and zero_input(base) else "both_error") if same else "error"

@@ -25,6 +25,7 @@ CHECKS = ("control_rebuild·generate", "control_rebuild·other_kernel", "control
           "family_rebuild·generate", "family_rebuild·forward", "neither", "position_only", "mask_only", "both",
           "fresh_instance", "eager_vs_sdpa", "flash_attention_2")
 REBUILD_STAGE = "at the rebuild, before any model call"
+SAME = "original cache, same arguments"
 
 
 @dataclass
@@ -113,7 +114,10 @@ def measure(family: Family, flash: tuple[bool, str]) -> Measured:
         what = "full forward vs generate(full mask) from the original cache, sdpa and eager"
     floor = noise_floor(ref, agreeing, family.bundle.dtype, what=what)
     cells: dict[str, Cell] = {}
-    vs_orig, vs_ref = "original cache, same arguments", "full forward over the prompt"
+
+    def vs(check: str, outcome: Outcome, base: Outcome = orig_gen, what: str = SAME) -> None:
+        cells[check] = against_outcome(name, check, outcome, base, floor, what)
+
     extra: dict[str, Any] = {"processed_length": family.processed_length, "original_lengths": layers.lengths(run.cache),
                              "original_widths": layers.widths(run.cache), "original_seq_length": int(run.cache.get_seq_length()),
                              "layer_classes": [type(l).__name__ for l in compat.cache_layers(run.cache)],
@@ -122,33 +126,32 @@ def measure(family: Family, flash: tuple[bool, str]) -> Measured:
         ctrl = control_rebuild(run.cache)
         extra["control_rebuild_seq_length"] = int(ctrl.get_seq_length())
         extra["control_rebuild_lengths"] = layers.lengths(ctrl)
-        cells["control_rebuild·generate"] = against_outcome(name, "control_rebuild·generate", run.generate(ctrl, **full), orig_gen, floor, vs_orig)
-        cells["control_rebuild·other_kernel"] = against_outcome(name, "control_rebuild·other_kernel", run.with_backend(other, ctrl),
-                                                                eager, floor, f"original cache, same arguments, {other}")
-        cells["control_rebuild·forward"] = against_outcome(name, "control_rebuild·forward", run.forward(ctrl), orig_fwd, floor, vs_orig)
+        vs("control_rebuild·generate", run.generate(ctrl, **full))
+        vs("control_rebuild·other_kernel", run.with_backend(other, ctrl), eager, f"{SAME}, {other}")
+        vs("control_rebuild·forward", run.forward(ctrl), orig_fwd)
     except Exception as exc:  # noqa: BLE001 - the rebuild itself failing is the measurement
         extra["control_rebuild_error"] = f"{type(exc).__name__}: {exc}"
         for check in ("control_rebuild·generate", "control_rebuild·other_kernel", "control_rebuild·forward"):
             cells[check] = raised(name, check, exc, REBUILD_STAGE)
-    config_rebuilt = attention_only_rebuild(run.cache, family.model.config)
-    extra["config_rebuild_lengths"] = layers.lengths(config_rebuilt)
-    cells["config_rebuild·generate"] = against_outcome(name, "config_rebuild·generate", run.generate(config_rebuilt, **full), orig_gen, floor, vs_orig)
-    cells["config_rebuild·forward"] = against_outcome(name, "config_rebuild·forward", run.forward(config_rebuilt), orig_fwd, floor, vs_orig)
     aware = family_rebuild(run.cache, family.model.config)
+    config_rebuilt = attention_only_rebuild(run.cache, family.model.config)
+    for label, rebuilt in (("config_rebuild", config_rebuilt), ("family_rebuild", aware)):
+        extra[f"{label}_lengths"] = layers.lengths(rebuilt)
+        vs(f"{label}·generate", run.generate(rebuilt, **full))
+        vs(f"{label}·forward", run.forward(rebuilt), orig_fwd)
     extra["family_rebuild_state_equal"] = layers.cache_state_equal(run.cache, aware)
-    extra["family_rebuild_lengths"] = layers.lengths(aware)
-    cells["family_rebuild·generate"] = against_outcome(name, "family_rebuild·generate", run.generate(aware, **full), orig_gen, floor, vs_orig)
-    cells["family_rebuild·forward"] = against_outcome(name, "family_rebuild·forward", run.forward(aware), orig_fwd, floor, vs_orig)
     for variant in GENERATION_VARIANTS:
-        cells[variant] = against_tensor(name, variant, run.generate(run.cache, **run.arg_kwargs(variant)), ref, floor, vs_ref)
-    fresh = family.bundle.fresh_instance()
-    cells["fresh_instance"] = against_outcome(name, "fresh_instance", run.generate(run.cache, model=fresh, restore=False, **full),
-                                              orig_gen, floor, "same instance, same cache and arguments")
-    cells["eager_vs_sdpa"] = against_outcome(name, "eager_vs_sdpa", eager, orig_gen, floor,
-                                             f"generate(full mask) with {current}")
+        cells[variant] = against_tensor(name, variant, run.generate(run.cache, **run.arg_kwargs(variant)), ref, floor,
+                                        "full forward over the prompt")
+    vs("fresh_instance", run.generate(run.cache, model=family.bundle.fresh_instance(), restore=False, **full),
+       what="same instance, same cache and arguments")
+    vs("eager_vs_sdpa", eager, what=f"generate(full mask) with {current}")
     ok, why = flash
-    cells["flash_attention_2"] = (against_outcome(name, "flash_attention_2", run.with_backend("flash_attention_2", run.cache),
-                                                  orig_gen, floor, f"generate(full mask) with {current}") if ok else skipped(name, "flash_attention_2", why))
+    if ok:
+        flash_run = run.with_backend("flash_attention_2", run.cache)
+        vs("flash_attention_2", flash_run, what=f"generate(full mask) with {current}")
+    else:
+        cells["flash_attention_2"] = skipped(name, "flash_attention_2", why)
     if family.padded:
         extra["padded"] = padded_masks(run, ref, floor)
     return Measured(family, floor, cells, extra)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from ..continuation import current_position_ids
 from ..inputs import Prompt, build_prompt
@@ -33,14 +34,9 @@ def synthetic_ids(length: int, vocab: int, seed: int) -> torch.Tensor:
 
 def left_pad(rows: list[torch.Tensor], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """1-D token rows -> (input_ids, attention_mask), left-padded to the longest row (mask 0 on padding)."""
-    width = max(int(r.numel()) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, row in enumerate(rows):
-        n = int(row.numel())
-        ids[i, width - n:] = row.reshape(-1)
-        mask[i, width - n:] = 1
-    return ids, mask
+    flat = [r.reshape(-1).long() for r in rows]
+    ids = pad_sequence(flat, batch_first=True, padding_value=pad_id, padding_side="left")
+    return ids, pad_sequence([torch.ones_like(r) for r in flat], batch_first=True, padding_side="left")
 
 
 def mask_positions(mask: torch.Tensor) -> torch.Tensor:
@@ -99,11 +95,6 @@ def text_family(name: str, bundle: ModelBundle, length: int, seed: int) -> Famil
     return Family(name, bundle, Prompt(ids, torch.ones_like(ids)))
 
 
-def multimodal_family(bundle: ModelBundle, seed: int) -> Family:
-    """The seed's prompt: one synthetic 224x224 image plus text."""
-    return Family("multimodal", bundle, build_prompt(bundle, seed=seed))
-
-
 def padded_family(bundle: ModelBundle, lengths: tuple[int, int], seed: int) -> Family:
     """Two prompts of different lengths, left-padded into one batch (the padding id is 0)."""
     vocab = int(bundle.model.config.get_text_config().vocab_size)
@@ -127,7 +118,7 @@ def build_all(dense: ModelBundle, others: dict[str, ModelBundle], prompt_length:
     """The five families in table order; `others`: bundles for multimodal, sliding and hybrid."""
     return {
         "dense": text_family("dense", dense, prompt_length, seed),
-        "multimodal": multimodal_family(others["multimodal"], seed),
+        "multimodal": Family("multimodal", others["multimodal"], build_prompt(others["multimodal"], seed=seed)),
         "sliding": text_family("sliding", others["sliding"], sliding_prompt_length, seed),
         "hybrid": text_family("hybrid", others["hybrid"], prompt_length, seed),
         "padded_batch": padded_family(dense, padded_lengths, seed),

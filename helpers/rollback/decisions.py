@@ -12,10 +12,6 @@ def _row(rows: list[dict[str, Any]], **match: Any) -> dict[str, Any]:
     return next((r for r in rows if all(r.get(k) == v for k, v in match.items())), {})
 
 
-def _silently_wrong(row: dict[str, Any], floor: NoiseFloor) -> bool:
-    return row.get("outcome") in RAN and floor.differs(row.get("next_logits_diff"))
-
-
 def _restored(row: dict[str, Any], floor: NoiseFloor) -> bool:
     return row.get("outcome") in RAN and floor.matches(row.get("next_logits_diff")) and row.get("kv_held_diff") in (0.0, None)
 
@@ -38,7 +34,7 @@ def decide_dense_crop(rows: list[dict[str, Any]], floor: NoiseFloor) -> Decision
 def decide_plain_never_silent(rows: list[dict[str, Any]], floors: dict[str, NoiseFloor]) -> Decision:
     """No recording: every family's crop(-k) restores or refuses; none runs and differs beyond its floor."""
     plain = [r for r in rows if r.get("mode") == "plain"]
-    wrong = [r["family"] for r in plain if _silently_wrong(r, floors[r["family"]])]
+    wrong = [r["family"] for r in plain if r.get("outcome") in RAN and floors[r["family"]].differs(r.get("next_logits_diff"))]
     outcomes = {r["family"]: r.get("outcome") for r in plain}
     why = (f"without recording: {outcomes}" if not wrong else f"silently wrong without recording: {wrong}")
     return Decision(bool(plain) and not wrong, why, {"rows": [_brief(r) for r in plain]},

@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from kvresume import compat
+from kvresume.factory import export_tensors, kv_cache_from_tensors
 from ..compare import NoiseFloor, max_abs_diff
 from ..continuation import generate_first_step
 from ..regress import rebuilds
@@ -49,24 +50,33 @@ def fresh_of(family: Family, ids: torch.Tensor, prompt: int, k: int) -> Fresh:
     return Fresh(cache, forward(family.model, ids[:, prompt + k:prompt + k + 1], copy.deepcopy(cache))[:, -1])
 
 
-def rollback_row(family: Family, ids: torch.Tensor, prompt: int, k: int, mode: str, floor: NoiseFloor,
-                 fresh: Fresh) -> dict[str, Any]:
-    """Prefill ids[:prompt], (recording as `mode` says) process k more, crop(-k), feed the next unseen token; against
-    `fresh`, a cache that never saw the k tokens: its states and the next token's logits."""
-    row: dict[str, Any] = {"family": family.name, "mode": mode, "how": MODE_HOW[mode], "k": k}
+def rolled_back(family: Family, ids: torch.Tensor, prompt: int, k: int, mode: str) -> tuple[Any, str, str]:
+    """Prefill ids[:prompt], (recording as `mode` says) process k more, crop(-k): (the cache, '', ''), or (None, the
+    outcome, the error) where the release refuses a step."""
     rolled = family.new_cache()
     forward(family.model, ids[:, :prompt], rolled)
     refused = _start_recording(rolled, mode, k)
     if refused:
-        return {**row, "outcome": "not offered", "error": refused}
+        return None, "not offered", refused
     try:
         forward(family.model, ids[:, prompt:prompt + k], rolled)
     except Exception as exc:  # noqa: BLE001 - 5.25.0: a k-token forward after activate_past_recording() raises
-        return {**row, "outcome": "raised while recording", "error": error_line(exc)}
+        return None, "raised while recording", error_line(exc)
     try:
         rolled.crop(-k)
     except Exception as exc:  # noqa: BLE001 - a refusal is the measurement
-        return {**row, "outcome": "refused", "error": error_line(exc)}
+        return None, "refused", error_line(exc)
+    return rolled, "", ""
+
+
+def rollback_row(family: Family, ids: torch.Tensor, prompt: int, k: int, mode: str, floor: NoiseFloor,
+                 fresh: Fresh) -> dict[str, Any]:
+    """`rolled_back`, then the next unseen token fed; against `fresh`, a cache that never saw the k tokens: its
+    states and the next token's logits."""
+    row: dict[str, Any] = {"family": family.name, "mode": mode, "how": MODE_HOW[mode], "k": k}
+    rolled, outcome, error = rolled_back(family, ids, prompt, k, mode)
+    if rolled is None:
+        return {**row, "outcome": outcome, "error": error}
     held = states.reported_length(fresh.cache)
     row.update(length=states.reported_length(rolled), fresh_length=held,
                **{f"{name}_diff": v for name, v in states.state_diffs(rolled, fresh.cache, held).items()})
@@ -125,8 +135,6 @@ def hand_rebuild(cache: Any, config: Any) -> DynamicCache:
 
 
 def _factory(cache: Any, config: Any) -> Any:
-    from kvresume import export_tensors, kv_cache_from_tensors
-
     pairs, linear, processed = export_tensors(cache)
     return kv_cache_from_tensors(pairs, config, processed_length=processed, linear_states=linear)
 

@@ -33,10 +33,12 @@ class Family:
     what: str
 
 
-def families(hybrid: torch.nn.Module, seed: int = 0) -> dict[str, Family]:
-    """dense, sliding, static (the dense model with a StaticCache) and the hybrid given (the notebook's model)."""
-    dense = build_tiny_qwen3(seed)
-    sliding = build_tiny_qwen3(seed, sliding_window=SLIDING_WINDOW)
+def families(hybrid: torch.nn.Module, seed: int = 0, dense: torch.nn.Module | None = None,
+             sliding: torch.nn.Module | None = None) -> dict[str, Family]:
+    """dense, sliding, static (the dense model with a StaticCache) and the hybrid given (the notebook's model); the
+    dense and sliding models are the seed's tiny Qwen3 defaults unless given (notebook 08's own)."""
+    dense = build_tiny_qwen3(seed) if dense is None else dense
+    sliding = build_tiny_qwen3(seed, sliding_window=SLIDING_WINDOW) if sliding is None else sliding
     return {
         "dense": Family("dense", dense, lambda: DynamicCache(config=dense.config), "DynamicCache, full attention"),
         "sliding": Family("sliding", sliding, lambda: DynamicCache(config=sliding.config),

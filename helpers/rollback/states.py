@@ -21,8 +21,7 @@ def max_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float | None:
 
 
 def _worst(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return max(present) if present else None
+    return max((v for v in values if v is not None), default=None)
 
 
 def _held(t: torch.Tensor | None, held: int | None) -> torch.Tensor | None:

@@ -8,6 +8,7 @@ text rotary embedding, and the attention mask each decoder layer's attention rec
 from __future__ import annotations
 
 import copy
+import itertools
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -201,29 +202,18 @@ def diff(a: Step | None, b: Step | None) -> float | None:
 
 def spans(positions: list[int]) -> str:
     """[0, 1, 2, 5, 6] -> '0-2, 5-6' (the original positions a layer kept)."""
-    out, start, prev = [], None, None
-    for p in positions:
-        if start is None:
-            start = prev = p
-        elif p == prev + 1:
-            prev = p
-        else:
-            out.append(f"{start}-{prev}" if prev != start else f"{start}")
-            start = prev = p
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return ", ".join(out)
+    runs = [[p for _, p in run] for _, run in itertools.groupby(enumerate(positions), lambda ip: ip[1] - ip[0])]
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
 
 def step_row(name: str, step: Step, original: Step | None, reference: torch.Tensor) -> dict[str, Any]:
     """One table row: result, what reached the model, and max |diff| vs the original and the full forward."""
     c = step.call
-    row = {"step": name, "result": "worked" if step.ok else f"failed ({step.error_type})",
-           "input_ids_shape": c.get("input_ids_shape"), "attention_mask_shape": c.get("attention_mask_shape"),
-           "position_ids": c.get("position_ids"), "cache_position": c.get("cache_position"),
-           "rotary_position": c.get("rotary_position"), "past_length": c.get("past_length"),
-           "vs_original": diff(step, original) if original is not None else None,
-           "vs_full_forward": float(logit_metrics(reference, step.logits)["max_abs_diff"]) if step.ok else None,
-           "top1_equal_full_forward": bool(logit_metrics(reference, step.logits)["top1_equal"]) if step.ok else None,
-           "stage": step.stage, "error": step.error[:120]}
-    return row
+    return {"step": name, "result": "worked" if step.ok else f"failed ({step.error_type})",
+            "input_ids_shape": c.get("input_ids_shape"), "attention_mask_shape": c.get("attention_mask_shape"),
+            "position_ids": c.get("position_ids"), "cache_position": c.get("cache_position"),
+            "rotary_position": c.get("rotary_position"), "past_length": c.get("past_length"),
+            "vs_original": diff(step, original) if original is not None else None,
+            "vs_full_forward": float(logit_metrics(reference, step.logits)["max_abs_diff"]) if step.ok else None,
+            "top1_equal_full_forward": bool(logit_metrics(reference, step.logits)["top1_equal"]) if step.ok else None,
+            "stage": step.stage, "error": step.error[:120]}

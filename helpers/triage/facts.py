@@ -77,7 +77,7 @@ class Repair:
     def record(self, floor: NoiseFloor) -> dict[str, Any]:
         """{'name', 'max_abs_diff', 'restores'} (+ the error when it raised), as the results file keeps it."""
         out = {"name": self.name, "max_abs_diff": self.max_abs_diff, "restores": self.restores(floor)}
-        return out | ({"error": self.error} if not self.ok else {})
+        return out if self.ok else out | {"error": self.error}
 
 
 @dataclass

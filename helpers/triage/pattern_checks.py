@@ -20,8 +20,10 @@ from .controls import FULL, Step, diff, full_mask, generate_step
 from .run import Baseline, Triaged
 
 
-def _caches(base: Baseline, results: dict[str, Triaged]) -> dict[str, Any]:
-    return {"original": base.prefix_cache, **{name: t.rebuilt.cache for name, t in results.items()}}
+def _caches(base: Baseline, results: dict[str, Triaged]) -> dict[str, tuple[Any, Step]]:
+    """The original cache and every rebuilt one, each with its generate() step under the full mask (suffix A)."""
+    return {"original": (base.prefix_cache, base.original[FULL]),
+            **{name: (t.rebuilt.cache, t.steps[FULL]) for name, t in results.items()}}
 
 
 def _row(base: Baseline, cache: str, call: str, step: Step, reference: torch.Tensor) -> dict[str, Any]:
@@ -32,17 +34,13 @@ def _row(base: Baseline, cache: str, call: str, step: Step, reference: torch.Ten
             "matches_own_full_forward": d is not None and base.floor.matches(d), "error": step.error[:120]}
 
 
-def _first_steps(base: Baseline, results: dict[str, Triaged]) -> dict[str, Step]:
-    return {"original": base.original[FULL], **{name: t.steps[FULL] for name, t in results.items()}}
-
-
 def reuse_rows(base: Baseline, results: dict[str, Triaged]) -> list[dict[str, Any]]:
     """prompt_reuse: suffix A and suffix B from deep copies, then A and B on one object without a copy."""
     second, model, extra = base.case.second, base.model, base.generate_kwargs
     compat.put_rope_state(model, base.saved_state)
     reference_b, _ = prefill(model, second, end=None)
-    firsts, rows = _first_steps(base, results), []
-    for name, cache in _caches(base, results).items():
+    rows = []
+    for name, (cache, first) in _caches(base, results).items():
         physical = int(cache.get_seq_length())
         compat.put_rope_state(model, base.saved_state)
         b = generate_step(model, second, cache, extra, attention_mask=full_mask(second, physical))
@@ -52,7 +50,7 @@ def reuse_rows(base: Baseline, results: dict[str, Triaged]) -> list[dict[str, An
         compat.put_rope_state(model, base.saved_state)
         reused = generate_step(model, second, shared, extra, copy_cache=False,
                                attention_mask=full_mask(second, int(shared.get_seq_length())))
-        rows += [_row(base, name, "suffix A, deep copy", firsts[name], base.reference),
+        rows += [_row(base, name, "suffix A, deep copy", first, base.reference),
                  _row(base, name, "suffix B, deep copy", b, reference_b),
                  _row(base, name, "suffix B after A on the same object (no deepcopy)", reused, reference_b)]
     compat.put_rope_state(model, base.saved_state)
@@ -61,12 +59,12 @@ def reuse_rows(base: Baseline, results: dict[str, Triaged]) -> list[dict[str, An
 
 def continue_rows(base: Baseline, results: dict[str, Triaged]) -> list[dict[str, Any]]:
     """continue_generate: generate(sequences, their full mask, the returned cache) vs the kit's suffix-only call."""
-    model, prompt, firsts, rows = base.model, base.prompt, _first_steps(base, results), []
-    for name, cache in _caches(base, results).items():
+    model, prompt, rows = base.model, base.prompt, []
+    for name, (cache, first) in _caches(base, results).items():
         compat.put_rope_state(model, base.saved_state)
         threads = generate_step(model, prompt, cache, base.generate_kwargs, input_ids=prompt.input_ids,
                                 attention_mask=prompt.attention_mask)
-        rows += [_row(base, name, "suffix only + full mask (the kit's working set)", firsts[name], base.reference),
+        rows += [_row(base, name, "suffix only + full mask (the kit's working set)", first, base.reference),
                  _row(base, name, "all sequences + their mask (as the threads call it)", threads, base.reference)]
     compat.put_rope_state(model, base.saved_state)
     return rows

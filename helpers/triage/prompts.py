@@ -16,6 +16,7 @@ import torch
 
 from ..inputs import Prompt, build_prompt
 from ..models import ModelBundle
+from ..pipeline.paths import repo_root
 
 BYTE_OFFSET = 10  # byte b -> token id 10 + b: clear of the first ids, below every tiny vocabulary (2048)
 # generate() arguments the controls set themselves (the argument sets and the one-step greedy contract)
@@ -25,8 +26,6 @@ RESERVED_GENERATE = ("input_ids", "attention_mask", "position_ids", "past_key_va
 
 def resolve(path: str) -> Path:
     """A relative path from the working directory, else from the kit checkout (as for a rebuild's file)."""
-    from ..pipeline.paths import repo_root
-
     p = Path(path).expanduser()
     return p if p.is_file() or p.is_absolute() else repo_root() / p
 
@@ -56,7 +55,7 @@ def _tiny_with_image(bundle: ModelBundle, text_ids: list[int]) -> Prompt:
     end = max(i for i, t in enumerate(ids) if t == image_id) + 2  # through vision_end
     start = ids.index(image_id) - 1  # vision_start
     new = torch.tensor([ids[start:end] + text_ids], device=base.input_ids.device)
-    mm = {k: (v[:, start:start + new.shape[1]] if k == "mm_token_type_ids" else v) for k, v in base.mm_kwargs.items()}
+    mm = dict(base.mm_kwargs)
     if "mm_token_type_ids" in mm:
         mm["mm_token_type_ids"] = (new == image_id).long()
     return Prompt(new, torch.ones_like(new), mm)

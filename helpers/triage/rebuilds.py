@@ -1,12 +1,11 @@
 """Cache rebuilds to triage: the four built-ins and a reporter's own function, loaded by name.
 
 A rebuild is a function ``(cache, model, prompt) -> cache`` (the prefix cache it gets is a deep copy).
-It may instead return a resume-state object that carries the logical (processed) length beside the
-cache: a `Rebuilt`, a `helpers.resume.ResumeState`, or a dict with ``past_key_values``/``cache`` and
-``processed_length``. Built-ins use transformers' own `DynamicCache.update()` only (an `update()` of
-two slices appends them) and each layer's own class (`helpers.regress.rebuilds.layer_aware`: sliding
-layers keep their processed length, linear-attention layers their conv/recurrent states, so the built-ins
-work on sliding-window and hybrid caches); nothing of transformers is copied here.
+It may instead return a resume state that carries the logical (processed) length beside the cache: a
+`Rebuilt`, or a dict with ``past_key_values`` and ``processed_length``. Built-ins use transformers' own
+`DynamicCache.update()` only (an `update()` of two slices appends them) and each layer's own class
+(`helpers.regress.rebuilds.layer_aware`: sliding layers keep their processed length, linear-attention layers their
+conv/recurrent states, so the built-ins work on sliding-window and hybrid caches); nothing of transformers is copied.
 
 `load(spec)` takes a built-in name, ``path/to/file.py:function`` or ``package.module:function`` and
 raises `RebuildError` with one line that says what went wrong, before any experiment runs.
@@ -25,11 +24,10 @@ from typing import Any, Callable
 
 import torch
 
-from .. import caches
-
 from kvresume import compat
 from kvresume.ledger import attach_ledger, stored_ledger
 from . import patterns
+from .prompts import resolve
 from kvresume import layers
 from ..regress import rebuilds as family
 
@@ -168,11 +166,7 @@ def _import_target(spec: str) -> Any:
                            "'path/to/file.py:function' or 'package.module:function'")
     try:
         if where.endswith(".py"):
-            path = Path(where).expanduser()
-            if not path.is_absolute() and not path.exists():
-                from ..pipeline.paths import repo_root
-
-                path = repo_root() / path
+            path = resolve(where)
             if not path.is_file():
                 raise RebuildError(f"rebuild {shown(spec)!r}: file {shown(where + ':')[:-1]!r} does not exist "
                                    "(relative paths are tried from the working directory, then the kit checkout)")
@@ -224,17 +218,12 @@ def label(spec: str) -> str:
 
 
 def as_rebuilt(result: Any, model: torch.nn.Module) -> Rebuilt:
-    """Whatever a rebuild returned -> Rebuilt (a cache, a Rebuilt, a ResumeState, or a dict holding a cache)."""
+    """Whatever a rebuild returned -> Rebuilt (a cache, a Rebuilt, or a resume state: a dict holding a cache)."""
     if isinstance(result, Rebuilt):
         return result
-    if hasattr(result, "kv") and hasattr(result, "processed_length"):  # helpers.resume.ResumeState
-        cache = caches.cache_from_pairs([(k.clone(), v.clone()) for k, v in result.kv], compat.text_config(model.config))
-        return Rebuilt(cache, int(result.processed_length), resume=True)
-    if isinstance(result, dict):
-        cache = result.get("past_key_values", result.get("cache"))
-        length = result.get("processed_length", result.get("logical_length"))
-        if cache is not None:
-            return Rebuilt(cache, None if length is None else int(length), resume=length is not None)
+    if isinstance(result, dict) and result.get("past_key_values") is not None:
+        length = result.get("processed_length")
+        return Rebuilt(result["past_key_values"], None if length is None else int(length), resume=length is not None)
     if hasattr(result, "get_seq_length") and hasattr(result, "layers"):
         return Rebuilt(result)
     raise RebuildError(f"the rebuild returned {type(result).__name__}; expected a cache (with .layers) "

@@ -69,37 +69,32 @@ def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: tor
     model, prompt, ref, kw = base.model, base.prompt, base.reference, base.generate_kwargs
     out = {FULL_MASK: as_repair(FULL_MASK, unrepaired["full"], ref)}
     mask = {"attention_mask": full_mask(prompt, int(cache.get_seq_length()))}
-    if base.saved_state is not None:
-        if resume_on == "fresh_instance" and fresh:
-            out[SAVED_STATE] = as_repair(SAVED_STATE, fresh["fresh instance, state restored"], ref, unrepaired["full"])
-        else:
-            compat.put_rope_state(model, base.saved_state)
-            out[SAVED_STATE] = as_repair(SAVED_STATE, generate_step(model, prompt, cache, kw, **mask), ref, unrepaired["full"])
+
+    def repair(name: str, fixed: Any, against: str = "full", **kwargs: Any) -> None:
+        """generate() from `fixed` (the full mask sized to it unless given); then the rebuild's state put back."""
+        kwargs = kwargs or {"attention_mask": full_mask(prompt, int(fixed.get_seq_length()))}
+        out[name] = as_repair(name, generate_step(model, prompt, fixed, kw, **kwargs), ref, unrepaired[against])
+        compat.put_rope_state(model, state_after)
+
+    if base.saved_state is not None and resume_on == "fresh_instance" and fresh:
+        out[SAVED_STATE] = as_repair(SAVED_STATE, fresh["fresh instance, state restored"], ref, unrepaired["full"])
+    elif base.saved_state is not None:
+        compat.put_rope_state(model, base.saved_state)
+        repair(SAVED_STATE, cache)
     compat.put_rope_state(model, state_after)
     try:
         again = reregistered(cache, model, prompt.processed)
     except Exception as exc:  # noqa: BLE001 - a cache transformers' path cannot take is a measurement
         out[REREGISTER] = Repair(REREGISTER, None, False, f"{type(exc).__name__} while re-registering: {str(exc)[:120]}")
     else:
-        step = generate_step(model, prompt, again, kw, attention_mask=full_mask(prompt, int(again.get_seq_length())))
-        out[REREGISTER] = as_repair(REREGISTER, step, ref, unrepaired["full"])
-    compat.put_rope_state(model, state_after)
+        repair(REREGISTER, again)
     if slots == "prefix_short":  # the whole ids: generate() feeds what the cache lacks
-        step = generate_step(model, prompt, cache, kw, input_ids=prompt.input_ids, attention_mask=prompt.attention_mask)
-        out[REFEED] = as_repair(REFEED, step, ref, unrepaired["full"])
-        compat.put_rope_state(model, state_after)
+        repair(REFEED, cache, input_ids=prompt.input_ids, attention_mask=prompt.attention_mask)
     if slots == "extra":
-        again = cropped(cache, base.prefix_cache, model)
-        step = generate_step(model, prompt, again, kw, attention_mask=full_mask(prompt, int(again.get_seq_length())))
-        out[CROP] = as_repair(CROP, step, ref, unrepaired["full"])
-        compat.put_rope_state(model, state_after)
+        repair(CROP, cropped(cache, base.prefix_cache, model))
     if slots == "reordered":  # the order shown harmless (or not): the same slots in position order
-        step = generate_step(model, prompt, in_position_order(cache, base.prefix_cache), kw, **mask)
-        out[POSITION_ORDER] = as_repair(POSITION_ORDER, step, ref, unrepaired["full"])
-        compat.put_rope_state(model, state_after)
-    positions = logical_positions(model, prompt, prompt.processed)
-    step = generate_step(model, prompt, cache, kw, position_ids=positions, **mask)
-    out[AT_PROCESSED] = as_repair(AT_PROCESSED, step, ref, unrepaired["resumed"])
+        repair(POSITION_ORDER, in_position_order(cache, base.prefix_cache), **mask)
+    repair(AT_PROCESSED, cache, "resumed", position_ids=logical_positions(model, prompt, prompt.processed), **mask)
     compat.put_rope_state(model, base.saved_state)
     return out
 

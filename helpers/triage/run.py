@@ -76,6 +76,12 @@ def prepare(bundle: Any, case: Prompt | patterns.Case, generate_kwargs: dict[str
     return Baseline(model, prompt, reference, prefix, saved, positions, original, explicit, floor, fresh, extra, case)
 
 
+def rope_offset(base: Baseline) -> int | None:
+    """Qwen3-VL's rope_deltas after the prefix prefill (the offset inside its M-RoPE positions); None: no such state."""
+    state = base.saved_state
+    return None if state is None or not base.prompt.is_multimodal else int(state.reshape(-1)[0])
+
+
 def _fresh_steps(base: Baseline, cache: Any) -> dict[str, Step]:
     """Control 4: the rebuilt cache on a fresh instance, without and with the saved model-side state."""
     if base.fresh is None:
@@ -134,7 +140,7 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     kind = slot_verdict(matched)
     fixes = repairs.run_all(base, rebuilt.cache, {"full": steps[FULL], "resumed": resumed}, applied.state_after, fresh,
                             resume_on, kind)
-    delta = None if base.saved_state is None or not prompt.is_multimodal else int(base.saved_state.reshape(-1)[0])
+    delta = rope_offset(base)
     extra = {"positions_include_rope_deltas": delta if delta is not None else "no (text positions)",
              "generate_args": RESUME_ARGS if rebuilt.resume else FULL,
              "generate_position": resumed.call.get("rotary_position"),

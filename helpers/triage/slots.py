@@ -19,20 +19,14 @@ from .facts import SlotLayer, slot_kind
 from .state import stored_slots
 
 
-def _slot_bytes(layer: Any) -> list[bytes]:
-    """One byte string per stored slot (keys then values over batch and heads; a StaticLayer: its filled slots)."""
+def _slot_bytes(layer: Any, head: int | None = None) -> list[bytes]:
+    """One byte string per stored slot: keys then values over batch rows and heads, or KV head `head` alone (a
+    StaticLayer: its filled slots)."""
     n = stored_slots(layer) or 0
     k, v = layer.keys[..., :n, :].detach(), layer.values[..., :n, :].detach()
+    if head is not None:
+        k, v = k[:, head:head + 1], v[:, head:head + 1]
     both = torch.cat([k.transpose(0, 2).reshape(n, -1), v.transpose(0, 2).reshape(n, -1)], dim=1).contiguous()
-    raw = both.view(torch.uint8).reshape(n, -1).cpu().numpy()
-    return [row.tobytes() for row in raw]
-
-
-def _head_bytes(layer: Any, h: int) -> list[bytes]:
-    """One byte string per stored slot of KV head `h` (its keys then values over batch rows)."""
-    n = stored_slots(layer) or 0
-    k, v = layer.keys[:, h, :n, :].detach(), layer.values[:, h, :n, :].detach()
-    both = torch.cat([k.transpose(0, 1).reshape(n, -1), v.transpose(0, 1).reshape(n, -1)], dim=1).contiguous()
     return [row.tobytes() for row in both.view(torch.uint8).reshape(n, -1).cpu().numpy()]
 
 
@@ -43,8 +37,8 @@ def per_head(original: Any, rebuilt: Any) -> list[list[int]] | None:
         return None
     out = []
     for h in range(rebuilt.keys.shape[1]):
-        index = {b: j for j, b in reversed(list(enumerate(_head_bytes(original, h))))}
-        got = [index.get(b) for b in _head_bytes(rebuilt, h)]
+        index = {b: j for j, b in reversed(list(enumerate(_slot_bytes(original, h))))}
+        got = [index.get(b) for b in _slot_bytes(rebuilt, h)]
         if None in got:
             return None
         out.append(got)

@@ -32,10 +32,6 @@ def layer_states(cache: Any) -> list[LayerState]:
     return out
 
 
-def _state_values(state: torch.Tensor | None) -> list | None:
-    return None if state is None else state.detach().flatten().tolist()[:8]
-
-
 def measure(cache: Any, processed: int, suffix: int, call: dict[str, Any], explicit_call: dict[str, Any],
             carried: int | None = None, slots: list[str] | None = None, model_state: torch.Tensor | None = None) -> ResumeState:
     """One cache's resume state. `call`: what generate() (full mask) reached the model with (captured); `explicit_call`:
@@ -46,7 +42,8 @@ def measure(cache: Any, processed: int, suffix: int, call: dict[str, Any], expli
     return ResumeState(processed_tokens=processed, carried_processed=carried, reported_length=int(cache.get_seq_length()),
                        suffix=suffix, full_mask=first + suffix, next_position=call.get("rotary_position"),
                        logical_position=explicit_call.get("rotary_position"), layers=ls,
-                       model_state=_state_values(model_state), slots=list(slots or []))
+                       slots=list(slots or []),
+                       model_state=None if model_state is None else model_state.detach().flatten().tolist()[:8])
 
 
 ROWS = (
@@ -65,13 +62,11 @@ LAYER_ROWS = (("class", "cls"), ("stored slots", "stored"), ("reported length", 
 
 def table(original: ResumeState, rebuilt: ResumeState) -> pd.DataFrame:
     """Rows: the states; columns: original, rebuilt, differs ('<<' marks a differing cell)."""
-    rows = [(name, "", fn(original), fn(rebuilt)) for name, fn in ROWS]
+    rows = [(name, fn(original), fn(rebuilt)) for name, fn in ROWS]
     for i, (o, r) in enumerate(zip(original.layers, rebuilt.layers)):
-        rows += [(f"layer {i} {label}", "", getattr(o, attr), getattr(r, attr)) for label, attr in LAYER_ROWS]
+        rows += [(f"layer {i} {label}", getattr(o, attr), getattr(r, attr)) for label, attr in LAYER_ROWS]
         if i < len(rebuilt.slots):
-            rows.append((f"layer {i} slots by content (vs the original's)", "", original.slots[i], rebuilt.slots[i]))
-    df = pd.DataFrame([{"state": n, "original": o, "rebuilt": r} for n, _, o, r in rows])
-    df["differs"] = ["<<" if str(o) != str(r) else "" for o, r in zip(df.original, df.rebuilt)]
-    df["original"] = df.original.map(str)
-    df["rebuilt"] = df.rebuilt.map(str)
+            rows.append((f"layer {i} slots by content (vs the original's)", original.slots[i], rebuilt.slots[i]))
+    df = pd.DataFrame([{"state": n, "original": str(o), "rebuilt": str(r)} for n, o, r in rows])
+    df["differs"] = ["<<" if o != r else "" for o, r in zip(df.original, df.rebuilt)]
     return df.set_index("state")

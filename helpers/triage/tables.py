@@ -8,7 +8,7 @@ import pandas as pd
 from .. import plots
 from .tree import ArgSet, slot_kind
 from .controls import ARG_SETS, FULL, Step, diff, step_row
-from .run import Baseline, Triaged
+from .run import Baseline, Triaged, rope_offset
 
 STEP_COLUMNS = ["result", "input_ids_shape", "attention_mask_shape", "position_ids", "cache_position", "rotary_position",
                 "past_length", "vs_original", "vs_full_forward", "top1_equal_full_forward", "stage", "error"]
@@ -48,12 +48,6 @@ def positions_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame
     return pd.DataFrame(rows).set_index("rebuild")
 
 
-def rope_offset(base: Baseline) -> int | None:
-    """Qwen3-VL's rope_deltas after the prefix prefill (the offset inside its M-RoPE positions); None: no such state."""
-    state = base.saved_state
-    return None if state is None or not base.prompt.is_multimodal else int(state.reshape(-1)[0])
-
-
 def _minus(position: int | None, delta: int | None) -> int | None:
     return None if position is None else position - (delta or 0)
 
@@ -90,23 +84,10 @@ def position_numbers(t: Triaged) -> dict[str, Any]:
 
 
 def plot_branches(base: Baseline, results: dict[str, Triaged], positions: pd.DataFrame, stem: str) -> Any:
-    """Bars per rebuild: generate(full mask) vs original, explicit logical positions vs full forward; values labelled."""
+    """Bars per rebuild: generate(full mask) vs original, explicit logical positions vs full forward; values labelled
+    (n/a: not run), the noise threshold on each panel (helpers.plots.metric_bars)."""
     names = list(results)
     series = {"generate(full mask) vs original": [full_arg_set(results[n]).max_abs_diff for n in names],
               "explicit logical positions vs full forward": [positions.loc[n, "explicit_vs_full_forward"] for n in names]}
-    threshold = base.floor.threshold
-
-    def draw(ax: Any, _metric: str, values: list) -> None:
-        shown = [0.0 if v is None else float(v) for v in values]
-        ax.bar(range(len(names)), shown, color="#4c72b0")
-        ax.set_xticks(range(len(names)), names, rotation=30, ha="right")
-        ax.set_yscale("symlog", linthresh=max(threshold, 1e-9))
-        ax.axhline(threshold, color="#c44e52", linestyle="--", linewidth=1, label=f"noise threshold {threshold:.2g}")
-        ax.set_ylim(0, max(shown + [threshold]) * 1000)  # headroom for the labels and the legend
-        for i, (v, raw) in enumerate(zip(shown, values)):
-            ax.annotate("not run" if raw is None else f"{v:.3g}", (i, v), ha="center", va="bottom", fontsize=8,
-                        xytext=(0, 2), textcoords="offset points")
-        ax.set_ylabel("max |logit diff| (symlog)")
-        ax.legend(loc="upper left", fontsize=8)
-
-    return plots.panels(series, draw, "First-step logits per rebuild", stem, "branches")
+    return plots.metric_bars(names, series, "First-step logits per rebuild", stem, "branches", log=True,
+                             thresholds=dict.fromkeys(series, base.floor.threshold))
