@@ -2,6 +2,7 @@
 source's setup beside this run's, the rows, notes, undecided claims with whole reasons, statements)."""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from ...results import KINDS
@@ -34,10 +35,8 @@ def kind_counts(claims: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str,
     counts: dict[str, dict[str, int]] = {}
     for _, c in claims:
         kind, verdict = kind_of(c), c.get("verdict", "error")
-        allowed = KINDS.get(kind, ()) + ("skipped", "error")
-        key = verdict if verdict in allowed else "other"
-        counts.setdefault(kind, {}).setdefault(key, 0)
-        counts[kind][key] += 1
+        key = verdict if verdict in KINDS.get(kind, ()) + ("skipped", "error") else "other"
+        counts.setdefault(kind, Counter())[key] += 1
     return counts
 
 
@@ -105,12 +104,16 @@ def claim_row(nb: str, c: dict[str, Any]) -> str:
     measured = pairs(c.get("deciding"))
     if not measured:
         measured = "see below" if verdict in ("skipped", "error") else "in the results file"
-    if c.get("notes"):
+    if c.get("notes") or quote_of(c).get("not_decided") or quote_of(c).get("by_construction"):
         measured += " (note below)"
-    if quote_of(c).get("not_decided") or quote_of(c).get("by_construction"):
-        measured += "" if "(note below)" in measured else " (note below)"
     return (f"| {cell(nb.split('_', 1)[0])} | {code(c.get('id', '?'))} | {cell(kind)} | {verdict_text(kind, verdict)} "
             f"| {cell(measured)} | {quote_cell(c)} |")
+
+
+def claims_table(claims: list[tuple[str, dict[str, Any]]], run: str = "this run") -> list[str]:
+    """The claims' rows under their header, then a blank line."""
+    return [f"| nb | claim | kind | verdict | {run} | source |", "|---|---|---|---|---|---|",
+            *[claim_row(nb, c) for nb, c in claims], ""]
 
 
 def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -153,8 +156,7 @@ def source_section(source: Source, results: list[dict[str, Any]]) -> list[str]:
             gap += f" The largest |logit| in this run is {fmt_scalar(scale)}: raw differences are on that scale."
         lines += ["| setup | source | this run | |", "|---|---|---|---|",
                   *[f"| {k} | {cell(a)} | {cell(b)} | {s} |" for k, a, b, s in rows], "", code_refs(gap), ""]
-    lines += ["| nb | claim | kind | verdict | this run | source |", "|---|---|---|---|---|---|",
-              *[claim_row(nb, c) for nb, c in claims], ""]
+    lines += claims_table(claims)
     notes = [(c.get("id"), n) for _, c in claims for n in (c.get("notes") or [])]
     notes += [(c.get("id"), f"by construction: {quote_of(c)['by_construction']}") for _, c in claims
               if quote_of(c).get("by_construction")]
@@ -215,5 +217,4 @@ def environment_checks(results: list[dict[str, Any]]) -> list[str]:
         return []
     return ["## Environment checks", "",
             "Facts about the machine that ran the kit, not findings of a source: never counted as reproduced.", "",
-            "| nb | claim | kind | verdict | this run | source |", "|---|---|---|---|---|---|",
-            *[claim_row(nb, c) for nb, c in checks], "", *undecided(checks)]
+            *claims_table(checks), *undecided(checks)]

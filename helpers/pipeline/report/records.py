@@ -10,6 +10,14 @@ from ..paths import output_dir
 # How a run record's status reads in SUMMARY.md and matrix.md.
 RUN_STATUS = {"complete": "✅ complete", "running": "⏳ still running (or stopped without saying so)",
               "interrupted": "⚠️ **INTERRUPTED**", "failed": "❌ **FAILED**"}
+ENV_KEYS = ("python", "torch", "transformers", "platform", "cuda_available", "device", "device_name", "dtype",
+            "attn_implementation", "model_id", "model_revision", "processor", "seed")
+
+
+def env_keys(envs: list[dict[str, Any]]) -> list[str]:
+    """The environment keys any of `envs` has: ENV_KEYS' order first, then the others sorted."""
+    present = {k for env in envs for k in env}
+    return [k for k in ENV_KEYS if k in present] + sorted(present - set(ENV_KEYS))
 
 
 def load_json(path: Path) -> dict[str, Any]:
