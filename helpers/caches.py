@@ -23,12 +23,6 @@ class Variant:
     unavailable: str | None = None
 
 
-
-
-
-
-
-
 def rebuild_by_update(cache: Any, config: Any | None = None) -> DynamicCache:
     """`update()` each layer's K/V (cloned) into a new DynamicCache (config-aware when config is given)."""
     return cache_from_pairs(kv_pairs(cache), config)

@@ -7,7 +7,7 @@ from typing import Any
 
 from ...results import KINDS
 from .paste import cell, code, code_refs, fmt_scalar, one_line, pairs
-from .sources import OTHER, SOURCES, Source, kind_of, setup_rows, source_of
+from .sources import SOURCES, Source, kind_of, setup_rows, source_of
 from .statements import Statement, count, quote_of, statements as source_statements, tally
 
 MARK = {"skipped": "⏭️", "error": "⚠️"}
@@ -203,12 +203,11 @@ def statements(claims: list[tuple[str, dict[str, Any]]], title: str) -> list[str
 
 
 def by_source(results: list[dict[str, Any]]) -> list[tuple[Source, list[dict[str, Any]]]]:
-    """The results grouped by the source their notebook answers, in SOURCES order (unmapped last)."""
+    """The results grouped by the source their notebook answers, in SOURCES order."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault(source_of(r["notebook"]).key, []).append(r)
-    order = list(SOURCES) + [OTHER.key]
-    return [((SOURCES.get(k) or OTHER), groups[k]) for k in order if k in groups]
+    return [(SOURCES[k], groups[k]) for k in SOURCES if k in groups]
 
 
 def environment_checks(results: list[dict[str, Any]]) -> list[str]:

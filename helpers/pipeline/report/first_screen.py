@@ -14,7 +14,7 @@ from .claims_md import all_claims
 from .fit import Part, clauses, drop_asides, fit, fit_clauses
 from .paste import code, code_refs
 from .records import RUN_STATUS, load_releases, load_results, load_run
-from .sources import SOURCES, OTHER, Source, source_of
+from .sources import SOURCES, Source
 from .statements import source_key
 from .verdict_line import count_line, count_parts
 
@@ -135,16 +135,13 @@ def run_line(run: dict[str, Any], current: list[dict[str, Any]]) -> list[str]:
 
 
 def _sources(rows: dict[str, list[dict[str, Any]]]) -> list[tuple[Source, dict[str, Claims]]]:
-    """Every source with claims on some release (SOURCES order, then others), with its claims per release."""
+    """Every source with claims on some release (SOURCES order), with its claims per release."""
     by_release = {rel: all_claims(res) for rel, res in rows.items()}
-    keys = list(dict.fromkeys(source_key(nb, c) for claims in by_release.values() for nb, c in claims))
-    order = [k for k in SOURCES if k in keys] + [k for k in keys if k not in SOURCES]
+    keys = {source_key(nb, c) for claims in by_release.values() for nb, c in claims}
     out = []
-    for key in order:
-        src = SOURCES.get(key) or next((source_of(nb) for claims in by_release.values() for nb, c in claims
-                                        if source_key(nb, c) == key), OTHER)
+    for key in sorted(keys, key=list(SOURCES).index):  # a source none declares is refused here
         mine = {rel: [(nb, c) for nb, c in claims if source_key(nb, c) == key] for rel, claims in by_release.items()}
-        out.append((src, {rel: cl for rel, cl in mine.items() if cl}))
+        out.append((SOURCES[key], {rel: cl for rel, cl in mine.items() if cl}))
     return out
 
 

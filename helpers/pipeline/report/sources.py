@@ -61,7 +61,7 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
            "place (no source setup to compare: the tree is the control's, the rebuilds are this kit's)."),
 )}
-OTHER = Source("other", "Other notebooks (no source mapped)", {}, "")
+
 
 def source_of(notebook: str) -> Source:
     """The source a notebook's finding answers (01_identity... -> the control); KeyError for an undeclared one."""
