@@ -38,20 +38,9 @@ def load_releases(out: Path | None = None) -> dict[str, Any]:
 
 
 def load_results(out: Path | None = None) -> list[dict[str, Any]]:
-    """Every results/*.json under `out` (default outputs/), sorted by notebook."""
+    """Every results/*.json under `out` (default outputs/), sorted by notebook (an unreadable one without claims)."""
     out = Path(out) if out else output_dir()
-    rows = []
-    for path in sorted((out / "results").glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            data = {"notebook": path.stem, "environment": {}, "claims": [], "measurements": {},
-                    "load_error": f"{type(exc).__name__}: {exc}"}
-        if not isinstance(data, dict):
-            data = {"notebook": path.stem, "claims": [], "load_error": "not a JSON object"}
-        data.setdefault("notebook", path.stem)
-        rows.append(data)
-    return rows
+    return [{"notebook": path.stem, **load_json(path)} for path in sorted((out / "results").glob("*.json"))]
 
 
 def load_timings(out: Path | None = None) -> dict[str, Any]:
