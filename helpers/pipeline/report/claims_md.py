@@ -128,16 +128,12 @@ def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]]) -> list[s
              + (f"; {apart} listed apart (by construction, or decided by another claim's measurement)" if apart else "")
              + "." if counted.tested or counted.not_tested or apart
              else "- **Reproduced:** nothing here is a statement of the source (see the kinds below).")
-    new = {}
+    new: dict[str, list[dict[str, Any]]] = {}
     for _, c in claims:
-        kind = kind_of(c)
-        if kind in ("refutes", "beyond", "simulation"):
-            new.setdefault(kind, []).append(c)
-    parts = []
-    for kind, cs in new.items():
-        yes = KINDS[kind][0]
-        word = "hypothesis refuted" if kind == "refutes" else yes
-        parts.append(f"{len(cs)} {kind} ({sum(c.get('verdict') == yes for c in cs)} {word})")
+        new.setdefault(kind_of(c), []).append(c)
+    parts = [f"{len(cs)} {kind} ({sum(c.get('verdict') == KINDS[kind][0] for c in cs)} "
+             f"{'hypothesis refuted' if kind == 'refutes' else KINDS[kind][0]})"
+             for kind, cs in new.items() if kind in ("refutes", "beyond", "simulation")]
     line2 = "- **New here:** " + ("; ".join(parts) if parts else "nothing beyond the source's own statements") + "."
     skipped = [c for _, c in claims if c.get("verdict") in ("skipped", "error")]
     why = f"{len(skipped)} claim(s) skipped or in error (reasons below); " if skipped else ""

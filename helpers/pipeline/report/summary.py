@@ -35,12 +35,9 @@ def short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else "(long: in the results file)"
 
 
-def params_text(params: Any) -> str:
-    if not params:
-        return "none (notebook defaults)"
-    if isinstance(params, dict):
-        return ", ".join(f"{k}={short(v)}" for k, v in params.items())
-    return short(params, 200)
+def params_text(params: dict[str, Any]) -> str:
+    """A run's or notebook's parameters as `k=v, ...` (the runner records them as a dict)."""
+    return ", ".join(f"{k}={short(v)}" for k, v in params.items()) if params else "none (notebook defaults)"
 
 
 def commit_text(run: dict[str, Any]) -> str:
