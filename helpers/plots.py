@@ -59,10 +59,8 @@ def threshold_line(ax: Any, value: float | None, label: str = "noise threshold")
     if value > high:  # the line must be visible: extend the axis above it
         ax.set_ylim(low, value * (10 if ax.get_yscale() != "linear" else 1 + HEADROOM))
     ax.axhline(value, **THRESHOLD_STYLE)
-    from matplotlib.transforms import blended_transform_factory
-
-    # labelled at the right end, outside the axes, so it never covers a bar or its value
-    ax.text(1.01, value, f"{label}\n{value:.3g}", transform=blended_transform_factory(ax.transAxes, ax.transData),
+    # labelled at the right end, outside the axes (x in axes, y in data units), so it never covers a bar or its value
+    ax.text(1.01, value, f"{label}\n{value:.3g}", transform=ax.get_yaxis_transform(),
             ha="left", va="center", fontsize=7, color=THRESHOLD_STYLE["color"])
 
 
@@ -153,11 +151,9 @@ def _label_bars(ax: Any, values: list[float | None]) -> None:
     """Each bar's value at its end; a bar too small or below the axis gets its label on the baseline."""
     bottom = ax.get_ylim()[0]
     for x, v in enumerate(values):
-        if v is not None and v < 0 and v >= bottom:
-            ax.annotate(value_label(v), (x, v), xytext=(0, -2), textcoords="offset points", ha="center", va="top", fontsize=8)
-        else:
-            y = v if v is not None and v > 0 else 0.0
-            ax.annotate(value_label(v), (x, y), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=8)
+        below = v is not None and bottom <= v < 0
+        ax.annotate(value_label(v), (x, v if below or (v is not None and v > 0) else 0.0), xytext=(0, -2 if below else 2),
+                    textcoords="offset points", ha="center", va="top" if below else "bottom", fontsize=8)
 
 
 def draw_bars(ax: Any, labels: Sequence[str], values: Sequence[Any], log: bool = False) -> None:
