@@ -5,9 +5,10 @@ tested, what was not tested and why, what is listed apart) and an Ask line (help
 pools sources. The repros (examples/repro/, torch + transformers only) are folded right below, each named here."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
+
+from packaging.version import Version
 
 from .asks import Claims, lines_for
 from .claims_md import all_claims
@@ -28,10 +29,6 @@ BLOCK_CHARS = NAME_CHARS + SOURCE_CHARS + len("****\n- Verdict: .\n- Ask: .\n\n"
 SEPS = ("; ", ". ")
 
 
-def _version(release: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", release))
-
-
 def release_rows(out: Path, run: dict[str, Any], current: list[dict[str, Any]]) -> tuple[dict[str, list[dict[str, Any]]], str]:
     """{release: results} this screen reports (this run's, plus outputs/matrix/ of the same kit commit: with
     `make share`'s releases.json only its pinned and newest) and the sentence naming them."""
@@ -42,7 +39,7 @@ def release_rows(out: Path, run: dict[str, Any], current: list[dict[str, Any]]) 
     found = {d.name: load_results(d) for d in sorted((out / "matrix").glob("*/")) if (d / "results").is_dir()} if same else {}
     wanted = {share.get("pinned"), share.get("newest")} if share else set(found)
     rows.update({rel: res for rel, res in found.items() if res and rel in wanted and rel not in rows})
-    ordered = dict(sorted(rows.items(), key=lambda kv: _version(kv[0])))
+    ordered = dict(sorted(rows.items(), key=lambda kv: Version(kv[0])))
     names = []
     for rel in ordered:
         tags = [t for t, ok in (("pinned", rel == share.get("pinned")), ("newest", rel == share.get("newest"))) if ok]

@@ -77,14 +77,8 @@ def kind_of(claim: dict[str, Any]) -> str:
 
 def run_setup(envs: list[dict[str, Any]]) -> dict[str, str]:
     """This run's release, dtype, device and model over the notebooks of one source (values joined when they differ)."""
-    def values(*keys: str) -> str:
-        seen: list[str] = []
-        for env in envs:
-            parts = [str(env.get(k)) for k in keys if env.get(k) not in (None, "")]
-            text = " ".join(parts) if parts else "?"
-            if text not in seen:
-                seen.append(text)
-        return ", ".join(seen) or "?"
+    def values(key: str) -> str:
+        return ", ".join(dict.fromkeys("?" if env.get(key) in (None, "") else str(env[key]) for env in envs)) or "?"
 
     model = values("model_id")
     if any(str(env.get("model_id") or "").startswith("tiny-") for env in envs):
