@@ -154,10 +154,8 @@ def source_section(source: Source, results: list[dict[str, Any]]) -> list[str]:
                   *[f"| {k} | {cell(a)} | {cell(b)} | {s} |" for k, a, b, s in rows], "", code_refs(gap), ""]
     lines += claims_table(claims)
     notes = [(c.get("id"), n) for _, c in claims for n in (c.get("notes") or [])]
-    notes += [(c.get("id"), f"by construction: {quote_of(c)['by_construction']}") for _, c in claims
-              if quote_of(c).get("by_construction")]
-    notes += [(c.get("id"), f"not decidable here: {quote_of(c)['not_decided']}") for _, c in claims
-              if quote_of(c).get("not_decided")]
+    notes += [(c.get("id"), f"{word}: {quote_of(c)[key]}") for key, word in (("by_construction", "by construction"),
+              ("not_decided", "not decidable here")) for _, c in claims if quote_of(c).get(key)]
     if notes:
         lines += ["Notes on the rows:", "", *[f"- {code(cid)}: {code_refs(one_line(n))}" for cid, n in notes], ""]
     lines += undecided(claims)

@@ -72,13 +72,11 @@ def environment_markdown(results: dict[str, Any], source: str) -> str:
     from .summary import commit_text
 
     env = results.get("environment") or {}
-    run = results.get("run") if isinstance(results.get("run"), dict) else {}
-    lines = [f"**Environment this notebook ran with** (from `{source}`, written by the notebook itself)", ""]
-    if run.get("run_id"):
-        lines += [f"Run `{run['run_id']}`, started {run.get('started') or '?'}, kit commit {commit_text(run)}", ""]
-    else:
-        lines += ["Not run by the kit's runner (no run id).", ""]
-    lines += ["| | |", "|---|---|", *[f"| {k} | `{one_line(env.get(k))[:120]}` |" for k in env_keys([env])]]
+    run = results.get("run") or {}
+    lines = [f"**Environment this notebook ran with** (from `{source}`, written by the notebook itself)", "",
+             f"Run `{run['run_id']}`, started {run.get('started') or '?'}, kit commit {commit_text(run)}"
+             if run.get("run_id") else "Not run by the kit's runner (no run id).", "", "| | |", "|---|---|",
+             *[f"| {k} | `{one_line(env.get(k))[:120]}` |" for k in env_keys([env])]]
     warnings = results.get("warnings") or []
     if warnings:
         lines += ["", "transformers warnings captured during the run (kept out of the cells below):", "",

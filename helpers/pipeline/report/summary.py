@@ -148,7 +148,7 @@ def attach_section(out: Path, stems: set[str]) -> list[str]:
 def earlier_sections(others: dict[str | None, list[dict[str, Any]]]) -> list[str]:
     lines: list[str] = []
     for rid, results in sorted(others.items(), key=lambda kv: str(kv[0])):
-        started = next((r.get("run", {}).get("started") for r in results if isinstance(r.get("run"), dict)), None)
+        started = next((r["run"].get("started") for r in results if r.get("run")), None)
         lines += [f"## From an earlier run (run {code(rid)}, started {cell(started or 'unknown')})" if rid else
                   "## From an earlier run (no run id: run by hand or by an older kit, time unknown)", "",
                   "Not written by the run above: shown for reference only, never counted. Run the notebooks again to "
@@ -178,7 +178,7 @@ def details(summary: str, body: list[str]) -> list[str]:
     return ["<details><summary>" + summary + "</summary>", "", *body, "</details>", ""] if body else []
 
 
-def build_summary(out: Path | None = None, title: str = "KV resume kit: results") -> str:
+def build_summary(out: Path | None = None) -> str:
     """The SUMMARY.md text for the run named in run.json under `out` (default outputs/): the first screen (verdicts,
     releases, repros), then everything else in <details> sections."""
     out = Path(out) if out else output_dir()
@@ -187,7 +187,7 @@ def build_summary(out: Path | None = None, title: str = "KV resume kit: results"
     claims = all_claims(current)
     counts = kind_counts(claims)
     screen, folded = first_screen(out, run, current)
-    lines = [f"# {title}", "", *screen]
+    lines = ["# KV resume kit: results", "", *screen]
     for summary_text, block in folded:
         lines += details(summary_text, block)
     if others:
