@@ -77,11 +77,8 @@ def perturbation_table(model: torch.nn.Module, prompt: Prompt, cache: Any, saved
 def offset_sweep(model: torch.nn.Module, prompt: Prompt, cache: Any, saved: torch.Tensor, reference: torch.Tensor,
                  offsets: Sequence[int]) -> pd.DataFrame:
     """Continuations with the state set to saved + offset, for each offset, against the reference."""
-    rows = []
-    for offset in offsets:
-        row = _row(f"saved {offset:+d}", saved + offset, continue_with_state(model, prompt, cache, saved + offset), reference)
-        rows.append({"offset": int(offset), **row})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"offset": int(offset), **_row(f"saved {offset:+d}", saved + offset, continue_with_state(
+        model, prompt, cache, saved + offset), reference)} for offset in offsets])
 
 
 def cache_mentions_state(cache: Any, saved: torch.Tensor) -> dict[str, Any]:
