@@ -72,10 +72,8 @@ class WarningCapture(logging.Filter):
         self.pending: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or not record.name.startswith("transformers"):
-            return True
         message = record.getMessage()
-        if not FALLBACK.search(message):
+        if record.levelno < logging.WARNING or not record.name.startswith("transformers") or not FALLBACK.search(message):
             return True
         if self.results is not None:
             self.results.warn(message)

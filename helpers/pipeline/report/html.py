@@ -8,10 +8,16 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from .paste import one_line
 from ..paths import output_dir
-from .records import env_keys, load_json
+from .asks import lines_for
+from .claims_md import all_claims
+from .paste import one_line
+from .records import env_keys, load_json, load_results, run_id_of
 from .scrub import scrub
+from .sources import source_of
+from .statements import source_key
+from .summary import commit_text
+from .verdict_line import count_line
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 _IMG_SRC = re.compile(r"<img\b[^>]*?\bsrc\s*=\s*[\"']?(?!data:)([^\"'\s>]+)", re.IGNORECASE)
@@ -69,8 +75,6 @@ def widget_value(text: str) -> str:
 
 def environment_markdown(results: dict[str, Any], source: str) -> str:
     """The environment a notebook ran with (from its results file), as a Markdown block for the HTML's top."""
-    from .summary import commit_text
-
     env = results.get("environment") or {}
     run = results.get("run") or {}
     lines = [f"**Environment this notebook ran with** (from `{source}`, written by the notebook itself)", "",
@@ -87,13 +91,6 @@ def environment_markdown(results: dict[str, Any], source: str) -> str:
 def verdict_markdown(stem: str, results: dict[str, Any], out: Path) -> str:
     """The page's opening: the source's verdict and ask (helpers.pipeline.report.asks, over this run's results of that
     source on disk) and this notebook's own count, so the verdict stands above the code."""
-    from .asks import lines_for
-    from .claims_md import all_claims
-    from .first_screen import count_line
-    from .records import load_results, run_id_of
-    from .sources import source_of
-    from .statements import source_key
-
     src, release = source_of(stem), str((results.get("environment") or {}).get("transformers") or "?")
     rid = run_id_of(results)
     same = [r for r in load_results(out) if rid and run_id_of(r) == rid and r.get("notebook") != stem] + [results]
