@@ -91,10 +91,13 @@ def run_caption(model_id: str | None = None, dtype: str | None = None, device: s
     return "; ".join(parts)
 
 
-def add_caption(fig: Any, text: str | None) -> None:
-    """A caption under the figure."""
-    if text:
-        fig.text(0.5, -0.02, text, ha="center", va="top", fontsize=8, color="0.3", wrap=True)
+def titled(fig: Any, title: str, caption: str | None, **at: Any) -> Any:
+    """The figure with its title, laid out, and its caption (if any) under it."""
+    fig.suptitle(title, **at)
+    fig.tight_layout()
+    if caption:
+        fig.text(0.5, -0.02, caption, ha="center", va="top", fontsize=8, color="0.3", wrap=True)
+    return fig
 
 
 def figure(series: dict[str, Sequence[Any]], draw: Callable[[Any, str, Sequence[Any]], None], title: str,
@@ -108,10 +111,7 @@ def figure(series: dict[str, Sequence[Any]], draw: Callable[[Any, str, Sequence[
         ax.set_title(metric)
         if thresholds and metric in thresholds:
             threshold_line(ax, thresholds[metric])
-    fig.suptitle(title)
-    fig.tight_layout()
-    add_caption(fig, caption)
-    return fig
+    return titled(fig, title, caption)
 
 
 def finish(fig: Any, stem: str, name: str) -> Path:
@@ -244,10 +244,7 @@ def status_grid_figure(rows: Sequence[str], cols: Sequence[str], status: Sequenc
     ax.xaxis.tick_top()
     for spine in ax.spines.values():
         spine.set_visible(False)
-    fig.suptitle(title, y=1.02)
-    fig.tight_layout()
-    add_caption(fig, caption)
-    return fig
+    return titled(fig, title, caption, y=1.02)
 
 
 def status_grid(rows: Sequence[str], cols: Sequence[str], status: Sequence[Sequence[str]], text: Sequence[Sequence[str]],
