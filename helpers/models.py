@@ -232,7 +232,9 @@ def text_side(model_id: str, revision: str | None, is_multimodal: bool,
     if os.path.isdir(model_id) and not any(os.path.exists(os.path.join(model_id, f)) for f in TOKENIZER_FILES):
         # A local directory saved without tokenizer files (as in the tests) gets synthetic token ids.
         why = "none: no tokenizer files (synthetic token ids"
-        return (tiny_image_processor(), None, why + ", tiny default's image processor)") if is_multimodal else (None, None, why + ")")
+        if is_multimodal:
+            return tiny_image_processor(), None, why + ", tiny default's image processor)"
+        return None, None, why + ")"
     if is_multimodal:
         processor, path = load_processor(model_id, revision, trust_remote_code)
         return processor, getattr(processor, "tokenizer", processor), path

@@ -152,8 +152,9 @@ def _label_bars(ax: Any, values: list[float | None]) -> None:
     bottom = ax.get_ylim()[0]
     for x, v in enumerate(values):
         below = v is not None and bottom <= v < 0
-        ax.annotate(value_label(v), (x, v if below or (v is not None and v > 0) else 0.0), xytext=(0, -2 if below else 2),
-                    textcoords="offset points", ha="center", va="top" if below else "bottom", fontsize=8)
+        y = v if below or (v is not None and v > 0) else 0.0
+        ax.annotate(value_label(v), (x, y), xytext=(0, -2 if below else 2), textcoords="offset points", ha="center",
+                    va="top" if below else "bottom", fontsize=8)
 
 
 def draw_bars(ax: Any, labels: Sequence[str], values: Sequence[Any], log: bool = False) -> None:

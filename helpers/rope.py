@@ -86,11 +86,9 @@ def cache_mentions_state(cache: Any, saved: torch.Tensor) -> dict[str, Any]:
     found = []
     objects = [("cache", cache)] + [(f"layers[{i}]", layer) for i, layer in enumerate(compat.cache_layers(cache))]
     for where, obj in objects:
-        for name, value in vars(obj).items():
-            if "rope" in name.lower() or "delta" in name.lower():
-                found.append(f"{where}.{name}")
-            elif isinstance(value, torch.Tensor) and value.shape == saved.shape and torch.equal(value.to(saved.dtype), saved):
-                found.append(f"{where}.{name}")
+        found += [f"{where}.{name}" for name, value in vars(obj).items() if "rope" in name.lower()
+                  or "delta" in name.lower() or isinstance(value, torch.Tensor) and value.shape == saved.shape
+                  and torch.equal(value.to(saved.dtype), saved)]
     return {"attributes_checked": sum(len(vars(o)) for _, o in objects), "matches": found}
 
 

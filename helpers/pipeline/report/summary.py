@@ -13,7 +13,8 @@ from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
-from .claims_md import all_claims, by_source, claims_table, counts_table, environment_checks, headline, kind_counts, source_section, statements
+from .claims_md import (all_claims, by_source, claims_table, counts_table, environment_checks, headline, kind_counts,
+                        source_section, statements)
 from .first_screen import first_screen
 from .statements import statements as source_statements
 from .paste import MAX_CHARS, cell, code, code_refs, fmt_scalar, one_line
