@@ -28,19 +28,6 @@ class TokenizerImageProcessor:
     image_token: str = "<|image_pad|>"
     video_token: str = "<|video_pad|>"
 
-    @property
-    def image_token_id(self) -> int:
-        return int(self.tokenizer.convert_tokens_to_ids(self.image_token))
-
-    @property
-    def video_token_id(self) -> int:
-        return int(self.tokenizer.convert_tokens_to_ids(self.video_token))
-
-    def render(self, conversation: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to one conversation, as text."""
-        return self.tokenizer.apply_chat_template(conversation, chat_template=self.chat_template, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
-
     def expand_image_tokens(self, text: str, image_grid_thw: torch.Tensor) -> str:
         """Each image token in turn becomes grid.prod() // merge_size**2 of them (as Qwen3VLProcessor does)."""
         pieces = text.split(self.image_token)
@@ -62,17 +49,16 @@ class TokenizerImageProcessor:
             text = self.expand_image_tokens(text, pixels["image_grid_thw"])
         enc = self.tokenizer([text], padding=False, return_token_type_ids=False,
                              add_special_tokens=add_special_tokens, return_tensors=return_tensors)
-        ids = enc["input_ids"]
-        types = torch.zeros_like(ids)
-        types[ids == self.image_token_id] = 1
-        types[ids == self.video_token_id] = 2
+        ids, token_id = enc["input_ids"], self.tokenizer.convert_tokens_to_ids
+        types = (ids == token_id(self.image_token)).long() + 2 * (ids == token_id(self.video_token)).long()  # 1 image, 2 video
         return {"input_ids": ids, "attention_mask": enc["attention_mask"], "mm_token_type_ids": types, **data}
 
     def apply_chat_template(self, conversation: list[dict[str, Any]], tokenize: bool = True,
                             add_generation_prompt: bool = True, return_dict: bool = True,
                             return_tensors: str = "pt", **_: Any) -> Any:
         """Same call as `ProcessorMixin.apply_chat_template` for one conversation with images (no videos)."""
-        text = self.render(conversation, add_generation_prompt)
+        text = self.tokenizer.apply_chat_template(conversation, chat_template=self.chat_template, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
         if not tokenize:
             return text
         images = [block[key] for message in conversation if isinstance(message.get("content"), list)

@@ -120,8 +120,7 @@ def offset_widget(model: torch.nn.Module, prompt: Prompt, cache: Any, saved: tor
         return None
 
     def show(offset: int = 0) -> pd.DataFrame:
-        out = continue_with_state(model, prompt, cache, saved + offset)
-        return pd.DataFrame([_row(f"saved {offset:+d}", saved + offset, out, reference)]).set_index("state")
+        return offset_sweep(model, prompt, cache, saved, reference, [offset]).drop(columns="offset").set_index("state")
 
     return widgets.interactive(show, offset=widgets.IntSlider(value=0, min=lo, max=hi, step=1, description="offset"))
 

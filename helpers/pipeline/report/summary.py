@@ -136,9 +136,7 @@ def environment_section(results: list[dict[str, Any]], run_env: dict[str, Any] |
 
 def attach_section(out: Path, stems: set[str]) -> list[str]:
     names = [n for n in share_members(out, stems) if n not in ("SUMMARY.md", "run.json", "timings.json")]
-    html = sum(n.startswith("html/") for n in names)
-    figs = sum(n.startswith("figures/") for n in names)
-    res = sum(n.startswith("results/") for n in names)
+    html, figs, res = (sum(n.startswith(f"{folder}/") for n in names) for folder in ("html", "figures", "results"))
     return ["## Attach", "", f"Attach one file: **`{ARCHIVE}`** from the outputs folder (GitHub does not accept `.html`). "
             f"It holds this summary, {html} self-contained HTML page(s), {figs} figure(s), {res} results file(s) "
             "with every measured value, and the run record (run.json; timings.json once the runner has written it).", ""]
