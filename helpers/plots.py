@@ -42,9 +42,7 @@ def _finite(values: Sequence[Any]) -> list[float | None]:
 
 def value_label(value: float | None) -> str:
     """A bar's label: n/a, 0, or three significant digits."""
-    if value is None:
-        return "n/a"
-    return "0" if value == 0 else f"{value:.3g}"
+    return "n/a" if value is None else "0" if value == 0 else f"{value:.3g}"
 
 
 THRESHOLD_STYLE = {"color": "#c44e52", "linestyle": "--", "linewidth": 1.2}
@@ -78,11 +76,8 @@ def run_caption(model_id: str | None = None, dtype: str | None = None, device: s
                 simulation: bool = False, stand_ins: bool = False) -> str:
     """What produced a figure: 'random-weight tiny model' for the tiny defaults, 'simulation', 'recorded on CPU
     under stand-ins', then the model, dtype and device."""
-    parts = []
-    if simulation:
-        parts.append("simulation (a model of the hardware, not a measurement of it)")
-    if stand_ins:
-        parts.append("recorded on CPU under stand-ins")
+    parts = [text for on, text in ((simulation, "simulation (a model of the hardware, not a measurement of it)"),
+                                   (stand_ins, "recorded on CPU under stand-ins")) if on]
     if model_id and str(model_id).startswith("tiny-"):
         parts.append(f"random-weight tiny model {model_id}: magnitudes are not a real checkpoint's")
     elif model_id:

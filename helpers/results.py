@@ -198,14 +198,9 @@ class Results:
         self.write()
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "notebook": self.notebook,
-            "run": self.run,
-            "environment": self.env,
-            "claims": [asdict(c) for c in self.claims.values()],
-            "measurements": self.extra,
-            "warnings": self.warnings,
-        }
+        """The results file's content."""
+        return {"notebook": self.notebook, "run": self.run, "environment": self.env,
+                "claims": [asdict(c) for c in self.claims.values()], "measurements": self.extra, "warnings": self.warnings}
 
     def write(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
