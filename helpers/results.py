@@ -199,8 +199,14 @@ class Results:
 
     def as_dict(self) -> dict[str, Any]:
         """The results file's content."""
-        return {"notebook": self.notebook, "run": self.run, "environment": self.env,
-                "claims": [asdict(c) for c in self.claims.values()], "measurements": self.extra, "warnings": self.warnings}
+        return {
+            "notebook": self.notebook,
+            "run": self.run,
+            "environment": self.env,
+            "claims": [asdict(c) for c in self.claims.values()],
+            "measurements": self.extra,
+            "warnings": self.warnings,
+        }
 
     def write(self) -> Path:
         self.path.parent.mkdir(parents=True, exist_ok=True)
