@@ -1,4 +1,5 @@
-"""Reading what a run left on disk: run.json, timings.json and results/*.json, split into this run's and others'."""
+"""Reading what a run left on disk: run.json, timings.json and results/*.json, split into this run's and others';
+the order environment keys are shown in (SUMMARY.md and the HTML pages)."""
 from __future__ import annotations
 
 import json

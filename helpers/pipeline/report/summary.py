@@ -80,6 +80,7 @@ def missing_notebooks(results: list[dict[str, Any]], run: dict[str, Any]) -> lis
     have = {r["notebook"] for r in results}
     lines = []
     for nb, info in sorted((run.get("notebooks") or {}).items()):
+        info = info or {}
         if nb not in have:
             why = info.get("error") or {"not_started": "not started", "interrupted": "interrupted", "ok": "the notebook "
                                         "ran but wrote no results file"}.get(info.get("status"), "notebook failed")
@@ -94,6 +95,7 @@ def notebook_runs(run: dict[str, Any]) -> list[str]:
         return []
     lines = ["## Notebooks in this run", "", "| notebook | status | seconds | parameters |", "|---|---|---|---|"]
     for nb, info in sorted(nbs.items()):
+        info = info or {}
         status = NB_STATUS.get(info.get("status"), cell(info.get("status")))
         if info.get("error") and info["error"] != info.get("status"):
             status += f": {info['error']}"
