@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...findings import writer
 from .paste import fmt_scalar
 from .records import load_json
 
@@ -210,6 +211,4 @@ def rollback(by_release: dict[str, Claims], out: Path) -> Lines:
 
 def lines_for(key: str, by_release: dict[str, Claims], out: Path) -> Lines:
     """The source's symptom and Ask from the writer its findings name (KeyError for a source none declares)."""
-    from ...findings import writer
-
     return writer(key)(by_release, out)

@@ -10,6 +10,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from ..paths import repo_root
 from .asks import Claims, lines_for
 from .claims_md import all_claims
 from .fit import Part, clauses, drop_asides, fit, fit_clauses
@@ -107,8 +108,6 @@ def not_verified_line(current: list[dict[str, Any]]) -> str:
 
 def repro_block(source: Source) -> list[str]:
     """The source's repro file in a python block, with what it prints; a missing file says so."""
-    from ..paths import repo_root
-
     path = repo_root() / source.repro
     head = f"`{source.repro}` prints the transformers release, {source.repro_prints}, and one verdict line."
     if not path.is_file():

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...findings import of
+
 
 @dataclass(frozen=True)
 class Source:
@@ -65,8 +67,6 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
 
 def source_of(notebook: str) -> Source:
     """The source a notebook's finding answers (01_identity... -> the control); KeyError for an undeclared one."""
-    from ...findings import of
-
     return SOURCES[of(notebook).source]
 
 
