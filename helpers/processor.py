@@ -50,7 +50,8 @@ class TokenizerImageProcessor:
         enc = self.tokenizer([text], padding=False, return_token_type_ids=False,
                              add_special_tokens=add_special_tokens, return_tensors=return_tensors)
         ids, token_id = enc["input_ids"], self.tokenizer.convert_tokens_to_ids
-        types = (ids == token_id(self.image_token)).long() + 2 * (ids == token_id(self.video_token)).long()  # 1 image, 2 video
+        # mm_token_type_ids: 1 on image tokens, 2 on video tokens
+        types = (ids == token_id(self.image_token)).long() + 2 * (ids == token_id(self.video_token)).long()
         return {"input_ids": ids, "attention_mask": enc["attention_mask"], "mm_token_type_ids": types, **data}
 
     def apply_chat_template(self, conversation: list[dict[str, Any]], tokenize: bool = True,
