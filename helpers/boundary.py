@@ -254,11 +254,8 @@ def decide_cosine_like_source(double: list[dict[str, Any]]) -> Decision:
 def plain_refeed(ran: list[dict[str, Any]]) -> dict[str, Any]:
     """The source's quantity: prompt[-1] re-fed with no explicit positions (generate() with the L+1 mask, else forward()
     with no mask), original cache; {} when none ran."""
-    for call, args in (("generate", "full mask (L+1)"), ("forward", "no mask")):
-        for r in ran:
-            if r.get("cache") == "original" and r.get("call") == call and r.get("args") == args:
-                return r
-    return {}
+    first = {(r.get("call"), r.get("args")): r for r in reversed(ran) if r.get("cache") == "original"}
+    return first.get(("generate", "full mask (L+1)")) or first.get(("forward", "no mask")) or {}
 
 
 def refeed_note(plain: dict[str, Any], closest: dict[str, Any], changed: int, n: int) -> str:

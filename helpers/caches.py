@@ -5,11 +5,10 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from transformers import DynamicCache
 
 from kvresume import compat
-from kvresume.compat import cache_from_pairs, kv_geometry, kv_pairs
+from kvresume.compat import cache_from_pairs, kv_pairs
 from .compare import tensors_bitwise_equal
 
 
@@ -21,12 +20,6 @@ class Variant:
     how: str
     cache: Any = None
     unavailable: str | None = None
-
-
-
-
-
-
 
 
 def rebuild_by_update(cache: Any, config: Any | None = None) -> DynamicCache:
@@ -55,10 +48,7 @@ def build_variants(prefill_cache: Any, model_config: Any) -> dict[str, Variant]:
 def describe(cache: Any) -> dict[str, Any]:
     """Layer count, layer classes, reported length and K/V shapes of a cache."""
     layers = compat.cache_layers(cache)
-    shapes = []
-    for layer in layers:
-        keys, values = compat.layer_kv(layer)
-        shapes.append((tuple(keys.shape) if keys is not None else None, tuple(values.shape) if values is not None else None))
+    shapes = [tuple(None if t is None else tuple(t.shape) for t in compat.layer_kv(layer)) for layer in layers]
     return {
         "cache_class": type(cache).__name__,
         "n_layers": len(layers),

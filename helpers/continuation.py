@@ -16,7 +16,9 @@ from kvresume import compat
 from .capture import raised_at, trace
 from .inputs import Prompt
 
-GENERATION_VARIANTS = ("neither", "position_only", "mask_only", "both")
+# The source's four generation variants: which of the full mask and explicit positions each passes.
+GENERATION_VARIANTS = {"neither": (), "position_only": ("position_ids",), "mask_only": ("attention_mask",),
+                       "both": ("attention_mask", "position_ids")}
 
 
 @dataclass
@@ -63,14 +65,9 @@ def current_position_ids(model: torch.nn.Module, prompt: Prompt) -> torch.Tensor
 
 
 def generation_kwargs(variant: str, prompt: Prompt, position_ids: torch.Tensor) -> dict[str, Any]:
-    """The source's four generation variants: neither, position_only, mask_only, both."""
-    table = {
-        "neither": {},
-        "position_only": {"position_ids": position_ids},
-        "mask_only": {"attention_mask": prompt.attention_mask},
-        "both": {"attention_mask": prompt.attention_mask, "position_ids": position_ids},
-    }
-    return dict(table[variant])
+    """The keyword arguments of one of GENERATION_VARIANTS (neither, position_only, mask_only, both)."""
+    given = {"attention_mask": prompt.attention_mask, "position_ids": position_ids}
+    return {name: given[name] for name in GENERATION_VARIANTS[variant]}
 
 
 def _run(model: torch.nn.Module, call: Any) -> Outcome:

@@ -111,16 +111,12 @@ def quotes() -> dict[str, Any]:
     return {cid: q for f in found() for cid, q in f.claims.items()}
 
 
-def writers() -> dict[str, Callable[..., Any]]:
-    """Source key -> its Ask writer."""
-    return {f.source: f.ask for f in found()}
-
-
 def writer(source: str) -> Callable[..., Any]:
-    got = writers().get(source)
-    if got is None:
-        raise KeyError(f"source {source} has no Ask writer: no finding declares it")
-    return got
+    """The Ask writer of a source (KeyError where no finding declares it)."""
+    for f in found():
+        if f.source == source:
+            return f.ask
+    raise KeyError(f"source {source} has no Ask writer: no finding declares it")
 
 
 def bisect_claims() -> tuple[tuple[str, str], ...]:

@@ -6,34 +6,25 @@ Nothing is downloaded; the same seed gives the same weights.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
-# Three linear-attention layers, then one full-attention layer, twice.
-HYBRID_PATTERN = ("linear_attention", "linear_attention", "linear_attention", "full_attention")
-N_LAYERS = 8
+
+def _layer_types(n_layers: int, linear: bool) -> list[str]:
+    """`linear_attention` x3 then `full_attention`, repeated over `n_layers` (or `full_attention` throughout)."""
+    return ["linear_attention" if linear and i % 4 < 3 else "full_attention" for i in range(n_layers)]
 
 
-def tiny_hybrid_layer_types(n_layers: int = N_LAYERS) -> list[str]:
-    """`linear_attention` x3 then `full_attention`, repeated over `n_layers`."""
-    return [HYBRID_PATTERN[i % len(HYBRID_PATTERN)] for i in range(n_layers)]
-
-
-REPORT_LAYERS = 64  # the report's model: 48 linear_attention / 16 full_attention, 3 linear then 1 full
-
-
-def dense_layer_types(n_layers: int = N_LAYERS) -> list[str]:
-    """The dense twin: every layer `full_attention`."""
-    return ["full_attention"] * n_layers
-
-
-# Model layouts of notebook 05: name -> the decoder's layer_types (all with the tiny hidden sizes).
+# Model layouts of notebook 05: name -> the decoder's layer_types (all with the tiny hidden sizes); the tiny hybrid
+# has 8 layers, the report's model 64 (48 linear_attention / 16 full_attention, 3 linear then 1 full), each with
+# its dense twin.
 LAYOUTS = {
-    "tiny hybrid": lambda: tiny_hybrid_layer_types(N_LAYERS),
-    "tiny dense": lambda: dense_layer_types(N_LAYERS),
-    "report layout (64)": lambda: tiny_hybrid_layer_types(REPORT_LAYERS),
-    "report dense (64)": lambda: dense_layer_types(REPORT_LAYERS),
+    "tiny hybrid": functools.partial(_layer_types, 8, True),
+    "tiny dense": functools.partial(_layer_types, 8, False),
+    "report layout (64)": functools.partial(_layer_types, 64, True),
+    "report dense (64)": functools.partial(_layer_types, 64, False),
 }
 
 

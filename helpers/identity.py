@@ -32,13 +32,9 @@ def metadata_table(variants: dict[str, Variant], reference: Any) -> pd.DataFrame
 def first_step_logits(model: torch.nn.Module, prompt: Prompt, variants: dict[str, Variant]) -> dict[tuple[str, str], Any]:
     """(generation variant, cache variant) -> Outcome of generate() from that cache with those arguments."""
     positions = current_position_ids(model, prompt)
-    outcomes = {}
-    for gen in GENERATION_VARIANTS:
-        for v in variants.values():
-            if v.cache is not None:
-                outcomes[(gen, v.name)] = generate_first_step(model, prompt.last_token, fresh_copy(v),
-                                                              **generation_kwargs(gen, prompt, positions))
-    return outcomes
+    return {(gen, v.name): generate_first_step(model, prompt.last_token, fresh_copy(v),
+                                               **generation_kwargs(gen, prompt, positions))
+            for gen in GENERATION_VARIANTS for v in variants.values() if v.cache is not None}
 
 
 def logits_table(outcomes: dict[tuple[str, str], Any], reference: str = "original") -> pd.DataFrame:

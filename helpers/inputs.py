@@ -36,10 +36,8 @@ class Prompt:
 
     def forward_kwargs(self, end: int | None = None) -> dict[str, Any]:
         """Keyword arguments for a forward pass over input_ids[:, :end] (the whole prompt by default)."""
-        kwargs: dict[str, Any] = {"input_ids": self.input_ids[:, :end], "attention_mask": self.attention_mask[:, :end]}
-        for name, value in self.mm_kwargs.items():
-            kwargs[name] = value[:, :end] if name == "mm_token_type_ids" else value
-        return kwargs
+        mm = {name: value[:, :end] if name == "mm_token_type_ids" else value for name, value in self.mm_kwargs.items()}
+        return {"input_ids": self.input_ids[:, :end], "attention_mask": self.attention_mask[:, :end], **mm}
 
     def prefix_kwargs(self) -> dict[str, Any]:
         """The already processed part: everything but the last token."""

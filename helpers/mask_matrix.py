@@ -65,11 +65,8 @@ def _dropped(o: Outcome) -> bool:
 
 
 def _unique(values: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for v in values:
-        if v not in out:
-            out.append(v)
-    return out
+    """The values once each, in order (shapes are lists: not hashable)."""
+    return [v for i, v in enumerate(values) if v not in values[:i]]
 
 
 def _first_calls(outcomes: dict[Any, Outcome]) -> dict[str, Any]:

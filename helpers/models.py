@@ -94,11 +94,11 @@ def local_folder_revision(folder: str) -> str:
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """'float16' / 'fp16' / torch.float16 -> torch.float16."""
+    from .pipeline.run.params import DTYPE_ALIASES
+
     if isinstance(dtype, torch.dtype):
         return dtype
-    aliases = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
-    name = aliases.get(dtype, dtype)
-    value = getattr(torch, name, None)
+    value = getattr(torch, DTYPE_ALIASES.get(dtype, dtype), None)
     if not isinstance(value, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}")
     return value
@@ -114,13 +114,6 @@ def resolve_device(device: str) -> str:
 def _seeded(seed: int, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
     torch.manual_seed(seed)
     return make().eval()
-
-
-def build_tiny_qwen3_vl(seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
-    """The seeded, randomly initialised tiny Qwen3-VL (kvresume.testing's "multimodal": same weights for the same seed)."""
-    from kvresume import testing
-
-    return testing.build("multimodal", attn_implementation, seed)
 
 
 def tiny_image_processor() -> Any:
@@ -168,12 +161,20 @@ def tiny_bart(seed: int = 0, attn: str = "sdpa") -> torch.nn.Module:
     return testing.build("bart", attn, seed)
 
 
-TINY_MODELS: dict[str, tuple[Callable[[int, str], torch.nn.Module], bool]] = {
-    TINY_VL: (lambda seed, attn: build_tiny_qwen3_vl(seed, attn), True),
-    TINY_HYBRID: (lambda seed, attn: build_tiny_hybrid(seed, attn), False),
-    TINY_DENSE: (lambda seed, attn: build_tiny_qwen3(seed, attn), False),
-    TINY_SLIDING: (lambda seed, attn: build_tiny_qwen3(seed, attn, SLIDING_WINDOW), False),
+# The tiny defaults: kvresume.testing's model of each kind (the seeded weights), the hybrid with an 8192 context.
+TINY_MODELS: dict[str, Callable[[int, str], torch.nn.Module]] = {
+    TINY_VL: lambda seed, attn: _library("multimodal", attn, seed),
+    TINY_HYBRID: lambda seed, attn: build_tiny_hybrid(seed, attn),
+    TINY_DENSE: lambda seed, attn: _library("dense", attn, seed),
+    TINY_SLIDING: lambda seed, attn: _library("sliding", attn, seed),
 }
+
+
+def _library(kind: str, attn: str, seed: int) -> torch.nn.Module:
+    """kvresume.testing's seeded tiny model of `kind`."""
+    from kvresume import testing
+
+    return testing.build(kind, attn, seed)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -205,8 +206,8 @@ def _unavailable(model_id: str, why: str) -> ModelUnavailableError:
 
 
 def pretrained_model(model_id: str, revision: str | None, dtype: torch.dtype, attn_implementation: str,
-                     device: str, trust_remote_code: bool = False) -> tuple[torch.nn.Module, bool]:
-    """(model, is_multimodal) of a real checkpoint, or ModelUnavailableError."""
+                     device: str, trust_remote_code: bool = False) -> torch.nn.Module:
+    """A real checkpoint (image-text-to-text where its config has a vision part), or ModelUnavailableError."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     if not os.path.isdir(model_id) and not _is_cached(model_id, revision) and not hub_reachable():
@@ -215,31 +216,30 @@ def pretrained_model(model_id: str, revision: str | None, dtype: torch.dtype, at
         config = AutoConfig.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
     except Exception as exc:  # noqa: BLE001 - one clear message instead of the hub client's traceback
         raise _unavailable(model_id, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
-    is_multimodal = hasattr(config, "vision_config")
-    cls = AutoModelForImageTextToText if is_multimodal else AutoModelForCausalLM
+    cls = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
     model = cls.from_pretrained(model_id, dtype=dtype, attn_implementation=attn_implementation, revision=revision,
                                 trust_remote_code=trust_remote_code)
-    return model.to(device).eval(), is_multimodal
+    return model.to(device).eval()
 
 
-def load_pretrained(model_id: str, revision: str | None, dtype: torch.dtype, attn_implementation: str,
-                    device: str, trust_remote_code: bool = False) -> tuple[torch.nn.Module, Any, Any, bool, str]:
-    """(model, processor, tokenizer, is_multimodal, processor_path) of a real checkpoint, or ModelUnavailableError."""
+def text_side(model_id: str, revision: str | None, is_multimodal: bool,
+              trust_remote_code: bool = False) -> tuple[Any, Any, str]:
+    """(processor, tokenizer, which path built them) of a real checkpoint."""
     from transformers import AutoTokenizer
 
     from .processor import load_processor
 
-    model, is_multimodal = pretrained_model(model_id, revision, dtype, attn_implementation, device, trust_remote_code)
-    # A local directory saved without tokenizer files (as in the tests) gets synthetic token ids.
-    local = os.path.isdir(model_id)
-    if local and not any(os.path.exists(os.path.join(model_id, f)) for f in TOKENIZER_FILES):
-        path = "none: no tokenizer files (synthetic token ids" + (", tiny default's image processor)" if is_multimodal else ")")
-        return model, None, None, is_multimodal, path
+    if os.path.isdir(model_id) and not any(os.path.exists(os.path.join(model_id, f)) for f in TOKENIZER_FILES):
+        # A local directory saved without tokenizer files (as in the tests) gets synthetic token ids.
+        why = "none: no tokenizer files (synthetic token ids"
+        if is_multimodal:
+            return tiny_image_processor(), None, why + ", tiny default's image processor)"
+        return None, None, why + ")"
     if is_multimodal:
         processor, path = load_processor(model_id, revision, trust_remote_code)
-        return model, processor, getattr(processor, "tokenizer", processor), True, path
+        return processor, getattr(processor, "tokenizer", processor), path
     tokenizer = AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
-    return model, None, tokenizer, False, "AutoTokenizer"
+    return None, tokenizer, "AutoTokenizer"
 
 
 def load(model_id: str = TINY_VL, revision: str | None = None, dtype: str | torch.dtype = "float32",
@@ -248,13 +248,11 @@ def load(model_id: str = TINY_VL, revision: str | None = None, dtype: str | torc
     """Load a tiny default or a real checkpoint into a ModelBundle."""
     torch_dtype, device = resolve_dtype(dtype), resolve_device(device)
     if model_id in TINY_MODELS:
-        builder, is_multimodal = TINY_MODELS[model_id]
-
         def build() -> torch.nn.Module:
-            return builder(seed, attn_implementation).to(device=device, dtype=torch_dtype).eval()
+            return TINY_MODELS[model_id](seed, attn_implementation).to(device=device, dtype=torch_dtype).eval()
 
-        processor = tiny_image_processor() if is_multimodal else None
-        return ModelBundle(build(), model_id, None, torch_dtype, attn_implementation, device, seed, is_multimodal,
+        processor = tiny_image_processor() if model_id == TINY_VL else None
+        return ModelBundle(build(), model_id, None, torch_dtype, attn_implementation, device, seed, model_id == TINY_VL,
                            processor=processor, build=build,
                            processor_path=f"{type(processor).__name__} (synthetic token ids)" if processor else None)
     if model_id.startswith("tiny-"):
@@ -262,12 +260,11 @@ def load(model_id: str = TINY_VL, revision: str | None = None, dtype: str | torc
     torch.manual_seed(seed)
 
     def build_real() -> torch.nn.Module:
-        return pretrained_model(model_id, revision, torch_dtype, attn_implementation, device, trust_remote_code)[0]
+        return pretrained_model(model_id, revision, torch_dtype, attn_implementation, device, trust_remote_code)
 
-    model, processor, tokenizer, is_multimodal, path = load_pretrained(
-        model_id, revision, torch_dtype, attn_implementation, device, trust_remote_code)
-    if is_multimodal and processor is None:  # a local directory saved without tokenizer files
-        processor = tiny_image_processor()
+    model = build_real()
+    is_multimodal = hasattr(model.config, "vision_config")
+    processor, tokenizer, path = text_side(model_id, revision, is_multimodal, trust_remote_code)
     # A local folder is named by its content hash; a hub checkpoint by the commit it resolved to.
     identity = local_folder_revision(model_id) if os.path.isdir(model_id) else (
         revision or getattr(model.config, "_commit_hash", None))

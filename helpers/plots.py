@@ -42,9 +42,7 @@ def _finite(values: Sequence[Any]) -> list[float | None]:
 
 def value_label(value: float | None) -> str:
     """A bar's label: n/a, 0, or three significant digits."""
-    if value is None:
-        return "n/a"
-    return "0" if value == 0 else f"{value:.3g}"
+    return "n/a" if value is None else "0" if value == 0 else f"{value:.3g}"
 
 
 THRESHOLD_STYLE = {"color": "#c44e52", "linestyle": "--", "linewidth": 1.2}
@@ -59,10 +57,8 @@ def threshold_line(ax: Any, value: float | None, label: str = "noise threshold")
     if value > high:  # the line must be visible: extend the axis above it
         ax.set_ylim(low, value * (10 if ax.get_yscale() != "linear" else 1 + HEADROOM))
     ax.axhline(value, **THRESHOLD_STYLE)
-    from matplotlib.transforms import blended_transform_factory
-
-    # labelled at the right end, outside the axes, so it never covers a bar or its value
-    ax.text(1.01, value, f"{label}\n{value:.3g}", transform=blended_transform_factory(ax.transAxes, ax.transData),
+    # labelled at the right end, outside the axes (x in axes, y in data units), so it never covers a bar or its value
+    ax.text(1.01, value, f"{label}\n{value:.3g}", transform=ax.get_yaxis_transform(),
             ha="left", va="center", fontsize=7, color=THRESHOLD_STYLE["color"])
 
 
@@ -80,11 +76,8 @@ def run_caption(model_id: str | None = None, dtype: str | None = None, device: s
                 simulation: bool = False, stand_ins: bool = False) -> str:
     """What produced a figure: 'random-weight tiny model' for the tiny defaults, 'simulation', 'recorded on CPU
     under stand-ins', then the model, dtype and device."""
-    parts = []
-    if simulation:
-        parts.append("simulation (a model of the hardware, not a measurement of it)")
-    if stand_ins:
-        parts.append("recorded on CPU under stand-ins")
+    parts = [text for on, text in ((simulation, "simulation (a model of the hardware, not a measurement of it)"),
+                                   (stand_ins, "recorded on CPU under stand-ins")) if on]
     if model_id and str(model_id).startswith("tiny-"):
         parts.append(f"random-weight tiny model {model_id}: magnitudes are not a real checkpoint's")
     elif model_id:
@@ -93,10 +86,13 @@ def run_caption(model_id: str | None = None, dtype: str | None = None, device: s
     return "; ".join(parts)
 
 
-def add_caption(fig: Any, text: str | None) -> None:
-    """A caption under the figure."""
-    if text:
-        fig.text(0.5, -0.02, text, ha="center", va="top", fontsize=8, color="0.3", wrap=True)
+def titled(fig: Any, title: str, caption: str | None, **at: Any) -> Any:
+    """The figure with its title, laid out, and its caption (if any) under it."""
+    fig.suptitle(title, **at)
+    fig.tight_layout()
+    if caption:
+        fig.text(0.5, -0.02, caption, ha="center", va="top", fontsize=8, color="0.3", wrap=True)
+    return fig
 
 
 def figure(series: dict[str, Sequence[Any]], draw: Callable[[Any, str, Sequence[Any]], None], title: str,
@@ -110,10 +106,7 @@ def figure(series: dict[str, Sequence[Any]], draw: Callable[[Any, str, Sequence[
         ax.set_title(metric)
         if thresholds and metric in thresholds:
             threshold_line(ax, thresholds[metric])
-    fig.suptitle(title)
-    fig.tight_layout()
-    add_caption(fig, caption)
-    return fig
+    return titled(fig, title, caption)
 
 
 def finish(fig: Any, stem: str, name: str) -> Path:
@@ -153,11 +146,10 @@ def _label_bars(ax: Any, values: list[float | None]) -> None:
     """Each bar's value at its end; a bar too small or below the axis gets its label on the baseline."""
     bottom = ax.get_ylim()[0]
     for x, v in enumerate(values):
-        if v is not None and v < 0 and v >= bottom:
-            ax.annotate(value_label(v), (x, v), xytext=(0, -2), textcoords="offset points", ha="center", va="top", fontsize=8)
-        else:
-            y = v if v is not None and v > 0 else 0.0
-            ax.annotate(value_label(v), (x, y), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom", fontsize=8)
+        below = v is not None and bottom <= v < 0
+        y = v if below or (v is not None and v > 0) else 0.0
+        ax.annotate(value_label(v), (x, y), xytext=(0, -2 if below else 2), textcoords="offset points", ha="center",
+                    va="top" if below else "bottom", fontsize=8)
 
 
 def draw_bars(ax: Any, labels: Sequence[str], values: Sequence[Any], log: bool = False) -> None:
@@ -248,10 +240,7 @@ def status_grid_figure(rows: Sequence[str], cols: Sequence[str], status: Sequenc
     ax.xaxis.tick_top()
     for spine in ax.spines.values():
         spine.set_visible(False)
-    fig.suptitle(title, y=1.02)
-    fig.tight_layout()
-    add_caption(fig, caption)
-    return fig
+    return titled(fig, title, caption, y=1.02)
 
 
 def status_grid(rows: Sequence[str], cols: Sequence[str], status: Sequence[Sequence[str]], text: Sequence[Sequence[str]],

@@ -10,16 +10,12 @@ mm_token_type_ids come out the same (tests/test_real_folders.py compares both).
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from kvresume.compat import image_processor_class
-
-# Keys of preprocessor/processor configs that describe the file, not the image processing.
-_NOT_SETTINGS = {"image_processor_type", "processor_class", "video_processor_type", "auto_map", "_processor_class"}
 
 
 @dataclass
@@ -31,19 +27,6 @@ class TokenizerImageProcessor:
     chat_template: str
     image_token: str = "<|image_pad|>"
     video_token: str = "<|video_pad|>"
-
-    @property
-    def image_token_id(self) -> int:
-        return int(self.tokenizer.convert_tokens_to_ids(self.image_token))
-
-    @property
-    def video_token_id(self) -> int:
-        return int(self.tokenizer.convert_tokens_to_ids(self.video_token))
-
-    def render(self, conversation: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The chat template applied to one conversation, as text."""
-        return self.tokenizer.apply_chat_template(conversation, chat_template=self.chat_template, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt)
 
     def expand_image_tokens(self, text: str, image_grid_thw: torch.Tensor) -> str:
         """Each image token in turn becomes grid.prod() // merge_size**2 of them (as Qwen3VLProcessor does)."""
@@ -66,17 +49,17 @@ class TokenizerImageProcessor:
             text = self.expand_image_tokens(text, pixels["image_grid_thw"])
         enc = self.tokenizer([text], padding=False, return_token_type_ids=False,
                              add_special_tokens=add_special_tokens, return_tensors=return_tensors)
-        ids = enc["input_ids"]
-        types = torch.zeros_like(ids)
-        types[ids == self.image_token_id] = 1
-        types[ids == self.video_token_id] = 2
+        ids, token_id = enc["input_ids"], self.tokenizer.convert_tokens_to_ids
+        # mm_token_type_ids: 1 on image tokens, 2 on video tokens
+        types = (ids == token_id(self.image_token)).long() + 2 * (ids == token_id(self.video_token)).long()
         return {"input_ids": ids, "attention_mask": enc["attention_mask"], "mm_token_type_ids": types, **data}
 
     def apply_chat_template(self, conversation: list[dict[str, Any]], tokenize: bool = True,
                             add_generation_prompt: bool = True, return_dict: bool = True,
                             return_tensors: str = "pt", **_: Any) -> Any:
         """Same call as `ProcessorMixin.apply_chat_template` for one conversation with images (no videos)."""
-        text = self.render(conversation, add_generation_prompt)
+        text = self.tokenizer.apply_chat_template(conversation, chat_template=self.chat_template, tokenize=False,
+                                                  add_generation_prompt=add_generation_prompt)
         if not tokenize:
             return text
         images = [block[key] for message in conversation if isinstance(message.get("content"), list)
@@ -94,56 +77,21 @@ def _load_image(image: Any) -> Any:
     return image if not isinstance(image, str) else load_image(image)
 
 
-def _read(model_id: str, filename: str, revision: str | None) -> str | None:
-    """Text of one file of a local folder or hub repository, None where it has no such file."""
-    from transformers.utils import cached_file
-
-    try:
-        path = cached_file(model_id, filename, revision=revision, _raise_exceptions_for_missing_entries=False,
-                           _raise_exceptions_for_connection_errors=False)
-    except OSError:
-        return None
-    if path is None:
-        return None
-    with open(path, encoding="utf-8") as fh:
-        return fh.read()
-
-
-def image_processor_settings(model_id: str, revision: str | None = None) -> dict[str, Any]:
-    """The checkpoint's image processor settings (preprocessor_config.json, else processor_config.json's section)."""
-    text = _read(model_id, "preprocessor_config.json", revision)
-    settings = json.loads(text) if text else None
-    if settings is None:
-        text = _read(model_id, "processor_config.json", revision)
-        settings = (json.loads(text) if text else {}).get("image_processor")
-    if not settings:
-        raise FileNotFoundError(f"{model_id} has neither preprocessor_config.json nor an image_processor "
-                                "section in processor_config.json")
-    return {k: v for k, v in settings.items() if k not in _NOT_SETTINGS}
-
-
-def chat_template(model_id: str, tokenizer: Any, revision: str | None = None) -> str:
-    """The checkpoint's chat template, looked up where transformers looks: .jinja, chat_template.json, tokenizer."""
-    jinja = _read(model_id, "chat_template.jinja", revision)
-    if jinja:
-        return jinja
-    for filename in ("chat_template.json", "processor_config.json"):
-        text = _read(model_id, filename, revision)
-        template = json.loads(text).get("chat_template") if text else None
-        if template:
-            return template
-    if getattr(tokenizer, "chat_template", None):
-        return tokenizer.chat_template
-    raise FileNotFoundError(f"{model_id} has no chat template (chat_template.jinja, chat_template.json, tokenizer_config.json)")
-
-
-def fallback_processor(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> TokenizerImageProcessor:
-    """Tokenizer + chat template + torchvision-free image processor, from the checkpoint's own files."""
+def fallback_processor(model_id: str, revision: str | None = None,
+                       trust_remote_code: bool = False) -> TokenizerImageProcessor:
+    """Tokenizer + chat template + torchvision-free image processor, each read by transformers from the checkpoint's
+    files (the image processor settings from processor_config.json or preprocessor_config.json, the chat template
+    from chat_template.jinja, chat_template.json or processor_config.json, else the tokenizer's)."""
     from transformers import AutoTokenizer
+    from transformers.processing_utils import ProcessorMixin
 
     tokenizer = AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
-    image_processor = image_processor_class()(**image_processor_settings(model_id, revision))
-    return TokenizerImageProcessor(tokenizer, image_processor, chat_template(model_id, tokenizer, revision))
+    image_processor = image_processor_class().from_pretrained(model_id, revision=revision)
+    template = ProcessorMixin.get_processor_dict(model_id, revision=revision)[0].get("chat_template")
+    if not (template or tokenizer.chat_template):
+        raise FileNotFoundError(f"{model_id} has no chat template (chat_template.jinja, chat_template.json, "
+                                "tokenizer_config.json)")
+    return TokenizerImageProcessor(tokenizer, image_processor, template or tokenizer.chat_template)
 
 
 def load_processor(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Any, str]:

@@ -134,10 +134,15 @@ class Results:
         self.path = path or output_dir("results") / f"{notebook}.json"
         self.write()
 
-    def _claim(self, claim_id: str) -> Claim:
+    def _set(self, claim_id: str, **fields: Any) -> str:
+        """Set fields of a declared claim, write the file, return its verdict."""
         if claim_id not in self.claims:
             raise KeyError(f"unknown claim {claim_id!r}; declared: {sorted(self.claims)}")
-        return self.claims[claim_id]
+        claim = self.claims[claim_id]
+        for name, value in fields.items():
+            setattr(claim, name, value)
+        self.write()
+        return claim.verdict
 
     def decide(self, claim_id: str, holds: bool, evidence: dict[str, Any], why: str = "",
                deciding: dict[str, Any] | None = None, source: dict[str, Any] | None = None,
@@ -148,15 +153,12 @@ class Results:
         `deciding`: the one or two values the verdict was computed from; `source`: the source report's
         value for the same quantity, where it gives one.
         """
-        claim = self._claim(claim_id)
-        claim.verdict = verdict_for(claim.kind, bool(holds))
-        claim.reason = why or ("the measurement matches the statement" if holds else "the measurement contradicts the statement")
-        claim.evidence = to_jsonable(evidence)
-        claim.deciding = to_jsonable(deciding or {})
-        claim.source = to_jsonable(source or {})
-        claim.notes = [str(n) for n in notes]
-        self.write()
-        return claim.verdict
+        kind = self.claims[claim_id].kind if claim_id in self.claims else "reproduces"  # an unknown id: refused by _set
+        return self._set(claim_id, verdict=verdict_for(kind, bool(holds)),
+                         reason=why or ("the measurement matches the statement" if holds else
+                                        "the measurement contradicts the statement"),
+                         evidence=to_jsonable(evidence), deciding=to_jsonable(deciding or {}),
+                         source=to_jsonable(source or {}), notes=[str(n) for n in notes])
 
     def record(self, claim_id: str, decision: Any) -> str:
         """decide() from a helpers.compare.Decision: its verdict, evidence, deciding and source values and notes."""
@@ -172,19 +174,12 @@ class Results:
 
     def skip(self, claim_id: str, reason: str, evidence: dict[str, Any] | None = None) -> str:
         """Record a claim that cannot be measured in this environment (for example: no CUDA)."""
-        claim = self._claim(claim_id)
-        claim.verdict, claim.reason, claim.evidence = "skipped", reason, to_jsonable(evidence or {})
-        self.write()
-        return claim.verdict
+        return self._set(claim_id, verdict="skipped", reason=reason, evidence=to_jsonable(evidence or {}))
 
     def fail(self, claim_id: str, exc: BaseException) -> str:
         """Record that an unexpected exception prevented deciding a claim."""
-        claim = self._claim(claim_id)
-        claim.verdict = "error"
-        claim.reason = f"{type(exc).__name__}: {exc}"[:500]
-        claim.evidence = {"traceback": traceback.format_exception_only(type(exc), exc)[-1].strip()[:500]}
-        self.write()
-        return claim.verdict
+        return self._set(claim_id, verdict="error", reason=f"{type(exc).__name__}: {exc}"[:500],
+                         evidence={"traceback": traceback.format_exception_only(type(exc), exc)[-1].strip()[:500]})
 
     @contextmanager
     def guard(self, *claim_ids: str) -> Iterator[None]:
@@ -203,6 +198,7 @@ class Results:
         self.write()
 
     def as_dict(self) -> dict[str, Any]:
+        """The results file's content."""
         return {
             "notebook": self.notebook,
             "run": self.run,

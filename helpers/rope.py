@@ -77,11 +77,8 @@ def perturbation_table(model: torch.nn.Module, prompt: Prompt, cache: Any, saved
 def offset_sweep(model: torch.nn.Module, prompt: Prompt, cache: Any, saved: torch.Tensor, reference: torch.Tensor,
                  offsets: Sequence[int]) -> pd.DataFrame:
     """Continuations with the state set to saved + offset, for each offset, against the reference."""
-    rows = []
-    for offset in offsets:
-        row = _row(f"saved {offset:+d}", saved + offset, continue_with_state(model, prompt, cache, saved + offset), reference)
-        rows.append({"offset": int(offset), **row})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"offset": int(offset), **_row(f"saved {offset:+d}", saved + offset, continue_with_state(
+        model, prompt, cache, saved + offset), reference)} for offset in offsets])
 
 
 def cache_mentions_state(cache: Any, saved: torch.Tensor) -> dict[str, Any]:
@@ -89,11 +86,9 @@ def cache_mentions_state(cache: Any, saved: torch.Tensor) -> dict[str, Any]:
     found = []
     objects = [("cache", cache)] + [(f"layers[{i}]", layer) for i, layer in enumerate(compat.cache_layers(cache))]
     for where, obj in objects:
-        for name, value in vars(obj).items():
-            if "rope" in name.lower() or "delta" in name.lower():
-                found.append(f"{where}.{name}")
-            elif isinstance(value, torch.Tensor) and value.shape == saved.shape and torch.equal(value.to(saved.dtype), saved):
-                found.append(f"{where}.{name}")
+        found += [f"{where}.{name}" for name, value in vars(obj).items() if "rope" in name.lower()
+                  or "delta" in name.lower() or isinstance(value, torch.Tensor) and value.shape == saved.shape
+                  and torch.equal(value.to(saved.dtype), saved)]
     return {"attributes_checked": sum(len(vars(o)) for _, o in objects), "matches": found}
 
 
@@ -125,8 +120,7 @@ def offset_widget(model: torch.nn.Module, prompt: Prompt, cache: Any, saved: tor
         return None
 
     def show(offset: int = 0) -> pd.DataFrame:
-        out = continue_with_state(model, prompt, cache, saved + offset)
-        return pd.DataFrame([_row(f"saved {offset:+d}", saved + offset, out, reference)]).set_index("state")
+        return offset_sweep(model, prompt, cache, saved, reference, [offset]).drop(columns="offset").set_index("state")
 
     return widgets.interactive(show, offset=widgets.IntSlider(value=0, min=lo, max=hi, step=1, description="offset"))
 

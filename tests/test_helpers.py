@@ -17,7 +17,7 @@ from helpers.capture import IN_FIRST_CALL, trace
 
 
 def test_tiny_model_is_deterministic_and_sized_as_the_seed(bundle, prompt):
-    other = models.build_tiny_qwen3_vl(seed=0)
+    other = models.TINY_MODELS[models.TINY_VL](0, "sdpa")
     for (name, a), (_, b) in zip(bundle.model.state_dict().items(), other.state_dict().items()):
         assert torch.equal(a, b), name
     assert prompt.length == 82  # 12 text + 51 image block + 19 text: the control's full length

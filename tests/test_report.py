@@ -179,7 +179,7 @@ def test_timings_only_from_the_same_run(tmp_path):
     assert "99" not in text and "55.5" not in text
     (tmp_path / "timings.json").write_text(json.dumps({**timings, "run_id": RUN_A["run_id"]}))
     text = summary.build_summary(tmp_path)
-    assert "| wall-clock | 99 s, 2 notebook(s) at a time |" in text and "| 01_a | ✅ ok | 55.5 |" in text
+    assert "| wall-clock | 99 s, 2 notebook(s) at a time |" in text
 
 
 def test_environment_once_and_per_notebook_model(tmp_path):

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...findings import writer
 from .paste import fmt_scalar
 from .records import load_json
 
@@ -97,16 +98,12 @@ def control(by_release: dict[str, Claims], out: Path) -> Lines:
         if mask.get("verdict") == "reproduced" and diff:
             thr = (mask.get("evidence") or {}).get("noise_threshold")
             repair[rel] = f"{_num(max(diff.values()))} (noise threshold {_num(thr)})"
-    releases = list(by_release)
-    differs = len(set(symptom.values())) > 1
     text = ("`generate()` resumed from a cached prefix with a one-token suffix and no full-length mask: "
             + joined(symptom)) if symptom else ""
-    bisect = first_change(out, "02", "matrix.neither_fails", releases, differs)
-    ask = ""
-    if repair:
-        ask = ("pass the full attention mask (cached + new tokens); the kit applied it: the first call gets "
-               f"`input_ids` [1, 1] and matches one forward within {joined(repair)}. Upstream: raise on a non-empty "
-               "cache with a suffix-only mask instead of slicing the input to [1, 0]")
+    ask = ("pass the full attention mask (cached + new tokens); the kit applied it: the first call gets "
+           f"`input_ids` [1, 1] and matches one forward within {joined(repair)}. Upstream: raise on a non-empty "
+           "cache with a suffix-only mask instead of slicing the input to [1, 0]") if repair else ""
+    bisect = first_change(out, "02", "matrix.neither_fails", list(by_release), len(set(symptom.values())) > 1)
     return Lines(text, "; ".join(p for p in (ask, bisect) if p))
 
 
@@ -128,6 +125,7 @@ def offload(by_release: dict[str, Claims], out: Path) -> Lines:
     if reads:
         text += "; prefetch reads unordered after their offload copy (CPU record): " + joined(reads)
     bisect = first_change(out, "05", "offload.prefetch_reads_unordered_copy", releases, len(set(reads.values())) > 1)
+    ask = ""
     if ordered and len(ordered) < len(reads):
         edge = [r for r in ordered if waits.get(r)]
         how = (f"the prefetch stream waits for the compute stream "
@@ -138,8 +136,6 @@ def offload(by_release: dict[str, Claims], out: Path) -> Lines:
     elif reads:
         ask = ("order each prefetch read after the copy that fills its host buffer (the CPU record names the reads); "
                "`make gpu-check` decides whether that removes the drift")
-    else:
-        ask = ""
     return Lines(text, "; ".join(p for p in (ask, bisect) if p))
 
 
@@ -215,6 +211,4 @@ def rollback(by_release: dict[str, Claims], out: Path) -> Lines:
 
 def lines_for(key: str, by_release: dict[str, Claims], out: Path) -> Lines:
     """The source's symptom and Ask from the writer its findings name (KeyError for a source none declares)."""
-    from ...findings import writer
-
     return writer(key)(by_release, out)

@@ -2,11 +2,12 @@
 source's setup beside this run's, the rows, notes, undecided claims with whole reasons, statements)."""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from ...results import KINDS
 from .paste import cell, code, code_refs, fmt_scalar, one_line, pairs
-from .sources import OTHER, SOURCES, Source, kind_of, setup_rows, source_of
+from .sources import SOURCES, Source, kind_of, setup_rows, source_of
 from .statements import Statement, count, quote_of, statements as source_statements, tally
 
 MARK = {"skipped": "⏭️", "error": "⚠️"}
@@ -34,10 +35,8 @@ def kind_counts(claims: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str,
     counts: dict[str, dict[str, int]] = {}
     for _, c in claims:
         kind, verdict = kind_of(c), c.get("verdict", "error")
-        allowed = KINDS.get(kind, ()) + ("skipped", "error")
-        key = verdict if verdict in allowed else "other"
-        counts.setdefault(kind, {}).setdefault(key, 0)
-        counts[kind][key] += 1
+        key = verdict if verdict in KINDS.get(kind, ()) + ("skipped", "error") else "other"
+        counts.setdefault(kind, Counter())[key] += 1
     return counts
 
 
@@ -105,12 +104,16 @@ def claim_row(nb: str, c: dict[str, Any]) -> str:
     measured = pairs(c.get("deciding"))
     if not measured:
         measured = "see below" if verdict in ("skipped", "error") else "in the results file"
-    if c.get("notes"):
+    if c.get("notes") or quote_of(c).get("not_decided") or quote_of(c).get("by_construction"):
         measured += " (note below)"
-    if quote_of(c).get("not_decided") or quote_of(c).get("by_construction"):
-        measured += "" if "(note below)" in measured else " (note below)"
     return (f"| {cell(nb.split('_', 1)[0])} | {code(c.get('id', '?'))} | {cell(kind)} | {verdict_text(kind, verdict)} "
             f"| {cell(measured)} | {quote_cell(c)} |")
+
+
+def claims_table(claims: list[tuple[str, dict[str, Any]]], run: str = "this run") -> list[str]:
+    """The claims' rows under their header, then a blank line."""
+    return [f"| nb | claim | kind | verdict | {run} | source |", "|---|---|---|---|---|---|",
+            *[claim_row(nb, c) for nb, c in claims], ""]
 
 
 def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
@@ -125,16 +128,12 @@ def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]]) -> list[s
              + (f"; {apart} listed apart (by construction, or decided by another claim's measurement)" if apart else "")
              + "." if counted.tested or counted.not_tested or apart
              else "- **Reproduced:** nothing here is a statement of the source (see the kinds below).")
-    new = {}
+    new: dict[str, list[dict[str, Any]]] = {}
     for _, c in claims:
-        kind = kind_of(c)
-        if kind in ("refutes", "beyond", "simulation"):
-            new.setdefault(kind, []).append(c)
-    parts = []
-    for kind, cs in new.items():
-        yes = KINDS[kind][0]
-        word = "hypothesis refuted" if kind == "refutes" else yes
-        parts.append(f"{len(cs)} {kind} ({sum(c.get('verdict') == yes for c in cs)} {word})")
+        new.setdefault(kind_of(c), []).append(c)
+    parts = [f"{len(cs)} {kind} ({sum(c.get('verdict') == KINDS[kind][0] for c in cs)} "
+             f"{'hypothesis refuted' if kind == 'refutes' else KINDS[kind][0]})"
+             for kind, cs in new.items() if kind in ("refutes", "beyond", "simulation")]
     line2 = "- **New here:** " + ("; ".join(parts) if parts else "nothing beyond the source's own statements") + "."
     skipped = [c for _, c in claims if c.get("verdict") in ("skipped", "error")]
     why = f"{len(skipped)} claim(s) skipped or in error (reasons below); " if skipped else ""
@@ -153,13 +152,10 @@ def source_section(source: Source, results: list[dict[str, Any]]) -> list[str]:
             gap += f" The largest |logit| in this run is {fmt_scalar(scale)}: raw differences are on that scale."
         lines += ["| setup | source | this run | |", "|---|---|---|---|",
                   *[f"| {k} | {cell(a)} | {cell(b)} | {s} |" for k, a, b, s in rows], "", code_refs(gap), ""]
-    lines += ["| nb | claim | kind | verdict | this run | source |", "|---|---|---|---|---|---|",
-              *[claim_row(nb, c) for nb, c in claims], ""]
+    lines += claims_table(claims)
     notes = [(c.get("id"), n) for _, c in claims for n in (c.get("notes") or [])]
-    notes += [(c.get("id"), f"by construction: {quote_of(c)['by_construction']}") for _, c in claims
-              if quote_of(c).get("by_construction")]
-    notes += [(c.get("id"), f"not decidable here: {quote_of(c)['not_decided']}") for _, c in claims
-              if quote_of(c).get("not_decided")]
+    notes += [(c.get("id"), f"{word}: {quote_of(c)[key]}") for key, word in (("by_construction", "by construction"),
+              ("not_decided", "not decidable here")) for _, c in claims if quote_of(c).get(key)]
     if notes:
         lines += ["Notes on the rows:", "", *[f"- {code(cid)}: {code_refs(one_line(n))}" for cid, n in notes], ""]
     lines += undecided(claims)
@@ -201,12 +197,11 @@ def statements(claims: list[tuple[str, dict[str, Any]]], title: str) -> list[str
 
 
 def by_source(results: list[dict[str, Any]]) -> list[tuple[Source, list[dict[str, Any]]]]:
-    """The results grouped by the source their notebook answers, in SOURCES order (unmapped last)."""
+    """The results grouped by the source their notebook answers, in SOURCES order."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for r in results:
         groups.setdefault(source_of(r["notebook"]).key, []).append(r)
-    order = list(SOURCES) + [OTHER.key]
-    return [((SOURCES.get(k) or OTHER), groups[k]) for k in order if k in groups]
+    return [(SOURCES[k], groups[k]) for k in SOURCES if k in groups]
 
 
 def environment_checks(results: list[dict[str, Any]]) -> list[str]:
@@ -215,5 +210,4 @@ def environment_checks(results: list[dict[str, Any]]) -> list[str]:
         return []
     return ["## Environment checks", "",
             "Facts about the machine that ran the kit, not findings of a source: never counted as reproduced.", "",
-            "| nb | claim | kind | verdict | this run | source |", "|---|---|---|---|---|---|",
-            *[claim_row(nb, c) for nb, c in checks], "", *undecided(checks)]
+            *claims_table(checks), *undecided(checks)]

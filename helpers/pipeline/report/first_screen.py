@@ -5,16 +5,18 @@ tested, what was not tested and why, what is listed apart) and an Ask line (help
 pools sources. The repros (examples/repro/, torch + transformers only) are folded right below, each named here."""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
+from packaging.version import Version
+
+from ..paths import repo_root
 from .asks import Claims, lines_for
 from .claims_md import all_claims
 from .fit import Part, clauses, drop_asides, fit, fit_clauses
 from .paste import code, code_refs
 from .records import RUN_STATUS, load_releases, load_results, load_run
-from .sources import SOURCES, OTHER, Source, source_of
+from .sources import SOURCES, Source
 from .statements import source_key
 from .verdict_line import count_line, count_parts
 
@@ -28,10 +30,6 @@ BLOCK_CHARS = NAME_CHARS + SOURCE_CHARS + len("****\n- Verdict: .\n- Ask: .\n\n"
 SEPS = ("; ", ". ")
 
 
-def _version(release: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else 0 for p in re.split(r"[.+-]", release))
-
-
 def release_rows(out: Path, run: dict[str, Any], current: list[dict[str, Any]]) -> tuple[dict[str, list[dict[str, Any]]], str]:
     """{release: results} this screen reports (this run's, plus outputs/matrix/ of the same kit commit: with
     `make share`'s releases.json only its pinned and newest) and the sentence naming them."""
@@ -42,7 +40,7 @@ def release_rows(out: Path, run: dict[str, Any], current: list[dict[str, Any]]) 
     found = {d.name: load_results(d) for d in sorted((out / "matrix").glob("*/")) if (d / "results").is_dir()} if same else {}
     wanted = {share.get("pinned"), share.get("newest")} if share else set(found)
     rows.update({rel: res for rel, res in found.items() if res and rel in wanted and rel not in rows})
-    ordered = dict(sorted(rows.items(), key=lambda kv: _version(kv[0])))
+    ordered = dict(sorted(rows.items(), key=lambda kv: Version(kv[0])))
     names = []
     for rel in ordered:
         tags = [t for t, ok in (("pinned", rel == share.get("pinned")), ("newest", rel == share.get("newest"))) if ok]
@@ -110,8 +108,6 @@ def not_verified_line(current: list[dict[str, Any]]) -> str:
 
 def repro_block(source: Source) -> list[str]:
     """The source's repro file in a python block, with what it prints; a missing file says so."""
-    from ..paths import repo_root
-
     path = repo_root() / source.repro
     head = f"`{source.repro}` prints the transformers release, {source.repro_prints}, and one verdict line."
     if not path.is_file():
@@ -135,16 +131,13 @@ def run_line(run: dict[str, Any], current: list[dict[str, Any]]) -> list[str]:
 
 
 def _sources(rows: dict[str, list[dict[str, Any]]]) -> list[tuple[Source, dict[str, Claims]]]:
-    """Every source with claims on some release (SOURCES order, then others), with its claims per release."""
+    """Every source with claims on some release (SOURCES order), with its claims per release."""
     by_release = {rel: all_claims(res) for rel, res in rows.items()}
-    keys = list(dict.fromkeys(source_key(nb, c) for claims in by_release.values() for nb, c in claims))
-    order = [k for k in SOURCES if k in keys] + [k for k in keys if k not in SOURCES]
+    keys = {source_key(nb, c) for claims in by_release.values() for nb, c in claims}
     out = []
-    for key in order:
-        src = SOURCES.get(key) or next((source_of(nb) for claims in by_release.values() for nb, c in claims
-                                        if source_key(nb, c) == key), OTHER)
+    for key in sorted(keys, key=list(SOURCES).index):  # a source none declares is refused here
         mine = {rel: [(nb, c) for nb, c in claims if source_key(nb, c) == key] for rel, claims in by_release.items()}
-        out.append((src, {rel: cl for rel, cl in mine.items() if cl}))
+        out.append((SOURCES[key], {rel: cl for rel, cl in mine.items() if cl}))
     return out
 
 

@@ -10,70 +10,46 @@ import re
 Part = list[str]  # one clause's variants, the fullest first
 
 
-def _top_level(text: str) -> list[tuple[int, int]]:
-    """(start, depth) per character: depth 0 outside code spans, parentheses and brackets."""
-    depth, in_code, out = 0, False, []
-    for i, ch in enumerate(text):
-        if ch == "`":
-            in_code = not in_code
-        elif not in_code and ch in "([":
-            depth += 1
-        elif not in_code and ch in ")]" and depth:
-            depth -= 1
-        out.append((i, depth + in_code))
-    return out
-
-
 def clauses(text: str, seps: tuple[str, ...] = ("; ",)) -> list[tuple[str, str]]:
     """[(separator before it, clause)] of `text` split at top-level `seps` (the first separator is '')."""
-    level = dict(_top_level(text))
-    cuts, i = [], 0
+    out, start, before, depth, in_code, i = [], 0, "", 0, False, 0
     while i < len(text):
-        sep = next((s for s in seps if text.startswith(s, i) and level.get(i, 1) == 0), None)
+        sep = None if depth or in_code else next((s for s in seps if text.startswith(s, i)), None)
         if sep:
-            cuts.append((i, sep))
-            i += len(sep)
-        else:
-            i += 1
-    out, start, before = [], 0, ""
-    for at, sep in cuts:
-        out.append((before, text[start:at]))
-        start, before = at + len(sep), sep
+            out.append((before, text[start:i]))
+            start, before, i = i + len(sep), sep, i + len(sep)
+            continue
+        if text[i] == "`":
+            in_code = not in_code
+        elif not in_code and text[i] in "([":
+            depth += 1
+        elif not in_code and text[i] in ")]" and depth:
+            depth -= 1
+        i += 1
     out.append((before, text[start:]))
     return [(s, c) for s, c in out if c]
 
 
-def _close(text: str, at: int) -> int:
-    """The index of the ')' that closes the '(' at `at` (code spans skipped), -1 where none does."""
-    depth, in_code = 0, False
-    for i in range(at, len(text)):
-        ch = text[i]
+def _asides(text: str) -> dict[int, int]:
+    """{index of a '(': index of the ')' that closes it}, code spans skipped."""
+    open_at, pairs, in_code = [], {}, False
+    for i, ch in enumerate(text):
         if ch == "`":
             in_code = not in_code
         elif not in_code and ch == "(":
-            depth += 1
-        elif not in_code and ch == ")":
-            depth -= 1
-            if depth == 0:
-                return i
-    return -1
+            open_at.append(i)
+        elif not in_code and ch == ")" and open_at:
+            pairs[open_at.pop()] = i
+    return pairs
 
 
 def drop_asides(text: str) -> str:
     """`text` without its parenthesised asides (' (...)' outside code spans), code spans kept whole."""
-    out, i, in_code = [], 0, False
-    while i < len(text):
-        ch = text[i]
-        end = _close(text, i) if ch == "(" and not in_code else -1
-        if end > 0:
-            while out and out[-1] == " ":
-                out.pop()
-            i = end + 1
-            continue
-        in_code = not in_code if ch == "`" else in_code
-        out.append(ch)
-        i += 1
-    return re.sub(r"\s+", " ", "".join(out)).strip()
+    out, i = "", 0
+    for start, end in sorted(_asides(text).items()):
+        if start >= i:  # an aside inside a dropped one goes with it
+            out, i = (out + text[i:start]).rstrip(" "), end + 1
+    return re.sub(r"\s+", " ", out + text[i:]).strip()
 
 
 def fit(parts: list[Part], limit: int, sep: str = "; ") -> str:

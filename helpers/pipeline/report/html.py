@@ -3,17 +3,22 @@ from its results file at the top, no remote script or style (nbconvert's require
 loaders removed), widgets shown as a static line, machine paths scrubbed."""
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from .paste import one_line
 from ..paths import output_dir
-from .records import load_json
+from .asks import lines_for
+from .claims_md import all_claims
+from .paste import one_line
+from .records import env_keys, load_json, load_results, run_id_of
 from .scrub import scrub
+from .sources import source_of
+from .statements import source_key
+from .summary import commit_text
+from .verdict_line import count_line
 
-ENV_KEYS = ("python", "torch", "transformers", "platform", "cuda_available", "device", "device_name", "dtype",
-            "attn_implementation", "model_id", "model_revision", "processor", "seed")
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 _IMG_SRC = re.compile(r"<img\b[^>]*?\bsrc\s*=\s*[\"']?(?!data:)([^\"'\s>]+)", re.IGNORECASE)
 _REMOTE_SCRIPT = re.compile(r"<script\b[^>]*\bsrc\s*=\s*[\"']?(?:https?:)?//[^>]*>\s*</script>", re.IGNORECASE)
@@ -70,17 +75,12 @@ def widget_value(text: str) -> str:
 
 def environment_markdown(results: dict[str, Any], source: str) -> str:
     """The environment a notebook ran with (from its results file), as a Markdown block for the HTML's top."""
-    from .summary import commit_text
-
     env = results.get("environment") or {}
-    run = results.get("run") if isinstance(results.get("run"), dict) else {}
-    keys = [k for k in ENV_KEYS if k in env] + sorted(set(env) - set(ENV_KEYS))
-    lines = [f"**Environment this notebook ran with** (from `{source}`, written by the notebook itself)", ""]
-    if run.get("run_id"):
-        lines += [f"Run `{run['run_id']}`, started {run.get('started') or '?'}, kit commit {commit_text(run)}", ""]
-    else:
-        lines += ["Not run by the kit's runner (no run id).", ""]
-    lines += ["| | |", "|---|---|", *[f"| {k} | `{one_line(env.get(k))[:120]}` |" for k in keys]]
+    run = results.get("run") or {}
+    lines = [f"**Environment this notebook ran with** (from `{source}`, written by the notebook itself)", "",
+             f"Run `{run['run_id']}`, started {run.get('started') or '?'}, kit commit {commit_text(run)}"
+             if run.get("run_id") else "Not run by the kit's runner (no run id).", "", "| | |", "|---|---|",
+             *[f"| {k} | `{one_line(env.get(k))[:120]}` |" for k in env_keys([env])]]
     warnings = results.get("warnings") or []
     if warnings:
         lines += ["", "transformers warnings captured during the run (kept out of the cells below):", "",
@@ -91,13 +91,6 @@ def environment_markdown(results: dict[str, Any], source: str) -> str:
 def verdict_markdown(stem: str, results: dict[str, Any], out: Path) -> str:
     """The page's opening: the source's verdict and ask (helpers.pipeline.report.asks, over this run's results of that
     source on disk) and this notebook's own count, so the verdict stands above the code."""
-    from .asks import lines_for
-    from .claims_md import all_claims
-    from .first_screen import count_line
-    from .records import load_results, run_id_of
-    from .sources import source_of
-    from .statements import source_key
-
     src, release = source_of(stem), str((results.get("environment") or {}).get("transformers") or "?")
     rid = run_id_of(results)
     same = [r for r in load_results(out) if rid and run_id_of(r) == rid and r.get("notebook") != stem] + [results]
@@ -110,15 +103,12 @@ def verdict_markdown(stem: str, results: dict[str, Any], out: Path) -> str:
                       "", "(Every claim, its reason and its evidence: the last cells and `outputs/SUMMARY.md`.)"])
 
 
-_EXPORTER: list[Any] = []  # one HTMLExporter per process: its templates are loaded once, not per page
-
-
+@functools.lru_cache(maxsize=1)
 def _exporter() -> Any:
+    """One HTMLExporter per process: its templates are loaded once, not per page."""
     from nbconvert import HTMLExporter
 
-    if not _EXPORTER:
-        _EXPORTER.append(HTMLExporter(embed_images=True))
-    return _EXPORTER[0]
+    return HTMLExporter(embed_images=True)
 
 
 def render_html(notebook: Path, dest_dir: Path, results: dict[str, Any] | None = None) -> Path:
@@ -127,20 +117,15 @@ def render_html(notebook: Path, dest_dir: Path, results: dict[str, Any] | None =
 
     nb = nbformat.read(str(notebook), as_version=4)
     static_widgets(nb)
-    if results is not None:
+    if results is not None:  # fixed cell ids: the same run renders to the same HTML
+        new = nbformat.v4.new_markdown_cell
         at = 1 if nb.cells and nb.cells[0].cell_type == "markdown" else 0
-        env_cell = nbformat.v4.new_markdown_cell(environment_markdown(results, f"results/{notebook.stem}.json"))
-        env_cell["id"] = "kvkit-environment"  # a fixed id: the same run renders to the same HTML
-        nb.cells.insert(at, env_cell)
-        title, rest = (nb.cells[0].source.split("\n", 1) + [""])[:2] if at else ("", "")
-        if at and title.startswith("#"):  # the title's heading, then the verdict and the ask, then the title's text
+        title, _, rest = nb.cells[0].source.partition("\n") if at else ("", "", "")
+        head = [new(title, id="kvkit-title")] if title.startswith("#") else []
+        if head:  # the title's heading, then the verdict and the ask, then the title's text
             nb.cells[0].source = rest.lstrip("\n")
-            heading = nbformat.v4.new_markdown_cell(title)
-            heading["id"] = "kvkit-title"
-            nb.cells.insert(0, heading)
-        verdict = nbformat.v4.new_markdown_cell(verdict_markdown(notebook.stem, results, dest_dir.parent))
-        verdict["id"] = "kvkit-verdict"
-        nb.cells.insert(1 if at and title.startswith("#") else 0, verdict)
+        nb.cells[at:at] = [new(environment_markdown(results, f"results/{notebook.stem}.json"), id="kvkit-environment")]
+        nb.cells[:0] = [*head, new(verdict_markdown(notebook.stem, results, dest_dir.parent), id="kvkit-verdict")]
     body, _ = _exporter().from_notebook_node(nb, resources={"metadata": {"path": str(notebook.parent), "name": notebook.stem}})
     body = strip_remote(body)
     for src in external_images(body):  # an image nbconvert could not embed: say so rather than ship a broken link

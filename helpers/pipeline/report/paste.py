@@ -14,32 +14,20 @@ MAX_CHARS = 60_000  # SUMMARY.md stays this far under GitHub's limit
 # A whitespace-delimited token GitHub (or a GFM linkifier) would turn into a link or a mention:
 # #123, owner/repo#123, GH-123, @name, user@host, http(s)://..., www....
 _LINKY = re.compile(r"#\d|\bGH-\d|@[A-Za-z0-9]|://|^www\.|^\(?www\.", re.IGNORECASE)
-_TRAIL = ".,;:!?)]"
-_LEAD = "(["
+_PARTS = re.compile(r"([(\[]*)(.*?)([.,;:!?)\]]*)")  # leading brackets, the body, trailing punctuation
 
 
 def _wrap_token(token: str) -> str:
-    if not _LINKY.search(token) or "`" in token:
-        return token
-    lead = len(token) - len(token.lstrip(_LEAD))
-    core = token[lead:]
-    tail = len(core) - len(core.rstrip(_TRAIL))
-    body = core[: len(core) - tail] if tail else core
-    if not body:
-        return token
-    return f"{token[:lead]}`{body}`{core[len(body):]}"
+    """The token's body in a code span, its leading brackets and trailing punctuation outside, where it would link."""
+    lead, body, trail = _PARTS.fullmatch(token).groups()
+    return f"{lead}`{body}`{trail}" if body and _LINKY.search(token) and "`" not in token else token
 
 
 def code_refs(text: Any) -> str:
     """`text` with every issue/PR reference, @name and URL outside code spans put inside one."""
-    parts = re.split(r"(`+[^`]*`+)", str(text))
-    out = []
-    for i, part in enumerate(parts):
-        if i % 2:  # a code span already
-            out.append(part)
-        else:
-            out.append(re.sub(r"\S+", lambda m: _wrap_token(m.group(0)), part))
-    return "".join(out)
+    parts = re.split(r"(`+[^`]*`+)", str(text))  # the odd ones are code spans already
+    return "".join(part if i % 2 else re.sub(r"\S+", lambda m: _wrap_token(m.group(0)), part)
+                   for i, part in enumerate(parts))
 
 
 def one_line(text: Any) -> str:

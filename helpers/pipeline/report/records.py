@@ -1,4 +1,5 @@
-"""Reading what a run left on disk: run.json, timings.json and results/*.json, split into this run's and others'."""
+"""Reading what a run left on disk: run.json, timings.json and results/*.json, split into this run's and others';
+the order environment keys are shown in (SUMMARY.md and the HTML pages)."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,14 @@ from ..paths import output_dir
 # How a run record's status reads in SUMMARY.md and matrix.md.
 RUN_STATUS = {"complete": "✅ complete", "running": "⏳ still running (or stopped without saying so)",
               "interrupted": "⚠️ **INTERRUPTED**", "failed": "❌ **FAILED**"}
+ENV_KEYS = ("python", "torch", "transformers", "platform", "cuda_available", "device", "device_name", "dtype",
+            "attn_implementation", "model_id", "model_revision", "processor", "seed")
+
+
+def env_keys(envs: list[dict[str, Any]]) -> list[str]:
+    """The environment keys any of `envs` has: ENV_KEYS' order first, then the others sorted."""
+    present = {k for env in envs for k in env}
+    return [k for k in ENV_KEYS if k in present] + sorted(present - set(ENV_KEYS))
 
 
 def load_json(path: Path) -> dict[str, Any]:
@@ -30,20 +39,9 @@ def load_releases(out: Path | None = None) -> dict[str, Any]:
 
 
 def load_results(out: Path | None = None) -> list[dict[str, Any]]:
-    """Every results/*.json under `out` (default outputs/), sorted by notebook."""
+    """Every results/*.json under `out` (default outputs/), sorted by notebook (an unreadable one without claims)."""
     out = Path(out) if out else output_dir()
-    rows = []
-    for path in sorted((out / "results").glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            data = {"notebook": path.stem, "environment": {}, "claims": [], "measurements": {},
-                    "load_error": f"{type(exc).__name__}: {exc}"}
-        if not isinstance(data, dict):
-            data = {"notebook": path.stem, "claims": [], "load_error": "not a JSON object"}
-        data.setdefault("notebook", path.stem)
-        rows.append(data)
-    return rows
+    return [{"notebook": path.stem, **load_json(path)} for path in sorted((out / "results").glob("*.json"))]
 
 
 def load_timings(out: Path | None = None) -> dict[str, Any]:

@@ -12,11 +12,8 @@ from ..paths import output_dir, repo_root
 
 
 def _inside(path: Path, parent: Path) -> bool:
-    try:
-        path.resolve().relative_to(parent.resolve())
-        return True
-    except ValueError:
-        return False
+    """Whether `path` is `parent` or below it (links resolved)."""
+    return path.resolve().is_relative_to(parent.resolve())
 
 
 def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
@@ -24,7 +21,9 @@ def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
     out = Path(out) if out else output_dir()
     root = repo_root()
     pairs = [(root, "."), (Path.home(), "~"), (Path(tempfile.gettempdir()), "{tmp}"), (Path("/tmp"), "{tmp}"),
-             (Path(sysconfig.get_paths()["stdlib"]), "{python-lib}"), (Path(sys.prefix), "{python-env}")]
+             (Path(sysconfig.get_paths()["stdlib"]), "{python-lib}")]
+    if not _inside(Path(sys.prefix), root):  # the kit's own .venv reads better as ./.venv
+        pairs.append((Path(sys.prefix), "{python-env}"))
     if not _inside(out, root):
         pairs.insert(0, (out, "{outputs}"))
     found: dict[str, str] = {}
@@ -32,9 +31,6 @@ def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
         for variant in {str(path), str(path.resolve())}:
             if variant.count("/") >= 1 and len(variant) > 1 and variant not in found:
                 found[variant] = label
-    if _inside(Path(sys.prefix), root):  # the kit's own .venv reads better as ./.venv
-        found.pop(str(Path(sys.prefix)), None)
-        found.pop(str(Path(sys.prefix).resolve()), None)
     return sorted(found.items(), key=lambda kv: -len(kv[0]))
 
 

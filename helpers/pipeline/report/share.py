@@ -49,9 +49,7 @@ def write_share(out: Path | None = None, stems: Iterable[str] | None = None) -> 
 def current_stems(out: Path) -> set[str] | None:
     """The notebooks whose results belong to the run in run.json (None when there is no run record: all)."""
     run = load_run(out)
-    if not run:
-        return None
-    return {r["notebook"] for r in split_by_run(load_results(out), run.get("run_id"))[0]}
+    return {r["notebook"] for r in split_by_run(load_results(out), run.get("run_id"))[0]} if run else None
 
 
 def finish_timings(out: Path | None = None) -> Path | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...findings import of
+
 
 @dataclass(frozen=True)
 class Source:
@@ -61,12 +63,10 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
            "place (no source setup to compare: the tree is the control's, the rebuilds are this kit's)."),
 )}
-OTHER = Source("other", "Other notebooks (no source mapped)", {}, "")
+
 
 def source_of(notebook: str) -> Source:
     """The source a notebook's finding answers (01_identity... -> the control); KeyError for an undeclared one."""
-    from ...findings import of
-
     return SOURCES[of(notebook).source]
 
 
@@ -77,14 +77,8 @@ def kind_of(claim: dict[str, Any]) -> str:
 
 def run_setup(envs: list[dict[str, Any]]) -> dict[str, str]:
     """This run's release, dtype, device and model over the notebooks of one source (values joined when they differ)."""
-    def values(*keys: str) -> str:
-        seen: list[str] = []
-        for env in envs:
-            parts = [str(env.get(k)) for k in keys if env.get(k) not in (None, "")]
-            text = " ".join(parts) if parts else "?"
-            if text not in seen:
-                seen.append(text)
-        return ", ".join(seen) or "?"
+    def values(key: str) -> str:
+        return ", ".join(dict.fromkeys("?" if env.get(key) in (None, "") else str(env[key]) for env in envs)) or "?"
 
     model = values("model_id")
     if any(str(env.get("model_id") or "").startswith("tiny-") for env in envs):

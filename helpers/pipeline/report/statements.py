@@ -2,6 +2,7 @@
 checked in two notebooks is one statement; one verdict per statement and one verdict line per source."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,7 +103,4 @@ def own_checks(claims: list[tuple[str, dict[str, Any]]]) -> tuple[int, int]:
 
 def tally(stmts: list[Statement]) -> dict[str, int]:
     """{verdict: number of statements}."""
-    out: dict[str, int] = {}
-    for s in stmts:
-        out[s.verdict] = out.get(s.verdict, 0) + 1
-    return out
+    return dict(Counter(s.verdict for s in stmts))

@@ -13,17 +13,16 @@ from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
-from .claims_md import all_claims, by_source, claim_row, counts_table, environment_checks, headline, kind_counts, source_section, statements
+from .claims_md import (all_claims, by_source, claims_table, counts_table, environment_checks, headline, kind_counts,
+                        source_section, statements)
 from .first_screen import first_screen
 from .statements import statements as source_statements
 from .paste import MAX_CHARS, cell, code, code_refs, fmt_scalar, one_line
 from ..paths import output_dir
-from .records import RUN_STATUS, load_results, load_run, load_timings, run_id_of, split_by_run
+from .records import RUN_STATUS, env_keys, load_results, load_run, load_timings, run_id_of, split_by_run
 from .scrub import scrub, scrub_outputs
 from .share import ARCHIVE, current_stems, share_members, write_share
 
-ENV_KEYS = ("python", "torch", "transformers", "platform", "cuda_available", "device", "device_name", "dtype",
-            "attn_implementation", "model_id", "model_revision", "processor", "seed")
 MODEL_KEYS = ("model_id", "model_revision", "dtype", "attn_implementation", "device")
 NB_STATUS = {"ok": "✅ ok", "failed": "❌ failed", "interrupted": "⚠️ interrupted", "not_started": "⏭️ not started"}
 
@@ -37,12 +36,9 @@ def short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else "(long: in the results file)"
 
 
-def params_text(params: Any) -> str:
-    if not params:
-        return "none (notebook defaults)"
-    if isinstance(params, dict):
-        return ", ".join(f"{k}={short(v)}" for k, v in params.items())
-    return short(params, 200)
+def params_text(params: dict[str, Any]) -> str:
+    """A run's or notebook's parameters as `k=v, ...` (the runner records them as a dict)."""
+    return ", ".join(f"{k}={short(v)}" for k, v in params.items()) if params else "none (notebook defaults)"
 
 
 def commit_text(run: dict[str, Any]) -> str:
@@ -92,19 +88,18 @@ def missing_notebooks(results: list[dict[str, Any]], run: dict[str, Any]) -> lis
     return ["## Notebooks without results", "", *lines, ""] if lines else []
 
 
-def notebook_runs(run: dict[str, Any], timings: dict[str, Any]) -> list[str]:
+def notebook_runs(run: dict[str, Any]) -> list[str]:
+    """Each notebook of the run: its status, seconds and parameters."""
     nbs = run.get("notebooks") or {}
     if not nbs:
         return []
-    same = timings and run_id_of(timings) == run.get("run_id")
-    seconds = {t.get("notebook"): t.get("seconds") for t in (timings.get("notebooks") or []) if isinstance(t, dict)} if same else {}
     lines = ["## Notebooks in this run", "", "| notebook | status | seconds | parameters |", "|---|---|---|---|"]
     for nb, info in sorted(nbs.items()):
         info = info or {}
         status = NB_STATUS.get(info.get("status"), cell(info.get("status")))
         if info.get("error") and info["error"] != info.get("status"):
             status += f": {info['error']}"
-        secs = info.get("seconds") if info.get("seconds") is not None else seconds.get(nb)
+        secs = info.get("seconds")
         lines.append(f"| {cell(nb)} | {cell(status)} | {fmt_scalar(secs) if secs is not None else '—'} "
                      f"| {code(params_text(info.get('parameters') or run.get('parameters')))} |")
     return lines + [""]
@@ -125,10 +120,8 @@ def captured_warnings(results: list[dict[str, Any]]) -> list[str]:
 def environment_section(results: list[dict[str, Any]], run_env: dict[str, Any] | None = None) -> list[str]:
     """The environment shared by every notebook once, then what differs per notebook, then captured warnings."""
     envs = {r["notebook"]: r.get("environment") or {} for r in results} or {"run": run_env or {}}
-    keys = [k for k in ENV_KEYS if any(k in e for e in envs.values())]
-    keys += sorted({k for e in envs.values() for k in e} - set(keys))
     shared, varying = [], []
-    for key in keys:
+    for key in env_keys(list(envs.values())):
         values = {json.dumps(e.get(key), sort_keys=True) for e in envs.values()}
         (shared if len(values) == 1 else varying).append(key)
     first = next(iter(envs.values()), {})
@@ -145,9 +138,7 @@ def environment_section(results: list[dict[str, Any]], run_env: dict[str, Any] |
 
 def attach_section(out: Path, stems: set[str]) -> list[str]:
     names = [n for n in share_members(out, stems) if n not in ("SUMMARY.md", "run.json", "timings.json")]
-    html = sum(n.startswith("html/") for n in names)
-    figs = sum(n.startswith("figures/") for n in names)
-    res = sum(n.startswith("results/") for n in names)
+    html, figs, res = (sum(n.startswith(f"{folder}/") for n in names) for folder in ("html", "figures", "results"))
     return ["## Attach", "", f"Attach one file: **`{ARCHIVE}`** from the outputs folder (GitHub does not accept `.html`). "
             f"It holds this summary, {html} self-contained HTML page(s), {figs} figure(s), {res} results file(s) "
             "with every measured value, and the run record (run.json; timings.json once the runner has written it).", ""]
@@ -156,12 +147,11 @@ def attach_section(out: Path, stems: set[str]) -> list[str]:
 def earlier_sections(others: dict[str | None, list[dict[str, Any]]]) -> list[str]:
     lines: list[str] = []
     for rid, results in sorted(others.items(), key=lambda kv: str(kv[0])):
-        started = next((r.get("run", {}).get("started") for r in results if isinstance(r.get("run"), dict)), None)
+        started = next((r["run"].get("started") for r in results if r.get("run")), None)
         lines += [f"## From an earlier run (run {code(rid)}, started {cell(started or 'unknown')})" if rid else
                   "## From an earlier run (no run id: run by hand or by an older kit, time unknown)", "",
                   "Not written by the run above: shown for reference only, never counted. Run the notebooks again to "
-                  "bring them into one run.", "", "| nb | claim | kind | verdict | that run | source |",
-                  "|---|---|---|---|---|---|", *[claim_row(nb, c) for nb, c in all_claims(results)], "",
+                  "bring them into one run.", "", *claims_table(all_claims(results), "that run"),
                   *statements(all_claims(results), "Statements and reasons")]
     return lines
 
@@ -187,7 +177,7 @@ def details(summary: str, body: list[str]) -> list[str]:
     return ["<details><summary>" + summary + "</summary>", "", *body, "</details>", ""] if body else []
 
 
-def build_summary(out: Path | None = None, title: str = "KV resume kit: results") -> str:
+def build_summary(out: Path | None = None) -> str:
     """The SUMMARY.md text for the run named in run.json under `out` (default outputs/): the first screen (verdicts,
     releases, repros), then everything else in <details> sections."""
     out = Path(out) if out else output_dir()
@@ -196,7 +186,7 @@ def build_summary(out: Path | None = None, title: str = "KV resume kit: results"
     claims = all_claims(current)
     counts = kind_counts(claims)
     screen, folded = first_screen(out, run, current)
-    lines = [f"# {title}", "", *screen]
+    lines = ["# KV resume kit: results", "", *screen]
     for summary_text, block in folded:
         lines += details(summary_text, block)
     if others:
@@ -208,7 +198,7 @@ def build_summary(out: Path | None = None, title: str = "KV resume kit: results"
     lines += details("Run record, counts per kind, attach", record)
     for source, results in by_source(current):
         lines += details(f"{source.title}: every claim, its quote and its verdict", source_section(source, results))
-    rest = environment_checks(current) + missing_notebooks(current, run) + notebook_runs(run, timings)
+    rest = environment_checks(current) + missing_notebooks(current, run) + notebook_runs(run)
     if current or run.get("environment"):
         rest += environment_section(current, run.get("environment"))
     lines += details("Environment, notebooks, captured warnings", rest)

@@ -29,8 +29,6 @@ def fixed_on(by_release: dict[str, Claims]) -> dict[str, int]:
     """{release: n} for each release after the first where every check that held on the first release and is decided
     there gives its kind's other verdict (n of them, at least one): the bug is fixed there as far as measured."""
     releases = list(by_release)
-    if len(releases) < 2:
-        return {}
     held = _bug_checks(by_release[releases[0]])
     out = {}
     for rel in releases[1:]:
