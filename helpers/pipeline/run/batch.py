@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,12 +42,6 @@ def _wait_any(running: list[_Job], seconds: float) -> None:
         select.select(socks, [], [], seconds)
     else:
         time.sleep(seconds)
-
-
-def _label() -> str:
-    if os.environ.get("KVKIT_MATRIX_RUN_ID"):
-        return f"transformers {rec._version('transformers')}"
-    return "notebooks"
 
 
 class Run:
@@ -166,7 +161,8 @@ class Run:
         ready = Path(self.warm["KVKIT_ZYGOTE"] + ".ready") if self.warm else None
         pending, running = list(self.order), []
         self.html = HtmlRenderer(self.out)
-        with Stop() as stop, tqdm(total=len(pending), desc=_label(), unit="nb", disable=None, file=sys.stderr,
+        label = f"transformers {rec._version('transformers')}" if os.environ.get("KVKIT_MATRIX_RUN_ID") else "notebooks"
+        with Stop() as stop, tqdm(total=len(pending), desc=label, unit="nb", disable=None, file=sys.stderr,
                                    leave=False) as bar:
             tqdm.write(f"{self.command} {self.record.run_id}: {len(pending)} notebook(s), {self.jobs} at a time",
                        file=sys.stdout)
@@ -196,9 +192,7 @@ class Run:
             self.record.finish(status, self._kernel_environment())
             report_s = self._write_summary() if report else None
             self._write_timings(time.perf_counter() - started, notebooks_s, report_s)
-            for path in self.tmp.iterdir():
-                path.unlink(missing_ok=True)
-            self.tmp.rmdir()
+            shutil.rmtree(self.tmp, ignore_errors=True)
             return stop.signum
 
     def _kernel_environment(self) -> dict[str, Any] | None:

@@ -131,7 +131,7 @@ def _papermill(path: Path, parameters: dict[str, Any], out: Path) -> str:
     return ""
 
 
-def run_one(path: Path, parameters: dict[str, Any] | None = None, quiet: bool = True) -> RunResult:
+def run_one(path: Path, parameters: dict[str, Any] | None = None) -> RunResult:
     """Execute one notebook in this process into outputs/notebooks/ (no run record); failures are returned."""
     out = output_dir("notebooks") / path.name
     start = time.perf_counter()
