@@ -47,13 +47,6 @@ print(json.dumps(out))
 """
 
 
-def relevant(notebook: str) -> tuple[str, ...]:
-    """The functions named by a notebook's finding ('05_hybrid...' -> helpers.offload.finding), focus words left on."""
-    from ...findings import of
-
-    return of(notebook).functions
-
-
 def split_focus(names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """('name|word', ...) -> ([name, ...], {name: word})."""
     plain = [n.split("|", 1)[0] for n in names]
@@ -108,9 +101,8 @@ def diff_sources(old: dict[str, Any], new: dict[str, Any], old_release: str, new
             _lines(a), _lines(b), f"{old_release}/{name}", f"{new_release}/{name}", n=context))
         if name in (focus or {}) and text:
             text = focus_hunks(text, focus[name])
-            status = status if text else "same"  # changed, but nowhere near what the notebook measures
-            if not text:
-                out[name] = {"status": status, "diff": "", "note": f"changed, but no hunk mentions {focus[name]!r}"}
+            if not text:  # changed, but nowhere near what the notebook measures
+                out[name] = {"status": "same", "diff": "", "note": f"changed, but no hunk mentions {focus[name]!r}"}
                 continue
         out[name] = {"status": status, "diff": text, "quote": changed_lines(text, prefer=QUOTE.get(name))}
         if status == "unreadable":

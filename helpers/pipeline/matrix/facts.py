@@ -59,8 +59,6 @@ def differences(per_release: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 def group_differences(items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
     """Rows of a list (`m[0].x`, `m[1].x`, ...) that differ in the same way become one entry
     `m[0,1,...].x`; order of first appearance is kept."""
-    import re
-
     groups: dict[tuple[str, str], list[tuple[list[str], dict[str, Any]]]] = {}
     for key, values in items:
         pattern = re.sub(r"\[\d+\]", "[*]", key)

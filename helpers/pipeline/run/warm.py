@@ -27,10 +27,8 @@ WARM_SKIP = ("helpers.plots", "helpers.offload.plots", "helpers.pipeline")
 
 
 def warm_enabled() -> bool:
-    import socket
-
-    return (sys.platform.startswith("linux") and hasattr(os, "fork") and hasattr(socket, "send_fds")
-            and os.environ.get("KVKIT_WARM_KERNELS", "1") != "0")
+    """Warm kernels on: Linux (fork, and file descriptors passed over a Unix socket) unless KVKIT_WARM_KERNELS=0."""
+    return sys.platform.startswith("linux") and os.environ.get("KVKIT_WARM_KERNELS", "1") != "0"
 
 
 def _warm_imports() -> None:

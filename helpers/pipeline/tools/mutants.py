@@ -116,7 +116,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/offload/hazards.py", ("_next_allocation", "_record_stream_called", "released_blocks", "hazard_counts",
                                         "decide_*"), ("tests/test_kill_hazards.py", "tests/test_offload_hazards.py")),
     Scope("helpers/offload/ordering.py", ("prefetch_reads", "summary_row", "_rows", "decide_*"), ("tests/test_kill_ordering.py",)),
-    Scope("helpers/pipeline/bisect/search.py", ("same", "_value", "_usable", "_end", "_halve", "find_changes", "Search.*"),
+    Scope("helpers/pipeline/bisect/search.py", ("same", "_value", "_end", "_halve", "find_changes", "Search.*"),
           ("tests/test_kill_bisect.py", "tests/test_bisect.py")),
     Scope("helpers/pipeline/report/claims_md.py", ("kind_counts", "reproduced_count", "headline", "counts_table", "undecided"),
           ("tests/test_summary.py", "tests/test_kill_summary.py")),
