@@ -74,10 +74,8 @@ def failure_line(exc: BaseException) -> str:
 
 
 def _stamp(value: str | None) -> float | None:
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp() if value else None
-    except ValueError:
-        return None
+    """papermill's ISO time of a cell (None for a cell that never ran) as a Unix time."""
+    return datetime.fromisoformat(value).timestamp() if value else None
 
 
 def phases(executed: Path, began: float, session: dict[str, float] | None) -> dict[str, float]:

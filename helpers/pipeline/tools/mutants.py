@@ -139,10 +139,6 @@ SCOPE: list[Scope] = [
 SCOPE += decision_scopes()  # the deciding modules: each finding declares its own
 
 
-def work_dir() -> Path:
-    return repo_root() / "outputs" / "mutants" / "work"
-
-
 def mutmut_config(scope: list[Scope]) -> str:
     """setup.cfg [mutmut] for these modules and their tests (fast tests only: -m "not e2e")."""
     tests = sorted({t for s in scope for t in s.tests})
@@ -247,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=1, help="mutmut worker processes (default 1)")
     parser.add_argument("--report-only", action="store_true", help="report the last run without running mutmut")
     args = parser.parse_args(argv)
-    scope, root, work = select(args.modules), repo_root(), work_dir()
+    scope, root = select(args.modules), repo_root()
+    work = root / "outputs" / "mutants" / "work"
     start = time.monotonic()
     if not args.report_only:
         prepare(root, work, scope)
