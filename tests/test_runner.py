@@ -151,8 +151,8 @@ def test_interrupted_run_all_stops_fast_and_says_so(tmp_path):
         time.sleep(0.1)  # the first notebook's kernel has started once its results file exists
     assert proc.poll() is None, proc.communicate()
     workers = procs.descendants(proc.pid)
-    servers = [p for p in psutil.Process(proc.pid).children() if "_workers" in p.cmdline()]
-    assert len(servers) == 1 and servers[0].children(), "the notebook's worker was not forked by the workers' server"
+    servers = [p for p in psutil.Process(proc.pid).children() if "_zygote" in p.cmdline()]
+    assert len(servers) == 1 and servers[0].children(), "the notebook's worker was not forked by the warm process"
     os.killpg(proc.pid, signal.SIGINT)
     start = time.monotonic()
     stdout, stderr = proc.communicate(timeout=30)

@@ -5,8 +5,8 @@ transformers releases: outputs/matrix/<release>/ and outputs/matrix.md).
 Every run-all / run / matrix is one recorded run (outputs/run.json, see record.py). A run-all first
 removes the outputs of earlier runs; a run removes its notebook's. Parameters (`-p NAME VALUE`) are
 checked against each notebook's `parameters` cell before any kernel starts (params.py). Each notebook
-runs in a worker process of its own (`_exec`, its own session; forked from a process that has imported
-papermill, see workers.py, else started fresh), so Ctrl-C or SIGTERM stops the
+runs in a worker process of its own (`_exec`, its own session; forked from the warm process below, else
+started fresh), so Ctrl-C or SIGTERM stops the
 run within seconds: no further notebook starts, kernels are shut down, unfinished notebooks are
 recorded as interrupted, and the summary says so. `--notebooks 01 02` (or NOTEBOOKS="01 02")
 restricts a run-all. Kernels are forked from one warm process that imported torch, transformers and
@@ -30,7 +30,6 @@ from ..report.records import load_json
 from .procs import Stop
 from .batch import Run
 from .warm import _zygote_main
-from .workers import _workers_main
 
 
 def _recorded(command: str, paths: list[Path], pairs: list[list[str]] | None, jobs: int | None,
@@ -145,9 +144,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line; `_exec`, `_zygote` and `_workers` are the runner's own child processes."""
+    """The command line; `_exec` and `_zygote` are the runner's own child processes."""
     argv = sys.argv[1:] if argv is None else argv
-    children = {"_exec": _exec_main, "_zygote": _zygote_main, "_workers": _workers_main}
+    children = {"_exec": _exec_main, "_zygote": _zygote_main}
     if argv[:1] and argv[0] in children:
         return children[argv[0]](argv[1:])
     args = _parser().parse_args(argv)
