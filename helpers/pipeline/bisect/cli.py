@@ -183,10 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..run.execute import notebooks, select
 
     try:
-        if not args.notebook:
-            raise Refused("NB=<notebook> is required; valid: " + ", ".join(nb.stem[:2] for nb in notebooks()))
         try:
-            [notebook] = select([args.notebook])
+            [notebook] = select([args.notebook])  # NB= left out selects every notebook: not one
         except (SystemExit, ValueError):
             raise Refused(f"NB={args.notebook} names no single notebook; valid: "
                           + ", ".join(nb.stem[:2] for nb in notebooks())) from None

@@ -66,7 +66,8 @@ def pinned_release() -> str | None:
     """The transformers version requirements-runtime.txt pins (requirements.txt includes it)."""
     path = repo_root() / "requirements-runtime.txt"
     lines = path.read_text().splitlines() if path.exists() else []
-    return next((ln.split("==", 1)[1].split("#")[0].strip() for ln in lines if ln.strip().startswith("transformers==")), None)
+    pins = [ln.split("==", 1)[1].split("#")[0].strip() for ln in lines if ln.strip().startswith("transformers==")]
+    return pins[0] if pins else None
 
 
 def venvs_dir() -> Path:
@@ -156,7 +157,7 @@ def ensure_env(release: str, log=print, modules: Sequence[str] = NOTEBOOK_MODULE
             with open(venvs_dir() / f"{release}.lock", "w") as lock:  # one build per release at a time
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 _build_env(release, env, log, modules)
-        env.versions = _probe(env.python, modules)
+        env.versions = env.versions or _probe(env.python, modules)
         env.reason = _check_probe(release, env.versions)
     except InvalidVersion:
         env.reason = f"{release!r} is not a version number"
@@ -187,9 +188,10 @@ def _build_env(release: str, env: ReleaseEnv, log, modules: Sequence[str] = NOTE
     if stamp.exists() and python.exists():
         try:
             recorded = json.loads(stamp.read_text())
-            if recorded.get("shared") == shared and not _check_probe(release, _probe(str(python), modules)):
+            versions = _probe(str(python), modules) if recorded.get("shared") == shared else {}
+            if versions and not _check_probe(release, versions):
                 _link_jupyter_data(path)
-                env.python, env.reused, env.installed = str(python), True, recorded.get("installed", [])
+                env.python, env.reused, env.installed, env.versions = str(python), True, recorded["installed"], versions
                 return
         except Exception:  # noqa: BLE001 - a broken environment is rebuilt
             pass

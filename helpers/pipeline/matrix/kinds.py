@@ -51,7 +51,8 @@ def sort_differences(ran: dict[str, dict[str, Any]]) -> tuple[dict, dict, dict]:
         if kind != "not recorded" and len(shown) == 1 and _ABSENT not in judged.values():
             continue  # the same text on every release: never listed as a difference
         if kind == "float":
-            floats.setdefault(nb, []).append((relative_size([v for v in judged.values() if v is not _ABSENT]) or 0.0, key))
+            size = relative_size([v for v in judged.values() if v is not _ABSENT]) or 0.0
+            floats.setdefault(nb, []).append((size, key))
         elif kind in COLLAPSED:
             collapsed.setdefault(nb, {}).setdefault(kind, []).append(key)
         else:

@@ -60,7 +60,8 @@ def _fold_release(record: rec.RunRecord, release: str, info: dict[str, Any], sub
     record.data["releases"][release] = {"run_id": sub.get("run_id"), "rc": info.get("rc"), "status": sub.get("status")
                                         or ("not_installed" if not info.get("ok") else "failed")}
     for stem, nb in (sub.get("notebooks") or {}).items():
-        mine = record.data["notebooks"].setdefault(stem, {"status": "ok", "seconds": 0.0, "error": None, "parameters": {}})
+        mine = record.data["notebooks"].setdefault(stem, {"status": "ok", "seconds": 0.0, "error": None,
+                                                          "parameters": {}})
         if mine["status"] in ("ok", "not_started") and nb.get("status") != "ok":
             mine.update(status=nb.get("status"), error=f"{release}: {nb.get('error')}")
         elif mine["status"] == "not_started":
@@ -130,8 +131,9 @@ def _parser() -> argparse.ArgumentParser:
     param.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
     sub.add_parser("run-all", parents=[jobs, some, report, param],
                    help="execute every notebook, then write SUMMARY.md and html/")
-    sub.add_parser("run", parents=[report, param],
-                   help="execute one notebook (its outputs replace its earlier ones), then SUMMARY.md").add_argument("notebook")
+    one = sub.add_parser("run", parents=[report, param],
+                         help="execute one notebook (its outputs replace its earlier ones), then SUMMARY.md")
+    one.add_argument("notebook")
     sub.add_parser("report", help="write outputs/SUMMARY.md from the results on disk")
     sub.add_parser("html", help="render outputs/notebooks/*.ipynb to self-contained outputs/html/*.html")
     sub.add_parser("share", parents=[jobs],
