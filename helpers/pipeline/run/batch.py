@@ -36,12 +36,8 @@ class _Job:
 
 def _wait_any(running: list[_Job], seconds: float) -> None:
     """Sleep up to `seconds`, waking as soon as a forked worker's server says it has exited."""
-    socks = [job.proc.sock for job in running if isinstance(job.proc, Forked) and job.proc.returncode is None
-             and not job.proc.lost]
-    if socks:
-        select.select(socks, [], [], seconds)
-    else:
-        time.sleep(seconds)
+    select.select([job.proc.sock for job in running if isinstance(job.proc, Forked) and job.proc.returncode is None
+                   and not job.proc.lost], [], [], seconds)
 
 
 class Run:

@@ -82,7 +82,7 @@ def _zygote_main(argv: list[str]) -> int:
     """`_zygote SOCKET`: import once, then fork one worker or kernel per request until SIGTERM."""
     from .forks import serve
 
-    serve(argv[0], _zygote_child, signal.SIGTERM, ready=_warm_imports)
+    serve(argv[0], _zygote_child, ready=_warm_imports)
 
 
 def _kernel_main(argv: list[str]) -> int:
