@@ -152,15 +152,12 @@ def mutmut_config(scope: list[Scope]) -> str:
 
 def prepare(root: Path, work: Path, scope: list[Scope]) -> None:
     """A fresh copy of the kit in `work` with the generated mutmut config."""
-    if work.exists():
-        shutil.rmtree(work)
+    shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in COPY:
         src = root / name
         (shutil.copytree(src, work / name, ignore=ignore) if src.is_dir() else shutil.copy2(src, work / name))
-    if "[tool.mutmut]" in (work / "pyproject.toml").read_text():
-        raise SystemExit("pyproject.toml has a [tool.mutmut] section: mutmut would ignore the generated config")
     shutil.copytree(root / PACKAGE_DIR / "kvresume", work / "kvresume", ignore=ignore)
     (work / "setup.cfg").write_text(mutmut_config(scope))
 
