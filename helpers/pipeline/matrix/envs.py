@@ -89,13 +89,9 @@ def wheel_args(release: str) -> list[str]:
 
 def shared_site_packages() -> list[str]:
     """This environment's site-packages folders: its own, then the system's and the user's it also imports from."""
-    paths = sysconfig.get_paths()
-    found = [paths["purelib"], paths["platlib"]]
-    extra = site.getsitepackages()
-    if site.ENABLE_USER_SITE:
-        extra.append(site.getusersitepackages())
-    found += [p for p in extra if p in sys.path and os.path.isdir(p)]
-    return list(dict.fromkeys(found))
+    paths, user = sysconfig.get_paths(), [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    extra = [p for p in [*site.getsitepackages(), *user] if p in sys.path and os.path.isdir(p)]
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"], *extra]))
 
 
 def _tail(text: str, n: int = 300) -> str:
