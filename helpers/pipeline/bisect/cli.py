@@ -137,9 +137,7 @@ class Bisect:
 
     def diffs(self, search: Search) -> dict[str, dict[str, dict[str, Any]]]:
         """The relevant functions' diff for every change point."""
-        from ...findings import of
-
-        names, focus = bisect_source.split_focus(of(self.notebook.stem).functions)
+        names, focus = bisect_source.split_focus(bisect_source.relevant(self.notebook.stem))
         out = {}
         for a, b in search.changes:
             if a in self.pythons and b in self.pythons:

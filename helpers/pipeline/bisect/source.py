@@ -47,6 +47,13 @@ print(json.dumps(out))
 """
 
 
+def relevant(notebook: str) -> tuple[str, ...]:
+    """The functions named by a notebook's finding ('05_hybrid...' -> helpers.offload.finding), focus words left on."""
+    from ...findings import of
+
+    return of(notebook).functions
+
+
 def split_focus(names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
     """('name|word', ...) -> ([name, ...], {name: word})."""
     plain = [n.split("|", 1)[0] for n in names]
