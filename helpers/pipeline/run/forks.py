@@ -84,11 +84,10 @@ class _Server:
             size = int.from_bytes(msg[:8], "big")
             if len(msg) < 8 or size > MAX_REQUEST:
                 raise ValueError("not a request")
-            while len(msg) < 8 + size:  # a stream: a long request may come in pieces
-                part = conn.recv(8 + size - len(msg))
-                if not part:
-                    raise ValueError("request cut short")
-                msg += part
+            with conn.makefile("rb") as rest:  # a stream: a long request may come in pieces
+                msg += rest.read(max(0, 8 + size - len(msg)))
+            if len(msg) < 8 + size:
+                raise ValueError("request cut short")
             request = json.loads(msg[8:].decode())
             conn.settimeout(None)
         except (OSError, ValueError):
