@@ -179,23 +179,14 @@ def _check_value(name: str, value: Any, default: Any, where: str) -> None:
         if not (isinstance(value, str) and (value in known or "/" in value)):  # "org/repo": a Hub kernel
             raise ParameterError(f"unknown attn_implementation {value!r}; transformers knows: {', '.join(known)}")
         return
-    if name == "generate_kwargs":
-        _check_generate_kwargs(value, where)
-        return
-    if name == "prompt_ids":
-        _check_prompt_ids(value, where)
-        return
+    own = {"generate_kwargs": _check_generate_kwargs, "prompt_ids": _check_prompt_ids}
+    if name in own:
+        return own[name](value, where)
     if name == "trust_remote_code" and value is not False:
         raise ParameterError(f"trust_remote_code={value!r}: the kit runs with trust_remote_code off")
-    if default is NOT_LITERAL or default is None:
-        return
-    if isinstance(default, bool) and not isinstance(value, bool):
-        raise ParameterError(f"{name}={value!r}{where} must be true or false")
-    if isinstance(default, int) and not isinstance(default, bool):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ParameterError(f"{name}={value!r}{where} must be an integer")
-    if isinstance(default, str) and not isinstance(value, str):
-        raise ParameterError(f"{name}={value!r}{where} must be text")
+    kind = {bool: "true or false", int: "an integer", str: "text"}.get(type(default))  # NOT_LITERAL, None: any
+    if kind and type(value) is not type(default):
+        raise ParameterError(f"{name}={value!r}{where} must be {kind}")
     if name in MINIMUMS and isinstance(value, int) and value < MINIMUMS[name][0]:
         low, why = MINIMUMS[name]
         raise ParameterError(f"{name}={value}{where} is below its minimum {low} ({why})")
