@@ -91,10 +91,9 @@ def boundary_changes(ran: dict[str, dict[str, Any]], order: Sequence[str]) -> li
     return sorted([row for row in out if row[3]], key=lambda row: (releases.index(row[1]), row[0]))
 
 
-def change_section(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], releases: Sequence[str],
-                   max_lines: int = MAX_LINES) -> list[str]:
-    """"What changed between releases": one line per notebook and release boundary (at most `max_lines`)."""
-    ran = {rel: res for rel, (_, res) in loaded.items() if res}
+def change_section(ran: dict[str, dict[str, Any]], releases: Sequence[str], max_lines: int = MAX_LINES) -> list[str]:
+    """"What changed between releases" (`ran`: the releases with results): one line per notebook and release
+    boundary (at most `max_lines`)."""
     lines = ["## What changed between releases", ""]
     if len(ran) < 2:
         return lines + ["Fewer than two releases produced results: nothing to compare.", ""]

@@ -79,10 +79,9 @@ def _behaviour_line(kind: str, nb: str, leaf: str, rows: list[tuple[str, dict[st
     return f"- **{cell(nb)}** · {kind} · `{cell(leaf)}` — {texts} (in {where})"
 
 
-def detail_section(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], max_lines: int = 40) -> list[str]:
-    """"Changes by kind of value": behaviour differences (one line per value,
+def detail_section(ran: dict[str, dict[str, Any]], max_lines: int = 40) -> list[str]:
+    """"Changes by kind of value" (`ran`: the releases with results): behaviour differences (one line per value,
     grouped by what it is), then float and source-location differences collapsed to one line per notebook."""
-    ran = {rel: res for rel, (_, res) in loaded.items() if res}
     if len(ran) < 2:
         return []
     lines = ["## Changes by kind of value", ""]
