@@ -66,12 +66,12 @@ COLLAPSED = {"source location": "source line number(s) in transformers moved",
 
 
 def _behaviour_line(kind: str, nb: str, leaf: str, rows: list[tuple[str, dict[str, Any]]], per: int = 4) -> str:
-    per_release: dict[str, list[Any]] = {}
+    """One behaviour line: each release's distinct values (at most `per`) and the first paths that hold them."""
+    distinct: dict[str, dict[str, Any]] = {}
     for _, values in rows:
         for rel, value in values.items():
-            seen = per_release.setdefault(rel, [])
-            if not any(json.dumps(value, default=str) == json.dumps(v, default=str) for v in seen):
-                seen.append(value)
+            distinct.setdefault(rel, {}).setdefault(json.dumps(value, default=str), value)
+    per_release = {rel: list(vals.values()) for rel, vals in distinct.items()}
     texts = " · ".join(f"{rel}: " + ", ".join(f"`{t}`" for t in distinct_texts(vals[:per]))
                        + (f" (+{len(vals) - per})" if len(vals) > per else "") for rel, vals in per_release.items())
     groups = group_differences(rows)
