@@ -8,11 +8,10 @@ import sys
 import time
 from typing import Any
 
-import psutil
-
 
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` (kernels run in sessions of their own, so killpg alone misses them)."""
+    import psutil  # here, not at the top: the kernel stub imports this module and never needs it
     try:
         return [child.pid for child in psutil.Process(pid).children(recursive=True)]
     except psutil.Error:
@@ -30,6 +29,7 @@ def _kill(pids: list[int], sig: int) -> None:
 
 def _alive(pid: int) -> bool:
     """Running (a zombie, exited but not yet reaped, is not)."""
+    import psutil
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -47,6 +47,7 @@ def stop_processes(pids: list[int], grace: float = 2.0) -> None:
 
 def _connection_files(pid: int) -> list[str]:
     """The `-f <connection file>` a kernel was started with."""
+    import psutil
     try:
         args = psutil.Process(pid).cmdline()
     except psutil.Error:
@@ -76,6 +77,7 @@ class Stop:
             print(f"\n{signal.Signals(signum).name}: stopping; {what}", file=sys.stderr, flush=True)
         self.signum = self.signum or signum
         if self.forward:
+            import psutil
             for child in psutil.Process().children():
                 try:
                     child.send_signal(signum)
