@@ -35,7 +35,7 @@ def child(request):
     time.sleep(request.get("sleep", 0))
     return request.get("code", 0)
 
-serve(sys.argv[1], child, signal.SIGTERM)
+serve(sys.argv[1], child)
 """
 
 

@@ -189,21 +189,21 @@ def test_build_env_passes_the_offline_options_to_every_pip_call(monkeypatch, tmp
     (tmp_path / "wheels").mkdir()
     (tmp_path / "wheels" / "transformers-5.20.0-py3-none-any.whl").write_bytes(b"")
     site = tmp_path / "site"
-    site.mkdir()
-    pips, unmet = [], iter(['[{"name": "huggingface-hub", "requirement": "huggingface-hub>=1.31", "have": "1.0", "by": "t"}]', "[]"])
+    (site / "transformers-5.20.0.dist-info").mkdir(parents=True)  # what pip installed into the release's own site
+    (site / "transformers-5.20.0.dist-info" / "METADATA").write_text("Name: transformers\nVersion: 5.20.0\n")
+    pips = []
 
     def fake_run(cmd, timeout=900):
         if "pip" in cmd:
             pips.append(cmd)
-        out = str(site) if "sysconfig" in cmd[-1] else (next(unmet) if cmd[2] == envs._UNMET else "")
-        return subprocess.CompletedProcess(cmd, 0, out, "")
+        return subprocess.CompletedProcess(cmd, 0, str(site) if "sysconfig" in cmd[-1] else "", "")
 
     monkeypatch.setattr(envs, "_run", fake_run)
     env = envs.ReleaseEnv("5.20.0", ok=False)
     envs._build_env("5.20.0", env, lambda *a, **k: None, envs.GPU_MODULES)
     offline = ["--no-index", "--find-links", str(tmp_path / "wheels")]
-    assert len(pips) == 2 and all(c[len(envs.PIP) + 1:len(envs.PIP) + 4] == offline for c in pips)
-    assert env.installed == ["transformers==5.20.0", "huggingface-hub>=1.31"]
+    assert len(pips) == 1 and pips[0][len(envs.PIP) + 1:len(envs.PIP) + 4] == offline
+    assert env.installed == ["transformers==5.20.0"]
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from helpers.pipeline.run import params
@@ -150,9 +151,8 @@ def test_interrupted_run_all_stops_fast_and_says_so(tmp_path):
         time.sleep(0.1)  # the first notebook's kernel has started once its results file exists
     assert proc.poll() is None, proc.communicate()
     workers = procs.descendants(proc.pid)
-    tree = procs._children()
-    servers = [p for p in tree.get(proc.pid, []) if b"_workers" in Path(f"/proc/{p}/cmdline").read_bytes()]
-    assert len(servers) == 1 and tree.get(servers[0]), "the notebook's worker was not forked by the workers' server"
+    servers = [p for p in psutil.Process(proc.pid).children() if "_zygote" in p.cmdline()]
+    assert len(servers) == 1 and servers[0].children(), "the notebook's worker was not forked by the warm process"
     os.killpg(proc.pid, signal.SIGINT)
     start = time.monotonic()
     stdout, stderr = proc.communicate(timeout=30)

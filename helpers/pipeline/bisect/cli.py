@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -35,11 +34,11 @@ class Refused(Exception):
     """A bad argument, found before anything is installed or run."""
 
 
-def pypi_releases(python: str | None = None) -> list[str]:
+def pypi_releases() -> list[str]:
     """Every final transformers release the package index offers (`pip index versions`), oldest first."""
     from packaging.version import Version
 
-    res = subprocess.run([python or sys.executable, "-m", "pip", "--disable-pip-version-check", "index", "versions",
+    res = subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "index", "versions",
                           "transformers"], capture_output=True, text=True, timeout=120)
     found = re.search(r"Available versions:\s*(.+)", res.stdout)
     if res.returncode != 0 or not found:
@@ -71,18 +70,16 @@ def claim_ids(notebook: Path) -> list[str]:
     return re.findall(r'^\s*"([\w.]+)"\s*:', block.group(1), re.M) if block else []
 
 
-def check_target(notebook: Path, claim: str | None, key: str | None) -> str:
-    """'claim X' or 'key Y'; Refused unless exactly one is given and a claim is one the notebook declares."""
+def check_target(notebook: Path, claim: str | None, key: str | None) -> None:
+    """Refused unless exactly one of claim and key is given, a claim the notebook declares or a value name."""
     if bool(claim) == bool(key):
         raise Refused("give exactly one of CLAIM=<claim id> (a verdict) or KEY=<recorded value name>")
     if claim:
         ids = claim_ids(notebook)
         if claim not in ids:
             raise Refused(f"CLAIM={claim} is not a claim of {notebook.stem}; valid: {', '.join(ids)}")
-        return f"claim `{claim}`"
-    if not re.fullmatch(r"[\w.\[\]]+", key or ""):
+    elif not re.fullmatch(r"[\w.\[\]]+", key or ""):
         raise Refused(f"KEY={key!r} is not a value name (letters, digits, _ and .; e.g. first_call_attention_mask)")
-    return f"value `{key}`"
 
 
 def value_of(data: dict[str, Any], claim: str | None, key: str | None) -> tuple[bool, Any, str]:
@@ -117,23 +114,18 @@ class Bisect:
     def probe(self, release: str) -> Probe:
         """Install (or reuse) the release's environment, run the notebook there, read the value."""
         from ..matrix.envs import ensure_env
+        from ..matrix.run import run_all_under
 
         self._check_stop()
-        start = time.perf_counter()
         self.log(f"[bisect] transformers {release}: preparing environment", flush=True)
         env = ensure_env(release, self.log)
         self._check_stop()
         if not env.ok:
             self.log(f"[bisect] transformers {release}: not installable: {env.reason}", flush=True)
-            return Probe(release, ok=False, reason=f"not installable: {env.reason}", seconds=round(time.perf_counter() - start, 1))
+            return Probe(release, ok=False, reason=f"not installable: {env.reason}", seconds=env.seconds)
         self.pythons[release] = env.python
         dest = self.out / "runs" / self.notebook.stem / release
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir(parents=True)
-        cmd = [env.python, "-m", "helpers.pipeline.run", "run-all", "--notebooks", self.notebook.stem, "--no-report"]
-        ran = time.perf_counter()
-        rc = subprocess.call(cmd, cwd=str(repo_root()), env=child_env(dest), stdout=subprocess.DEVNULL)
-        seconds = round(time.perf_counter() - ran, 1)
+        rc, seconds = run_all_under(env, dest, ["--notebooks", self.notebook.stem, "--no-report"], quiet=True)
         self._check_stop()
         try:
             data = json.loads((dest / "results" / f"{self.notebook.stem}.json").read_text())
@@ -189,10 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..run.execute import notebooks, select
 
     try:
-        if not args.notebook:
-            raise Refused("NB=<notebook> is required; valid: " + ", ".join(nb.stem[:2] for nb in notebooks()))
         try:
-            [notebook] = select([args.notebook])
+            [notebook] = select([args.notebook])  # NB= left out selects every notebook: not one
         except (SystemExit, ValueError):
             raise Refused(f"NB={args.notebook} names no single notebook; valid: "
                           + ", ".join(nb.stem[:2] for nb in notebooks())) from None

@@ -26,8 +26,7 @@ def summary(search: Search, what: str) -> list[str]:
     if search.interrupted and not search.changes:
         return [f"Interrupted before a change point of {what} was found; the releases tried are listed below."]
     if not search.changes:
-        tried = search.tried()
-        if len([p for p in tried if p.ok]) < 2:
+        if sum(p.ok for p in search.tried()) < 2:
             return ["Fewer than two releases gave a value: nothing to compare."]
         return [f"{what} is the same on the first and the last release that ran (a change and its reversal "
                 "between them would not be seen)."]

@@ -54,6 +54,7 @@ class Interrupted(Exception):
 
 
 def _value(search: Search, index: int, probe: Callable[[str], Probe]) -> Probe:
+    """The probe of release `index`, run once (a release without a value is recorded as skipped)."""
     release = search.releases[index]
     if release not in search.probes:
         search.probes[release] = result = probe(release)
@@ -62,13 +63,9 @@ def _value(search: Search, index: int, probe: Callable[[str], Probe]) -> Probe:
     return search.probes[release]
 
 
-def _usable(search: Search, index: int, probe: Callable[[str], Probe]) -> bool:
-    return _value(search, index, probe).ok
-
-
 def _end(search: Search, indices: list[int], probe: Callable[[str], Probe]) -> int | None:
     """The first index in `indices` whose release has a value (probing in that order)."""
-    return next((i for i in indices if _usable(search, i, probe)), None)
+    return next((i for i in indices if _value(search, i, probe).ok), None)
 
 
 def _halve(search: Search, lo: int, hi: int, probe: Callable[[str], Probe]) -> None:
@@ -81,7 +78,7 @@ def _halve(search: Search, lo: int, hi: int, probe: Callable[[str], Probe]) -> N
             search.changes.append((search.releases[lo], search.releases[hi]))
             return
         mid = inner[(len(inner) - 1) // 2]  # the middle (the lower one of two)
-        if _usable(search, mid, probe):
+        if _value(search, mid, probe).ok:
             break
     _halve(search, lo, mid, probe)
     _halve(search, mid, hi, probe)

@@ -25,24 +25,13 @@ QUOTE = {"transformers.generation.utils.GenerationMixin.generate": r'attention_m
 
 # Run under a release's python: {name: source text or {"error": why}}.
 _READ = r"""
-import importlib, inspect, json, sys
+import inspect, json, pkgutil, sys
 out = {}
 for name in sys.argv[1:]:
-    parts = name.split(".")
-    for cut in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        try:
-            for attr in parts[cut:]:
-                obj = getattr(obj, attr)
-            out[name] = inspect.getsource(obj)
-        except (AttributeError, OSError, TypeError) as exc:
-            out[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
-        break
-    else:
-        out[name] = {"error": "module not importable"}
+    try:
+        out[name] = inspect.getsource(pkgutil.resolve_name(name))
+    except Exception as exc:
+        out[name] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
 print(json.dumps(out))
 """
 
@@ -108,9 +97,8 @@ def diff_sources(old: dict[str, Any], new: dict[str, Any], old_release: str, new
             _lines(a), _lines(b), f"{old_release}/{name}", f"{new_release}/{name}", n=context))
         if name in (focus or {}) and text:
             text = focus_hunks(text, focus[name])
-            status = status if text else "same"  # changed, but nowhere near what the notebook measures
-            if not text:
-                out[name] = {"status": status, "diff": "", "note": f"changed, but no hunk mentions {focus[name]!r}"}
+            if not text:  # changed, but nowhere near what the notebook measures
+                out[name] = {"status": "same", "diff": "", "note": f"changed, but no hunk mentions {focus[name]!r}"}
                 continue
         out[name] = {"status": status, "diff": text, "quote": changed_lines(text, prefer=QUOTE.get(name))}
         if status == "unreadable":

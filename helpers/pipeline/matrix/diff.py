@@ -9,8 +9,8 @@ import json
 import re
 from typing import Any, Sequence
 
-from .facts import _ABSENT, _leaf, classify, differences, distinct_texts
-from .kinds import COLLAPSED, _incomplete
+from .facts import _leaf, classify, distinct_texts
+from .kinds import COLLAPSED, judged_differences
 from ..report.paste import VERDICT_MARK, cell
 
 MAX_LINES = 12
@@ -78,31 +78,22 @@ def boundary_changes(ran: dict[str, dict[str, Any]], order: Sequence[str]) -> li
     """[(notebook, release before, release after, items)] for every notebook and adjacent pair of the releases
     that ran it where a verdict or a behaviour value (as displayed) changes."""
     releases = [r for r in order if r in ran]
-    stopped = _incomplete(ran)
-    out = []
-    for nb in sorted({nb for res in ran.values() for nb in res}):
-        had = [r for r in releases if nb in ran[r]]
-        rows: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
-        for key, values in differences({r: ran[r] for r in had}).get(nb, []):
-            if all(v == rel for rel, v in values.items()) or re.fullmatch(r"claims\..*\.verdict", key):
-                continue
-            judged = {r: v for r, v in values.items() if not (v is _ABSENT and r in stopped.get(nb, set()))}
-            if len(judged) < 2 or classify(key, judged) in _LEFT_OUT:
-                continue
-            for a, b in zip(had, had[1:]):
-                if a in judged and b in judged and _changes(key, judged[a], judged[b]):
-                    rows.setdefault((a, b), []).append((key, _shown(judged[a]), _shown(judged[b])))
-        for a, b in zip(had, had[1:]):
-            items = _verdict_items(nb, ran, a, b) + _value_items(rows.get((a, b), []))
-            if items:
-                out.append((nb, a, b, items))
-    return sorted(out, key=lambda row: (releases.index(row[1]), row[0]))
+    had = {nb: [r for r in releases if nb in ran[r]] for nb in sorted({nb for res in ran.values() for nb in res})}
+    rows: dict[tuple[str, str, str], list[tuple[str, str, str]]] = {}
+    for nb, key, _, judged, kind in judged_differences(ran):
+        if len(judged) < 2 or kind in _LEFT_OUT:
+            continue
+        for a, b in zip(had[nb], had[nb][1:]):
+            if a in judged and b in judged and _changes(key, judged[a], judged[b]):
+                rows.setdefault((nb, a, b), []).append((key, _shown(judged[a]), _shown(judged[b])))
+    out = [(nb, a, b, _verdict_items(nb, ran, a, b) + _value_items(rows.get((nb, a, b), [])))
+           for nb, rels in had.items() for a, b in zip(rels, rels[1:])]
+    return sorted([row for row in out if row[3]], key=lambda row: (releases.index(row[1]), row[0]))
 
 
-def change_section(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], releases: Sequence[str],
-                   max_lines: int = MAX_LINES) -> list[str]:
-    """"What changed between releases": one line per notebook and release boundary (at most `max_lines`)."""
-    ran = {rel: res for rel, (_, res) in loaded.items() if res}
+def change_section(ran: dict[str, dict[str, Any]], releases: Sequence[str], max_lines: int = MAX_LINES) -> list[str]:
+    """"What changed between releases" (`ran`: the releases with results): one line per notebook and release
+    boundary (at most `max_lines`)."""
     lines = ["## What changed between releases", ""]
     if len(ran) < 2:
         return lines + ["Fewer than two releases produced results: nothing to compare.", ""]

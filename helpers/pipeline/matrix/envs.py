@@ -18,36 +18,16 @@ import subprocess
 import sys
 import sysconfig
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 from ..paths import repo_root
 
 STAMP = ".kvkit-ready"
-PIP = ["-m", "pip", "--disable-pip-version-check", "--no-input", "install", "--no-deps", "--no-compile", "-q"]
-
-# Run inside a release environment: requirements of the named distributions that are not met.
-_UNMET = r"""
-import json, sys
-from importlib import metadata
-from packaging.requirements import Requirement
-unmet = []
-for name in sys.argv[1:]:
-    for text in metadata.requires(name) or []:
-        req = Requirement(text)
-        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-            continue
-        try:
-            have = metadata.version(req.name)
-        except metadata.PackageNotFoundError:
-            have = None
-        if have is None or (req.specifier and not req.specifier.contains(have, prereleases=True)):
-            unmet.append({"name": req.name, "requirement": f"{req.name}{req.specifier}", "have": have, "by": name})
-print(json.dumps(unmet))
-"""
+# pip's resolver installs transformers==<release> and those of its dependencies the shared site-packages do not meet
+PIP = ["-m", "pip", "--disable-pip-version-check", "--no-input", "install", "--no-compile", "-q"]
 
 # Run inside a release environment: the versions it imports, after importing the modules named in argv.
 _PROBE = r"""
@@ -84,14 +64,10 @@ class ReleaseEnv:
 
 def pinned_release() -> str | None:
     """The transformers version requirements-runtime.txt pins (requirements.txt includes it)."""
-    for name in ("requirements-runtime.txt", "requirements.txt"):
-        try:
-            for line in (repo_root() / name).read_text().splitlines():
-                if line.strip().startswith("transformers=="):
-                    return line.split("==", 1)[1].split("#")[0].strip()
-        except OSError:
-            pass
-    return None
+    path = repo_root() / "requirements-runtime.txt"
+    lines = path.read_text().splitlines() if path.exists() else []
+    pins = [ln.split("==", 1)[1].split("#")[0].strip() for ln in lines if ln.strip().startswith("transformers==")]
+    return pins[0] if pins else None
 
 
 def venvs_dir() -> Path:
@@ -113,13 +89,9 @@ def wheel_args(release: str) -> list[str]:
 
 def shared_site_packages() -> list[str]:
     """This environment's site-packages folders: its own, then the system's and the user's it also imports from."""
-    paths = sysconfig.get_paths()
-    found = [paths["purelib"], paths["platlib"]]
-    extra = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
-    if site.ENABLE_USER_SITE:
-        extra.append(site.getusersitepackages())
-    found += [p for p in extra if p in sys.path and os.path.isdir(p)]
-    return list(dict.fromkeys(found))
+    paths, user = sysconfig.get_paths(), [site.getusersitepackages()] if site.ENABLE_USER_SITE else []
+    extra = [p for p in [*site.getsitepackages(), *user] if p in sys.path and os.path.isdir(p)]
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"], *extra]))
 
 
 def _tail(text: str, n: int = 300) -> str:
@@ -155,17 +127,6 @@ def _probe(python: str, modules: Sequence[str] = NOTEBOOK_MODULES) -> dict[str, 
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-@contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _check_probe(release: str, versions: dict[str, Any]) -> str:
     if versions.get("transformers") != release:
         return f"imports transformers {versions.get('transformers')} instead of {release}"
@@ -179,33 +140,25 @@ def ensure_env(release: str, log=print, modules: Sequence[str] = NOTEBOOK_MODULE
     torch, transformers and helpers (never raises). pip installs from wheels/ alone when it holds the release."""
     from packaging.version import InvalidVersion, Version
 
+    from ..run.record import _version
+
     start = time.perf_counter()
     env = ReleaseEnv(release, ok=False)
     try:
         Version(release)
+        if _version("transformers") == release:  # the pinned release: the running environment itself
+            env.python, env.reused = sys.executable, True
+        else:
+            venvs_dir().mkdir(parents=True, exist_ok=True)
+            with open(venvs_dir() / f"{release}.lock", "w") as lock:  # one build per release at a time
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                _build_env(release, env, log, modules)
+        env.versions = env.versions or _probe(env.python, modules)
+        env.reason = _check_probe(release, env.versions)
     except InvalidVersion:
         env.reason = f"{release!r} is not a version number"
-        return env
-    try:
-        current = metadata.version("transformers")
-    except metadata.PackageNotFoundError:
-        current = None
-    if current == release:  # the pinned release: the running environment itself
-        env.python, env.reused = sys.executable, True
-    else:
-        try:
-            with _lock(venvs_dir() / f"{release}.lock"):
-                _build_env(release, env, log, modules)
-        except Exception as exc:  # noqa: BLE001 - reported in the release's column
-            env.reason = env.reason or f"{type(exc).__name__}: {exc}"[:400]
-            env.ok = False
-            env.seconds = round(time.perf_counter() - start, 1)
-            return env
-    try:
-        env.versions = _probe(env.python, modules)
-        env.reason = _check_probe(release, env.versions)
-    except Exception as exc:  # noqa: BLE001
-        env.reason = f"{type(exc).__name__}: {exc}"[:400]
+    except Exception as exc:  # noqa: BLE001 - reported in the release's column
+        env.reason = env.reason or f"{type(exc).__name__}: {exc}"[:400]
     env.ok = not env.reason
     env.seconds = round(time.perf_counter() - start, 1)
     return env
@@ -223,6 +176,7 @@ def _link_jupyter_data(path: Path) -> None:
 
 
 def _build_env(release: str, env: ReleaseEnv, log, modules: Sequence[str] = NOTEBOOK_MODULES) -> None:
+    """.venv-tf/<release>: reused where its stamp names the same shared site-packages and it imports, else built."""
     path = venvs_dir() / release
     python = path / "bin" / "python"
     shared = shared_site_packages()
@@ -230,9 +184,10 @@ def _build_env(release: str, env: ReleaseEnv, log, modules: Sequence[str] = NOTE
     if stamp.exists() and python.exists():
         try:
             recorded = json.loads(stamp.read_text())
-            if recorded.get("shared") == shared and not _check_probe(release, _probe(str(python), modules)):
+            versions = _probe(str(python), modules) if recorded.get("shared") == shared else {}
+            if versions and not _check_probe(release, versions):
                 _link_jupyter_data(path)
-                env.python, env.reused, env.installed = str(python), True, recorded.get("installed", [])
+                env.python, env.reused, env.installed, env.versions = str(python), True, recorded["installed"], versions
                 return
         except Exception:  # noqa: BLE001 - a broken environment is rebuilt
             pass
@@ -245,34 +200,15 @@ def _build_env(release: str, env: ReleaseEnv, log, modules: Sequence[str] = NOTE
     site.joinpath("_kvkit_shared.pth").write_text(
         "".join(f"import site; site.addsitedir({p!r})\n" for p in shared))
     _link_jupyter_data(path)
-    wanted = [f"transformers=={release}"]
-    checked = ["transformers"]
     offline = wheel_args(release)
     if offline:
         log(f"[matrix] {release}: installing from {wheels_dir().name}/ only (no index)", flush=True)
-    for _ in range(5):
-        res = _run([str(python), *PIP, *offline, *wanted])
-        if res.returncode != 0:
-            hint = f" (offline from {wheels_dir().name}/: add it with `make gpu-wheels`)" if offline else ""
-            env.reason = f"pip could not install {' '.join(wanted)}{hint}: {_tail(res.stderr or res.stdout)}"
-            raise RuntimeError(env.reason)
-        env.installed += wanted
-        res = _run([str(python), "-c", _UNMET, *checked])
-        if res.returncode != 0:
-            raise RuntimeError(f"dependency check failed: {_tail(res.stderr)}")
-        unmet = json.loads(res.stdout.strip().splitlines()[-1])
-        if not unmet:
-            break
-        heavy = [u for u in unmet if u["name"].lower() in ("torch", "torchvision")]
-        if heavy:
-            env.reason = (f"needs {heavy[0]['requirement']} (shared {heavy[0]['name']} is {heavy[0]['have']}); "
-                          "torch is never downloaded per release")
-            raise RuntimeError(env.reason)
-        wanted = sorted({u["requirement"] for u in unmet})
-        checked = sorted({u["name"] for u in unmet})
-        log(f"[matrix] {release}: installing {' '.join(wanted)} (shared: "
-            + ", ".join(f"{u['name']} {u['have']}" for u in unmet) + ")", flush=True)
-    else:
-        raise RuntimeError(f"dependencies still unmet after 5 rounds: {unmet}")
+    res = _run([str(python), *PIP, *offline, f"transformers=={release}"])
+    if res.returncode != 0:
+        hint = f" (offline from {wheels_dir().name}/: add it with `make gpu-wheels`)" if offline else ""
+        env.reason = f"pip could not install transformers=={release}{hint}: {_tail(res.stderr or res.stdout)}"
+        raise RuntimeError(env.reason)
+    env.installed = sorted((f"{d.metadata['Name']}=={d.version}" for d in metadata.distributions(path=[str(site)])),
+                           key=lambda name: (not name.startswith("transformers=="), name))
     stamp.write_text(json.dumps({"release": release, "shared": shared, "installed": env.installed}) + "\n")
     env.python = str(python)

@@ -59,8 +59,6 @@ def differences(per_release: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 def group_differences(items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
     """Rows of a list (`m[0].x`, `m[1].x`, ...) that differ in the same way become one entry
     `m[0,1,...].x`; order of first appearance is kept."""
-    import re
-
     groups: dict[tuple[str, str], list[tuple[list[str], dict[str, Any]]]] = {}
     for key, values in items:
         pattern = re.sub(r"\[\d+\]", "[*]", key)
@@ -88,7 +86,7 @@ def distinct_texts(values: list[Any], limit: int = 70) -> list[str]:
     def text(v: Any, digits: int) -> str:
         if v is _ABSENT:
             return "(absent)"
-        if isinstance(v, float) and not isinstance(v, bool):
+        if isinstance(v, float):
             return "0" if v == 0 else f"{v:.{digits}g}"
         return fmt_compact(v, limit).replace("`", "'")
 
@@ -110,18 +108,11 @@ _SOURCE_LOCATION = re.compile(r"\.py:\d+")
 
 def _numbers(value: Any) -> list[float] | None:
     """A number or a (nested) list of numbers as a flat list; None for anything else (bools included)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
         return [float(value)]
     if isinstance(value, list):
-        out: list[float] = []
-        for item in value:
-            sub = _numbers(item)
-            if sub is None:
-                return None
-            out += sub
-        return out
+        subs = [_numbers(item) for item in value]
+        return None if any(s is None for s in subs) else [x for s in subs for x in s]  # type: ignore[union-attr]
     return None
 
 

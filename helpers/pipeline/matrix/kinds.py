@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from .facts import _ABSENT, KINDS, LARGE_FLOAT, _leaf, classify, differences, distinct_texts, group_differences, relative_size
 from ..report.paste import cell, fmt_compact
@@ -28,29 +28,35 @@ def _not_recorded(values: dict[str, Any], stopped: set[str]) -> bool:
     return bool(absent) and absent <= stopped and len(present) <= 1
 
 
+def judged_differences(ran: dict[str, dict[str, Any]]) -> Iterator[tuple[str, str, dict, dict, str]]:
+    """(notebook, key, values, judged, kind) of each differing value but a release's own version number and the
+    verdicts: judged leaves out the releases that stopped before reaching it; kind is "not recorded" or classify's."""
+    stopped = _incomplete(ran)
+    for nb, items in differences(ran).items():
+        halted = stopped.get(nb, set())
+        for key, values in items:
+            if all(v == rel for rel, v in values.items()) or re.fullmatch(r"claims\..*\.verdict", key):
+                continue
+            judged = {rel: v for rel, v in values.items() if not (v is _ABSENT and rel in halted)}
+            yield nb, key, values, judged, "not recorded" if _not_recorded(values, halted) else classify(key, judged)
+
+
 def sort_differences(ran: dict[str, dict[str, Any]]) -> tuple[dict, dict, dict]:
     """(behaviour {(kind, nb, leaf): rows}, floats {nb: [(relative size, key)]}, collapsed {nb: {what: [keys]}})."""
     behaviour: dict[tuple[str, str, str], list[tuple[str, dict[str, Any]]]] = {}
     floats: dict[str, list[tuple[float, str]]] = {}
     collapsed: dict[str, dict[str, list[str]]] = {}
-    stopped = _incomplete(ran)
-    for nb, items in differences(ran).items():
-        for key, values in items:
-            if all(v == rel for rel, v in values.items()) or re.fullmatch(r"claims\..*\.verdict", key):
-                continue  # the release's own version number; a verdict (listed above)
-            halted = stopped.get(nb, set())
-            # releases where the notebook stopped early say nothing about a value they never reached
-            judged = {rel: v for rel, v in values.items() if not (v is _ABSENT and rel in halted)}
-            kind = "not recorded" if _not_recorded(values, halted) else classify(key, judged)
-            shown = {t for v, t in zip(judged.values(), distinct_texts(list(judged.values()))) if v is not _ABSENT}
-            if kind != "not recorded" and len(shown) == 1 and _ABSENT not in judged.values():
-                continue  # the same text on every release: never listed as a difference
-            if kind == "float":
-                floats.setdefault(nb, []).append((relative_size([v for v in judged.values() if v is not _ABSENT]) or 0.0, key))
-            elif kind in COLLAPSED:
-                collapsed.setdefault(nb, {}).setdefault(kind, []).append(key)
-            else:
-                behaviour.setdefault((kind, nb, _leaf(key)), []).append((key, values))
+    for nb, key, values, judged, kind in judged_differences(ran):
+        shown = {t for v, t in zip(judged.values(), distinct_texts(list(judged.values()))) if v is not _ABSENT}
+        if kind != "not recorded" and len(shown) == 1 and _ABSENT not in judged.values():
+            continue  # the same text on every release: never listed as a difference
+        if kind == "float":
+            size = relative_size([v for v in judged.values() if v is not _ABSENT]) or 0.0
+            floats.setdefault(nb, []).append((size, key))
+        elif kind in COLLAPSED:
+            collapsed.setdefault(nb, {}).setdefault(kind, []).append(key)
+        else:
+            behaviour.setdefault((kind, nb, _leaf(key)), []).append((key, values))
     return behaviour, floats, collapsed
 
 
@@ -60,12 +66,12 @@ COLLAPSED = {"source location": "source line number(s) in transformers moved",
 
 
 def _behaviour_line(kind: str, nb: str, leaf: str, rows: list[tuple[str, dict[str, Any]]], per: int = 4) -> str:
-    per_release: dict[str, list[Any]] = {}
+    """One behaviour line: each release's distinct values (at most `per`) and the first paths that hold them."""
+    distinct: dict[str, dict[str, Any]] = {}
     for _, values in rows:
         for rel, value in values.items():
-            seen = per_release.setdefault(rel, [])
-            if not any(json.dumps(value, default=str) == json.dumps(v, default=str) for v in seen):
-                seen.append(value)
+            distinct.setdefault(rel, {}).setdefault(json.dumps(value, default=str), value)
+    per_release = {rel: list(vals.values()) for rel, vals in distinct.items()}
     texts = " · ".join(f"{rel}: " + ", ".join(f"`{t}`" for t in distinct_texts(vals[:per]))
                        + (f" (+{len(vals) - per})" if len(vals) > per else "") for rel, vals in per_release.items())
     groups = group_differences(rows)
@@ -73,10 +79,9 @@ def _behaviour_line(kind: str, nb: str, leaf: str, rows: list[tuple[str, dict[st
     return f"- **{cell(nb)}** · {kind} · `{cell(leaf)}` — {texts} (in {where})"
 
 
-def detail_section(loaded: dict[str, tuple[dict[str, Any], dict[str, Any]]], max_lines: int = 40) -> list[str]:
-    """"Changes by kind of value": behaviour differences (one line per value,
+def detail_section(ran: dict[str, dict[str, Any]], max_lines: int = 40) -> list[str]:
+    """"Changes by kind of value" (`ran`: the releases with results): behaviour differences (one line per value,
     grouped by what it is), then float and source-location differences collapsed to one line per notebook."""
-    ran = {rel: res for rel, (_, res) in loaded.items() if res}
     if len(ran) < 2:
         return []
     lines = ["## Changes by kind of value", ""]

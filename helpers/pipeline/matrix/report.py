@@ -56,8 +56,8 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
              "Every notebook's claims on each transformers release (same torch, same machine). The first section "
              "says what changed; the tables after it hold every verdict and every differing value.", ""]
     lines += _matrix_run(out_base)
-    lines += change_section(loaded, releases)
-    lines += detail_section(loaded)
+    lines += change_section(ran, releases)
+    lines += detail_section(ran)
 
     lines += ["## Releases", "", "| release | status | transformers / tokenizers / huggingface-hub | environment | run |",
               "|---|---|---|---|---|"]

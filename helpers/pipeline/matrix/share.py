@@ -15,18 +15,14 @@ from ..report.records import RELEASES_FILE  # its reader: report.records.load_re
 KNOWN_NEWEST = DEFAULT_RELEASES[-1]  # the newest release the kit knows: the default matrix's last
 
 
-def _index_releases() -> list[str]:
+def resolve(lister: Callable[[], list[str]] | None = None) -> dict[str, Any]:
+    """{pinned, newest, resolved, listed}: resolved says whether the package index (`lister`, default
+    bisect.cli.pypi_releases) named the newest or the kit fell back; listed: every release it offers ([] offline)."""
     from ..bisect.cli import pypi_releases
 
-    return pypi_releases()
-
-
-def resolve(lister: Callable[[], list[str]] = _index_releases) -> dict[str, Any]:
-    """{pinned, newest, resolved, listed}: resolved says whether the package index named the newest or the kit fell
-    back; listed: every release the index offers (what a bisect halves; [] offline)."""
     pinned = pinned_release() or KNOWN_NEWEST
     try:
-        listed = lister()
+        listed = (lister or pypi_releases)()
         if not listed:
             raise RuntimeError("the package index listed no transformers release")
         return {"pinned": pinned, "newest": listed[-1], "resolved": "package index", "listed": listed}
@@ -57,6 +53,7 @@ def changed(out: Path, info: dict[str, Any]) -> list[tuple[str, str]]:
 def bisect_changed(out: Path, info: dict[str, Any], log=print) -> list[Path]:
     """`make bisect` of each changed key claim between the pinned and the newest release (needs the index's list)."""
     from ..bisect import cli as bisect_cli
+    from ..report.asks import bisect_record
     from ..run.execute import select
 
     todo = changed(out, info)
@@ -65,8 +62,6 @@ def bisect_changed(out: Path, info: dict[str, Any], log=print) -> list[Path]:
         return []
     written = []
     for nb, claim in todo:
-        from ..report.asks import bisect_record
-
         done = bisect_record(Path(out), nb, claim)
         if done.get("good") == info["pinned"] and done.get("bad") == info["newest"]:
             log(f"share: {claim}: kept the complete `make bisect` record of {info['pinned']}..{info['newest']}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,18 +36,8 @@ class _Job:
 
 def _wait_any(running: list[_Job], seconds: float) -> None:
     """Sleep up to `seconds`, waking as soon as a forked worker's server says it has exited."""
-    socks = [job.proc.sock for job in running if isinstance(job.proc, Forked) and job.proc.returncode is None
-             and not job.proc.lost]
-    if socks:
-        select.select(socks, [], [], seconds)
-    else:
-        time.sleep(seconds)
-
-
-def _label() -> str:
-    if os.environ.get("KVKIT_MATRIX_RUN_ID"):
-        return f"transformers {rec._version('transformers')}"
-    return "notebooks"
+    select.select([job.proc.sock for job in running if isinstance(job.proc, Forked) and job.proc.returncode is None
+                   and not job.proc.lost], [], [], seconds)
 
 
 class Run:
@@ -68,42 +59,25 @@ class Run:
         self.record.write()
         self.results: dict[str, RunResult] = {}
         self.tmp = Path(tempfile.mkdtemp(prefix="kvkit-run-"))
-        self.zygote: subprocess.Popen | None = None
-        self.workers: subprocess.Popen | None = None  # the fork server of the notebooks' workers (workers.py)
-        self.workers_sock: str | None = None
+        self.zygote: subprocess.Popen | None = None  # the warm process (warm.py)
         self.warm_s: float | None = None  # until the warm process had imported everything
 
-    def _serve(self, what: str, path: Path) -> subprocess.Popen:
-        """Start fork server `what` (`_zygote` or `_workers`) on socket `path`."""
-        return subprocess.Popen([sys.executable, "-m", "helpers.pipeline.run", what, str(path)],
-                                cwd=str(repo_root()), env=child_env(KVKIT_OUTPUT_DIR=str(self.out)),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-
-    @staticmethod
-    def _listening(proc: subprocess.Popen, path: Path, seconds: float) -> bool:
-        """Wait up to `seconds` for `proc` to listen on `path`."""
-        deadline = time.monotonic() + seconds
-        while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return path.exists()
-
     def _start_zygote(self) -> dict[str, str]:
-        """The warm process the notebooks' kernels are forked from (see WARM_MODULES), and the one their
-        workers are forked from (workers.py); {} when off."""
+        """The warm process the notebooks' workers and kernels are forked from (see WARM_MODULES); {} when off."""
         if not warm_enabled():
             return {}
-        path, workers = self.tmp / "warm.sock", self.tmp / "workers.sock"
-        self.zygote, self.workers = self._serve("_zygote", path), self._serve("_workers", workers)
-        if self._listening(self.workers, Path(f"{workers}.ready"), 10):
-            self.workers_sock = str(workers)
-        return {"KVKIT_ZYGOTE": str(path)} if self._listening(self.zygote, path, 5) else {}
+        path = self.tmp / "warm.sock"
+        self.zygote = subprocess.Popen([sys.executable, "-m", "helpers.pipeline.run", "_zygote", str(path)],
+                                       cwd=str(repo_root()), env=child_env(KVKIT_OUTPUT_DIR=str(self.out)),
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                       start_new_session=True)
+        return {"KVKIT_ZYGOTE": str(path)}
 
     def _stop_zygote(self) -> None:
-        for proc in (self.zygote, self.workers):
-            if proc is not None:
-                stop_processes([proc.pid, *descendants(proc.pid)], grace=1.0)
-                proc.wait()
+        """Stop the warm process and whatever it forked that is still running."""
+        if self.zygote is not None:
+            stop_processes([self.zygote.pid, *descendants(self.zygote.pid)], grace=1.0)
+            self.zygote.wait()
 
     def _start(self, path: Path) -> _Job:
         result_file, log_file = self.tmp / f"{path.stem}.json", self.tmp / f"{path.stem}.log"
@@ -112,17 +86,18 @@ class Run:
         cmd = [sys.executable, "-m", "helpers.pipeline.run", "_exec", str(path), "--out-json", str(result_file),
                "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began)]
         with open(log_file, "wb") as log:
-            proc = self._fork(cmd, env, log.fileno()) if self.workers_sock else None
+            proc = self._fork(cmd, env, log.fileno()) if self.warm_s is not None else None
             if proc is None:
                 proc = subprocess.Popen(cmd, cwd=str(repo_root()), env=env, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
         return _Job(path, proc, time.perf_counter(), result_file, log_file)
 
     def _fork(self, cmd: list[str], env: dict[str, str], log: int) -> Forked | None:
-        """`cmd`'s worker forked by the workers' server (stdout and stderr to `log`); None if it cannot."""
+        """`cmd`'s worker forked by the warm process (stdout and stderr to `log`); None if it cannot. Until the
+        warm process has imported everything, workers start fresh (their kernels are still forked from it)."""
         try:
             with open(os.devnull, "rb") as null:
-                return Forked(self.workers_sock, {"argv": cmd[4:], "cwd": str(repo_root()), "env": env},
+                return Forked(self.warm["KVKIT_ZYGOTE"], {"argv": cmd[4:], "cwd": str(repo_root()), "env": env},
                               [null.fileno(), log, log])
         except (OSError, ValueError):
             return None
@@ -166,11 +141,14 @@ class Run:
         ready = Path(self.warm["KVKIT_ZYGOTE"] + ".ready") if self.warm else None
         pending, running = list(self.order), []
         self.html = HtmlRenderer(self.out)
-        with Stop() as stop, tqdm(total=len(pending), desc=_label(), unit="nb", disable=None, file=sys.stderr,
+        label = f"transformers {rec._version('transformers')}" if os.environ.get("KVKIT_MATRIX_RUN_ID") else "notebooks"
+        with Stop() as stop, tqdm(total=len(pending), desc=label, unit="nb", disable=None, file=sys.stderr,
                                    leave=False) as bar:
             tqdm.write(f"{self.command} {self.record.run_id}: {len(pending)} notebook(s), {self.jobs} at a time",
                        file=sys.stdout)
             while (pending or running) and stop.signum is None:
+                if ready is not None and self.warm_s is None and ready.exists():
+                    self.warm_s = round(time.perf_counter() - started, 2)
                 while pending and len(running) < self.jobs:
                     running.append(self._start(pending.pop(0)))
                 for job in [j for j in running if j.proc.poll() is not None]:
@@ -179,8 +157,6 @@ class Run:
                     status = "ok" if res.ok else f"FAILED ({res.error})"
                     tqdm.write(f"  {res.notebook}: {status} in {res.seconds:.1f}s", file=sys.stdout)
                     bar.update(1)
-                if ready is not None and self.warm_s is None and ready.exists():
-                    self.warm_s = round(time.perf_counter() - started, 2)
                 _wait_any(running, 0.05)
             if stop.signum is not None:
                 self._interrupt(running)
@@ -196,9 +172,7 @@ class Run:
             self.record.finish(status, self._kernel_environment())
             report_s = self._write_summary() if report else None
             self._write_timings(time.perf_counter() - started, notebooks_s, report_s)
-            for path in self.tmp.iterdir():
-                path.unlink(missing_ok=True)
-            self.tmp.rmdir()
+            shutil.rmtree(self.tmp, ignore_errors=True)
             return stop.signum
 
     def _kernel_environment(self) -> dict[str, Any] | None:

@@ -5,8 +5,8 @@ transformers releases: outputs/matrix/<release>/ and outputs/matrix.md).
 Every run-all / run / matrix is one recorded run (outputs/run.json, see record.py). A run-all first
 removes the outputs of earlier runs; a run removes its notebook's. Parameters (`-p NAME VALUE`) are
 checked against each notebook's `parameters` cell before any kernel starts (params.py). Each notebook
-runs in a worker process of its own (`_exec`, its own session; forked from a process that has imported
-papermill, see workers.py, else started fresh), so Ctrl-C or SIGTERM stops the
+runs in a worker process of its own (`_exec`, its own session; forked from the warm process below, else
+started fresh), so Ctrl-C or SIGTERM stops the
 run within seconds: no further notebook starts, kernels are shut down, unfinished notebooks are
 recorded as interrupted, and the summary says so. `--notebooks 01 02` (or NOTEBOOKS="01 02")
 restricts a run-all. Kernels are forked from one warm process that imported torch, transformers and
@@ -20,6 +20,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from . import params as params_mod
 from . import record as rec
@@ -29,7 +30,6 @@ from ..report.records import load_json
 from .procs import Stop
 from .batch import Run
 from .warm import _zygote_main
-from .workers import _workers_main
 
 
 def _recorded(command: str, paths: list[Path], pairs: list[list[str]] | None, jobs: int | None,
@@ -55,6 +55,21 @@ def _recorded(command: str, paths: list[Path], pairs: list[list[str]] | None, jo
     return 1 if failed else 0
 
 
+def _fold_release(record: rec.RunRecord, release: str, info: dict[str, Any], sub: dict[str, Any]) -> None:
+    """One release's run-all into the matrix's record: a notebook keeps its first status that is not ok."""
+    record.data["releases"][release] = {"run_id": sub.get("run_id"), "rc": info.get("rc"), "status": sub.get("status")
+                                        or ("not_installed" if not info.get("ok") else "failed")}
+    for stem, nb in (sub.get("notebooks") or {}).items():
+        mine = record.data["notebooks"].setdefault(stem, {"status": "ok", "seconds": 0.0, "error": None,
+                                                          "parameters": {}})
+        if mine["status"] in ("ok", "not_started") and nb.get("status") != "ok":
+            mine.update(status=nb.get("status"), error=f"{release}: {nb.get('error')}")
+        elif mine["status"] == "not_started":
+            mine["status"] = "ok"
+        mine["seconds"] = round((mine.get("seconds") or 0.0) + (nb.get("seconds") or 0.0), 2)
+    record.write()
+
+
 def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> int:
     """Every release in turn, as one recorded run (outputs/matrix/run.json); each release's run-all
     records itself in outputs/matrix/<release>/run.json with this matrix's id as KVKIT_MATRIX_RUN_ID."""
@@ -64,30 +79,18 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
     from ..matrix import run as matrix_run
 
     out_base = output_dir()
-    record = rec.RunRecord(output_dir("matrix"), "matrix", {"releases": releases}, {s: {} for s in stems or
-                                                                                    [nb.stem for nb in notebooks()]})
-    record.data["environment"]["transformers"] = list(releases)
-    record.write()
+    record = rec.RunRecord(output_dir("matrix"), "matrix", {"releases": releases},
+                           {s: {} for s in stems or [nb.stem for nb in notebooks()]})
+    record.data["environment"]["transformers"], record.data["releases"] = list(releases), {}
     os.environ["KVKIT_MATRIX_RUN_ID"] = record.run_id
-    record.data["releases"], infos = {}, []
+    bad = []
     with Stop(forward=True) as stop:
         for release in tqdm(releases, desc="releases", unit="release", disable=None, file=sys.stderr):
             if stop.signum is not None:
                 break
             info = matrix_run.run_release(release, out_base, stems, jobs, log=lambda *a, **k: tqdm.write(" ".join(map(str, a))))
-            infos.append(info)
-            sub_data = load_json(out_base / "matrix" / release / "run.json")
-            record.data["releases"][release] = {"run_id": sub_data.get("run_id"), "status": sub_data.get("status")
-                                                or ("not_installed" if not info.get("ok") else "failed"), "rc": info.get("rc")}
-            for stem, nb in (sub_data.get("notebooks") or {}).items():
-                mine = record.data["notebooks"].setdefault(stem, {"status": "ok", "seconds": 0.0, "error": None, "parameters": {}})
-                if mine["status"] in ("ok", "not_started") and nb.get("status") != "ok":
-                    mine.update(status=nb.get("status"), error=f"{release}: {nb.get('error')}")
-                elif mine["status"] == "not_started":
-                    mine["status"] = "ok"
-                mine["seconds"] = round((mine.get("seconds") or 0.0) + (nb.get("seconds") or 0.0), 2)
-            record.write()
-        bad = [i["release"] for i in infos if not i.get("ok") or i.get("rc") != 0]
+            bad += [release] if not info.get("ok") or info.get("rc") != 0 else []
+            _fold_release(record, release, info, load_json(out_base / "matrix" / release / "run.json"))
         record.finish("interrupted" if stop.signum is not None else "failed" if bad else "complete")
         path = matrix_report.write_matrix(out_base, releases)  # after finish: matrix.md shows the final status
     print(f"matrix: {path.name}")
@@ -115,37 +118,40 @@ def _share(jobs: int | None) -> int:
     return rc
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["_exec"]:
-        return _exec_main(argv[1:])
-    if argv[:1] == ["_zygote"]:
-        return _zygote_main(argv[1:])
-    if argv[:1] == ["_workers"]:
-        return _workers_main(argv[1:])
+def _parser() -> argparse.ArgumentParser:
+    """The subcommands and their options (-j, --notebooks, --no-report and -p shared where they apply)."""
     parser = argparse.ArgumentParser(prog="kvkit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_all = sub.add_parser("run-all", help="execute every notebook, then write SUMMARY.md and html/")
-    p_all.add_argument("-j", "--jobs", type=int, default=None)
-    p_all.add_argument("--notebooks", nargs="*", default=None, help="only these (default: $NOTEBOOKS, else all)")
-    p_all.add_argument("--no-report", action="store_true", help="skip SUMMARY.md")
-    p_one = sub.add_parser("run", help="execute one notebook (its outputs replace its earlier ones), then SUMMARY.md")
-    p_one.add_argument("notebook")
-    p_one.add_argument("--no-report", action="store_true", help="skip SUMMARY.md")
-    for p in (p_all, p_one):
-        p.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
+    jobs, some, report, param = (argparse.ArgumentParser(add_help=False) for _ in range(4))
+    jobs.add_argument("-j", "--jobs", type=int, default=None)
+    some.add_argument("--notebooks", nargs="*", default=os.environ.get("NOTEBOOKS", "").split(),
+                      help="only these (default: $NOTEBOOKS, else all)")
+    report.add_argument("--no-report", action="store_true", help="skip SUMMARY.md")
+    param.add_argument("-p", "--parameter", nargs=2, action="append", metavar=("NAME", "VALUE"))
+    sub.add_parser("run-all", parents=[jobs, some, report, param],
+                   help="execute every notebook, then write SUMMARY.md and html/")
+    one = sub.add_parser("run", parents=[report, param],
+                         help="execute one notebook (its outputs replace its earlier ones), then SUMMARY.md")
+    one.add_argument("notebook")
     sub.add_parser("report", help="write outputs/SUMMARY.md from the results on disk")
     sub.add_parser("html", help="render outputs/notebooks/*.ipynb to self-contained outputs/html/*.html")
-    p_sh = sub.add_parser("share", help="run-all on the pinned release, the newest release via the matrix, SUMMARY.md")
-    p_sh.add_argument("-j", "--jobs", type=int, default=None)
-    p_mx = sub.add_parser("matrix", help="run the notebooks on several transformers releases")
-    p_mx.add_argument("--releases", nargs="+", default=None, help="default: $RELEASES, else matrix.report.DEFAULT_RELEASES")
-    p_mx.add_argument("--notebooks", nargs="*", default=None, help="only these (default: $NOTEBOOKS, else all)")
-    p_mx.add_argument("-j", "--jobs", type=int, default=None)
+    sub.add_parser("share", parents=[jobs],
+                   help="run-all on the pinned release, the newest release via the matrix, SUMMARY.md")
+    p_mx = sub.add_parser("matrix", parents=[jobs, some], help="run the notebooks on several transformers releases")
+    p_mx.add_argument("--releases", nargs="+", default=os.environ.get("RELEASES", "").split(),
+                      help="default: $RELEASES, else matrix.report.DEFAULT_RELEASES")
     p_mx.add_argument("--no-run", action="store_true", help="only rebuild matrix.md from outputs/matrix/")
-    args = parser.parse_args(argv)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; `_exec` and `_zygote` are the runner's own child processes."""
+    argv = sys.argv[1:] if argv is None else argv
+    children = {"_exec": _exec_main, "_zygote": _zygote_main}
+    if argv[:1] and argv[0] in children:
+        return children[argv[0]](argv[1:])
+    args = _parser().parse_args(argv)
     if args.command == "report":
         from ..report import summary
 
@@ -156,23 +162,19 @@ def main(argv: list[str] | None = None) -> int:
         from ..report import html
 
         written, errors = html.write_html()
-        for path in written:
-            print(f"html/{path.name}")
-        for err in errors:
-            print(err, file=sys.stderr)
+        print("".join(f"html/{path.name}\n" for path in written), end="")
+        print("".join(f"{err}\n" for err in errors), end="", file=sys.stderr)
         return 1 if errors else 0
     if args.command == "matrix":
         from ..matrix import report as matrix_report
 
-        releases = args.releases or os.environ.get("RELEASES", "").split() or list(matrix_report.DEFAULT_RELEASES)
-        keys = args.notebooks if args.notebooks is not None else os.environ.get("NOTEBOOKS", "").split()
+        releases = args.releases or list(matrix_report.DEFAULT_RELEASES)
         if args.no_run:
             print(matrix_report.write_matrix(releases=releases))
             return 0
-        return _matrix(releases, [nb.stem for nb in select(keys)] if keys else None, args.jobs)
+        return _matrix(releases, [nb.stem for nb in select(args.notebooks)] if args.notebooks else None, args.jobs)
     if args.command == "share":
         return _share(args.jobs)
     if args.command == "run":
         return _recorded("run", [find_notebook(args.notebook)], args.parameter, 1, not args.no_report)
-    keys = args.notebooks if args.notebooks is not None else os.environ.get("NOTEBOOKS", "").split()
-    return _recorded("run-all", select(keys), args.parameter, args.jobs, not args.no_report)
+    return _recorded("run-all", select(args.notebooks), args.parameter, args.jobs, not args.no_report)

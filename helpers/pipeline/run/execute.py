@@ -74,10 +74,8 @@ def failure_line(exc: BaseException) -> str:
 
 
 def _stamp(value: str | None) -> float | None:
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp() if value else None
-    except ValueError:
-        return None
+    """papermill's ISO time of a cell (None for a cell that never ran) as a Unix time."""
+    return datetime.fromisoformat(value).timestamp() if value else None
 
 
 def phases(executed: Path, began: float, session: dict[str, float] | None) -> dict[str, float]:
@@ -131,7 +129,7 @@ def _papermill(path: Path, parameters: dict[str, Any], out: Path) -> str:
     return ""
 
 
-def run_one(path: Path, parameters: dict[str, Any] | None = None, quiet: bool = True) -> RunResult:
+def run_one(path: Path, parameters: dict[str, Any] | None = None) -> RunResult:
     """Execute one notebook in this process into outputs/notebooks/ (no run record); failures are returned."""
     out = output_dir("notebooks") / path.name
     start = time.perf_counter()

@@ -65,11 +65,11 @@ def _pidfd(pid: int) -> int | None:
 class _Server:
     """The accept / fork / reap loop of one fork server."""
 
-    def __init__(self, path: str, child: Child, hangup: int) -> None:
+    def __init__(self, path: str, child: Child) -> None:
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(path)
         self.server.listen(16)
-        self.child, self.hangup = child, hangup
+        self.child = child
         self.conns: dict[int, socket.socket] = {}  # child pid -> its client's connection
         self.pidfds: dict[int, int] = {}  # pidfd -> child pid (where the kernel has pidfds: exits wake the loop)
         self.parent_fd: int | None = None
@@ -84,11 +84,10 @@ class _Server:
             size = int.from_bytes(msg[:8], "big")
             if len(msg) < 8 or size > MAX_REQUEST:
                 raise ValueError("not a request")
-            while len(msg) < 8 + size:  # a stream: a long request may come in pieces
-                part = conn.recv(8 + size - len(msg))
-                if not part:
-                    raise ValueError("request cut short")
-                msg += part
+            with conn.makefile("rb") as rest:  # a stream: a long request may come in pieces
+                msg += rest.read(max(0, 8 + size - len(msg)))
+            if len(msg) < 8 + size:
+                raise ValueError("request cut short")
             request = json.loads(msg[8:].decode())
             conn.settimeout(None)
         except (OSError, ValueError):
@@ -97,7 +96,7 @@ class _Server:
             conn.close()
             return
         # A signal that reaches the child between fork() and its new handlers would be dropped (CPython
-        # clears pending signals after a fork): the server's hangup must not be lost, so it is held until then.
+        # clears pending signals after a fork): the server's SIGTERM must not be lost, so it is held until then.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         try:
             pid = os.fork()
@@ -153,7 +152,7 @@ class _Server:
         hung: set[socket.socket] = set()  # clients gone whose child is still stopping
         while True:
             if os.getppid() != parent:  # the runner is gone (killed hard): so are the children
-                _kill(list(self.conns), self.hangup)
+                _kill(list(self.conns), signal.SIGTERM)
                 os._exit(0)
             watched = [self.server, *(c for c in self.conns.values() if c not in hung), *self.pidfds]
             exact = bool(parent_fds) and len(self.pidfds) == len(self.conns)
@@ -163,17 +162,17 @@ class _Server:
                     self._accept()
                 elif isinstance(item, socket.socket) and not item.recv(64):  # the client went away
                     hung.add(item)
-                    _kill([pid for pid, conn in self.conns.items() if conn is item], self.hangup)
+                    _kill([pid for pid, conn in self.conns.items() if conn is item], signal.SIGTERM)
             self._reap()
             hung &= set(self.conns.values())
 
 
-def serve(path: str, child: Child, hangup: int, ready: Callable[[], None] | None = None) -> NoReturn:
+def serve(path: str, child: Child, ready: Callable[[], None] | None = None) -> NoReturn:
     """Listen on `path`, run `ready` (the imports), touch PATH.ready, then fork `child` per request until
-    SIGTERM; a client that goes away, or the parent's exit, sends its child `hangup`."""
+    SIGTERM; a client that goes away, or the parent's exit, sends its child SIGTERM."""
     from pathlib import Path
 
-    server = _Server(path, child, hangup)
+    server = _Server(path, child)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if ready is not None:
@@ -196,7 +195,7 @@ class Forked:
         self.lost = False  # the server went away before saying the exit code
 
     def close(self) -> None:
-        """Go away: the server sends the child its hangup signal."""
+        """Go away: the server sends the child SIGTERM."""
         self.reader.close()
         self.sock.close()
 
@@ -217,13 +216,9 @@ class Forked:
 
     def wait(self, timeout: float | None = None) -> int:
         """Block until the child has exited (or `timeout` seconds: TimeoutError); its exit code."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = float("inf") if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            if time.monotonic() > deadline:
                 raise TimeoutError(f"process {self.pid} still running after {timeout}s")
-            if not self.lost:
-                select.select([self.sock], [], [], left)
-            else:
-                time.sleep(0.05)
+            select.select([] if self.lost else [self.sock], [], [], 0.05)  # wakes when the server writes
         return self.returncode

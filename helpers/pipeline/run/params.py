@@ -25,10 +25,6 @@ MINIMUMS: dict[str, tuple[int, str]] = {
 DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 DEVICES = ("cpu", "auto", "cuda", "cuda:<index>")
-# Used when transformers' source cannot be read (the names of transformers 5.x).
-FALLBACK_ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention",
-                      "paged|eager", "paged|sdpa", "paged|flash_attention_2", "paged|flash_attention_3",
-                      "paged|flash_attention_4")
 NOT_LITERAL = object()  # a default the cell computes (e.g. list(range(...))): any value is accepted
 # generate_kwargs: what the controls set themselves (refused), and generate()'s own arguments beside GenerationConfig's
 RESERVED_GENERATE = ("input_ids", "attention_mask", "position_ids", "past_key_values", "max_new_tokens",
@@ -75,18 +71,21 @@ def declared_choices(path: Path) -> dict[str, tuple[str, ...]]:
     return {m[1]: tuple(m[2].split("|")) for m in CHOICE.finditer(parameters_source(path))}
 
 
+def _package_file(package: str, *parts: str) -> str:
+    """The text of one file of an installed package, read without importing it ("" where it cannot be read)."""
+    try:
+        return Path(list(find_spec(package).submodule_search_locations)[0]).joinpath(*parts).read_text()  # type: ignore
+    except (AttributeError, TypeError, OSError):
+        return ""
+
+
 def cuda_status() -> tuple[bool, str]:
     """(CUDA usable?, why not) without importing torch: a CUDA/ROCm build of torch and a driver device."""
     if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
         return False, "CUDA_VISIBLE_DEVICES hides every GPU"
-    spec = find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
+    if find_spec("torch") is None:
         return False, "torch is not installed"
-    version = Path(list(spec.submodule_search_locations)[0]) / "version.py"
-    try:
-        text = version.read_text()
-    except OSError:
-        return False, "torch's build information is unreadable"
+    text = _package_file("torch", "version.py")
     build = {k: v for k, v in re.findall(r"^(cuda|hip|__version__)\b[^=]*=\s*'([^']*)'", text, re.MULTILINE)}
     if not build.get("cuda") and not build.get("hip"):
         return False, f"torch {build.get('__version__', '?')} is a CPU-only build"
@@ -98,25 +97,17 @@ def cuda_status() -> tuple[bool, str]:
 
 def attention_implementations() -> list[str]:
     """"eager" plus the names registered in transformers' AttentionInterface, read from its source."""
-    spec = find_spec("transformers")
-    try:
-        text = (Path(list(spec.submodule_search_locations)[0]) / "modeling_utils.py").read_text()  # type: ignore[union-attr]
-        body = text[text.index("class AttentionInterface"):]
-        mapping = body[body.index("_global_mapping = {"):body.index("}", body.index("_global_mapping = {"))]
-        names = re.findall(r"""^\s*["']([^"']+)["']\s*:""", mapping, re.MULTILINE)
-    except (AttributeError, TypeError, ValueError, OSError):
-        names = []
-    return ["eager", *dict.fromkeys(names)] if names else list(FALLBACK_ATTENTION)
+    text = _package_file("transformers", "modeling_utils.py")
+    body = text[text.find("class AttentionInterface"):]
+    start = body.find("_global_mapping = {")
+    mapping = body[start:body.find("}", start)] if start >= 0 else ""
+    return ["eager", *dict.fromkeys(re.findall(r"""^\s*["']([^"']+)["']\s*:""", mapping, re.MULTILINE))]
 
 
 def generation_config_names() -> list[str]:
     """GenerationConfig's argument names, read from transformers' source (`kwargs.pop("name"` in its __init__)."""
-    spec = find_spec("transformers")
-    try:
-        path = Path(list(spec.submodule_search_locations)[0]) / "generation" / "configuration_utils.py"  # type: ignore[union-attr]
-        return sorted(set(re.findall(r"""kwargs\.pop\(\s*["'](\w+)["']""", path.read_text())))
-    except (AttributeError, TypeError, OSError):
-        return []
+    text = _package_file("transformers", "generation", "configuration_utils.py")
+    return sorted(set(re.findall(r"""kwargs\.pop\(\s*["'](\w+)["']""", text)))
 
 
 def _check_generate_kwargs(value: Any, where: str) -> None:
@@ -188,23 +179,14 @@ def _check_value(name: str, value: Any, default: Any, where: str) -> None:
         if not (isinstance(value, str) and (value in known or "/" in value)):  # "org/repo": a Hub kernel
             raise ParameterError(f"unknown attn_implementation {value!r}; transformers knows: {', '.join(known)}")
         return
-    if name == "generate_kwargs":
-        _check_generate_kwargs(value, where)
-        return
-    if name == "prompt_ids":
-        _check_prompt_ids(value, where)
-        return
+    own = {"generate_kwargs": _check_generate_kwargs, "prompt_ids": _check_prompt_ids}
+    if name in own:
+        return own[name](value, where)
     if name == "trust_remote_code" and value is not False:
         raise ParameterError(f"trust_remote_code={value!r}: the kit runs with trust_remote_code off")
-    if default is NOT_LITERAL or default is None:
-        return
-    if isinstance(default, bool) and not isinstance(value, bool):
-        raise ParameterError(f"{name}={value!r}{where} must be true or false")
-    if isinstance(default, int) and not isinstance(default, bool):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ParameterError(f"{name}={value!r}{where} must be an integer")
-    if isinstance(default, str) and not isinstance(value, str):
-        raise ParameterError(f"{name}={value!r}{where} must be text")
+    kind = {bool: "true or false", int: "an integer", str: "text"}.get(type(default))  # NOT_LITERAL, None: any
+    if kind and type(value) is not type(default):
+        raise ParameterError(f"{name}={value!r}{where} must be {kind}")
     if name in MINIMUMS and isinstance(value, int) and value < MINIMUMS[name][0]:
         low, why = MINIMUMS[name]
         raise ParameterError(f"{name}={value}{where} is below its minimum {low} ({why})")

@@ -1,4 +1,4 @@
-"""Process control for the runner: the process tree from /proc, stopping processes and their groups,
+"""Process control for the runner: the process tree (psutil), stopping processes and their groups,
 and the SIGINT/SIGTERM handler that only notes the signal (the run loops act on it)."""
 from __future__ import annotations
 
@@ -6,34 +6,20 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-
-def _children() -> dict[int, list[int]]:
-    """{ppid: [pid, ...]} from /proc (empty where there is no /proc)."""
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").glob("[0-9]*") if Path("/proc").is_dir() else []:
-        try:
-            stat = (entry / "stat").read_text()
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        tree.setdefault(ppid, []).append(int(entry.name))
-    return tree
 
 
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` (kernels run in sessions of their own, so killpg alone misses them)."""
-    tree, out, todo = _children(), [], [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    import psutil  # here, not at the top: the kernel stub imports this module and never needs it
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
 
 
 def _kill(pids: list[int], sig: int) -> None:
+    """Send `sig` to each process (to its group where it leads one); the ones gone already are passed over."""
     for pid in pids:
         try:
             os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
@@ -42,11 +28,11 @@ def _kill(pids: list[int], sig: int) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Running (a zombie, exited but not yet reaped, is not)."""
+    import psutil
     try:
-        os.kill(pid, 0)
-        stat = Path(f"/proc/{pid}/stat")
-        return not (stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] == "Z")
-    except (ProcessLookupError, PermissionError, OSError):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
 
 
@@ -61,9 +47,10 @@ def stop_processes(pids: list[int], grace: float = 2.0) -> None:
 
 def _connection_files(pid: int) -> list[str]:
     """The `-f <connection file>` a kernel was started with."""
+    import psutil
     try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
+        args = psutil.Process(pid).cmdline()
+    except psutil.Error:
         return []
     return [args[i + 1] for i, a in enumerate(args[:-1]) if a == "-f" and args[i + 1].endswith(".json")]
 
@@ -90,10 +77,11 @@ class Stop:
             print(f"\n{signal.Signals(signum).name}: stopping; {what}", file=sys.stderr, flush=True)
         self.signum = self.signum or signum
         if self.forward:
-            for pid in _children().get(os.getpid(), []):
+            import psutil
+            for child in psutil.Process().children():
                 try:
-                    os.kill(pid, signum)
-                except (ProcessLookupError, PermissionError):
+                    child.send_signal(signum)
+                except psutil.Error:
                     pass
 
     def __exit__(self, *exc: Any) -> None:

@@ -1,6 +1,6 @@
 """The kernel client of a recorded run: jupyter_client's AsyncKernelClient, except that `wait_for_ready`
 ends when the kernel_info request's own `idle` status arrives on IOPub instead of after 0.2 s with no
-IOPub message (a fixed 0.2 s per notebook, spent idle). Imported by the notebook workers only."""
+IOPub message (a fixed 0.2 s per notebook, spent idle). Imported by the notebook workers (and the warm process)."""
 from __future__ import annotations
 
 import time

@@ -38,9 +38,9 @@ def new_run_id() -> str:
     return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
 
 
-def git_state(root: Path | None = None) -> tuple[str | None, bool | None]:
+def git_state() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the kit checkout; (None, None) outside git. Dirty ignores untracked files."""
-    root = root or repo_root()
+    root = repo_root()
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if commit.returncode != 0:
@@ -59,25 +59,25 @@ def _version(name: str) -> str | None:
         return None
 
 
-def environment(cuda_available: bool | None = None) -> dict[str, Any]:
+def environment() -> dict[str, Any]:
     """Versions and platform, read without importing torch or transformers (the notebooks' own results
     files hold the environment each of them ran with)."""
     from .params import cuda_status
 
     return {"python": platform.python_version(), "torch": _version("torch"), "transformers": _version("transformers"),
             "platform": platform.platform(),
-            "cuda_available": cuda_status()[0] if cuda_available is None else cuda_available}
+            "cuda_available": cuda_status()[0]}
 
 
 class RunRecord:
     """outputs/run.json of one run, rewritten after every change."""
 
     def __init__(self, out: Path, command: str, parameters: dict[str, Any],
-                 notebooks: dict[str, dict[str, Any]], run_id: str | None = None) -> None:
+                 notebooks: dict[str, dict[str, Any]]) -> None:
         commit, dirty = git_state()
         self.path = Path(out) / "run.json"
         self.data: dict[str, Any] = {
-            "run_id": run_id or new_run_id(), "command": command, "started": utc_now(), "finished": None,
+            "run_id": new_run_id(), "command": command, "started": utc_now(), "finished": None,
             "status": "running", "kit_commit": commit, "kit_dirty": dirty, "parameters": parameters,
             "notebooks": {stem: {"status": "not_started", "seconds": None, "error": None, "parameters": p}
                           for stem, p in notebooks.items()},
@@ -130,7 +130,7 @@ def run_stamp() -> dict[str, Any]:
             "kit_dirty": {"true": True, "false": False}.get(dirty.lower())}
 
 
-def mark_interrupted(results_path: Path, run_id: str, reason: str = INTERRUPTED) -> bool:
+def mark_interrupted(results_path: Path, run_id: str) -> bool:
     """Rewrite an unfinished notebook's results file of run `run_id`: every claim `error` with the reason
     "interrupted" (a verdict reached before the stop is kept in the evidence, not shown as the result)."""
     from ..report.records import load_json
@@ -140,7 +140,7 @@ def mark_interrupted(results_path: Path, run_id: str, reason: str = INTERRUPTED)
         return False  # another run's file: not this run's to rewrite
     for claim in data.get("claims", []):
         before = claim.get("verdict")
-        claim.update(verdict="error", reason=reason, deciding={})
+        claim.update(verdict="error", reason=INTERRUPTED, deciding={})
         if before not in (None, "error"):
             claim["evidence"] = {"verdict_before_the_stop": before, **(claim.get("evidence") or {})}
     Path(results_path).write_text(json.dumps(data, indent=2) + "\n")
@@ -162,5 +162,5 @@ def clean_notebook(out: Path, stem: str) -> None:
     out = Path(out)
     for path in (out / "results" / f"{stem}.json", out / "notebooks" / f"{stem}.ipynb", out / "html" / f"{stem}.html"):
         path.unlink(missing_ok=True)
-    for fig in (out / "figures").glob(f"{stem}-*") if (out / "figures").is_dir() else []:
+    for fig in (out / "figures").glob(f"{stem}-*"):
         fig.unlink(missing_ok=True)

@@ -1,5 +1,5 @@
-"""Warm kernels: one process imports torch, transformers and the helpers once; each notebook's kernel is
-forked from it (see the comment below). KVKIT_WARM_KERNELS=0 starts plain ipykernels instead."""
+"""Warm kernels: one process imports torch, transformers, the helpers and papermill once; each notebook's worker
+and its kernel are forked from it (see the comment below). KVKIT_WARM_KERNELS=0 starts plain processes instead."""
 from __future__ import annotations
 
 import os
@@ -14,9 +14,12 @@ from .procs import _kill
 # a notebook's kernel command is then a stub (`_kernel -f CONN`) that asks the warm process to fork
 # a kernel, passes it its stdio, cwd and environment, relays signals, and exits with the kernel's
 # code. The forked kernel is the usual ipykernel, in a session of its own. Without the warm process
-# (KVKIT_WARM_KERNELS=0, another platform, or a failure) the stub runs ipykernel itself.
+# (KVKIT_WARM_KERNELS=0, another platform, or a failure) the stub runs ipykernel itself. Each notebook's
+# worker (`_exec`) would likewise start Python and import papermill, nbclient and jupyter_client again
+# (about 0.35 s of CPU per notebook): the runner asks the same process to fork it.
 
-WARM_MODULES = ("IPython", "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger", "matplotlib", "matplotlib.figure",
+WARM_MODULES = ("IPython", "IPython.paths", "ipykernel.kernelspec", "papermill", "nbclient", "jupyter_client.manager",
+                "ipykernel.kernelapp", "ipykernel.ipkernel", "ipykernel.debugger", "matplotlib", "matplotlib.figure",
                 "matplotlib.axes", "pandas", "torch", "transformers", "transformers.modeling_utils",
                 "transformers.processing_utils", "transformers.image_processing_utils", "transformers.generation",
                 "transformers.models.qwen3_vl.modeling_qwen3_vl", "transformers.models.qwen3_5.modeling_qwen3_5",
@@ -27,19 +30,23 @@ WARM_SKIP = ("helpers.plots", "helpers.offload.plots", "helpers.pipeline")
 
 
 def warm_enabled() -> bool:
-    import socket
-
-    return (sys.platform.startswith("linux") and hasattr(os, "fork") and hasattr(socket, "send_fds")
-            and os.environ.get("KVKIT_WARM_KERNELS", "1") != "0")
+    """Warm kernels on: Linux (fork, and file descriptors passed over a Unix socket) unless KVKIT_WARM_KERNELS=0."""
+    return sys.platform.startswith("linux") and os.environ.get("KVKIT_WARM_KERNELS", "1") != "0"
 
 
 def _warm_imports() -> None:
-    """Import what the notebooks import (no torch op runs here: a forked child inherits no thread pool)."""
+    """Import what the notebooks and their workers import, and build nbformat's validator (no torch op runs
+    here: a forked child inherits no thread pool; no kernel, no zmq context, no event loop)."""
     import importlib
     import pkgutil
     import warnings
 
+    import nbformat
+    from jupyter_client.provisioning import KernelProvisionerFactory
+
     import helpers
+    from . import ready  # noqa: F401 - the workers' kernel client
+    from .execute import notebooks
 
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     names = [*WARM_MODULES, *(f"helpers.{m.name}" for m in pkgutil.iter_modules(helpers.__path__))]
@@ -52,10 +59,18 @@ def _warm_imports() -> None:
                 importlib.import_module(name)
             except Exception:  # noqa: BLE001 - a module the kernel will import (and report) itself
                 pass
+    KernelProvisionerFactory.instance()  # reads the provisioners' entry points once
+    if notebooks():
+        nbformat.writes(nbformat.read(str(notebooks()[0]), as_version=4))
 
 
-def _kernel_child(request: dict[str, Any]) -> int:
-    """In the forked child: become an ipykernel on the stub's connection file; its exit code."""
+def _zygote_child(request: dict[str, Any]) -> int:
+    """In the forked child: a notebook's worker (`_exec` with the request's argv), else an ipykernel on the
+    stub's connection file; its exit code."""
+    if "argv" in request:
+        from .execute import _exec_main
+
+        return _exec_main(request["argv"])
     sys.argv = ["ipykernel_launcher", "-f", request["connection_file"]]
     from ipykernel import kernelapp
 
@@ -64,10 +79,10 @@ def _kernel_child(request: dict[str, Any]) -> int:
 
 
 def _zygote_main(argv: list[str]) -> int:
-    """`_zygote SOCKET`: import once, then fork one kernel per stub request until SIGTERM."""
+    """`_zygote SOCKET`: import once, then fork one worker or kernel per request until SIGTERM."""
     from .forks import serve
 
-    serve(argv[0], _kernel_child, signal.SIGKILL, ready=_warm_imports)
+    serve(argv[0], _zygote_child, ready=_warm_imports)
 
 
 def _kernel_main(argv: list[str]) -> int:

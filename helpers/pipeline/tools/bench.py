@@ -144,15 +144,9 @@ def table(device: torch.device, new: int, runs: int) -> list[str]:
 
 
 def write(lines: list[str], doc: Path = DOC) -> None:
-    """Replace the text between the bench markers of docs/performance.md (added at the end where absent)."""
-    text = doc.read_text()
-    block = "\n".join([BEGIN, *lines, END])
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n## Tracking cost (`make bench`)\n\n" + block + "\n"
-    doc.write_text(text)
+    """Replace the text between the bench markers of docs/performance.md."""
+    head, rest = doc.read_text().split(BEGIN, 1)
+    doc.write_text(head + "\n".join([BEGIN, *lines, END]) + rest.split(END, 1)[1])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -116,7 +116,7 @@ SCOPE: list[Scope] = [
     Scope("helpers/offload/hazards.py", ("_next_allocation", "_record_stream_called", "released_blocks", "hazard_counts",
                                         "decide_*"), ("tests/test_kill_hazards.py", "tests/test_offload_hazards.py")),
     Scope("helpers/offload/ordering.py", ("prefetch_reads", "summary_row", "_rows", "decide_*"), ("tests/test_kill_ordering.py",)),
-    Scope("helpers/pipeline/bisect/search.py", ("same", "_value", "_usable", "_end", "_halve", "find_changes", "Search.*"),
+    Scope("helpers/pipeline/bisect/search.py", ("same", "_value", "_end", "_halve", "find_changes", "Search.*"),
           ("tests/test_kill_bisect.py", "tests/test_bisect.py")),
     Scope("helpers/pipeline/report/claims_md.py", ("kind_counts", "reproduced_count", "headline", "counts_table", "undecided"),
           ("tests/test_summary.py", "tests/test_kill_summary.py")),
@@ -139,10 +139,6 @@ SCOPE: list[Scope] = [
 SCOPE += decision_scopes()  # the deciding modules: each finding declares its own
 
 
-def work_dir() -> Path:
-    return repo_root() / "outputs" / "mutants" / "work"
-
-
 def mutmut_config(scope: list[Scope]) -> str:
     """setup.cfg [mutmut] for these modules and their tests (fast tests only: -m "not e2e")."""
     tests = sorted({t for s in scope for t in s.tests})
@@ -156,15 +152,12 @@ def mutmut_config(scope: list[Scope]) -> str:
 
 def prepare(root: Path, work: Path, scope: list[Scope]) -> None:
     """A fresh copy of the kit in `work` with the generated mutmut config."""
-    if work.exists():
-        shutil.rmtree(work)
+    shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in COPY:
         src = root / name
         (shutil.copytree(src, work / name, ignore=ignore) if src.is_dir() else shutil.copy2(src, work / name))
-    if "[tool.mutmut]" in (work / "pyproject.toml").read_text():
-        raise SystemExit("pyproject.toml has a [tool.mutmut] section: mutmut would ignore the generated config")
     shutil.copytree(root / PACKAGE_DIR / "kvresume", work / "kvresume", ignore=ignore)
     (work / "setup.cfg").write_text(mutmut_config(scope))
 
@@ -247,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--children", type=int, default=1, help="mutmut worker processes (default 1)")
     parser.add_argument("--report-only", action="store_true", help="report the last run without running mutmut")
     args = parser.parse_args(argv)
-    scope, root, work = select(args.modules), repo_root(), work_dir()
+    scope, root = select(args.modules), repo_root()
+    work = root / "outputs" / "mutants" / "work"
     start = time.monotonic()
     if not args.report_only:
         prepare(root, work, scope)
