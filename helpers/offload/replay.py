@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ..compare import noise_floor
-from .loops import Decision, GreedyRun, greedy_run, step_table
+from .loops import Decision, GreedyRun, greedy_run
 from .ordering import record_loop
+from .states import compare_logits
 from .streams import STALE_VALUE, StreamLog
 
 # transformers issue #48947, Qwen3.8-27B, bf16, batch 2 x 4096 random tokens
@@ -85,22 +85,15 @@ class Replay:
     dtype: torch.dtype
     runs: list[ReplayRun] = field(default_factory=list)
 
-    def floors(self) -> list[Any]:
-        return [noise_floor(r, [a], self.dtype, what="offloading=False run twice")
-                for r, a in zip(self.reference.logits, self.again.logits)]
-
     def table(self) -> Any:
-        """Per lag (and fix) and step: max |logit diff| vs offloading=False, bitwise, beyond the floor."""
+        """Per lag (and fix) and step: max |logit diff| vs offloading=False, bitwise, beyond the floor (compare_logits)."""
         import pandas as pd
 
         frames = []
         for rr in self.runs:
-            steps = step_table(self.reference, rr.run)
-            floors = self.floors()
-            steps["noise_threshold"] = [f.threshold for f in floors]
-            steps["differs"] = [f.differs(v) for f, v in zip(floors, steps.max_abs_diff)]
             prefix = "" if rr.loop == "cpu" else f"{rr.loop} loop, "
-            steps.insert(0, "variant", prefix + f"lag {rr.lag}" + (" + 5.20.0 edge" if rr.fix else ""))
+            variant = prefix + f"lag {rr.lag}" + (" + 5.20.0 edge" if rr.fix else "")
+            steps = compare_logits(self.reference, self.again, rr.run, self.dtype, variant)
             steps.insert(1, "loop", rr.loop)
             steps.insert(1, "lag", rr.lag)
             steps.insert(2, "fix", rr.fix)

@@ -34,10 +34,11 @@ def _holds_kv(layer: Any) -> bool:
 
 
 def _layer_arg(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """The layer index a cache-update call was made for (`update(k, v, layer_idx)`, `update_*_state(x, layer_idx)`)."""
+    """The layer index a cache call was made for (`update(k, v, layer_idx)`, `update_*_state(x, layer_idx)`,
+    `offload(layer_idx, ...)`, `prefetch(layer_idx, ...)`)."""
     if "layer_idx" in kwargs:
         return int(kwargs["layer_idx"])
-    pos = 2 if method == "update" else 1
+    pos = {"update": 2, "offload": 0, "prefetch": 0}.get(method, 1)
     return int(args[pos]) if len(args) > pos else -1
 
 
@@ -64,27 +65,35 @@ def _patched() -> Iterator[list[tuple[Any, str, Any]]]:
                 setattr(obj, method, previous)
 
 
+def _around(obj: Any, method: str, undo: list[tuple[Any, str, Any]], before: Callable[..., None] | None = None,
+            after: Callable[[], None] | None = None) -> None:
+    """Shadow obj.method (_patch): `before(*args, **kwargs)` runs before the original, `after()` after it."""
+    def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if before is not None:
+                before(*args, **kwargs)
+            out = original(*args, **kwargs)
+            if after is not None:
+                after()
+            return out
+        return wrapper
+    _patch(obj, method, wrapper_of, undo)
+
+
 LayerHook = Callable[[int, Any, str, Callable[..., Any]], Callable[..., Any]]
 
 
 @contextmanager
-def instrument(cache: Any, on_update: Callable[[str, tuple[Any, ...], dict[str, Any]], None],
-               layer_hook: LayerHook) -> Iterator[None]:
-    """Shadow, on the cache instance only, its update methods (`on_update(method, args, kwargs)` runs before each) and
-    every layer's offload / prefetch / update (`layer_hook(idx, layer, method, original)` returns the wrapper)."""
-    def counted(method: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                on_update(method, args, kwargs)
-                return original(*args, **kwargs)
-            return wrapper
-        return wrapper_of
-
+def instrument(cache: Any, on_update: Callable[[str, tuple[Any, ...], dict[str, Any]], None], layer_hook: LayerHook,
+               cache_methods: tuple[str, ...] = UPDATE_METHODS,
+               layer_methods: tuple[str, ...] = ("offload", "prefetch", "update")) -> Iterator[None]:
+    """Shadow, on the cache instance only, its `cache_methods` (`on_update(method, args, kwargs)` runs before each) and
+    every layer's `layer_methods` (`layer_hook(idx, layer, method, original)` returns the wrapper)."""
     with _patched() as undo:
-        for method in UPDATE_METHODS:
-            _patch(cache, method, counted(method), undo)
+        for method in cache_methods:
+            _around(cache, method, undo, before=lambda *args, m=method, **kwargs: on_update(m, args, kwargs))
         for idx, layer in enumerate(compat.cache_layers(cache)):
-            for method in ("offload", "prefetch", "update"):
+            for method in layer_methods:
                 _patch(layer, method, lambda original, i=idx, l=layer, m=method: layer_hook(i, l, m, original), undo)
         yield
 
@@ -141,12 +150,8 @@ def ordering_edge(cache: Any, device: str | torch.device | None = None) -> Itera
     default stream (`prefetch_stream.wait_stream(torch.cuda.default_stream(device))`), then runs as installed."""
     device = torch.device(device) if device is not None else None
     with _patched() as undo:
-        def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
-            def prefetch(*args: Any, **kwargs: Any) -> Any:
-                cache.prefetch_stream.wait_stream(torch.cuda.default_stream(device))
-                return original(*args, **kwargs)
-            return prefetch
-        _patch(cache, "prefetch", wrapper_of, undo)
+        _around(cache, "prefetch", undo,
+                before=lambda *a, **k: cache.prefetch_stream.wait_stream(torch.cuda.default_stream(device)))
         yield cache
 
 
@@ -162,30 +167,23 @@ def cuda_event(device: str | torch.device | None = None) -> Any:
 
 
 @contextmanager
-def offload_event_edge(cache: Any, device: str | torch.device | None = None,
-                       make_event: Callable[..., Any] | None = None) -> Iterator[Any]:
-    """Host-buffer-only fix arm: an event (`make_event`, a torch.Event) recorded after each layer's offload copy (on
+def offload_event_edge(cache: Any, device: str | torch.device | None = None) -> Iterator[Any]:
+    """Host-buffer-only fix arm: an event (`device_event`, a torch.Event) recorded after each layer's offload copy (on
     the stream the offload runs on, the default stream) and waited by the prefetch stream before that layer's prefetch."""
     events: dict[int, Any] = {}
+
+    def record(idx: int) -> None:
+        events[idx] = device_event(device)
+        events[idx].record(torch.cuda.current_stream(device))
+
+    def wait(idx: int) -> None:
+        if idx in events:
+            cache.prefetch_stream.wait_event(events[idx])
+
     with _patched() as undo:
         for idx, layer in enumerate(compat.cache_layers(cache)):
-            def offload_of(original: Callable[..., Any], idx: int = idx) -> Callable[..., Any]:
-                def offload(*args: Any, **kwargs: Any) -> Any:
-                    out = original(*args, **kwargs)
-                    event = (make_event or device_event)(device)
-                    event.record(torch.cuda.current_stream(device))
-                    events[idx] = event
-                    return out
-                return offload
-
-            def prefetch_of(original: Callable[..., Any], idx: int = idx) -> Callable[..., Any]:
-                def prefetch(*args: Any, **kwargs: Any) -> Any:
-                    if idx in events:
-                        cache.prefetch_stream.wait_event(events[idx])
-                    return original(*args, **kwargs)
-                return prefetch
-            _patch(layer, "offload", offload_of, undo)
-            _patch(layer, "prefetch", prefetch_of, undo)
+            _around(layer, "offload", undo, after=lambda idx=idx: record(idx))
+            _around(layer, "prefetch", undo, before=lambda *a, idx=idx, **k: wait(idx))
         yield cache
 
 
@@ -203,19 +201,16 @@ def record_stream_edge(cache: Any, device: str | torch.device | None = None) -> 
     """Reuse-only fix arm: after each layer's prefetch, `keys/values.record_stream(default stream)`, so the
     allocator does not reuse a prefetched block before the default stream's reads of it are done."""
     device = torch.device(device) if device is not None else None
+
+    def keep(idx: int, layer: Any) -> None:
+        if _holds_kv(layer):
+            default = torch.cuda.default_stream(device)
+            for tensor in compat.layer_kv(layer):
+                _record_stream(tensor, default, idx)
+
     with _patched() as undo:
         for idx, layer in enumerate(compat.cache_layers(cache)):
-            def prefetch_of(original: Callable[..., Any], idx: int = idx, layer: Any = layer) -> Callable[..., Any]:
-                def prefetch(*args: Any, **kwargs: Any) -> Any:
-                    out = original(*args, **kwargs)
-                    if _holds_kv(layer):
-                        default = torch.cuda.default_stream(device)
-                        keys, values = compat.layer_kv(layer)
-                        _record_stream(keys, default, idx)
-                        _record_stream(values, default, idx)
-                    return out
-                return prefetch
-            _patch(layer, "prefetch", prefetch_of, undo)
+            _around(layer, "prefetch", undo, after=lambda idx=idx, layer=layer: keep(idx, layer))
         yield cache
 
 
