@@ -7,7 +7,7 @@ fix edge (the 5.20.0 edge, which closes both hazards; a torch.Event per offload,
 probe says its wait holds; `record_stream` on prefetched K/V, reuse only); in the report's loop also offloading=True
 again and offloading=True with no injected lag. Every other arm runs under the same calibrated device lag
 (helpers.offload.calibrate, after warming the clocks), each offloading arm after the pinned pool is poisoned
-(helpers.offload.pool), with CUDA timing events around every copy (helpers.offload.devicetiming), so the race is
+(helpers.offload.arms), with CUDA timing events around every copy (helpers.offload.devicetiming), so the race is
 observed on the device, not inferred from logits. The runs are in helpers.offload.gpu_run, the decisions in
 helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
 `<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it per release; the notebook calls `experiment` and `decisions`.
@@ -29,10 +29,8 @@ from . import gpu_decide as gd
 from .gpu_run import EVENT, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's and tests' names
 from .gpuplan import BY_CONSTRUCTION, DEVICE_CLAIMS, MODELS, claim_type  # noqa: F401 - the claims' types
 from .loops import LOOPS, Decision, random_ids
+from .releases import lags
 
-CUDA_CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
-               "offload.ordering_edge_removes_drift", "offload.race_observed_on_device",
-               "offload.offload_event_removes_drift", "offload.record_stream_removes_drift", *DEVICE_CLAIMS)
 CLAIM_TEXT = {
     "offload.prefill_identical": "With DynamicCache(config=model.config, offloading=True) on CUDA, in the report's loop, the prefill logits equal offloading=False's within the noise floor (the same run twice without offloading).",
     "offload.decode_drifts": "On CUDA, in the report's loop, from the first decode step that reuses the offloaded cache, offloading=True logits differ from offloading=False by more than the noise floor.",
@@ -44,10 +42,10 @@ CLAIM_TEXT = {
     "offload.block_overwritten_under_pending_read": "On CUDA, device-timed: without a fix some prefetch copy writes a device block whose earlier read on the default stream has not finished (the allocator's reuse, seen from data_ptr and CUDA events), and none does with record_stream.",
     "offload.unlagged_run_drifts": "On CUDA with no injected lag, offloading=True in the report's loop drifts beyond the noise floor on some model (the 64-layer layout included where it ran); logits decide, end-state drift is shown apart.",
 }
-CLAIM_KINDS = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
-               "offload.first_differing_tensor_is_attention_kv": "refutes", "offload.ordering_edge_removes_drift": "beyond",
-               "offload.race_observed_on_device": "beyond", "offload.offload_event_removes_drift": "beyond",
-               "offload.record_stream_removes_drift": "beyond", **{cid: "beyond" for cid in DEVICE_CLAIMS}}
+CUDA_CLAIMS = tuple(CLAIM_TEXT)  # DEVICE_CLAIMS (decided from device timing / unlagged arms) last
+KIND_NOT_BEYOND = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
+                   "offload.first_differing_tensor_is_attention_kv": "refutes"}
+CLAIM_KINDS = {cid: KIND_NOT_BEYOND.get(cid, "beyond") for cid in CUDA_CLAIMS}
 SIMULATED = "[simulated on CPU under recording stream stand-ins, not a GPU measurement] "
 
 
@@ -123,6 +121,7 @@ def results_json(ex: GpuExperiment, seconds: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m helpers.offload.gpu --out DIR [--dtypes ...] [--simulate]`: 0 ran, 2 refused (no CUDA), 1 error."""
+    from ..pipeline.paths import output_dir
     from ..pipeline.run.params import cuda_status
 
     p = argparse.ArgumentParser(prog="python -m helpers.offload.gpu", description=__doc__,
@@ -142,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.simulate and not (ok and torch.cuda.is_available()):
         print(f"helpers.offload.gpu: refused, CUDA is not usable here ({why or 'torch.cuda.is_available() is False'}); nothing was run.")
         return 2
-    out = Path(args.out) if args.out else _default_out()
+    out = Path(args.out) if args.out else output_dir("gpu", compat.TRANSFORMERS_VERSION)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     models, ids_of = default_models(args.seed, 2, args.seq_len, "cpu" if args.simulate else "cuda", tuple(args.models))
@@ -176,14 +175,7 @@ def lag_from(path: str | None) -> dict[tuple[str, str], int] | None:
     """(model, dtype) -> the sleep another run used (its gpu-arms.json calibration table); None: calibrate here."""
     if not path or not Path(path).is_file():
         return None
-    rows = json.loads(Path(path).read_text()).get("tables", {}).get("calibration", [])
-    return {(r["model"], r["dtype"]): int(r["sleep_cycles_used"]) for r in rows} or None
-
-
-def _default_out() -> Path:
-    from ..pipeline.paths import output_dir
-
-    return output_dir("gpu", compat.TRANSFORMERS_VERSION)
+    return lags(json.loads(Path(path).read_text())) or None
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Per model, dtype and loop the arms of helpers.offload.gpuplan, under one calibrated device lag per model and dtype
 (after the clocks are warmed), each offloading arm after the pinned pool is poisoned, the offload-event arm only where
-the device probe (helpers.offload.probe) says its wait holds. `simulate=True` runs it on CPU under the recording
+the device probe (helpers.offload.calibrate) says its wait holds. `simulate=True` runs it on CPU under the recording
 stand-ins with a modelled pinned pool: a simulation, never a GPU result.
 """
 from __future__ import annotations
@@ -16,12 +16,11 @@ import torch
 
 from kvresume import compat
 from . import gpu_decide as gd
-from .arms import FIXES, Arm, run_arm
-from .calibrate import busy_at_wrap, clamp_cycles, cycles_per_ms, host_ms_to_wrap, sleep_plan, warm_clocks
+from .arms import FIXES, POISON, Arm, SimPool, run_arm
+from .calibrate import (busy_at_wrap, clamp_cycles, cycles_per_ms, event_wait_probe, gate_reason, host_ms_to_wrap,
+                        sleep_plan, warm_clocks)
 from .gpuplan import RESTRICTED, arms_of, model_runs
 from .loops import LOOPS
-from .pool import POISON, SimPool
-from .probe import event_wait_probe, gate_reason
 from .standins import recording_streams
 from .states import compare_logits, compare_states
 
@@ -138,7 +137,7 @@ def device_facts(model: torch.nn.Module, fixes: tuple[str, ...]) -> dict[str, An
 def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tensor], dtypes: tuple[str, ...] = ("float32", "bfloat16"),
                loops: tuple[str, ...] = LOOPS, n_steps: int = 4, fixes: tuple[str, ...] = FIXES, simulate: bool = False,
                race_lag: int | None = None, cycles: int | None = None, poison: bool = True, unlagged: bool = True,
-               restricted: dict[str, Any] | None = None, cycles_of: dict[tuple[str, str], int] | None = None,
+               cycles_of: dict[tuple[str, str], int] | None = None,
                on_arms: Callable[[list[dict[str, Any]]], None] | None = None) -> GpuExperiment:
     """Every arm on every model, dtype and loop; `cycles` (or `cycles_of[(model, dtype)]`) overrides the calibrated sleep;
     `on_arms(rows)` gets each loop's arms as soon as they finish (arm_rows), so a later crash or timeout keeps them."""
@@ -155,7 +154,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
     fixes = tuple(f for f in fixes if not (f == EVENT and gate))
     steps, states, timing, calibration, memory, kept, repeat = [], [], [], [], [], [], []
     copies: dict[tuple[str, str], torch.nn.Module] = {}
-    runs = model_runs(tuple(models), dtypes, tuple(loops), RESTRICTED if restricted is None else restricted)
+    runs = model_runs(tuple(models), dtypes, tuple(loops))
     for name, dtype_name, run_loops in runs:
         dtype = getattr(torch, dtype_name)
         model = models[name]
@@ -179,7 +178,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
         copies.pop((name, dtype_name), None)
     timing_frame = pd.concat(timing, ignore_index=True) if timing else _empty_timing()
     ran = [m for m in models if any(r[0] == m for r in runs)]
-    recorded = {m: models[m] for m in ran if m not in (RESTRICTED if restricted is None else restricted)}
+    recorded = {m: models[m] for m in ran if m not in RESTRICTED}
     edges = edge_record(recorded, ids_of, n_steps) if fixes else None  # the report's layout: notebook 05's CPU record
     settings = {"device": str(device), "dtypes": list(dtypes), "dtypes_left_out": dropped, "loops": list(loops), "models": ran,
                 "models_left_out": [m for m in models if m not in ran], "runs": [list(r) for r in runs],

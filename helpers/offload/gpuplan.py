@@ -4,17 +4,15 @@ Per model, dtype and loop: offloading=False twice (the noise floor), offloading=
 edge, all under the calibrated device lag; in the report's loop also offloading=True again (run to run) and
 offloading=True with no injected lag (does the model drift by itself?). The report's own 64-layer layout (48
 linear_attention / 16 full_attention) runs in its dtype (bfloat16) and its loop only. Before every offloading arm
-the pinned host pool is poisoned (helpers.offload.pool).
+the pinned host pool is poisoned (helpers.offload.arms).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .arms import AGAIN, BASE, FIXES, OFF, OFF_AGAIN, UNLAGGED, variant_name
-from .calibrate import MAX_SLEEP_MS, SLEEP_FACTOR, WARM_MS
+from .arms import AGAIN, BASE, FIXES, OFF, OFF_AGAIN, POISON, UNLAGGED, variant_name
+from .calibrate import MAX_SLEEP_MS, PROBE_MS, SLEEP_FACTOR, WARM_MS
 from .loops import LOOPS
-from .pool import POISON
-from .probe import PROBE_MS
 from ..quotes import QUOTES
 
 MODELS = ("tiny hybrid", "tiny dense", "report layout (64)")
@@ -57,11 +55,6 @@ def claim_type(cid: str) -> dict[str, Any]:
     return {"can_fail": True, "decides": what, "fed_by": arms}
 
 
-def claim_types() -> list[dict[str, Any]]:
-    """Every GPU claim's type (claim_type), the by-construction ones first."""
-    return [{"id": cid, **claim_type(cid)} for cid in (*BY_CONSTRUCTION, *GPU_DECIDES)]
-
-
 def arms_of(loop: str, fixes: tuple[str, ...] = FIXES, unlagged: bool = True) -> list[Arm]:
     """The arms of one loop, in run order."""
     arms: list[Arm] = [(BASE, False, None, True), (AGAIN, False, None, True), (OFF, True, None, True)]
@@ -73,18 +66,15 @@ def arms_of(loop: str, fixes: tuple[str, ...] = FIXES, unlagged: bool = True) ->
     return arms
 
 
-def model_runs(models: tuple[str, ...], dtypes: tuple[str, ...], loops: tuple[str, ...],
-               restricted: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] | None = None) -> list[tuple[str, str, tuple[str, ...]]]:
-    """(model, dtype, loops) in run order: dtypes outer, models inner; a restricted model only in its dtypes and loops."""
-    restricted = RESTRICTED if restricted is None else restricted
+def model_runs(models: tuple[str, ...], dtypes: tuple[str, ...],
+               loops: tuple[str, ...]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(model, dtype, loops) in run order: dtypes outer, models inner; a RESTRICTED model only in its dtypes, loops."""
     out = []
     for dtype in dtypes:
         for model in models:
-            only = restricted.get(model)
-            if only and dtype not in only[0]:
-                continue
-            kept = tuple(l for l in loops if not only or l in only[1])
-            if kept:
+            only_dtypes, only_loops = RESTRICTED.get(model, (dtypes, loops))
+            kept = tuple(l for l in loops if l in only_loops)
+            if dtype in only_dtypes and kept:
                 out.append((model, dtype, kept))
     return out
 
@@ -98,10 +88,9 @@ def layers_of(model: str) -> dict[str, int]:
             "full_attention": types.count("full_attention")}
 
 
-def plan(releases: list[str], models: tuple[str, ...] = MODELS, dtypes: tuple[str, ...] = ("float32", "bfloat16"),
-         loops: tuple[str, ...] = LOOPS, n_steps: int = 4, step_timeout: float = 200.0) -> dict[str, Any]:
+def plan(releases: list[str], step_timeout: float = 200.0, n_steps: int = 4) -> dict[str, Any]:
     """Everything one release runs, with the expected device time (an estimate from the sleep cap and HOST_MS_*)."""
-    runs = model_runs(models, dtypes, loops)
+    runs = model_runs(MODELS, ("float32", "bfloat16"), LOOPS)
     rows, forwards, seconds = [], 0, 0.0
     for model, dtype, kept in runs:
         host_ms = HOST_MS_BASE + HOST_MS_PER_LAYER * layers_of(model)["layers"]
@@ -123,7 +112,8 @@ def plan(releases: list[str], models: tuple[str, ...] = MODELS, dtypes: tuple[st
                               f"filled with {POISON} (finite), released",
             "event_probe": f"{PROBE_MS:.0f} ms _sleep on the default stream, the event waited on the prefetch stream, "
                            "query(): the offload-event arm runs only if it held",
-            "claims": claim_types(), "step_timeout_s": step_timeout, "seconds_per_release": round(per_release),
+            "claims": [{"id": cid, **claim_type(cid)} for cid in (*BY_CONSTRUCTION, *GPU_DECIDES)],
+            "step_timeout_s": step_timeout, "seconds_per_release": round(per_release),
             "expected_minutes": round((len(releases) * per_release + ENV_S) / 60, 1),
             "assumptions": f"host {HOST_MS_BASE:.0f} ms + {HOST_MS_PER_LAYER:.0f} ms per layer per forward, the sleep "
                            f"{SLEEP_FACTOR:.0f} x that (cap {MAX_SLEEP_MS:.0f} ms) on every lagged forward; {START_S:.0f} s start-up per release; "

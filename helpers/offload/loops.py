@@ -6,14 +6,15 @@
 * "cpu": `greedy_run`, the kit's `.cpu()` loop -- every step's logits and tokens are copied to the host
   (a host wait per step on CUDA).
 * "generate": `model.generate(...)` with an explicit greedy GenerationConfig (its own per-step host wait
-  is recorded by helpers.offload.hostwaits, never assumed).
+  is recorded by `record_host_waits`, never assumed).
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -103,7 +104,40 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
 LOOPS = ("report", "cpu", "generate")
 
 
-def greedy_config(model: torch.nn.Module, n_steps: int) -> Any:
+@contextmanager
+def record_host_waits(calls: Callable[[], int], on_wait: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+    """Yield a list that fills with one label per host-side read of generate()'s device stop flag (never assumed).
+
+    From 5.17.0 `generate()` decides whether to stop with `StopCheck.__call__`, which reads
+    `bool(unfinished_sequences.max() == 0)` on the host: a host wait on the device every step (`DeferredStopCheck`,
+    which does not wait and overrides it, is enabled only on MPS). Earlier releases compute
+    `this_peer_finished = unfinished_sequences.max() == 0` (a tensor) and `_has_unfinished_sequences` turns it into a
+    Python bool: the same wait. The one that exists is wrapped for the duration. `calls()` returns how many forward
+    calls have run so far: a wait after call n precedes "decode n"; `on_wait(label)` runs at the wait (the stream
+    record enters it as a host synchronize there).
+    """
+    from transformers.generation import utils
+
+    waits: list[str] = []
+    stop = getattr(utils, "StopCheck", None)
+    owner, name = (stop, "__call__") if stop is not None else (utils.GenerationMixin, "_has_unfinished_sequences")
+    inner = getattr(owner, name)
+
+    def wrapper(self: Any, flag: Any, *args: Any, **kwargs: Any) -> bool:
+        if (type(self).__call__ is wrapper) if stop is not None else isinstance(flag, torch.Tensor):
+            waits.append(f"decode {calls()}")
+            if on_wait:
+                on_wait(waits[-1])
+        return inner(self, flag, *args, **kwargs)
+
+    setattr(owner, name, wrapper)
+    try:
+        yield waits
+    finally:
+        setattr(owner, name, inner)
+
+
+def greedy_config(n_steps: int) -> Any:
     """An explicit greedy GenerationConfig: n_steps new tokens (= n_steps forward calls), no EOS stop."""
     from transformers import GenerationConfig
 
@@ -119,8 +153,6 @@ def generate_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, ca
                  on_host_wait: Callable[[str], None] | None = None) -> GreedyRun:
     """`model.generate(...)` greedy with `past_key_values=cache`; hooks run around every forward call
     (the forward is shadowed on the instance only for the duration)."""
-    from .hostwaits import record_host_waits
-
     calls = {"n": 0}
     inner = model.forward
 
@@ -136,7 +168,7 @@ def generate_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, ca
         start = time.perf_counter()
         with record_host_waits(lambda: calls["n"], on_host_wait) as waits:
             out = model.generate(input_ids=ids, attention_mask=attention_mask,
-                                 generation_config=greedy_config(model, n_steps), **extra)
+                                 generation_config=greedy_config(n_steps), **extra)
     finally:
         del model.forward
     elapsed = time.perf_counter() - start

@@ -3,7 +3,7 @@
 `record_loop` runs one loop (helpers.offload.loops.LOOPS) on an offloading DynamicCache under the
 recording stream stand-ins, with the loop's own host waits entered into the record: none for the
 report's loop, a default-stream synchronize before every decode call for the `.cpu()` loop, and for
-`generate()` one wherever transformers' stop check read the device (helpers.offload.hostwaits).
+`generate()` one wherever transformers' stop check read the device (helpers.offload.loops.record_host_waits).
 Each prefetch read is then judged: is its producing offload copy ordered before it, how far apart
 (cache-update calls, decoder layers) and whether the producer ran in the same forward call.
 """

@@ -34,7 +34,8 @@ def drift(data: dict[str, Any], key: tuple[str, str, str]) -> bool | None:
 
 def lags(data: dict[str, Any]) -> dict[tuple[str, str], int]:
     """(model, dtype) -> the sleep per forward the run used (cycles)."""
-    return {(r["model"], r["dtype"]): int(r["sleep_cycles_used"]) for r in data["tables"]["calibration"]}
+    rows = data.get("tables", {}).get("calibration", [])
+    return {(r["model"], r["dtype"]): int(r["sleep_cycles_used"]) for r in rows}
 
 
 def decide(without: dict[str, Any], with_edge: dict[str, Any]) -> dict[str, Any]:

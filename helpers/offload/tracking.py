@@ -99,7 +99,7 @@ def instrument(cache: Any, on_update: Callable[[str, tuple[Any, ...], dict[str, 
 
 
 def _stale(layer: Any, held: tuple[Any, Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a stale read of the layer's host buffer returns: what the pool's block held before (helpers.offload.pool),
+    """What a stale read of the layer's host buffer returns: what the pool's block held before (helpers.offload.arms),
     else zeros (a freshly allocated pinned buffer)."""
     if held is not None and held[0] is not None and held[1] is not None:
         return held[0].clone(), held[1].clone()

@@ -44,18 +44,14 @@ def plan_lines(p: dict[str, Any]) -> list[str]:
     return lines
 
 
-def make_plan(releases: list[str], timeout: float) -> dict[str, Any]:
-    from ...offload.gpuplan import plan
-
-    return plan(releases, step_timeout=timeout)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu-plan", description=__doc__)
     parser.add_argument("--releases", nargs="*", default=None, help="releases besides the pinned one and 5.20.0")
     parser.add_argument("--timeout", type=float, default=STEP_TIMEOUT, help="seconds per step (default 200)")
     args = parser.parse_args(argv)
-    print("\n".join(plan_lines(make_plan(releases_to_run(args.releases), args.timeout))))
+    from ...offload.gpuplan import plan  # torch: imported only once asked
+
+    print("\n".join(plan_lines(plan(releases_to_run(args.releases), step_timeout=args.timeout))))
     return 0
 
 
