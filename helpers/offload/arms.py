@@ -193,9 +193,10 @@ def _hooks(loop: str, log: StreamLog | None, times: CopyTimes | None, per_call: 
 
 def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, offloading: bool, cycles: int,
             edge: str | None = None, simulate: bool = False, race_lag: int | None = None, pool: SimPool | None = None,
-            poison: bool = True) -> Arm:
-    """One arm; the report's loop is snapshotted only after its final synchronize (no host wait added to it). An
-    offloading arm first poisons the pinned pool it draws from (`pool`: the modelled one under the stand-ins)."""
+            poison: bool = True, name: str = "") -> Arm:
+    """One arm (`name`: its variant); the report's loop is snapshotted only after its final synchronize (no host wait
+    added to it). An offloading arm first poisons the pinned pool it draws from (`pool`: the modelled one under the
+    stand-ins)."""
     per_call = loop != "report"
     states: list[State] = []
     calls: list[str] = []
@@ -218,6 +219,5 @@ def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, 
         order = write_order(times) if times is not None else {}
         stale = sum(r["served_stale"] for r in log.reads()) if log is not None else 0
     run.cache = None
-    name = BASE if not offloading else variant_name(edge)
     return Arm(name, loop, run, states, calls, timing, order, {"before": before, "after": memory_counters(ids.device)}, stale,
                poisoned)

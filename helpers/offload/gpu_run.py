@@ -16,7 +16,7 @@ import torch
 
 from kvresume import compat
 from . import gpu_decide as gd
-from .arms import FIXES, POISON, Arm, SimPool, run_arm
+from .arms import FIXES, OFF, OFF_AGAIN, POISON, Arm, SimPool, run_arm
 from .calibrate import (busy_at_wrap, clamp_cycles, cycles_per_ms, event_wait_probe, gate_reason, host_ms_to_wrap,
                         sleep_plan, warm_clocks)
 from .gpuplan import RESTRICTED, arms_of, model_runs
@@ -67,19 +67,13 @@ def calibrate(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, rate: flo
 def _loop_arms(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, cycles: int, fixes: tuple[str, ...],
                simulate: bool, race_lag: int | None, pool: SimPool | None, poison: bool, unlagged: bool) -> list[Arm]:
     kw = dict(model=model, ids=ids, n_steps=n_steps, loop=loop, simulate=simulate, pool=pool, poison=poison)
-    out = []
-    for name, offloading, edge, lagged in arms_of(loop, fixes, unlagged):
-        arm = run_arm(offloading=offloading, edge=edge, cycles=cycles if lagged else 0,
-                      race_lag=race_lag if lagged else None, **kw)
-        arm.name = name
-        out.append(arm)
-    return out
+    return [run_arm(offloading=offloading, edge=edge, cycles=cycles if lagged else 0, name=name,
+                    race_lag=race_lag if lagged else None, **kw)
+            for name, offloading, edge, lagged in arms_of(loop, fixes, unlagged)]
 
 
 def repeat_rows(arms: list[Arm], tags: dict[str, Any]) -> list[dict[str, Any]]:
     """offloading=True against its own second run, per forward call: max |logit diff| and bitwise equality."""
-    from .arms import OFF, OFF_AGAIN
-
     by = {a.name: a for a in arms}
     if OFF not in by or OFF_AGAIN not in by:
         return []

@@ -28,9 +28,10 @@ def host_buffer(layer: int) -> str:
     return f"layer {layer} host K/V"
 
 
-def _holds_kv(layer: Any) -> bool:
-    keys, _ = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
-    return isinstance(keys, torch.Tensor) and keys.numel() > 0
+def _kv(layer: Any) -> list[torch.Tensor]:
+    """The layer's non-empty K/V tensors (none before its first update, none on a linear-attention layer)."""
+    keys, values = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
+    return [t for t in (keys, values) if isinstance(t, torch.Tensor) and t.numel() > 0]
 
 
 def _layer_arg(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
@@ -125,13 +126,13 @@ def track(cache: Any, log: StreamLog, lag: int | None = None, pool: Any = None) 
                 where[idx] = "device"
                 return original(*args, **kwargs)
             out = original(*args, **kwargs)
-            if method == "offload" and _holds_kv(layer):
+            if method == "offload" and _kv(layer):
                 log.access("offload copy (device->host)", idx, device_buffer(idx), host_buffer(idx))
                 where[idx] = "host"
                 if pool is not None:
                     keys, values = compat.layer_kv(layer)
                     held[idx] = (pool.fill(idx, "keys", keys), pool.fill(idx, "values", values))
-            elif method == "prefetch" and _holds_kv(layer) and where.get(idx) == "host":
+            elif method == "prefetch" and _kv(layer) and where.get(idx) == "host":
                 event = log.access("prefetch copy (host->device)", idx, host_buffer(idx), device_buffer(idx))
                 where[idx] = "device"
                 if lag and event["read_ordered"] is False and event["calls_since_producer"] < lag:
@@ -203,10 +204,10 @@ def record_stream_edge(cache: Any, device: str | torch.device | None = None) -> 
     device = torch.device(device) if device is not None else None
 
     def keep(idx: int, layer: Any) -> None:
-        if _holds_kv(layer):
-            default = torch.cuda.default_stream(device)
-            for tensor in compat.layer_kv(layer):
-                _record_stream(tensor, default, idx)
+        held = _kv(layer)
+        default = torch.cuda.default_stream(device) if held else None
+        for tensor in held:
+            _record_stream(tensor, default, idx)
 
     with _patched() as undo:
         for idx, layer in enumerate(compat.cache_layers(cache)):

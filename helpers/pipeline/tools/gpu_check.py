@@ -65,11 +65,10 @@ def _call(cmd: list[str], out: Path | None, timeout: float, log: Path | None = N
 
 def torch_cuda(python: str) -> tuple[str | None, bool, str]:
     """(torch.version.cuda, torch.cuda.is_available(), why the probe failed) in `python`."""
-    from ..matrix.envs import _tail, child_env
+    from ..matrix.envs import _run, _tail
 
     try:
-        res = subprocess.run([python, "-c", TORCH_PROBE], capture_output=True, text=True, timeout=300,
-                             cwd=str(repo_root()), env=child_env())
+        res = _run([python, "-c", TORCH_PROBE], timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, False, f"{type(exc).__name__}: {exc}"
     if res.returncode != 0:
