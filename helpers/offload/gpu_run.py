@@ -21,6 +21,7 @@ from .calibrate import (busy_at_wrap, clamp_cycles, cycles_per_ms, event_wait_pr
                         sleep_plan, warm_clocks)
 from .gpuplan import RESTRICTED, arms_of, model_runs
 from .loops import LOOPS
+from .releases import primary_key
 from .standins import recording_streams
 from .states import compare_logits, compare_states
 
@@ -44,9 +45,8 @@ class GpuExperiment:
     edges: Any = None
 
     def primary(self) -> gd.Key:
-        """The report's own arm: its loop, the hybrid, bfloat16 where it ran."""
-        dtypes = self.settings["dtypes"]
-        return ("report", self.settings["models"][0], "bfloat16" if "bfloat16" in dtypes else dtypes[0])
+        """The report's own arm: its loop, the hybrid, bfloat16 where it ran (releases.primary_key)."""
+        return primary_key({"settings": self.settings})
 
 
 def _tag(frame: Any, **cols: Any) -> Any:

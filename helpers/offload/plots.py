@@ -18,10 +18,6 @@ def _finish(fig: Any, stem: str, name: str) -> Any:
     return path
 
 
-def _marks(rows: list[dict[str, Any]], record: Any) -> set[tuple[int, int]]:
-    return {(r["layer"], r["call_index"]) for r in rows if r["call_index"] < len(record.calls)}
-
-
 def schedule_heatmap(record: Any, stem: str, name: str = "schedule", marked: list[dict[str, Any]] | None = None,
                      mark_label: str = "unordered read", title: str | None = None) -> Any:
     """Layer x forward-call heatmaps of offload and prefetch calls; `marked` reads get a red frame on the prefetch panel."""
@@ -29,7 +25,7 @@ def schedule_heatmap(record: Any, stem: str, name: str = "schedule", marked: lis
     import numpy as np
     from matplotlib.patches import Rectangle
 
-    marks = _marks(marked or [], record)
+    marks = {(r["layer"], r["call_index"]) for r in marked or [] if r["call_index"] < len(record.calls)}
     fig, axes = plt.subplots(1, 2, figsize=(4.0 + 1.1 * len(record.calls) * 2, 1.6 + 0.45 * len(record.layer_types)),
                              squeeze=False)
     for ax, method in zip(axes[0], ("offload", "prefetch")):

@@ -26,11 +26,8 @@ def plan_lines(p: dict[str, Any]) -> list[str]:
                      f"{layout['full_attention']} full_attention")
     for run in p["runs"]:
         lines.append(f"  run {run['model']} {run['dtype']}: loops {', '.join(run['loops'])}")
-    seen: dict[tuple[str, str], list[str]] = {}
-    for a in p["arms"]:
-        seen.setdefault((a["loop"], a["arm"]), []).append(a["lag"])
-    for (loop, arm), lag in seen.items():
-        lines.append(f"  arm [{loop}] {arm}: {'unlagged' if 'unlagged' in lag else 'lag calibrated'}")
+    lags = {(a["loop"], a["arm"]): a["lag"] for a in p["arms"]}  # an arm's lag is the same on every model
+    lines += [f"  arm [{loop}] {arm}: {'unlagged' if lag == 'unlagged' else 'lag calibrated'}" for (loop, arm), lag in lags.items()]
     lines += [f"  pool poisoning: {p['pool_poisoning']}", f"  event probe: {p['event_probe']}",
               f"  per-step timeout: {p['step_timeout_s']:.0f} s (each release's arms, each flash step)",
               f"  forwards per release: {p['forwards_per_release']} ({p['n_steps']} per arm)",
