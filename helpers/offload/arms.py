@@ -207,8 +207,8 @@ def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, 
         if cache is not None and log is not None:
             stack.enter_context(track(cache, log, lag=race_lag, pool=pool))
         times = stack.enter_context(time_copies(cache, ids.device)) if cache is not None else None
-        if cache is not None and EDGES.get(edge or "none") is not None:  # outside the timer: its waits precede the copy
-            stack.enter_context(EDGES[edge](cache))
+        if cache is not None:  # the fix edge outside the timer: its waits precede the copy
+            stack.enter_context(EDGES[edge or "none"](cache))
         stack.enter_context(device_lag(model, cycles))
         run = run_loop(loop, model, ids, n_steps, cache=cache, **_hooks(loop, log, times, per_call, states, calls))
         if not per_call:

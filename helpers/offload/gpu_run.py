@@ -35,12 +35,10 @@ class GpuExperiment:
 
     steps: Any
     states: Any
-    timing: Any
     counts: Any
     calibration: list[dict[str, Any]]
     memory: list[dict[str, Any]]
     settings: dict[str, Any]
-    arms: list[Arm] = field(default_factory=list, repr=False)
     repeat: list[dict[str, Any]] = field(default_factory=list)
     edges: Any = None
 
@@ -146,7 +144,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
         facts = device_facts(next(iter(models.values())), tuple(fixes))
     gate = gate_reason(facts["probe"]) if facts["probe"] else ""
     fixes = tuple(f for f in fixes if not (f == EVENT and gate))
-    steps, states, timing, calibration, memory, kept, repeat = [], [], [], [], [], [], []
+    steps, states, timing, calibration, memory, repeat = [], [], [], [], [], []
     copies: dict[tuple[str, str], torch.nn.Module] = {}
     runs = model_runs(tuple(models), dtypes, tuple(loops))
     for name, dtype_name, run_loops in runs:
@@ -168,9 +166,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
             steps += s; states += st; timing += t
             memory += [{**tags, "variant": a.name, **a.memory, "stale_reads_served": a.stale_reads, "pool": a.poisoned,
                         **({"wrap": busy_at_wrap(a.timing)} if a.timing is not None else {})} for a in arms]
-            kept += arms
         copies.pop((name, dtype_name), None)
-    timing_frame = pd.concat(timing, ignore_index=True) if timing else _empty_timing()
     ran = [m for m in models if any(r[0] == m for r in runs)]
     recorded = {m: models[m] for m in ran if m not in RESTRICTED}
     edges = edge_record(recorded, ids_of, n_steps) if fixes else None  # the report's layout: notebook 05's CPU record
@@ -183,8 +179,9 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
                 "unlagged_report_arm": unlagged, "pool_poisoned_before_each_offloading_arm": poison,
                 "pool_poison_value": POISON if poison else None,
                 "empty_cache_between_arms": False, "event_resolution_ms": gd.RESOLUTION_MS}
-    return GpuExperiment(pd.concat(steps, ignore_index=True), pd.concat(states, ignore_index=True),
-                         timing_frame, gd.race_counts(timing_frame), calibration, memory, settings, kept, repeat, edges)
+    counts = gd.race_counts(pd.concat(timing, ignore_index=True) if timing else _empty_timing())
+    return GpuExperiment(pd.concat(steps, ignore_index=True), pd.concat(states, ignore_index=True), counts, calibration,
+                         memory, settings, repeat, edges)
 
 
 def edge_record(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tensor], n_steps: int) -> Any:

@@ -9,7 +9,7 @@ a layer's location (device or host) is tracked here, as the real `prefetch` chec
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any, Callable, Iterator
 
 import torch
@@ -215,5 +215,5 @@ def record_stream_edge(cache: Any, device: str | torch.device | None = None) -> 
         yield cache
 
 
-EDGES = {"none": None, "5.20.0 edge": ordering_edge, "offload event": offload_event_edge,
+EDGES = {"none": nullcontext, "5.20.0 edge": ordering_edge, "offload event": offload_event_edge,
          "record_stream": record_stream_edge}
