@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -39,12 +38,10 @@ def _sync(device: torch.device) -> None:
 
 @dataclass
 class GreedyRun:
-    """Last-position logits (float32, CPU) and greedy tokens of every forward call, with timings."""
+    """Last-position logits (float32, CPU) and greedy tokens of every forward call."""
 
     logits: list[torch.Tensor]
     tokens: list[torch.Tensor]
-    prefill_s: float
-    decode_s: float
     cache: Any = field(default=None, repr=False)
     loop: str = "cpu"
     host_waits: list[str] = field(default_factory=list)
@@ -75,15 +72,12 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
     name = compat.cache_kwarg(model)
     keep = {"logits_to_keep": 1} if compat.accepts(model.forward, "logits_to_keep") else {}
     logits, tokens = [], []
-    if host_wait:
+    if host_wait:  # the `.cpu()` loop synchronizes the device before and after its prefill
         _sync(ids.device)
-    start = time.perf_counter()
     kwargs = {name: cache} if cache is not None else {}
     out = _call_hooks(before_call, after_call, "prefill", lambda: model(input_ids=ids, use_cache=True, **kwargs, **keep))
     if host_wait:
         _sync(ids.device)
-    prefill_s = time.perf_counter() - start
-    start = time.perf_counter()
     for step in range(n_steps):
         last = out.logits[:, -1, :]
         next_ids = last.argmax(-1, keepdim=True)
@@ -97,7 +91,7 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
     if not host_wait:
         logits, tokens = [h.float().cpu() for h in logits], [t.cpu() for t in tokens]
     _sync(ids.device)
-    return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache, "cpu" if host_wait else "report",
+    return GreedyRun(logits, tokens, cache, "cpu" if host_wait else "report",
                      [f"decode {k}" for k in range(1, n_steps)] if host_wait else [])
 
 
@@ -165,17 +159,15 @@ def generate_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, ca
     attention_mask = torch.ones_like(ids)
     model.forward = forward
     try:
-        start = time.perf_counter()
         with record_host_waits(lambda: calls["n"], on_host_wait) as waits:
             out = model.generate(input_ids=ids, attention_mask=attention_mask,
                                  generation_config=greedy_config(n_steps), **extra)
     finally:
         del model.forward
-    elapsed = time.perf_counter() - start
     logits = [l.detach().float().cpu().clone() for l in compat.generate_logits(out)]
     tokens = [t[:, None].cpu() for t in out.sequences[:, ids.shape[1]:].unbind(1)]
     cache_out = getattr(out, "past_key_values", None) or cache
-    return GreedyRun(logits, tokens, 0.0, elapsed, cache_out, loop="generate", host_waits=list(waits))
+    return GreedyRun(logits, tokens, cache_out, loop="generate", host_waits=list(waits))
 
 
 def run_loop(loop: str, model: torch.nn.Module, ids: torch.Tensor, n_steps: int, cache: Any = None,

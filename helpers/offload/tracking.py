@@ -146,36 +146,35 @@ def track(cache: Any, log: StreamLog, lag: int | None = None, pool: Any = None) 
 
 
 @contextmanager
-def ordering_edge(cache: Any, device: str | torch.device | None = None) -> Iterator[Any]:
+def ordering_edge(cache: Any) -> Iterator[Any]:
     """The 5.20.0 edge on this cache instance: `prefetch` first makes the prefetch stream wait for the
-    default stream (`prefetch_stream.wait_stream(torch.cuda.default_stream(device))`), then runs as installed."""
-    device = torch.device(device) if device is not None else None
+    default stream (`prefetch_stream.wait_stream(torch.cuda.default_stream())`), then runs as installed."""
     with _patched() as undo:
         _around(cache, "prefetch", undo,
-                before=lambda *a, **k: cache.prefetch_stream.wait_stream(torch.cuda.default_stream(device)))
+                before=lambda *a, **k: cache.prefetch_stream.wait_stream(torch.cuda.default_stream()))
         yield cache
 
 
-def device_event(device: str | torch.device | None = None) -> Any:
+def device_event() -> Any:
     """The offload-event arm's event: a `torch.Event` on the CUDA device, which any stream kind really waits for."""
-    return torch.Event(device=device if device is not None else "cuda")
+    return torch.Event(device="cuda")
 
 
-def cuda_event(device: str | torch.device | None = None) -> Any:
+def cuda_event() -> Any:
     """`torch.cuda.Event()`: what a `torch.Stream` (5.17.0's prefetch stream with torch >= 2.7) does NOT wait for
     (helpers.offload.streams, CUDA_EVENT); the device probe's control and the tests' no-op form."""
     return torch.cuda.Event()
 
 
 @contextmanager
-def offload_event_edge(cache: Any, device: str | torch.device | None = None) -> Iterator[Any]:
+def offload_event_edge(cache: Any) -> Iterator[Any]:
     """Host-buffer-only fix arm: an event (`device_event`, a torch.Event) recorded after each layer's offload copy (on
     the stream the offload runs on, the default stream) and waited by the prefetch stream before that layer's prefetch."""
     events: dict[int, Any] = {}
 
     def record(idx: int) -> None:
-        events[idx] = device_event(device)
-        events[idx].record(torch.cuda.current_stream(device))
+        events[idx] = device_event()
+        events[idx].record(torch.cuda.current_stream())
 
     def wait(idx: int) -> None:
         if idx in events:
@@ -198,14 +197,13 @@ def _record_stream(tensor: torch.Tensor, stream: Any, layer: int) -> None:
 
 
 @contextmanager
-def record_stream_edge(cache: Any, device: str | torch.device | None = None) -> Iterator[Any]:
+def record_stream_edge(cache: Any) -> Iterator[Any]:
     """Reuse-only fix arm: after each layer's prefetch, `keys/values.record_stream(default stream)`, so the
     allocator does not reuse a prefetched block before the default stream's reads of it are done."""
-    device = torch.device(device) if device is not None else None
 
     def keep(idx: int, layer: Any) -> None:
         held = _kv(layer)
-        default = torch.cuda.default_stream(device) if held else None
+        default = torch.cuda.default_stream() if held else None
         for tensor in held:
             _record_stream(tensor, default, idx)
 
