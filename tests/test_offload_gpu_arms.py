@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers.offload import arms, calibrate, gpu, gpu_run, gpuplan, standins, tracking
+from helpers.offload import arms, calibrate, gpu, gpu_run, standins, tracking
+from helpers.pipeline.tools import gpu_plan
 from helpers.offload import gpu_decide as gd
 
 TINY = ("tiny hybrid", "tiny dense")
@@ -120,24 +121,24 @@ def test_unlagged_rows_from_contradicting_tables():
 
 
 def test_the_plan_lists_the_report_layout_the_unlagged_arm_poisoning_and_timeout():
-    p = gpuplan.plan(["5.17.0", "5.20.0"], step_timeout=200)
+    p = gpu_plan.plan(["5.17.0", "5.20.0"], step_timeout=200)
     assert p["layouts"]["report layout (64)"] == {"layers": 64, "linear_attention": 48, "full_attention": 16}
     assert {"model": "report layout (64)", "dtype": "bfloat16", "loops": ["report"]} in p["runs"]
     assert not any(r["model"] == "report layout (64)" and r["dtype"] == "float32" for r in p["runs"])
     unlagged = [a for a in p["arms"] if a["lag"] == "unlagged"]
-    assert {(a["model"], a["loop"], a["arm"]) for a in unlagged} == {(m, "report", arms.UNLAGGED) for m in gpuplan.MODELS}
+    assert {(a["model"], a["loop"], a["arm"]) for a in unlagged} == {(m, "report", arms.UNLAGGED) for m in gpu_run.MODELS}
     assert str(arms.POISON) in p["pool_poisoning"] and p["step_timeout_s"] == 200
     assert 0 < p["expected_minutes"] <= 10
 
 
 def test_model_runs_restrict_the_report_layout():
-    runs = gpuplan.model_runs(gpuplan.MODELS, ("float32", "bfloat16"), ("report", "cpu"))
+    runs = gpu_run.model_runs(gpu_run.MODELS, ("float32", "bfloat16"), ("report", "cpu"))
     assert runs == [("tiny hybrid", "float32", ("report", "cpu")), ("tiny dense", "float32", ("report", "cpu")),
                     ("tiny hybrid", "bfloat16", ("report", "cpu")), ("tiny dense", "bfloat16", ("report", "cpu")),
                     ("report layout (64)", "bfloat16", ("report",))]
-    assert gpuplan.model_runs(gpuplan.MODELS, ("float32",), ("cpu",)) == [("tiny hybrid", "float32", ("cpu",)),
+    assert gpu_run.model_runs(gpu_run.MODELS, ("float32",), ("cpu",)) == [("tiny hybrid", "float32", ("cpu",)),
                                                                          ("tiny dense", "float32", ("cpu",))]
-    assert [a[0] for a in gpuplan.arms_of("cpu", ("record_stream",))] == [arms.BASE, arms.AGAIN, arms.OFF,
+    assert [a[0] for a in gpu_run.arms_of("cpu", ("record_stream",))] == [arms.BASE, arms.AGAIN, arms.OFF,
                                                                           arms.variant_name("record_stream")]
 
 
@@ -275,7 +276,7 @@ def test_each_arm_is_written_as_it_finishes(tmp_path, monkeypatch):
         gpu.main(["--simulate", "--out", str(tmp_path), "--n-steps", "2", "--seq-len", "8", "--models", "tiny dense",
                   "--loops", "report", "cpu", "--dtypes", "float32"])
     rows = [json.loads(line) for line in (tmp_path / gpu.ARMS_LOG).read_text().splitlines()]
-    assert [(r["loop"], r["variant"]) for r in rows] == [("report", v) for v, *_ in gpuplan.arms_of("report")[2:]]
+    assert [(r["loop"], r["variant"]) for r in rows] == [("report", v) for v, *_ in gpu_run.arms_of("report")[2:]]
     assert all(r["steps"] and r["sleep_cycles_used"] >= 0 and "race_counts" in r for r in rows)
     assert not (tmp_path / "gpu-arms.json").exists()
 

@@ -29,7 +29,7 @@ PROBE_CYCLES = 1_000_000
 SLEEP_FACTOR = 4.0
 MIN_SLEEP_MS = 1.0
 MAX_SLEEP_MS = 200.0  # a cap, so that a slow host (or a CPU simulation) cannot make the arms run for minutes; above
-# the host time to the wrap of the report's 64-layer layout (about 70 ms assumed in helpers.offload.gpuplan)
+# the host time to the wrap of the report's 64-layer layout (about 70 ms assumed by `make gpu-plan`)
 # Plausible cycles per ms of `_sleep`: a 100 MHz to 5 GHz clock. A reading outside it is refused, so that a wrong
 # rate cannot turn a 200 ms sleep into hours (only the step timeout would stop it).
 MIN_CYCLES_PER_MS, MAX_CYCLES_PER_MS = 1e5, 5e6

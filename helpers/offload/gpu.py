@@ -1,16 +1,17 @@
 """Notebook 05's GPU experiment (transformers issue #48947), also a plain module: `python -m helpers.offload.gpu`.
 
-Arms (helpers.offload.gpuplan), per model (the tiny hybrid, its dense twin, and the report's 64-layer 48/16 layout in
-bfloat16 and the report's loop only), dtype (float32, bfloat16) and loop (the report's `run()` with no host wait, the
-`.cpu()` loop, `generate()`): offloading=False twice (the noise floor), offloading=True, and offloading=True with each
-fix edge (the 5.20.0 edge, which closes both hazards; a torch.Event per offload, host-buffer only, run where the device
-probe says its wait holds; `record_stream` on prefetched K/V, reuse only); in the report's loop also offloading=True
-again and offloading=True with no injected lag. Every other arm runs under the same calibrated device lag
-(helpers.offload.calibrate, after warming the clocks), each offloading arm after the pinned pool is poisoned
+Arms (helpers.offload.gpu_run.arms_of), per model (the tiny hybrid, its dense twin, and the report's 64-layer 48/16
+layout in bfloat16 and the report's loop only), dtype (float32, bfloat16) and loop (the report's `run()` with no host
+wait, the `.cpu()` loop, `generate()`): offloading=False twice (the noise floor), offloading=True, and offloading=True
+with each fix edge (the 5.20.0 edge, which closes both hazards; a torch.Event per offload, host-buffer only, run where
+the device probe says its wait holds; `record_stream` on prefetched K/V, reuse only); in the report's loop also
+offloading=True again and offloading=True with no injected lag. Every other arm runs under the same calibrated device
+lag (helpers.offload.calibrate, after warming the clocks), each offloading arm after the pinned pool is poisoned
 (helpers.offload.arms), with CUDA timing events around every copy (helpers.offload.devicetiming), so the race is
 observed on the device, not inferred from logits. The runs are in helpers.offload.gpu_run, the decisions in
 helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
-`<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it per release; the notebook calls `experiment` and `decisions`.
+`<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it
+per release; the notebook calls `experiment` and `decisions`.
 `simulate=True` (`--simulate`) runs the same code on CPU under the recording stand-ins: a simulation, never a GPU result.
 """
 from __future__ import annotations
@@ -26,10 +27,43 @@ import torch
 
 from kvresume import compat
 from . import gpu_decide as gd
-from .gpu_run import EVENT, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's and tests' names
-from .gpuplan import BY_CONSTRUCTION, DEVICE_CLAIMS, MODELS, claim_type  # noqa: F401 - the claims' types
+from .gpu_run import EVENT, MODELS, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's, tests'
 from .loops import LOOPS, Decision, random_ids
 from .releases import lags
+from ..quotes import QUOTES
+
+# Once the lag is injected these hold by construction (never counted as the report's statements: helpers/quotes.py
+# says so in by_construction); GPU_DECIDES: what only a GPU decides, each able to fail, and the arms that feed it.
+BY_CONSTRUCTION = {**{cid: QUOTES[cid].by_construction for cid in (
+    "offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
+    "offload.race_observed_on_device")},
+    "offload.drift_only_without_ordering_edge": "the same lag on both releases, and 5.20.0's edge orders the reads it "
+                                                "races"}
+GPU_DECIDES = {
+    "offload.ordering_edge_removes_drift": ("whether 5.20.0's ordering edge removes the logit drift",
+                                            "offloading=True and + 5.20.0 edge, report loop, every model that drifts "
+                                            "(the 64-layer layout's included)"),
+    "offload.offload_event_removes_drift": ("whether an event after each offload removes it (host-buffer hazard only)",
+                                            "+ offload event (where the device probe holds), report loop, every model"),
+    "offload.record_stream_removes_drift": ("whether record_stream on the prefetched K/V removes it (reuse hazard "
+                                            "only)", "+ record_stream, report loop, every model"),
+    "offload.block_overwritten_under_pending_read": (
+        "device-timed count of prefetches that overwrite a block whose read has not finished (the allocator's reuse), "
+        "none with record_stream", "every offloading arm's CUDA events and data pointers (64-layer included)"),
+    "offload.unlagged_run_drifts": ("whether a run with no injected lag drifts at all (logits; end state shown apart)",
+                                    "offloading=True (unlagged), report loop, every model (64-layer included)"),
+}
+# decided from device timing / unlagged arms
+DEVICE_CLAIMS = ("offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts")
+
+
+def claim_type(cid: str) -> dict[str, Any]:
+    """Whether a GPU claim can fail on a GPU, and why not (by construction) or what it decides and from which arms."""
+    if cid in BY_CONSTRUCTION:
+        return {"can_fail": False, "by_construction": BY_CONSTRUCTION[cid]}
+    what, arms = GPU_DECIDES[cid]
+    return {"can_fail": True, "decides": what, "fed_by": arms}
+
 
 CLAIM_TEXT = {
     "offload.prefill_identical": "With DynamicCache(config=model.config, offloading=True) on CUDA, in the report's loop, the prefill logits equal offloading=False's within the noise floor (the same run twice without offloading).",

@@ -1,8 +1,9 @@
 """The GPU experiment's runs (helpers.offload.gpu is its front: claims, decisions, command line).
 
-Per model, dtype and loop the arms of helpers.offload.gpuplan, under one calibrated device lag per model and dtype
-(after the clocks are warmed), each offloading arm after the pinned pool is poisoned, the offload-event arm only where
-the device probe (helpers.offload.calibrate) says its wait holds. `simulate=True` runs it on CPU under the recording
+Per model, dtype and loop (`model_runs`: the report's 64-layer layout in its dtype and loop only) the arms of
+`arms_of`, under one calibrated device lag per model and dtype (after the clocks are warmed), each offloading arm
+after the pinned pool is poisoned, the offload-event arm only where the device probe (helpers.offload.calibrate)
+says its wait holds. `simulate=True` runs it on CPU under the recording
 stand-ins with a modelled pinned pool: a simulation, never a GPU result.
 """
 from __future__ import annotations
@@ -16,17 +17,43 @@ import torch
 
 from kvresume import compat
 from . import gpu_decide as gd
-from .arms import FIXES, OFF, OFF_AGAIN, POISON, Arm, SimPool, run_arm
+from .arms import AGAIN, BASE, FIXES, OFF, OFF_AGAIN, POISON, UNLAGGED, Arm, SimPool, run_arm, variant_name
 from .calibrate import (busy_at_wrap, clamp_cycles, cycles_per_ms, event_wait_probe, gate_reason, host_ms_to_wrap,
                         sleep_plan, warm_clocks)
-from .gpuplan import RESTRICTED, arms_of, model_runs
 from .loops import LOOPS
 from .releases import primary_key
 from .standins import recording_streams
 from .states import compare_logits, compare_states
 
 EVENT = "offload event"
+MODELS = ("tiny hybrid", "tiny dense", "report layout (64)")
+RESTRICTED = {"report layout (64)": (("bfloat16",), ("report",))}  # the report's layout: its dtype and loop only
+ArmPlan = tuple[str, bool, "str | None", bool]  # (variant, offloading, fix edge, lagged)
 RECORD_LIMIT = 50_000_000  # parameters: models up to this size also get the CPU record of which edge closes which hazard
+
+
+def arms_of(loop: str, fixes: tuple[str, ...] = FIXES, unlagged: bool = True) -> list[ArmPlan]:
+    """The arms of one loop, in run order."""
+    arms: list[ArmPlan] = [(BASE, False, None, True), (AGAIN, False, None, True), (OFF, True, None, True)]
+    arms += [(variant_name(e), True, e, True) for e in fixes]
+    if loop == "report":
+        arms.append((OFF_AGAIN, True, None, True))
+        if unlagged:
+            arms.append((UNLAGGED, True, None, False))
+    return arms
+
+
+def model_runs(models: tuple[str, ...], dtypes: tuple[str, ...],
+               loops: tuple[str, ...]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(model, dtype, loops) in run order: dtypes outer, models inner; a RESTRICTED model only in its dtypes, loops."""
+    out = []
+    for dtype in dtypes:
+        for model in models:
+            only_dtypes, only_loops = RESTRICTED.get(model, (dtypes, loops))
+            kept = tuple(l for l in loops if l in only_loops)
+            if dtype in only_dtypes and kept:
+                out.append((model, dtype, kept))
+    return out
 
 
 @dataclass
@@ -179,7 +206,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
                 "unlagged_report_arm": unlagged, "pool_poisoned_before_each_offloading_arm": poison,
                 "pool_poison_value": POISON if poison else None,
                 "empty_cache_between_arms": False, "event_resolution_ms": gd.RESOLUTION_MS}
-    counts = gd.race_counts(pd.concat(timing, ignore_index=True) if timing else _empty_timing())
+    counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else pd.DataFrame(columns=gd.COUNT_COLUMNS)
     return GpuExperiment(pd.concat(steps, ignore_index=True), pd.concat(states, ignore_index=True), counts, calibration,
                          memory, settings, repeat, edges)
 
@@ -199,10 +226,3 @@ def edge_record(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tens
         cpu = copy.deepcopy(model).float().cpu()
         frames.append(edge_table(cpu, ids_of[name].cpu(), n_steps, name, tuple(EDGES), loop="report"))
     return pd.concat(frames, ignore_index=True) if frames else None
-
-
-def _empty_timing() -> Any:
-    import pandas as pd
-
-    return pd.DataFrame(columns=["loop", "model", "dtype", "variant", "lead_ms", "cross_forward", "overwrote_pending_read",
-                                 "default_busy_at_enqueue"])

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from ..paths import output_dir, repo_root
 from ..report.records import load_json
-from .gpu_plan import EDGE_RELEASE, STEP_TIMEOUT, plan_lines, releases_to_run
+from .gpu_plan import EDGE_RELEASE, STEP_TIMEOUT, plan, plan_lines, releases_to_run
 
 ARMS_MODULE, ARMS_FILE, DTYPES = "helpers.offload.gpu", "gpu-arms.json", ("float32", "bfloat16")
 # Notebook 07's FlashAttention-2 column, run after the arms in the same release environment (float16, flash_attn).
@@ -253,10 +253,8 @@ def main(argv: list[str] | None = None, cuda: tuple[bool, str] | None = None, pr
     root = Path(args.out) if args.out else output_dir("gpu")
     root.mkdir(parents=True, exist_ok=True)
     releases = releases_to_run(args.releases)
-    from ...offload.gpuplan import plan as gpu_plan  # torch: imported only once CUDA is there
-
-    plan = gpu_plan(releases, step_timeout=args.timeout)
-    (root / "plan.txt").write_text("\n".join(plan_lines(plan)) + "\n")
+    the_plan = plan(releases, step_timeout=args.timeout)
+    (root / "plan.txt").write_text("\n".join(plan_lines(the_plan)) + "\n")
     rows: list[dict[str, Any]] = []
     for release in releases:
         first = next((r for r in rows if r["rc"] == 0), None)  # later releases take the first one's lag
@@ -265,7 +263,7 @@ def main(argv: list[str] | None = None, cuda: tuple[bool, str] | None = None, pr
     total = round(time.perf_counter() - start, 1)
     claim = cross_release(rows, root)
     summary = {"schema": "kvkit-gpu-check/1", "seconds": total, "step_timeout_s": args.timeout, "budget_s": args.budget or None,
-               "releases": rows, "claims": [claim], "plan": plan}
+               "releases": rows, "claims": [claim], "plan": the_plan}
     (root / "gpu-check.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print_rows(rows, total, root)
     print(f"{claim['id']}: {claim['verdict']} - {claim['reason']}")
