@@ -122,18 +122,15 @@ def held_behind_sleep(waiter: Any, make_event: Callable[..., Any], cycles: int) 
     return {"held": held, "default_still_busy": busy}
 
 
-def stream_kind(stream: Any) -> str:
-    """torch.Stream or torch.cuda.Stream (the stand-ins say which they stand in for)."""
-    return getattr(stream, "api", None) or ("torch.cuda.Stream" if isinstance(stream, torch.cuda.Stream) else "torch.Stream")
-
-
 def event_wait_probe(waiter: Any, cycles_per_ms: float, ms: float = PROBE_MS) -> dict[str, Any]:
     """Both event forms waited by `waiter` (the installed release's prefetch stream): whether each held it."""
     cycles = int(ms * cycles_per_ms)
     arm = held_behind_sleep(waiter, tracking.device_event, cycles)  # the form the arm uses, looked up at call time
     noop = held_behind_sleep(waiter, tracking.cuda_event, cycles)
     conclusive = arm["default_still_busy"] and noop["default_still_busy"]
-    return {"prefetch_stream": stream_kind(waiter), "sleep_ms": ms, "sleep_cycles": cycles, "conclusive": conclusive,
+    kind = getattr(waiter, "api", None)  # a stand-in says which stream kind it stands in for
+    kind = kind or ("torch.cuda.Stream" if isinstance(waiter, torch.cuda.Stream) else "torch.Stream")
+    return {"prefetch_stream": kind, "sleep_ms": ms, "sleep_cycles": cycles, "conclusive": conclusive,
             "arm_form": "torch.Event(device='cuda') waited by prefetch_stream.wait_event",
             "arm_form_waits": conclusive and arm["held"],
             "no_op_form": "torch.cuda.Event() waited by prefetch_stream.wait_event",

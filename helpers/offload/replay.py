@@ -163,15 +163,13 @@ def replay_decision(table: Any) -> Decision:
     evidence = {"every_unordered_read_stale": full, "some_unordered_reads_stale": partial, "no_stale_read": clean,
                 "without_stale_reads_bitwise_equal": clean_ok, "stale_value": STALE_VALUE,
                 "lag_unit": "cache-update calls (Cache.update / update_conv_state / update_recurrent_state on the cache)"}
-    if not full:
-        why = "no lag served a stale read: every prefetch read is ordered after its copy, so the replay predicts no drift"
-    else:
-        v, s = next(iter(full.items()))
-        why = (f"{v} (all {s['stale_reads']} unordered reads stale): prefill bitwise equal = {s['prefill_bitwise_equal']}, "
-               f"every decode step beyond the floor = {s['decode_differs_every_step']} (max |diff| per step "
-               f"{[round(x, 4) for x in s['max_abs_diff']]}); without stale reads ({', '.join(clean)}) bitwise equal = {clean_ok}")
     v, s = next(iter(full.items())) if full else (None, {"max_abs_diff": [None, None]})
-    lag = lags[v] if v else None
-    deciding = {"smallest lag with every unordered read stale": lag, "prefill max |logit diff|": s["max_abs_diff"][0],
+    why = ("no lag served a stale read: every prefetch read is ordered after its copy, so the replay predicts no drift"
+           if not full else
+           f"{v} (all {s['stale_reads']} unordered reads stale): prefill bitwise equal = {s['prefill_bitwise_equal']}, "
+           f"every decode step beyond the floor = {s['decode_differs_every_step']} (max |diff| per step "
+           f"{[round(x, 4) for x in s['max_abs_diff']]}); without stale reads ({', '.join(clean)}) bitwise equal = {clean_ok}")
+    deciding = {"smallest lag with every unordered read stale": lags[v] if v else None,
+                "prefill max |logit diff|": s["max_abs_diff"][0],
                 "decode 1 max |logit diff|": s["max_abs_diff"][1] if len(s["max_abs_diff"]) > 1 else None}
     return Decision(drift_ok and clean_ok, evidence, why, deciding=deciding, source=REPORT_VALUES)
