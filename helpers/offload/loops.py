@@ -14,6 +14,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+from unittest import mock
 
 import torch
 
@@ -124,11 +125,8 @@ def record_host_waits(calls: Callable[[], int], on_wait: Callable[[str], None] |
                 on_wait(waits[-1])
         return inner(self, flag, *args, **kwargs)
 
-    setattr(owner, name, wrapper)
-    try:
+    with mock.patch.object(owner, name, wrapper):
         yield waits
-    finally:
-        setattr(owner, name, inner)
 
 
 def greedy_config(n_steps: int) -> Any:

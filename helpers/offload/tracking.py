@@ -9,8 +9,9 @@ a layer's location (device or host) is tracked here, as the real `prefetch` chec
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any, Callable, Iterator
+from unittest import mock
 
 import torch
 
@@ -44,29 +45,14 @@ def _layer_arg(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> in
 
 
 def _patch(obj: Any, method: str, wrapper_of: Callable[[Callable[..., Any]], Callable[..., Any]],
-           undo: list[tuple[Any, str, Any]]) -> None:
-    """Shadow obj.method by an instance attribute wrapping the current one; `undo` restores it."""
+           undo: ExitStack) -> None:
+    """Shadow obj.method by an instance attribute wrapping the current one (mock.patch.object), undone with `undo`."""
     current = getattr(obj, method, None)
-    if current is None or not callable(current):
-        return
-    undo.append((obj, method, vars(obj).get(method)))
-    setattr(obj, method, wrapper_of(current))
+    if callable(current):
+        undo.enter_context(mock.patch.object(obj, method, wrapper_of(current)))
 
 
-@contextmanager
-def _patched() -> Iterator[list[tuple[Any, str, Any]]]:
-    undo: list[tuple[Any, str, Any]] = []
-    try:
-        yield undo
-    finally:
-        for obj, method, previous in reversed(undo):
-            if previous is None:
-                vars(obj).pop(method, None)
-            else:
-                setattr(obj, method, previous)
-
-
-def _around(obj: Any, method: str, undo: list[tuple[Any, str, Any]], before: Callable[..., None] | None = None,
+def _around(obj: Any, method: str, undo: ExitStack, before: Callable[..., None] | None = None,
             after: Callable[[], None] | None = None) -> None:
     """Shadow obj.method (_patch): `before(*args, **kwargs)` runs before the original, `after()` after it."""
     def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -90,7 +76,7 @@ def instrument(cache: Any, on_update: Callable[[str, tuple[Any, ...], dict[str, 
                layer_methods: tuple[str, ...] = ("offload", "prefetch", "update")) -> Iterator[None]:
     """Shadow, on the cache instance only, its `cache_methods` (`on_update(method, args, kwargs)` runs before each) and
     every layer's `layer_methods` (`layer_hook(idx, layer, method, original)` returns the wrapper)."""
-    with _patched() as undo:
+    with ExitStack() as undo:
         for method in cache_methods:
             _around(cache, method, undo, before=lambda *args, m=method, **kwargs: on_update(m, args, kwargs))
         for idx, layer in enumerate(compat.cache_layers(cache)):
@@ -149,7 +135,7 @@ def track(cache: Any, log: StreamLog, lag: int | None = None, pool: Any = None) 
 def ordering_edge(cache: Any) -> Iterator[Any]:
     """The 5.20.0 edge on this cache instance: `prefetch` first makes the prefetch stream wait for the
     default stream (`prefetch_stream.wait_stream(torch.cuda.default_stream())`), then runs as installed."""
-    with _patched() as undo:
+    with ExitStack() as undo:
         _around(cache, "prefetch", undo,
                 before=lambda *a, **k: cache.prefetch_stream.wait_stream(torch.cuda.default_stream()))
         yield cache
@@ -180,7 +166,7 @@ def offload_event_edge(cache: Any) -> Iterator[Any]:
         if idx in events:
             cache.prefetch_stream.wait_event(events[idx])
 
-    with _patched() as undo:
+    with ExitStack() as undo:
         for idx, layer in enumerate(compat.cache_layers(cache)):
             _around(layer, "offload", undo, after=lambda idx=idx: record(idx))
             _around(layer, "prefetch", undo, before=lambda *a, idx=idx, **k: wait(idx))
@@ -207,7 +193,7 @@ def record_stream_edge(cache: Any) -> Iterator[Any]:
         for tensor in held:
             _record_stream(tensor, default, idx)
 
-    with _patched() as undo:
+    with ExitStack() as undo:
         for idx, layer in enumerate(compat.cache_layers(cache)):
             _around(layer, "prefetch", undo, after=lambda idx=idx, layer=layer: keep(idx, layer))
         yield cache
