@@ -140,7 +140,7 @@ def instrument(cache: Any, layer_types: list[str]) -> Iterator[ScheduleRecord]:
         yield record
 
 
-def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, host_synced: bool = True) -> ScheduleRecord:
+def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4) -> ScheduleRecord:
     """Greedy run with `DynamicCache(config=model.config, offloading=True)`, instrumented, under the
     recording stream stand-ins (helpers.offload.streams): `record.streams` holds every copy, wait and read."""
     types = config_layer_types(model.config)
@@ -149,7 +149,7 @@ def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4,
         with instrument(cache, types) as record, track(cache, log):
             def begin(label: str) -> None:
                 record.begin(label)
-                log.begin(label, host_synced)
+                log.begin(label, host_synced=True)
             record.run = greedy_run(model, ids, n_steps, cache=cache, before_call=begin)
     record.stream_calls, record.streams = dict(log.calls), log
     return record

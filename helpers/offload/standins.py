@@ -8,8 +8,9 @@ lasts c / STAND_IN_CYCLES_PER_MS ms on the stand-ins' timeline.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any, Callable, Iterator
+from unittest import mock
 
 import torch
 
@@ -46,25 +47,15 @@ def _resolve(qualname: str) -> tuple[Any, str]:
 def recording_streams(log: StreamLog | None = None) -> Iterator[StreamLog]:
     """Replace the CUDA stream API by recording stand-ins, restored on exit (also after an error)."""
     log = log or StreamLog()
-    originals: list[tuple[Any, str, Any]] = []
-    try:
+    with ExitStack() as stack:
         for qualname, fn in _stand_ins(log).items():
-            owner, attr = _resolve(qualname)
-
             def counted(*args: Any, _fn: Callable[..., Any] = fn, _q: str = qualname, **kwargs: Any) -> Any:
                 log.calls[_q] = log.calls.get(_q, 0) + 1
                 return _fn(*args, **kwargs)
 
             counted.kvkit_stand_in = True  # type: ignore[attr-defined]
-            originals.append((owner, attr, getattr(owner, attr, None)))
-            setattr(owner, attr, counted)
+            stack.enter_context(mock.patch.object(*_resolve(qualname), counted, create=True))
         yield log
-    finally:
-        for owner, attr, original in reversed(originals):
-            if original is None:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, original)
 
 
 def stand_ins_active() -> list[str]:
