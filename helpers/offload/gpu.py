@@ -165,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loops", nargs="+", default=list(LOOPS), choices=list(LOOPS))
     p.add_argument("--n-steps", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--simulate", action="store_true", help="CPU under the recording stand-ins (a simulation; tests)")
-    p.add_argument("--race-lag", type=int, default=None, help="with --simulate: serve stale reads this many cache-update calls")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--lag-from", default=None, help="another run's gpu-arms.json: use its sleep per model and dtype (same lag)")
     args = p.parse_args(argv)
@@ -178,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else output_dir("gpu", compat.TRANSFORMERS_VERSION)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    models, ids_of = default_models(args.seed, 2, args.seq_len, "cpu" if args.simulate else "cuda", tuple(args.models))
+    models, ids_of = default_models(0, 2, args.seq_len, "cpu" if args.simulate else "cuda", tuple(args.models))
     ex = experiment(models, ids_of, tuple(args.dtypes), tuple(args.loops), args.n_steps, simulate=args.simulate,
-                    race_lag=args.race_lag, cycles_of=lag_from(args.lag_from), on_arms=arms_writer(out / ARMS_LOG))
+                    cycles_of=lag_from(args.lag_from), on_arms=arms_writer(out / ARMS_LOG))
     data = results_json(ex, time.perf_counter() - start)
     (out / "gpu-arms.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     for c in data["claims"]:
