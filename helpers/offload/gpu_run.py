@@ -3,8 +3,8 @@
 Per model, dtype and loop (`model_runs`: the report's 64-layer layout in its dtype and loop only) the arms of
 `arms_of`, under one calibrated device lag per model and dtype (after the clocks are warmed), each offloading arm
 after the pinned pool is poisoned, the offload-event arm only where the device probe (helpers.offload.calibrate)
-says its wait holds. `simulate=True` runs it on CPU under the recording
-stand-ins with a modelled pinned pool: a simulation, never a GPU result.
+says its wait holds. `simulate=True` runs it on CPU under the recording stand-ins with a modelled pinned pool: a
+simulation, never a GPU result.
 """
 from __future__ import annotations
 

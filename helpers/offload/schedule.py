@@ -36,7 +36,7 @@ CACHE_METHODS = ("offload", "prefetch", "update", "update_conv_state", "update_r
 def _held_states(layer: Any) -> tuple[list[str], int]:
     """Names and total bytes of the state tensors a cache layer holds right now (what offload would move)."""
     held = layer_states(0, layer)
-    names = [name.split()[2].split("[")[0] for name in held]
+    names = [name.split()[2].split("[")[0] for name in held]  # "layer 0 conv_states[1]" -> "conv_states"
     return names, sum(t.numel() * t.element_size() for _, _, t in held.values())
 
 
