@@ -404,11 +404,11 @@ def test_gpu_plan_prints_the_plan_without_cuda(capsys):
     for needle in ("report layout (64): 64 layers, 48 linear_attention / 16 full_attention", "run report layout (64) bfloat16: loops report",
                    "offloading=True (unlagged): unlagged", "pool poisoning:", "1024.0", "per-step timeout: 150 s", "minutes in all"):
         assert needle in out, needle
-    from helpers.offload import gpu, gpuplan
+    from helpers.offload import gpu
 
-    for cid in (*gpu.CUDA_CLAIMS, *gpuplan.DEVICE_CLAIMS, "offload.drift_only_without_ordering_edge"):
+    for cid in (*gpu.CUDA_CLAIMS, *gpu.DEVICE_CLAIMS, "offload.drift_only_without_ordering_edge"):
         line = next(l for l in out.splitlines() if l.strip().startswith(cid + ":"))
-        if cid in gpuplan.BY_CONSTRUCTION:
+        if cid in gpu.BY_CONSTRUCTION:
             assert "can fail: no (by construction: " in line, line
         else:
             assert "can fail: yes; decides " in line and "fed by " in line, line

@@ -98,7 +98,7 @@ def test_blocks_that_are_not_exposed():
 
 
 def _loop_record(log: StreamLog) -> LoopRecord:
-    return LoopRecord("report", "m", log, GreedyRun([], [], 0.0, 0.0), 8, "none")
+    return LoopRecord("report", "m", log, GreedyRun([], []), 8, "none")
 
 
 def test_hazard_counts_whole_output_and_the_decision():

@@ -286,7 +286,7 @@ def test_gpu_decision_numbers():
 
 def test_simulated_experiment_says_so_in_every_reason():
     counts = gd.race_counts(timing(lead(OFF, 0.5), lead(EDGE, -0.1)))
-    ex = gpu.GpuExperiment(steps([0.0, 2.1]), states(state(OFF, 1, 0, KV)), None, counts, [], [],
+    ex = gpu.GpuExperiment(steps([0.0, 2.1]), states(state(OFF, 1, 0, KV)), counts, [], [],
                            {"simulated_on_cpu": True, "dtypes": ["bfloat16"], "models": ["tiny hybrid"]})
     out = gpu.decisions(ex)
     assert list(out) == list(gpu.CUDA_CLAIMS) and all(d.why.startswith("[simulated on CPU") for d in out.values())

@@ -31,7 +31,7 @@ def two_forwards(sync_between: bool = False, n_layers: int = 8) -> LoopRecord:
     log.begin("decode 1", host_synced=sync_between)
     _write(log, "layer update (compute)", 3, (9, 1), tracking.device_buffer(3), tracking.device_buffer(3), default)
     _write(log, PREFETCH, 7, (10, 2), tracking.host_buffer(7), tracking.device_buffer(7), side)
-    run = GreedyRun([], [], 0.0, 0.0, host_waits=["decode 1"] if sync_between else [])
+    run = GreedyRun([], [], host_waits=["decode 1"] if sync_between else [])
     return LoopRecord("report", "m", log, run, n_layers, "none")
 
 
@@ -115,7 +115,7 @@ def test_a_producer_in_a_later_forward_than_the_first():
     log.begin("decode 2")
     _write(log, PREFETCH, 7, (10, 2), tracking.host_buffer(7), tracking.device_buffer(7), side)
     _write(log, "layer update (compute)", 7, (11, 7), tracking.device_buffer(7), tracking.device_buffer(7), default)
-    (read,) = ordering.prefetch_reads(LoopRecord("report", "m", log, GreedyRun([], [], 0.0, 0.0), 8, "none"))
+    (read,) = ordering.prefetch_reads(LoopRecord("report", "m", log, GreedyRun([], []), 8, "none"))
     assert (read["forwards_back"], read["layers_since_producer"]) == (1, 3)
     with pytest.raises(LookupError, match=r"no dense model ran on this release: \['x'\]"):
         ordering.decide_not_specific_to_hybrid([], ["x"])

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers.offload import arms, gpu, gpu_run, gpuplan, pool, probe, standins, tracking
+from helpers.offload import arms, calibrate, gpu, gpu_run, standins, tracking
+from helpers.pipeline.tools import gpu_plan
 from helpers.offload import gpu_decide as gd
 
 TINY = ("tiny hybrid", "tiny dense")
@@ -32,7 +33,7 @@ def test_a_poisoned_pool_shows_the_drift_an_unpoisoned_one_hides(dense):
     decide = lambda ex: gd.decide_decode_drifts(ex.steps, ("report", "tiny dense", "bfloat16")).holds  # noqa: E731
     assert decide(poisoned), poisoned.steps
     off = [m for m in poisoned.memory if m["variant"] == arms.OFF][0]
-    assert off["stale_reads_served"] > 0 and off["pool"]["poisoned"] and off["pool"]["value"] == pool.POISON
+    assert off["stale_reads_served"] > 0 and off["pool"]["poisoned"] and off["pool"]["value"] == arms.POISON
     assert off["pool"]["blocks"] > 0  # the calibration runs left blocks in the modelled pool
     assert poisoned.settings["pool_poisoned_before_each_offloading_arm"] is True
     assert all(m["pool"] == {"poisoned": False} for m in poisoned.memory if not m["variant"].startswith("offloading=True"))
@@ -43,7 +44,7 @@ def test_a_poisoned_pool_shows_the_drift_an_unpoisoned_one_hides(dense):
 
 
 def test_sim_pool_returns_what_the_block_held_and_poisons_it():
-    p = pool.SimPool()
+    p = arms.SimPool()
     a = torch.arange(4.0).reshape(2, 2)
     assert p.fill(3, "keys", a) is None  # a fresh block
     assert torch.equal(p.fill(3, "keys", a + 1), a)
@@ -63,30 +64,30 @@ def test_poison_pinned_pool_checks_out_until_the_pool_grows(monkeypatch):
             grown["n"] += 1
         return real_empty(n, dtype=dtype)
 
-    monkeypatch.setattr(pool, "_grown", lambda: grown["n"])
-    monkeypatch.setattr(pool.torch, "empty", empty)
-    out = pool.poison_pinned_pool([64, 64, 128], torch.float32)
-    assert out["per_size_bytes"] == {64: 4, 128: 1} and out["blocks"] == 5 and out["value"] == pool.POISON
-    monkeypatch.setattr(pool, "_grown", lambda: None)  # no host_memory_stats: a fixed count per size
-    assert pool.poison_pinned_pool([64], torch.float32)["per_size_bytes"] == {64: pool.FIXED_BLOCKS}
+    monkeypatch.setattr(arms, "_grown", lambda: grown["n"])
+    monkeypatch.setattr(arms.torch, "empty", empty)
+    out = arms.poison_pinned_pool([64, 64, 128], torch.float32)
+    assert out["per_size_bytes"] == {64: 4, 128: 1} and out["blocks"] == 5 and out["value"] == arms.POISON
+    monkeypatch.setattr(arms, "_grown", lambda: None)  # no host_memory_stats: a fixed count per size
+    assert arms.poison_pinned_pool([64], torch.float32)["per_size_bytes"] == {64: arms.FIXED_BLOCKS}
 
 
 def test_kv_sizes_follow_the_config_and_every_offloaded_length(dense):
     models, ids = dense
-    assert pool.kv_nbytes(models["tiny dense"], ids["tiny dense"], 3) == [2 * 2 * L * 16 * 4 for L in (8, 9, 10)]
-    assert pool.poison_before_arm(models["tiny dense"], ids["tiny dense"], 3, None) == {"poisoned": False, "why": "not CUDA: no pinned pool"}
+    assert arms.kv_nbytes(models["tiny dense"], ids["tiny dense"], 3) == [2 * 2 * L * 16 * 4 for L in (8, 9, 10)]
+    assert arms.poison_before_arm(models["tiny dense"], ids["tiny dense"], 3, None) == {"poisoned": False, "why": "not CUDA: no pinned pool"}
 
 
 def test_the_device_probe_tells_the_two_event_forms_apart():
     with standins.recording_streams():
         waiter = torch.Stream()  # 5.17.0's prefetch stream with torch >= 2.7
-        found = probe.event_wait_probe(waiter, standins.STAND_IN_CYCLES_PER_MS)
-        cuda_waiter = probe.event_wait_probe(torch.cuda.Stream(), standins.STAND_IN_CYCLES_PER_MS)
+        found = calibrate.event_wait_probe(waiter, standins.STAND_IN_CYCLES_PER_MS)
+        cuda_waiter = calibrate.event_wait_probe(torch.cuda.Stream(), standins.STAND_IN_CYCLES_PER_MS)
     assert found["prefetch_stream"] == "torch.Stream" and found["conclusive"]
-    assert found["arm_form_waits"] and not found["no_op_form_waits"] and probe.gate_reason(found) == ""
+    assert found["arm_form_waits"] and not found["no_op_form_waits"] and calibrate.gate_reason(found) == ""
     assert cuda_waiter["arm_form_waits"] and cuda_waiter["no_op_form_waits"]  # torch.cuda.Stream waits for both kinds
-    assert "did not hold" in probe.gate_reason({**found, "arm_form_waits": False})
-    assert "inconclusive" in probe.gate_reason({**found, "arm_form_waits": False, "conclusive": False})
+    assert "did not hold" in calibrate.gate_reason({**found, "arm_form_waits": False})
+    assert "inconclusive" in calibrate.gate_reason({**found, "arm_form_waits": False, "conclusive": False})
 
 
 def test_a_probe_that_does_not_hold_skips_the_event_arm(dense, monkeypatch):
@@ -120,24 +121,24 @@ def test_unlagged_rows_from_contradicting_tables():
 
 
 def test_the_plan_lists_the_report_layout_the_unlagged_arm_poisoning_and_timeout():
-    p = gpuplan.plan(["5.17.0", "5.20.0"], step_timeout=200)
+    p = gpu_plan.plan(["5.17.0", "5.20.0"], step_timeout=200)
     assert p["layouts"]["report layout (64)"] == {"layers": 64, "linear_attention": 48, "full_attention": 16}
     assert {"model": "report layout (64)", "dtype": "bfloat16", "loops": ["report"]} in p["runs"]
     assert not any(r["model"] == "report layout (64)" and r["dtype"] == "float32" for r in p["runs"])
     unlagged = [a for a in p["arms"] if a["lag"] == "unlagged"]
-    assert {(a["model"], a["loop"], a["arm"]) for a in unlagged} == {(m, "report", arms.UNLAGGED) for m in gpuplan.MODELS}
-    assert str(pool.POISON) in p["pool_poisoning"] and p["step_timeout_s"] == 200
+    assert {(a["model"], a["loop"], a["arm"]) for a in unlagged} == {(m, "report", arms.UNLAGGED) for m in gpu_run.MODELS}
+    assert str(arms.POISON) in p["pool_poisoning"] and p["step_timeout_s"] == 200
     assert 0 < p["expected_minutes"] <= 10
 
 
 def test_model_runs_restrict_the_report_layout():
-    runs = gpuplan.model_runs(gpuplan.MODELS, ("float32", "bfloat16"), ("report", "cpu"))
+    runs = gpu_run.model_runs(gpu_run.MODELS, ("float32", "bfloat16"), ("report", "cpu"))
     assert runs == [("tiny hybrid", "float32", ("report", "cpu")), ("tiny dense", "float32", ("report", "cpu")),
                     ("tiny hybrid", "bfloat16", ("report", "cpu")), ("tiny dense", "bfloat16", ("report", "cpu")),
                     ("report layout (64)", "bfloat16", ("report",))]
-    assert gpuplan.model_runs(gpuplan.MODELS, ("float32",), ("cpu",)) == [("tiny hybrid", "float32", ("cpu",)),
+    assert gpu_run.model_runs(gpu_run.MODELS, ("float32",), ("cpu",)) == [("tiny hybrid", "float32", ("cpu",)),
                                                                          ("tiny dense", "float32", ("cpu",))]
-    assert [a[0] for a in gpuplan.arms_of("cpu", ("record_stream",))] == [arms.BASE, arms.AGAIN, arms.OFF,
+    assert [a[0] for a in gpu_run.arms_of("cpu", ("record_stream",))] == [arms.BASE, arms.AGAIN, arms.OFF,
                                                                           arms.variant_name("record_stream")]
 
 
@@ -245,7 +246,7 @@ def test_the_probe_records_through_the_streams_own_record_event():
     with standins.recording_streams() as log:
         waiter = torch.Stream()
         before = log.calls.get("torch.cuda.Event", 0)
-        probe.held_behind_sleep(waiter, tracking.device_event, 1000)
+        calibrate.held_behind_sleep(waiter, tracking.device_event, 1000)
         assert log.calls.get("torch.cuda.Event", 0) == before
 
 
@@ -275,7 +276,7 @@ def test_each_arm_is_written_as_it_finishes(tmp_path, monkeypatch):
         gpu.main(["--simulate", "--out", str(tmp_path), "--n-steps", "2", "--seq-len", "8", "--models", "tiny dense",
                   "--loops", "report", "cpu", "--dtypes", "float32"])
     rows = [json.loads(line) for line in (tmp_path / gpu.ARMS_LOG).read_text().splitlines()]
-    assert [(r["loop"], r["variant"]) for r in rows] == [("report", v) for v, *_ in gpuplan.arms_of("report")[2:]]
+    assert [(r["loop"], r["variant"]) for r in rows] == [("report", v) for v, *_ in gpu_run.arms_of("report")[2:]]
     assert all(r["steps"] and r["sleep_cycles_used"] >= 0 and "race_counts" in r for r in rows)
     assert not (tmp_path / "gpu-arms.json").exists()
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kvresume import compat
-from helpers.offload import hostwaits, loops, standins
+from helpers.offload import loops, standins
 
 
 def test_run_loop_rejects_an_unknown_loop(tiny, ids) -> None:
@@ -41,6 +41,6 @@ def test_stop_check_is_restored() -> None:
     before = getattr(utils, "StopCheck", utils.GenerationMixin)
     attr = "__call__" if hasattr(utils, "StopCheck") else "_has_unfinished_sequences"
     original = getattr(before, attr)
-    with hostwaits.record_host_waits(lambda: 0):
+    with loops.record_host_waits(lambda: 0):
         assert getattr(before, attr) is not original
     assert getattr(before, attr) is original

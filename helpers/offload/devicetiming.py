@@ -22,8 +22,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from kvresume import compat
-from .tracking import _holds_kv, _layer_arg, instrument
+from .tracking import _kv, _layer_arg, instrument
 
 
 @dataclass
@@ -87,11 +86,6 @@ def _event(stream: Any) -> Any:
     return event
 
 
-def _ptrs(layer: Any) -> list[int]:
-    keys, values = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
-    return [t.data_ptr() for t in (keys, values) if isinstance(t, torch.Tensor) and t.numel() > 0]
-
-
 @contextmanager
 def time_copies(cache: Any, device: str | torch.device | None = None) -> Iterator[CopyTimes]:
     """Record timing events around every copy of `cache`'s offloading path (no ordering added between streams)."""
@@ -110,11 +104,11 @@ def time_copies(cache: Any, device: str | torch.device | None = None) -> Iterato
                 start = _event(torch.cuda.current_stream(device))
                 out = original(*args, **kwargs)
                 times.note("prefetch", idx, start=start, end=_event(torch.cuda.current_stream(device)),
-                           default_busy=busy, ptrs=_ptrs(layer))
+                           default_busy=busy, ptrs=[t.data_ptr() for t in _kv(layer)])
                 return out
-            read = _ptrs(layer) if method == "update" else []
+            read = [t.data_ptr() for t in _kv(layer)] if method == "update" else []
             out = original(*args, **kwargs)
-            if method == "offload" and _holds_kv(layer):
+            if method == "offload" and _kv(layer):
                 times.note("offload", idx, done=_event(torch.cuda.current_stream(device)))
             elif method == "update":
                 times.note("update", idx, done=_event(torch.cuda.current_stream(device)), read_ptrs=read)

@@ -6,8 +6,8 @@ from ..quotes import Quote, ISSUE_48947, passage
 _LINEAR_HYPOTHESIS = "only the correctness of the linear_attention layers' recurrent/conv state under offload looks broken."
 _FIRST_REUSE = "the bug appears exactly at the first post-prefill forward call that reuses the cache"
 _NO_GPU = "needs a GPU and the 27B checkpoint; a tiny hybrid stands in, on CUDA only"
-# The GPU arms' claims that hold once the lag is injected, whatever the device does (helpers.offload.gpuplan.BY_CONSTRUCTION);
-# what a GPU decides is in helpers.offload.gpuplan.GPU_DECIDES.
+# The GPU arms' claims that hold once the lag is injected, whatever the device does
+# (helpers.offload.gpu.BY_CONSTRUCTION); what a GPU decides is in helpers.offload.gpu.GPU_DECIDES.
 _GPU_BUILT = {
     "prefill": "on the GPU arms, no prefill compute reads a prefetched tensor, so the prefill logits are offloading=False's",
     "decode": "on the GPU arms, the injected lag makes the first decode read host buffers whose copies have not ended",

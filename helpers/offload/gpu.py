@@ -1,16 +1,17 @@
 """Notebook 05's GPU experiment (transformers issue #48947), also a plain module: `python -m helpers.offload.gpu`.
 
-Arms (helpers.offload.gpuplan), per model (the tiny hybrid, its dense twin, and the report's 64-layer 48/16 layout in
-bfloat16 and the report's loop only), dtype (float32, bfloat16) and loop (the report's `run()` with no host wait, the
-`.cpu()` loop, `generate()`): offloading=False twice (the noise floor), offloading=True, and offloading=True with each
-fix edge (the 5.20.0 edge, which closes both hazards; a torch.Event per offload, host-buffer only, run where the device
-probe says its wait holds; `record_stream` on prefetched K/V, reuse only); in the report's loop also offloading=True
-again and offloading=True with no injected lag. Every other arm runs under the same calibrated device lag
-(helpers.offload.calibrate, after warming the clocks), each offloading arm after the pinned pool is poisoned
-(helpers.offload.pool), with CUDA timing events around every copy (helpers.offload.devicetiming), so the race is
+Arms (helpers.offload.gpu_run.arms_of), per model (the tiny hybrid, its dense twin, and the report's 64-layer 48/16
+layout in bfloat16 and the report's loop only), dtype (float32, bfloat16) and loop (the report's `run()` with no host
+wait, the `.cpu()` loop, `generate()`): offloading=False twice (the noise floor), offloading=True, and offloading=True
+with each fix edge (the 5.20.0 edge, which closes both hazards; a torch.Event per offload, host-buffer only, run where
+the device probe says its wait holds; `record_stream` on prefetched K/V, reuse only); in the report's loop also
+offloading=True again and offloading=True with no injected lag. Every other arm runs under the same calibrated device
+lag (helpers.offload.calibrate, after warming the clocks), each offloading arm after the pinned pool is poisoned
+(helpers.offload.arms), with CUDA timing events around every copy (helpers.offload.devicetiming), so the race is
 observed on the device, not inferred from logits. The runs are in helpers.offload.gpu_run, the decisions in
 helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
-`<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it per release; the notebook calls `experiment` and `decisions`.
+`<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it
+per release; the notebook calls `experiment` and `decisions`.
 `simulate=True` (`--simulate`) runs the same code on CPU under the recording stand-ins: a simulation, never a GPU result.
 """
 from __future__ import annotations
@@ -26,13 +27,44 @@ import torch
 
 from kvresume import compat
 from . import gpu_decide as gd
-from .gpu_run import EVENT, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's and tests' names
-from .gpuplan import BY_CONSTRUCTION, DEVICE_CLAIMS, MODELS, claim_type  # noqa: F401 - the claims' types
+from .gpu_run import EVENT, MODELS, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's, tests'
 from .loops import LOOPS, Decision, random_ids
+from .releases import lags
+from ..quotes import QUOTES
 
-CUDA_CLAIMS = ("offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
-               "offload.ordering_edge_removes_drift", "offload.race_observed_on_device",
-               "offload.offload_event_removes_drift", "offload.record_stream_removes_drift", *DEVICE_CLAIMS)
+# Once the lag is injected these hold by construction (never counted as the report's statements: helpers/quotes.py
+# says so in by_construction); GPU_DECIDES: what only a GPU decides, each able to fail, and the arms that feed it.
+BY_CONSTRUCTION = {**{cid: QUOTES[cid].by_construction for cid in (
+    "offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
+    "offload.race_observed_on_device")},
+    "offload.drift_only_without_ordering_edge": "the same lag on both releases, and 5.20.0's edge orders the reads it "
+                                                "races"}
+GPU_DECIDES = {
+    "offload.ordering_edge_removes_drift": ("whether 5.20.0's ordering edge removes the logit drift",
+                                            "offloading=True and + 5.20.0 edge, report loop, every model that drifts "
+                                            "(the 64-layer layout's included)"),
+    "offload.offload_event_removes_drift": ("whether an event after each offload removes it (host-buffer hazard only)",
+                                            "+ offload event (where the device probe holds), report loop, every model"),
+    "offload.record_stream_removes_drift": ("whether record_stream on the prefetched K/V removes it (reuse hazard "
+                                            "only)", "+ record_stream, report loop, every model"),
+    "offload.block_overwritten_under_pending_read": (
+        "device-timed count of prefetches that overwrite a block whose read has not finished (the allocator's reuse), "
+        "none with record_stream", "every offloading arm's CUDA events and data pointers (64-layer included)"),
+    "offload.unlagged_run_drifts": ("whether a run with no injected lag drifts at all (logits; end state shown apart)",
+                                    "offloading=True (unlagged), report loop, every model (64-layer included)"),
+}
+# decided from device timing / unlagged arms
+DEVICE_CLAIMS = ("offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts")
+
+
+def claim_type(cid: str) -> dict[str, Any]:
+    """Whether a GPU claim can fail on a GPU, and why not (by construction) or what it decides and from which arms."""
+    if cid in BY_CONSTRUCTION:
+        return {"can_fail": False, "by_construction": BY_CONSTRUCTION[cid]}
+    what, arms = GPU_DECIDES[cid]
+    return {"can_fail": True, "decides": what, "fed_by": arms}
+
+
 CLAIM_TEXT = {
     "offload.prefill_identical": "With DynamicCache(config=model.config, offloading=True) on CUDA, in the report's loop, the prefill logits equal offloading=False's within the noise floor (the same run twice without offloading).",
     "offload.decode_drifts": "On CUDA, in the report's loop, from the first decode step that reuses the offloaded cache, offloading=True logits differ from offloading=False by more than the noise floor.",
@@ -44,10 +76,10 @@ CLAIM_TEXT = {
     "offload.block_overwritten_under_pending_read": "On CUDA, device-timed: without a fix some prefetch copy writes a device block whose earlier read on the default stream has not finished (the allocator's reuse, seen from data_ptr and CUDA events), and none does with record_stream.",
     "offload.unlagged_run_drifts": "On CUDA with no injected lag, offloading=True in the report's loop drifts beyond the noise floor on some model (the 64-layer layout included where it ran); logits decide, end-state drift is shown apart.",
 }
-CLAIM_KINDS = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
-               "offload.first_differing_tensor_is_attention_kv": "refutes", "offload.ordering_edge_removes_drift": "beyond",
-               "offload.race_observed_on_device": "beyond", "offload.offload_event_removes_drift": "beyond",
-               "offload.record_stream_removes_drift": "beyond", **{cid: "beyond" for cid in DEVICE_CLAIMS}}
+CUDA_CLAIMS = tuple(CLAIM_TEXT)  # DEVICE_CLAIMS (decided from device timing / unlagged arms) last
+KIND_NOT_BEYOND = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
+                   "offload.first_differing_tensor_is_attention_kv": "refutes"}
+CLAIM_KINDS = {cid: KIND_NOT_BEYOND.get(cid, "beyond") for cid in CUDA_CLAIMS}
 SIMULATED = "[simulated on CPU under recording stream stand-ins, not a GPU measurement] "
 
 
@@ -123,6 +155,7 @@ def results_json(ex: GpuExperiment, seconds: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m helpers.offload.gpu --out DIR [--dtypes ...] [--simulate]`: 0 ran, 2 refused (no CUDA), 1 error."""
+    from ..pipeline.paths import output_dir
     from ..pipeline.run.params import cuda_status
 
     p = argparse.ArgumentParser(prog="python -m helpers.offload.gpu", description=__doc__,
@@ -132,9 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loops", nargs="+", default=list(LOOPS), choices=list(LOOPS))
     p.add_argument("--n-steps", type=int, default=4)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--simulate", action="store_true", help="CPU under the recording stand-ins (a simulation; tests)")
-    p.add_argument("--race-lag", type=int, default=None, help="with --simulate: serve stale reads this many cache-update calls")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     p.add_argument("--lag-from", default=None, help="another run's gpu-arms.json: use its sleep per model and dtype (same lag)")
     args = p.parse_args(argv)
@@ -142,12 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.simulate and not (ok and torch.cuda.is_available()):
         print(f"helpers.offload.gpu: refused, CUDA is not usable here ({why or 'torch.cuda.is_available() is False'}); nothing was run.")
         return 2
-    out = Path(args.out) if args.out else _default_out()
+    out = Path(args.out) if args.out else output_dir("gpu", compat.TRANSFORMERS_VERSION)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    models, ids_of = default_models(args.seed, 2, args.seq_len, "cpu" if args.simulate else "cuda", tuple(args.models))
+    models, ids_of = default_models(0, 2, args.seq_len, "cpu" if args.simulate else "cuda", tuple(args.models))
     ex = experiment(models, ids_of, tuple(args.dtypes), tuple(args.loops), args.n_steps, simulate=args.simulate,
-                    race_lag=args.race_lag, cycles_of=lag_from(args.lag_from), on_arms=arms_writer(out / ARMS_LOG))
+                    cycles_of=lag_from(args.lag_from), on_arms=arms_writer(out / ARMS_LOG))
     data = results_json(ex, time.perf_counter() - start)
     (out / "gpu-arms.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     for c in data["claims"]:
@@ -176,14 +207,7 @@ def lag_from(path: str | None) -> dict[tuple[str, str], int] | None:
     """(model, dtype) -> the sleep another run used (its gpu-arms.json calibration table); None: calibrate here."""
     if not path or not Path(path).is_file():
         return None
-    rows = json.loads(Path(path).read_text()).get("tables", {}).get("calibration", [])
-    return {(r["model"], r["dtype"]): int(r["sleep_cycles_used"]) for r in rows} or None
-
-
-def _default_out() -> Path:
-    from ..pipeline.paths import output_dir
-
-    return output_dir("gpu", compat.TRANSFORMERS_VERSION)
+    return lags(json.loads(Path(path).read_text())) or None
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from .states import ATTENTION_KV, first_difference
 
 RESOLUTION_MS = 0.001  # CUDA event timestamps resolve about 0.5 us: a lead below 1 us is not counted
 Key = tuple[str, str, str]  # (loop, model, dtype)
+COUNT_COLUMNS = ["loop", "model", "dtype", "variant", "prefetches", "started_before_producer_done", "same_forward",
+                 "earlier_forward", "max_lead_ms", "overwrote_pending_read", "default_busy_at_enqueue"]  # race_counts
 
 
 def _arm(table: Any, key: Key, variant: str) -> Any:
@@ -175,9 +177,7 @@ def race_counts(timing: Any, resolution_ms: float = RESOLUTION_MS) -> Any:
                      "max_lead_ms": float(t.lead_ms.max()) if t.lead_ms.notna().any() else None,
                      "overwrote_pending_read": int(t.overwrote_pending_read.sum()),
                      "default_busy_at_enqueue": int(t.default_busy_at_enqueue.sum())})
-    return pd.DataFrame(rows, columns=["loop", "model", "dtype", "variant", "prefetches", "started_before_producer_done",
-                                       "same_forward", "earlier_forward", "max_lead_ms", "overwrote_pending_read",
-                                       "default_busy_at_enqueue"])
+    return pd.DataFrame(rows, columns=COUNT_COLUMNS)
 
 
 def decide_race_observed(counts: Any) -> Decision:

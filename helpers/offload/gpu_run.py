@@ -1,9 +1,10 @@
 """The GPU experiment's runs (helpers.offload.gpu is its front: claims, decisions, command line).
 
-Per model, dtype and loop the arms of helpers.offload.gpuplan, under one calibrated device lag per model and dtype
-(after the clocks are warmed), each offloading arm after the pinned pool is poisoned, the offload-event arm only where
-the device probe (helpers.offload.probe) says its wait holds. `simulate=True` runs it on CPU under the recording
-stand-ins with a modelled pinned pool: a simulation, never a GPU result.
+Per model, dtype and loop (`model_runs`: the report's 64-layer layout in its dtype and loop only) the arms of
+`arms_of`, under one calibrated device lag per model and dtype (after the clocks are warmed), each offloading arm
+after the pinned pool is poisoned, the offload-event arm only where the device probe (helpers.offload.calibrate)
+says its wait holds. `simulate=True` runs it on CPU under the recording stand-ins with a modelled pinned pool: a
+simulation, never a GPU result.
 """
 from __future__ import annotations
 
@@ -16,17 +17,43 @@ import torch
 
 from kvresume import compat
 from . import gpu_decide as gd
-from .arms import FIXES, Arm, run_arm
-from .calibrate import busy_at_wrap, clamp_cycles, cycles_per_ms, host_ms_to_wrap, sleep_plan, warm_clocks
-from .gpuplan import RESTRICTED, arms_of, model_runs
+from .arms import AGAIN, BASE, FIXES, OFF, OFF_AGAIN, POISON, UNLAGGED, Arm, SimPool, run_arm, variant_name
+from .calibrate import (busy_at_wrap, clamp_cycles, cycles_per_ms, event_wait_probe, gate_reason, host_ms_to_wrap,
+                        sleep_plan, warm_clocks)
 from .loops import LOOPS
-from .pool import POISON, SimPool
-from .probe import event_wait_probe, gate_reason
+from .releases import primary_key
 from .standins import recording_streams
 from .states import compare_logits, compare_states
 
 EVENT = "offload event"
+MODELS = ("tiny hybrid", "tiny dense", "report layout (64)")
+RESTRICTED = {"report layout (64)": (("bfloat16",), ("report",))}  # the report's layout: its dtype and loop only
+ArmPlan = tuple[str, bool, "str | None", bool]  # (variant, offloading, fix edge, lagged)
 RECORD_LIMIT = 50_000_000  # parameters: models up to this size also get the CPU record of which edge closes which hazard
+
+
+def arms_of(loop: str, fixes: tuple[str, ...] = FIXES, unlagged: bool = True) -> list[ArmPlan]:
+    """The arms of one loop, in run order."""
+    arms: list[ArmPlan] = [(BASE, False, None, True), (AGAIN, False, None, True), (OFF, True, None, True)]
+    arms += [(variant_name(e), True, e, True) for e in fixes]
+    if loop == "report":
+        arms.append((OFF_AGAIN, True, None, True))
+        if unlagged:
+            arms.append((UNLAGGED, True, None, False))
+    return arms
+
+
+def model_runs(models: tuple[str, ...], dtypes: tuple[str, ...],
+               loops: tuple[str, ...]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(model, dtype, loops) in run order: dtypes outer, models inner; a RESTRICTED model only in its dtypes, loops."""
+    out = []
+    for dtype in dtypes:
+        for model in models:
+            only_dtypes, only_loops = RESTRICTED.get(model, (dtypes, loops))
+            kept = tuple(l for l in loops if l in only_loops)
+            if dtype in only_dtypes and kept:
+                out.append((model, dtype, kept))
+    return out
 
 
 @dataclass
@@ -35,19 +62,16 @@ class GpuExperiment:
 
     steps: Any
     states: Any
-    timing: Any
     counts: Any
     calibration: list[dict[str, Any]]
     memory: list[dict[str, Any]]
     settings: dict[str, Any]
-    arms: list[Arm] = field(default_factory=list, repr=False)
     repeat: list[dict[str, Any]] = field(default_factory=list)
     edges: Any = None
 
     def primary(self) -> gd.Key:
-        """The report's own arm: its loop, the hybrid, bfloat16 where it ran."""
-        dtypes = self.settings["dtypes"]
-        return ("report", self.settings["models"][0], "bfloat16" if "bfloat16" in dtypes else dtypes[0])
+        """The report's own arm: its loop, the hybrid, bfloat16 where it ran (releases.primary_key)."""
+        return primary_key({"settings": self.settings})
 
 
 def _tag(frame: Any, **cols: Any) -> Any:
@@ -68,19 +92,13 @@ def calibrate(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, rate: flo
 def _loop_arms(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, cycles: int, fixes: tuple[str, ...],
                simulate: bool, race_lag: int | None, pool: SimPool | None, poison: bool, unlagged: bool) -> list[Arm]:
     kw = dict(model=model, ids=ids, n_steps=n_steps, loop=loop, simulate=simulate, pool=pool, poison=poison)
-    out = []
-    for name, offloading, edge, lagged in arms_of(loop, fixes, unlagged):
-        arm = run_arm(offloading=offloading, edge=edge, cycles=cycles if lagged else 0,
-                      race_lag=race_lag if lagged else None, **kw)
-        arm.name = name
-        out.append(arm)
-    return out
+    return [run_arm(offloading=offloading, edge=edge, cycles=cycles if lagged else 0, name=name,
+                    race_lag=race_lag if lagged else None, **kw)
+            for name, offloading, edge, lagged in arms_of(loop, fixes, unlagged)]
 
 
 def repeat_rows(arms: list[Arm], tags: dict[str, Any]) -> list[dict[str, Any]]:
     """offloading=True against its own second run, per forward call: max |logit diff| and bitwise equality."""
-    from .arms import OFF, OFF_AGAIN
-
     by = {a.name: a for a in arms}
     if OFF not in by or OFF_AGAIN not in by:
         return []
@@ -138,7 +156,7 @@ def device_facts(model: torch.nn.Module, fixes: tuple[str, ...]) -> dict[str, An
 def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tensor], dtypes: tuple[str, ...] = ("float32", "bfloat16"),
                loops: tuple[str, ...] = LOOPS, n_steps: int = 4, fixes: tuple[str, ...] = FIXES, simulate: bool = False,
                race_lag: int | None = None, cycles: int | None = None, poison: bool = True, unlagged: bool = True,
-               restricted: dict[str, Any] | None = None, cycles_of: dict[tuple[str, str], int] | None = None,
+               cycles_of: dict[tuple[str, str], int] | None = None,
                on_arms: Callable[[list[dict[str, Any]]], None] | None = None) -> GpuExperiment:
     """Every arm on every model, dtype and loop; `cycles` (or `cycles_of[(model, dtype)]`) overrides the calibrated sleep;
     `on_arms(rows)` gets each loop's arms as soon as they finish (arm_rows), so a later crash or timeout keeps them."""
@@ -153,9 +171,9 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
         facts = device_facts(next(iter(models.values())), tuple(fixes))
     gate = gate_reason(facts["probe"]) if facts["probe"] else ""
     fixes = tuple(f for f in fixes if not (f == EVENT and gate))
-    steps, states, timing, calibration, memory, kept, repeat = [], [], [], [], [], [], []
+    steps, states, timing, calibration, memory, repeat = [], [], [], [], [], []
     copies: dict[tuple[str, str], torch.nn.Module] = {}
-    runs = model_runs(tuple(models), dtypes, tuple(loops), RESTRICTED if restricted is None else restricted)
+    runs = model_runs(tuple(models), dtypes, tuple(loops))
     for name, dtype_name, run_loops in runs:
         dtype = getattr(torch, dtype_name)
         model = models[name]
@@ -175,11 +193,9 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
             steps += s; states += st; timing += t
             memory += [{**tags, "variant": a.name, **a.memory, "stale_reads_served": a.stale_reads, "pool": a.poisoned,
                         **({"wrap": busy_at_wrap(a.timing)} if a.timing is not None else {})} for a in arms]
-            kept += arms
         copies.pop((name, dtype_name), None)
-    timing_frame = pd.concat(timing, ignore_index=True) if timing else _empty_timing()
     ran = [m for m in models if any(r[0] == m for r in runs)]
-    recorded = {m: models[m] for m in ran if m not in (RESTRICTED if restricted is None else restricted)}
+    recorded = {m: models[m] for m in ran if m not in RESTRICTED}
     edges = edge_record(recorded, ids_of, n_steps) if fixes else None  # the report's layout: notebook 05's CPU record
     settings = {"device": str(device), "dtypes": list(dtypes), "dtypes_left_out": dropped, "loops": list(loops), "models": ran,
                 "models_left_out": [m for m in models if m not in ran], "runs": [list(r) for r in runs],
@@ -190,8 +206,9 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
                 "unlagged_report_arm": unlagged, "pool_poisoned_before_each_offloading_arm": poison,
                 "pool_poison_value": POISON if poison else None,
                 "empty_cache_between_arms": False, "event_resolution_ms": gd.RESOLUTION_MS}
-    return GpuExperiment(pd.concat(steps, ignore_index=True), pd.concat(states, ignore_index=True),
-                         timing_frame, gd.race_counts(timing_frame), calibration, memory, settings, kept, repeat, edges)
+    counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else pd.DataFrame(columns=gd.COUNT_COLUMNS)
+    return GpuExperiment(pd.concat(steps, ignore_index=True), pd.concat(states, ignore_index=True), counts, calibration,
+                         memory, settings, repeat, edges)
 
 
 def edge_record(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tensor], n_steps: int) -> Any:
@@ -209,10 +226,3 @@ def edge_record(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tens
         cpu = copy.deepcopy(model).float().cpu()
         frames.append(edge_table(cpu, ids_of[name].cpu(), n_steps, name, tuple(EDGES), loop="report"))
     return pd.concat(frames, ignore_index=True) if frames else None
-
-
-def _empty_timing() -> Any:
-    import pandas as pd
-
-    return pd.DataFrame(columns=["loop", "model", "dtype", "variant", "lead_ms", "cross_forward", "overwrote_pending_read",
-                                 "default_busy_at_enqueue"])

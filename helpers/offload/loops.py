@@ -1,19 +1,20 @@
 """The three greedy loops of notebook 05 and their comparisons (transformers issue #48947).
 
 `run_loop(loop, ...)` is the one entry point, `loop` in `LOOPS`:
-* "report": the report's `run()` -- logits and argmax stay on the device, no host wait, no per-step
-  synchronize; logits go to the host only after the last call.
+* "report": the report's `run()` (`greedy_run(host_wait=False)`) -- logits and argmax stay on the device, no host
+  wait, no per-step synchronize; logits go to the host only after the last call.
 * "cpu": `greedy_run`, the kit's `.cpu()` loop -- every step's logits and tokens are copied to the host
   (a host wait per step on CUDA).
 * "generate": `model.generate(...)` with an explicit greedy GenerationConfig (its own per-step host wait
-  is recorded by helpers.offload.hostwaits, never assumed).
+  is recorded by `record_host_waits`, never assumed).
 """
 
 from __future__ import annotations
 
-import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+from unittest import mock
 
 import torch
 
@@ -38,12 +39,10 @@ def _sync(device: torch.device) -> None:
 
 @dataclass
 class GreedyRun:
-    """Last-position logits (float32, CPU) and greedy tokens of every forward call, with timings."""
+    """Last-position logits (float32, CPU) and greedy tokens of every forward call."""
 
     logits: list[torch.Tensor]
     tokens: list[torch.Tensor]
-    prefill_s: float
-    decode_s: float
     cache: Any = field(default=None, repr=False)
     loop: str = "cpu"
     host_waits: list[str] = field(default_factory=list)
@@ -62,10 +61,11 @@ def _call_hooks(before_call: Callable[[str], None] | None, after_call: Callable[
 @torch.no_grad()
 def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cache: Any = None,
                before_call: Callable[[str], None] | None = None,
-               after_call: Callable[[str, Any], None] | None = None) -> GreedyRun:
-    """The `.cpu()` greedy loop: a prefill (logits_to_keep=1), then n_steps-1 greedy one-token decode steps,
-    each step's logits and tokens copied to the host (a host wait per step). NOT the report's `run()`
-    (that is `report_run`, which keeps argmax on the device). `host_waits` names the calls a host wait precedes.
+               after_call: Callable[[str, Any], None] | None = None, host_wait: bool = True) -> GreedyRun:
+    """A prefill (logits_to_keep=1), then n_steps-1 greedy one-token decode steps. `host_wait` (the `.cpu()` loop):
+    each step's logits and tokens copied to the host (a host wait per step); else the report's `run()` (loop
+    "report"): logits cloned and argmax taken on the device, no host wait or synchronize between calls, the logits
+    moved to the host after the last call. `host_waits` names the calls a host wait precedes.
 
     `cache=None` lets the model make its own cache (the seed's offloading=False arm);
     `before_call(label)` / `after_call(label, cache)` run around every forward call.
@@ -73,63 +73,63 @@ def greedy_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cach
     name = compat.cache_kwarg(model)
     keep = {"logits_to_keep": 1} if compat.accepts(model.forward, "logits_to_keep") else {}
     logits, tokens = [], []
-    _sync(ids.device)
-    start = time.perf_counter()
+    if host_wait:  # the `.cpu()` loop synchronizes the device before and after its prefill
+        _sync(ids.device)
     kwargs = {name: cache} if cache is not None else {}
     out = _call_hooks(before_call, after_call, "prefill", lambda: model(input_ids=ids, use_cache=True, **kwargs, **keep))
-    _sync(ids.device)
-    prefill_s = time.perf_counter() - start
-    start = time.perf_counter()
+    if host_wait:
+        _sync(ids.device)
     for step in range(n_steps):
         last = out.logits[:, -1, :]
-        logits.append(last.detach().float().cpu().clone())
         next_ids = last.argmax(-1, keepdim=True)
-        tokens.append(next_ids.detach().cpu().clone())
+        logits.append(last.detach().float().cpu().clone() if host_wait else last.clone())
+        tokens.append(next_ids.detach().cpu().clone() if host_wait else next_ids)
         cache = compat.output_cache(out)
         if step == n_steps - 1:
             break
         out = _call_hooks(before_call, after_call, f"decode {step + 1}",
                           lambda: model(input_ids=next_ids, use_cache=True, **{name: cache}))
+    if not host_wait:
+        logits, tokens = [h.float().cpu() for h in logits], [t.cpu() for t in tokens]
     _sync(ids.device)
-    return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache,
-                     host_waits=[f"decode {k}" for k in range(1, n_steps)])
+    return GreedyRun(logits, tokens, cache, "cpu" if host_wait else "report",
+                     [f"decode {k}" for k in range(1, n_steps)] if host_wait else [])
 
 
 LOOPS = ("report", "cpu", "generate")
 
 
-@torch.no_grad()
-def report_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, cache: Any = None,
-               before_call: Callable[[str], None] | None = None,
-               after_call: Callable[[str, Any], None] | None = None) -> GreedyRun:
-    """The report's `run()`: logits cloned and argmax taken on the device, no host wait or synchronize
-    between calls; the logits are moved to the host after the last call."""
-    name = compat.cache_kwarg(model)
-    keep = {"logits_to_keep": 1} if compat.accepts(model.forward, "logits_to_keep") else {}
-    kwargs = {name: cache} if cache is not None else {}
-    start = time.perf_counter()
-    out = _call_hooks(before_call, after_call, "prefill",
-                      lambda: model(input_ids=ids, use_cache=True, **kwargs, **keep))
-    prefill_s = time.perf_counter() - start
-    hist, toks = [out.logits[:, -1, :].clone()], []
-    cache = compat.output_cache(out)
-    next_ids = out.logits[:, -1:].argmax(-1)
-    toks.append(next_ids)
-    start = time.perf_counter()
-    for step in range(1, n_steps):
-        out = _call_hooks(before_call, after_call, f"decode {step}",
-                          lambda: model(input_ids=next_ids, use_cache=True, **{name: cache}))
-        hist.append(out.logits[:, -1, :].clone())
-        cache = compat.output_cache(out)
-        next_ids = out.logits[:, -1:].argmax(-1)
-        toks.append(next_ids)
-    logits = [h.float().cpu() for h in hist]
-    tokens = [t.cpu() for t in toks]
-    _sync(ids.device)
-    return GreedyRun(logits, tokens, prefill_s, time.perf_counter() - start, cache, loop="report")
+@contextmanager
+def record_host_waits(calls: Callable[[], int], on_wait: Callable[[str], None] | None = None) -> Iterator[list[str]]:
+    """Yield a list that fills with one label per host-side read of generate()'s device stop flag (never assumed).
+
+    From 5.17.0 `generate()` decides whether to stop with `StopCheck.__call__`, which reads
+    `bool(unfinished_sequences.max() == 0)` on the host: a host wait on the device every step (`DeferredStopCheck`,
+    which does not wait and overrides it, is enabled only on MPS). Earlier releases compute
+    `this_peer_finished = unfinished_sequences.max() == 0` (a tensor) and `_has_unfinished_sequences` turns it into a
+    Python bool: the same wait. The one that exists is wrapped for the duration. `calls()` returns how many forward
+    calls have run so far: a wait after call n precedes "decode n"; `on_wait(label)` runs at the wait (the stream
+    record enters it as a host synchronize there).
+    """
+    from transformers.generation import utils
+
+    waits: list[str] = []
+    stop = getattr(utils, "StopCheck", None)
+    owner, name = (stop, "__call__") if stop is not None else (utils.GenerationMixin, "_has_unfinished_sequences")
+    inner = getattr(owner, name)
+
+    def wrapper(self: Any, flag: Any, *args: Any, **kwargs: Any) -> bool:
+        if (type(self).__call__ is wrapper) if stop is not None else isinstance(flag, torch.Tensor):
+            waits.append(f"decode {calls()}")
+            if on_wait:
+                on_wait(waits[-1])
+        return inner(self, flag, *args, **kwargs)
+
+    with mock.patch.object(owner, name, wrapper):
+        yield waits
 
 
-def greedy_config(model: torch.nn.Module, n_steps: int) -> Any:
+def greedy_config(n_steps: int) -> Any:
     """An explicit greedy GenerationConfig: n_steps new tokens (= n_steps forward calls), no EOS stop."""
     from transformers import GenerationConfig
 
@@ -145,8 +145,6 @@ def generate_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, ca
                  on_host_wait: Callable[[str], None] | None = None) -> GreedyRun:
     """`model.generate(...)` greedy with `past_key_values=cache`; hooks run around every forward call
     (the forward is shadowed on the instance only for the duration)."""
-    from .hostwaits import record_host_waits
-
     calls = {"n": 0}
     inner = model.forward
 
@@ -159,27 +157,26 @@ def generate_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, ca
     attention_mask = torch.ones_like(ids)
     model.forward = forward
     try:
-        start = time.perf_counter()
         with record_host_waits(lambda: calls["n"], on_host_wait) as waits:
             out = model.generate(input_ids=ids, attention_mask=attention_mask,
-                                 generation_config=greedy_config(model, n_steps), **extra)
+                                 generation_config=greedy_config(n_steps), **extra)
     finally:
         del model.forward
-    elapsed = time.perf_counter() - start
     logits = [l.detach().float().cpu().clone() for l in compat.generate_logits(out)]
     tokens = [t[:, None].cpu() for t in out.sequences[:, ids.shape[1]:].unbind(1)]
     cache_out = getattr(out, "past_key_values", None) or cache
-    return GreedyRun(logits, tokens, 0.0, elapsed, cache_out, loop="generate", host_waits=list(waits))
+    return GreedyRun(logits, tokens, cache_out, loop="generate", host_waits=list(waits))
 
 
 def run_loop(loop: str, model: torch.nn.Module, ids: torch.Tensor, n_steps: int, cache: Any = None,
              **kw: Any) -> GreedyRun:
     """Run one of `LOOPS` ("report", "cpu", "generate"); `kw`: before_call / after_call hooks
     (and, for "generate", on_host_wait)."""
-    runners = {"report": report_run, "cpu": greedy_run, "generate": generate_run}
-    if loop not in runners:
+    if loop not in LOOPS:
         raise ValueError(f"unknown loop {loop!r}; expected one of {LOOPS}")
-    return runners[loop](model, ids, n_steps, cache=cache, **kw)
+    if loop == "generate":
+        return generate_run(model, ids, n_steps, cache=cache, **kw)
+    return greedy_run(model, ids, n_steps, cache=cache, host_wait=loop == "cpu", **kw)
 
 
 # --- comparisons ----------------------------------------------------------------------------------

@@ -3,13 +3,12 @@
 `record_loop` runs one loop (helpers.offload.loops.LOOPS) on an offloading DynamicCache under the
 recording stream stand-ins, with the loop's own host waits entered into the record: none for the
 report's loop, a default-stream synchronize before every decode call for the `.cpu()` loop, and for
-`generate()` one wherever transformers' stop check read the device (helpers.offload.hostwaits).
+`generate()` one wherever transformers' stop check read the device (helpers.offload.loops.record_host_waits).
 Each prefetch read is then judged: is its producing offload copy ordered before it, how far apart
 (cache-update calls, decoder layers) and whether the producer ran in the same forward call.
 """
 from __future__ import annotations
 
-from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,15 +39,13 @@ def record_loop(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: s
                 edge: str = "none", lag: int | None = None) -> LoopRecord:
     """Run `loop` with `DynamicCache(config, offloading=True)` under the stand-ins, optionally with a fix edge and
     (the race replay) stale reads served `lag` cache-update calls behind."""
-    with recording_streams() as log, ExitStack() as stack:
+    with recording_streams() as log:
         cache = compat.dynamic_cache(model.config, offloading=True)
-        stack.enter_context(track(cache, log, lag=lag))
-        if EDGES[edge] is not None:
-            stack.enter_context(EDGES[edge](cache))
         kw: dict[str, Any] = {"before_call": lambda label: log.begin(label, host_synced=(loop == "cpu"))}
         if loop == "generate":
             kw["on_host_wait"] = lambda label: log.synchronize(log.default_stream(), "generate()'s stop check read the device")
-        run = run_loop(loop, model, ids, n_steps, cache=cache, **kw)
+        with track(cache, log, lag=lag), EDGES[edge](cache):
+            run = run_loop(loop, model, ids, n_steps, cache=cache, **kw)
     n_layers = int(compat.text_config(model.config).num_hidden_layers)
     return LoopRecord(loop, name, log, run, n_layers, edge)
 

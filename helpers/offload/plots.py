@@ -18,10 +18,6 @@ def _finish(fig: Any, stem: str, name: str) -> Any:
     return path
 
 
-def _marks(rows: list[dict[str, Any]], record: Any) -> set[tuple[int, int]]:
-    return {(r["layer"], r["call_index"]) for r in rows if r["call_index"] < len(record.calls)}
-
-
 def schedule_heatmap(record: Any, stem: str, name: str = "schedule", marked: list[dict[str, Any]] | None = None,
                      mark_label: str = "unordered read", title: str | None = None) -> Any:
     """Layer x forward-call heatmaps of offload and prefetch calls; `marked` reads get a red frame on the prefetch panel."""
@@ -29,7 +25,7 @@ def schedule_heatmap(record: Any, stem: str, name: str = "schedule", marked: lis
     import numpy as np
     from matplotlib.patches import Rectangle
 
-    marks = _marks(marked or [], record)
+    marks = {(r["layer"], r["call_index"]) for r in marked or [] if r["call_index"] < len(record.calls)}
     fig, axes = plt.subplots(1, 2, figsize=(4.0 + 1.1 * len(record.calls) * 2, 1.6 + 0.45 * len(record.layer_types)),
                              squeeze=False)
     for ax, method in zip(axes[0], ("offload", "prefetch")):
@@ -52,42 +48,34 @@ def schedule_heatmap(record: Any, stem: str, name: str = "schedule", marked: lis
     return _finish(fig, stem, name)
 
 
-def replay_drift_plot(table: Any, stem: str, name: str = "replay-drift") -> Any:
-    """(a) max |logit diff| vs offloading=False per forward call, one line per lag (symlog), and the noise threshold."""
+def _drift_plot(table: Any, stem: str, name: str, title: str, replay: bool) -> Any:
+    """Max |logit diff| vs offloading=False per forward call, one line per variant (symlog), and the noise threshold;
+    `replay`: a small x offset and a marker per lag keep equal lines visible, each labelled with its stale reads."""
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    top = 0.0
+    fig, ax = plt.subplots(figsize=(6.4, 3.8) if replay else (5.8, 3.6))
     groups = list(table.groupby("variant", sort=False))
-    for k, (variant, rows) in enumerate(groups):  # a small x offset per lag keeps equal lines visible
-        shift = (k - (len(groups) - 1) / 2) * 0.05
-        ax.plot(rows.step + shift, rows.max_abs_diff, marker="os^vDPX*"[k % 8], markersize=5,
-                label=f"{variant} ({int(rows.stale_reads.iloc[0])} stale reads)")
-        top = max(top, float(rows.max_abs_diff.max()))
+    for k, (variant, rows) in enumerate(groups):
+        shift = (k - (len(groups) - 1) / 2) * 0.05 if replay else 0.0
+        label = f"{variant} ({int(rows.stale_reads.iloc[0])} stale reads)" if replay else variant
+        ax.plot(rows.step + shift, rows.max_abs_diff, marker="os^vDPX*"[k % 8] if replay else "o",
+                markersize=5 if replay else 6, label=label)
     first = table[table.variant == table.variant.iloc[0]]
     ax.plot(first.step, first.noise_threshold, color="#777777", linestyle="--", label="noise threshold")
     ax.set_yscale("symlog", linthresh=1e-6)
-    ax.set_ylim(bottom=0, top=max(1.0, top * 2))
+    ax.set_ylim(bottom=0, top=max(1.0, float(table.max_abs_diff.max()) * 2))
     ax.set_xticks(list(first.step), list(first.call), rotation=30, ha="right")
     ax.set_ylabel("max |logit diff| (symlog; 0 = bitwise equal)")
-    ax.set_title("Race replay (simulation): drift per call, by lag in cache-update calls")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    ax.set_title(title)
+    ax.legend(fontsize=7, **({"loc": "upper left", "bbox_to_anchor": (1.02, 1.0)} if replay else {}))
     return _finish(fig, stem, name)
+
+
+def replay_drift_plot(table: Any, stem: str, name: str = "replay-drift") -> Any:
+    """(a) max |logit diff| vs offloading=False per forward call, one line per lag (symlog), and the noise threshold."""
+    return _drift_plot(table, stem, name, "Race replay (simulation): drift per call, by lag in cache-update calls", True)
 
 
 def gpu_drift_plot(steps: Any, stem: str, name: str = "drift") -> Any:
     """Per-step max |logit diff| vs offloading=False, with and without the 5.20.0 edge, against the noise threshold."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.8, 3.6))
-    for variant, rows in steps.groupby("variant", sort=False):
-        ax.plot(rows.step, rows.max_abs_diff, marker="o", label=variant)
-    first = steps[steps.variant == steps.variant.iloc[0]]
-    ax.plot(first.step, first.noise_threshold, color="#777777", linestyle="--", label="noise threshold")
-    ax.set_yscale("symlog", linthresh=1e-6)
-    ax.set_ylim(bottom=0, top=max(1.0, float(steps.max_abs_diff.max()) * 2))
-    ax.set_xticks(list(first.step), list(first.call), rotation=30, ha="right")
-    ax.set_ylabel("max |logit diff| (symlog; 0 = bitwise equal)")
-    ax.set_title("Logit drift per forward call (CUDA)")
-    ax.legend(fontsize=7)
-    return _finish(fig, stem, name)
+    return _drift_plot(steps, stem, name, "Logit drift per forward call (CUDA)", False)

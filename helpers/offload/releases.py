@@ -18,7 +18,7 @@ STATEMENT = ("On CUDA, with the same models and the same calibrated device lag, 
 
 
 def primary_key(data: dict[str, Any]) -> tuple[str, str, str]:
-    """The report's loop, the first model, bfloat16 where it ran (helpers.offload.gpu_run.GpuExperiment.primary)."""
+    """The report's loop, the first model, bfloat16 where it ran (the primary arm of a GPU experiment)."""
     s = data["settings"]
     return ("report", s["models"][0], "bfloat16" if "bfloat16" in s["dtypes"] else s["dtypes"][0])
 
@@ -34,28 +34,30 @@ def drift(data: dict[str, Any], key: tuple[str, str, str]) -> bool | None:
 
 def lags(data: dict[str, Any]) -> dict[tuple[str, str], int]:
     """(model, dtype) -> the sleep per forward the run used (cycles)."""
-    return {(r["model"], r["dtype"]): int(r["sleep_cycles_used"]) for r in data["tables"]["calibration"]}
+    rows = data.get("tables", {}).get("calibration", [])
+    return {(r["model"], r["dtype"]): int(r["sleep_cycles_used"]) for r in rows}
 
 
 def decide(without: dict[str, Any], with_edge: dict[str, Any]) -> dict[str, Any]:
     """The claim's record (id, kind, verdict, reason, evidence) from the two releases' results ({}: not run)."""
     out = {"id": CLAIM, "kind": KIND, "statement": STATEMENT}
-    if not without.get("tables") or not with_edge.get("tables"):
-        missing = [r for r, d in (("without the edge", without), ("with the edge", with_edge)) if not d.get("tables")]
+    missing = [r for r, d in (("without the edge", without), ("with the edge", with_edge)) if not d.get("tables")]
+    if missing:
         return {**out, "verdict": "skipped", "reason": f"no GPU arms result for the release {' and '.join(missing)}", "evidence": {}}
-    key = primary_key(without)
+    key, lag_a, lag_b = primary_key(without), lags(without), lags(with_edge)
     same_models = without["settings"].get("runs") == with_edge["settings"].get("runs")
-    common = sorted(set(lags(without)) & set(lags(with_edge)))
-    same_lag = bool(common) and all(lags(without)[k] == lags(with_edge)[k] for k in common)
+    common = sorted(set(lag_a) & set(lag_b))
+    same_lag = bool(common) and all(lag_a[k] == lag_b[k] for k in common)
     ev = {"key": list(key), "release_without": without.get("release"), "release_with": with_edge.get("release"),
           "same_models": same_models, "same_lag": same_lag,
-          "lag_cycles": {f"{m}/{d}": [lags(without)[(m, d)], lags(with_edge)[(m, d)]] for m, d in common},
+          "lag_cycles": {f"{m}/{d}": [lag_a[(m, d)], lag_b[(m, d)]] for m, d in common},
           "drift_without_edge": drift(without, key), "drift_with_edge": drift(with_edge, key)}
-    prefix = "[simulated on CPU] " if without["settings"].get("simulated_on_cpu") or with_edge["settings"].get("simulated_on_cpu") else ""
-    if not (same_models and same_lag) or None in (ev["drift_without_edge"], ev["drift_with_edge"]):
-        why = "not like with like: " + ", ".join(w for w, ok in (("different models", same_models), ("different lag", same_lag),
-                                                                 ("the arm is missing", None not in (ev["drift_without_edge"], ev["drift_with_edge"]))) if not ok)
-        return {**out, "verdict": "skipped", "reason": prefix + why, "evidence": ev}
+    simulated = without["settings"].get("simulated_on_cpu") or with_edge["settings"].get("simulated_on_cpu")
+    prefix = "[simulated on CPU] " if simulated else ""
+    unlike = [w for w, bad in (("different models", not same_models), ("different lag", not same_lag),
+                               ("the arm is missing", None in (ev["drift_without_edge"], ev["drift_with_edge"]))) if bad]
+    if unlike:
+        return {**out, "verdict": "skipped", "reason": prefix + "not like with like: " + ", ".join(unlike), "evidence": ev}
     holds = bool(ev["drift_without_edge"]) and not ev["drift_with_edge"]
     why = (f"{'/'.join(key)}: drift on {ev['release_without']} = {ev['drift_without_edge']}, on {ev['release_with']} = "
            f"{ev['drift_with_edge']} (same models, same lag)")

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from ..compare import noise_floor
-from .loops import Decision, GreedyRun, greedy_run, step_table
+from .loops import Decision, GreedyRun, greedy_run
 from .ordering import record_loop
+from .states import compare_logits
 from .streams import STALE_VALUE, StreamLog
 
 # transformers issue #48947, Qwen3.8-27B, bf16, batch 2 x 4096 random tokens
@@ -85,22 +85,15 @@ class Replay:
     dtype: torch.dtype
     runs: list[ReplayRun] = field(default_factory=list)
 
-    def floors(self) -> list[Any]:
-        return [noise_floor(r, [a], self.dtype, what="offloading=False run twice")
-                for r, a in zip(self.reference.logits, self.again.logits)]
-
     def table(self) -> Any:
-        """Per lag (and fix) and step: max |logit diff| vs offloading=False, bitwise, beyond the floor."""
+        """Per lag (and fix) and step: max |logit diff| vs offloading=False, bitwise, beyond the floor (compare_logits)."""
         import pandas as pd
 
         frames = []
         for rr in self.runs:
-            steps = step_table(self.reference, rr.run)
-            floors = self.floors()
-            steps["noise_threshold"] = [f.threshold for f in floors]
-            steps["differs"] = [f.differs(v) for f, v in zip(floors, steps.max_abs_diff)]
             prefix = "" if rr.loop == "cpu" else f"{rr.loop} loop, "
-            steps.insert(0, "variant", prefix + f"lag {rr.lag}" + (" + 5.20.0 edge" if rr.fix else ""))
+            variant = prefix + f"lag {rr.lag}" + (" + 5.20.0 edge" if rr.fix else "")
+            steps = compare_logits(self.reference, self.again, rr.run, self.dtype, variant)
             steps.insert(1, "loop", rr.loop)
             steps.insert(1, "lag", rr.lag)
             steps.insert(2, "fix", rr.fix)
@@ -170,15 +163,13 @@ def replay_decision(table: Any) -> Decision:
     evidence = {"every_unordered_read_stale": full, "some_unordered_reads_stale": partial, "no_stale_read": clean,
                 "without_stale_reads_bitwise_equal": clean_ok, "stale_value": STALE_VALUE,
                 "lag_unit": "cache-update calls (Cache.update / update_conv_state / update_recurrent_state on the cache)"}
-    if not full:
-        why = "no lag served a stale read: every prefetch read is ordered after its copy, so the replay predicts no drift"
-    else:
-        v, s = next(iter(full.items()))
-        why = (f"{v} (all {s['stale_reads']} unordered reads stale): prefill bitwise equal = {s['prefill_bitwise_equal']}, "
-               f"every decode step beyond the floor = {s['decode_differs_every_step']} (max |diff| per step "
-               f"{[round(x, 4) for x in s['max_abs_diff']]}); without stale reads ({', '.join(clean)}) bitwise equal = {clean_ok}")
     v, s = next(iter(full.items())) if full else (None, {"max_abs_diff": [None, None]})
-    lag = lags[v] if v else None
-    deciding = {"smallest lag with every unordered read stale": lag, "prefill max |logit diff|": s["max_abs_diff"][0],
+    why = ("no lag served a stale read: every prefetch read is ordered after its copy, so the replay predicts no drift"
+           if not full else
+           f"{v} (all {s['stale_reads']} unordered reads stale): prefill bitwise equal = {s['prefill_bitwise_equal']}, "
+           f"every decode step beyond the floor = {s['decode_differs_every_step']} (max |diff| per step "
+           f"{[round(x, 4) for x in s['max_abs_diff']]}); without stale reads ({', '.join(clean)}) bitwise equal = {clean_ok}")
+    deciding = {"smallest lag with every unordered read stale": lags[v] if v else None,
+                "prefill max |logit diff|": s["max_abs_diff"][0],
                 "decode 1 max |logit diff|": s["max_abs_diff"][1] if len(s["max_abs_diff"]) > 1 else None}
     return Decision(drift_ok and clean_ok, evidence, why, deciding=deciding, source=REPORT_VALUES)

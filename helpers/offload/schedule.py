@@ -22,7 +22,8 @@ from kvresume import compat
 from ..hybrid import layer_types as config_layer_types
 from .loops import GreedyRun, greedy_run
 from .standins import recording_streams
-from .tracking import track
+from .states import layer_states
+from .tracking import _layer_arg, instrument as wrap_methods, track
 
 LINEAR_TYPES = ("linear_attention",)
 ATTENTION_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
@@ -34,22 +35,9 @@ CACHE_METHODS = ("offload", "prefetch", "update", "update_conv_state", "update_r
 
 def _held_states(layer: Any) -> tuple[list[str], int]:
     """Names and total bytes of the state tensors a cache layer holds right now (what offload would move)."""
-    names, nbytes = [], 0
-    keys, values = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
-    for name, tensor in (("keys", keys), ("values", values)):
-        if isinstance(tensor, torch.Tensor) and tensor.numel() > 0:
-            names.append(name)
-            nbytes += tensor.numel() * tensor.element_size()
-    for kind in ("conv_states", "recurrent_states"):
-        states = getattr(layer, kind, None)
-        flags = getattr(layer, f"is_{kind}_initialized", None)
-        items = states.items() if isinstance(states, dict) else enumerate(states or [])
-        for idx, tensor in items:
-            ready = flags[idx] if isinstance(flags, (dict, list)) else isinstance(tensor, torch.Tensor)
-            if ready and isinstance(tensor, torch.Tensor):
-                names.append(kind)
-                nbytes += tensor.numel() * tensor.element_size()
-    return names, nbytes
+    held = layer_states(0, layer)
+    names = [name.split()[2].split("[")[0] for name in held]  # "layer 0 conv_states[1]" -> "conv_states"
+    return names, sum(t.numel() * t.element_size() for _, _, t in held.values())
 
 
 @dataclass
@@ -133,56 +121,26 @@ class ScheduleRecord:
         }
 
 
-def _wrap(obj: Any, method: str, hook: Callable[[], None], patched: list[tuple[Any, str]]) -> None:
-    original = getattr(obj, method, None)
-    if original is None or not callable(original):
-        return
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        hook(*args, **kwargs)
-        return original(*args, **kwargs)
-
-    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(obj, method, wrapper)  # an instance attribute shadows the class method
-    patched.append((obj, method))
-
-
 @contextmanager
 def instrument(cache: Any, layer_types: list[str]) -> Iterator[ScheduleRecord]:
-    """Record, on this cache instance, every layer's offload/prefetch and every cache-level update.
+    """Record, on this cache instance, every layer's offload/prefetch and every cache-level call of CACHE_METHODS.
 
     The originals still run (each wrapper calls them); the instance attributes are removed on exit.
     """
-    layers = compat.cache_layers(cache)
-    record = ScheduleRecord(list(layer_types), [type(layer).__name__ for layer in layers])
-    patched: list[tuple[Any, str]] = []
+    record = ScheduleRecord(list(layer_types), [type(layer).__name__ for layer in compat.cache_layers(cache)])
 
-    def cache_hook(method: str, idx_pos: int) -> Callable[..., None]:
-        def hook(*args: Any, **kwargs: Any) -> None:
-            idx = kwargs.get("layer_idx", args[idx_pos] if len(args) > idx_pos else -1)
-            record.log("cache", method, int(idx))
-        return hook
-
-    def layer_hook(method: str, idx: int, layer: Any) -> Callable[..., None]:
-        def hook(*args: Any, **kwargs: Any) -> None:
+    def layer_hook(idx: int, layer: Any, method: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             record.log("layer", method, idx, layer)
-        return hook
+            return original(*args, **kwargs)
+        return wrapper
 
-    try:
-        for method, pos in (("offload", 0), ("prefetch", 0), ("update", 2), ("update_conv_state", 1),
-                            ("update_recurrent_state", 1)):
-            _wrap(cache, method, cache_hook(method, pos), patched)
-        for idx, layer in enumerate(layers):
-            for method in MOVES:
-                _wrap(layer, method, layer_hook(method, idx, layer), patched)
+    on_cache = lambda method, args, kwargs: record.log("cache", method, _layer_arg(method, args, kwargs))  # noqa: E731
+    with wrap_methods(cache, on_cache, layer_hook, CACHE_METHODS, MOVES):
         yield record
-    finally:
-        for obj, method in reversed(patched):
-            if method in vars(obj):
-                delattr(obj, method)
 
 
-def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, host_synced: bool = True) -> ScheduleRecord:
+def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4) -> ScheduleRecord:
     """Greedy run with `DynamicCache(config=model.config, offloading=True)`, instrumented, under the
     recording stream stand-ins (helpers.offload.streams): `record.streams` holds every copy, wait and read."""
     types = config_layer_types(model.config)
@@ -191,7 +149,7 @@ def record_schedule(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4,
         with instrument(cache, types) as record, track(cache, log):
             def begin(label: str) -> None:
                 record.begin(label)
-                log.begin(label, host_synced)
+                log.begin(label, host_synced=True)
             record.run = greedy_run(model, ids, n_steps, cache=cache, before_call=begin)
     record.stream_calls, record.streams = dict(log.calls), log
     return record

@@ -14,10 +14,6 @@ from typing import Any
 REPORT_STEPS = [0.0, 2.1171875, 7.625, 17.4375]
 
 
-def _replay_rows(replay_table: Any, variant: str) -> Any:
-    return replay_table[replay_table.variant == variant].sort_values("step")
-
-
 WAITS = "waits for the GPU arms (section 5, make gpu-check)"
 
 
@@ -44,7 +40,7 @@ def signature_rows(report_row: dict[str, Any], linear_never_moved: bool, replay_
                    gpu: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Rows: signature, report's value, explanations predicting it, evidence from the records (and, where the GPU
     arms ran, from them: `gpu_evidence`), what decides it."""
-    rows = _replay_rows(replay_table, variant)
+    rows = replay_table[replay_table.variant == variant].sort_values("step")
     diffs = [float(v) for v in rows.max_abs_diff]
     first = rows[rows.differs].step
     compounding = len(diffs) > 2 and all(b > a for a, b in zip(diffs[1:], diffs[2:]))

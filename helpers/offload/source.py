@@ -13,27 +13,20 @@ from kvresume import compat
 from .loops import greedy_run, step_table
 
 
-def _source_targets() -> list[tuple[str, Any]]:
-    from transformers import cache_utils as cu
-
-    names = [("Cache", "update"), ("Cache", "offload"), ("Cache", "prefetch"), ("Cache", "is_linear"),
-             ("Cache", "update_conv_state"), ("Cache", "update_recurrent_state"),
-             ("CacheLayerMixin", "offload"), ("CacheLayerMixin", "prefetch"),
-             ("LinearAttentionCacheLayerMixin", "offload"), ("LinearAttentionCacheLayerMixin", "prefetch")]
-    out = []
-    for cls_name, attr in names:
-        cls = getattr(cu, cls_name, None)
-        obj = None if cls is None else vars(cls).get(attr)
-        if isinstance(obj, property):
-            obj = obj.fget
-        out.append((f"{cls_name}.{attr}", obj))
-    return out
+SOURCE_TARGETS = (("Cache", "update"), ("Cache", "offload"), ("Cache", "prefetch"), ("Cache", "is_linear"),
+                  ("Cache", "update_conv_state"), ("Cache", "update_recurrent_state"),
+                  ("CacheLayerMixin", "offload"), ("CacheLayerMixin", "prefetch"),
+                  ("LinearAttentionCacheLayerMixin", "offload"), ("LinearAttentionCacheLayerMixin", "prefetch"))
 
 
 def offloading_source() -> list[dict[str, Any]]:
-    """inspect.getsource of the installed cache_utils methods the schedule chart explains."""
+    """inspect.getsource of the installed cache_utils methods the schedule chart explains (SOURCE_TARGETS)."""
+    from transformers import cache_utils as cu
+
     rows = []
-    for name, obj in _source_targets():
+    for cls_name, attr in SOURCE_TARGETS:
+        name, obj = f"{cls_name}.{attr}", vars(getattr(cu, cls_name, object)).get(attr)
+        obj = obj.fget if isinstance(obj, property) else obj
         if obj is None:
             rows.append({"name": name, "line": None, "source": f"# {name}: not defined on transformers {compat.TRANSFORMERS_VERSION}"})
             continue

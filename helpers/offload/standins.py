@@ -8,27 +8,17 @@ lasts c / STAND_IN_CYCLES_PER_MS ms on the stand-ins' timeline.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any, Callable, Iterator
+from unittest import mock
 
 import torch
 
-from .streams import CUDA_EVENT, CUDA_STREAM, TORCH_EVENT, TORCH_STREAM, RecEvent, RecStream, StreamLog
+from .streams import CUDA_EVENT, CUDA_STREAM, TORCH_EVENT, TORCH_STREAM, RecEvent, StreamLog
 
 STREAM_API = ("torch.Stream", "torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.default_stream",
               "torch.cuda.current_stream", "torch.cuda.synchronize", "torch.Event", "torch.cuda.Event", "torch.cuda._sleep")
 STAND_IN_CYCLES_PER_MS = 1_000_000.0  # the stand-ins' clock: torch.cuda._sleep(c) lasts c / this ms
-
-
-class _StreamContext:
-    def __init__(self, stream: RecStream | None) -> None:
-        self.stream = stream
-
-    def __enter__(self) -> RecStream | None:
-        return self.stream.__enter__() if self.stream is not None else None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return self.stream.__exit__(*exc) if self.stream is not None else False
 
 
 def _stand_ins(log: StreamLog) -> dict[str, Callable[..., Any]]:
@@ -38,7 +28,7 @@ def _stand_ins(log: StreamLog) -> dict[str, Callable[..., Any]]:
     return {
         "torch.Stream": lambda *a, **k: log.new_stream("torch.Stream()", api=TORCH_STREAM),
         "torch.cuda.Stream": lambda *a, **k: log.new_stream("torch.cuda.Stream()", api=CUDA_STREAM),
-        "torch.cuda.stream": lambda stream=None: _StreamContext(stream),
+        "torch.cuda.stream": lambda stream=None: stream if stream is not None else nullcontext(),  # a RecStream enters
         "torch.cuda.default_stream": lambda device=None: log.default_stream(),
         "torch.cuda.current_stream": lambda device=None: log.current(),
         "torch.cuda.synchronize": lambda device=None: log.synchronize(None, "torch.cuda.synchronize()"),
@@ -57,25 +47,15 @@ def _resolve(qualname: str) -> tuple[Any, str]:
 def recording_streams(log: StreamLog | None = None) -> Iterator[StreamLog]:
     """Replace the CUDA stream API by recording stand-ins, restored on exit (also after an error)."""
     log = log or StreamLog()
-    originals: list[tuple[Any, str, Any]] = []
-    try:
+    with ExitStack() as stack:
         for qualname, fn in _stand_ins(log).items():
-            owner, attr = _resolve(qualname)
-
             def counted(*args: Any, _fn: Callable[..., Any] = fn, _q: str = qualname, **kwargs: Any) -> Any:
                 log.calls[_q] = log.calls.get(_q, 0) + 1
                 return _fn(*args, **kwargs)
 
             counted.kvkit_stand_in = True  # type: ignore[attr-defined]
-            originals.append((owner, attr, getattr(owner, attr, None)))
-            setattr(owner, attr, counted)
+            stack.enter_context(mock.patch.object(*_resolve(qualname), counted, create=True))
         yield log
-    finally:
-        for owner, attr, original in reversed(originals):
-            if original is None:
-                delattr(owner, attr)
-            else:
-                setattr(owner, attr, original)
 
 
 def stand_ins_active() -> list[str]:

@@ -19,8 +19,11 @@ LINEAR_STATE = "linear conv/recurrent state"
 State = dict[str, tuple[int, str, torch.Tensor]]
 
 
-def _linear_states(i: int, layer: Any) -> State:
-    out: State = {}
+def layer_states(i: int, layer: Any) -> State:
+    """The state tensors cache layer `i` holds right now: its K/V, then its conv/recurrent states."""
+    keys, values = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
+    out: State = {f"layer {i} {name}": (i, ATTENTION_KV, tensor) for name, tensor in (("keys", keys), ("values", values))
+                  if isinstance(tensor, torch.Tensor) and tensor.numel() > 0}
     for kind in ("conv_states", "recurrent_states"):
         states = getattr(layer, kind, None)
         flags = getattr(layer, f"is_{kind}_initialized", None)
@@ -34,14 +37,8 @@ def _linear_states(i: int, layer: Any) -> State:
 
 def state_tensors(cache: Any) -> State:
     """Every state tensor a cache holds: name -> (layer, kind, tensor), in layer order."""
-    out: State = {}
-    for i, layer in enumerate(compat.cache_layers(cache) if cache is not None else []):
-        keys, values = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
-        for name, tensor in (("keys", keys), ("values", values)):
-            if isinstance(tensor, torch.Tensor) and tensor.numel() > 0:
-                out[f"layer {i} {name}"] = (i, ATTENTION_KV, tensor)
-        out.update(_linear_states(i, layer))
-    return out
+    layers = compat.cache_layers(cache) if cache is not None else []
+    return {name: t for i, layer in enumerate(layers) for name, t in layer_states(i, layer).items()}
 
 
 def snapshot(cache: Any) -> State:

@@ -27,6 +27,7 @@ ms, every other op takes no time. Stand-in events then give `elapsed_time` and `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 
 Clock = dict[str, int]
@@ -108,21 +109,21 @@ class StreamLog:
         """`tensor.record_stream(stream)` entered for a layer's block (no clock changes: it orders only the allocator)."""
         self._note("record_stream", stream.name, layer=layer, detail=detail)
 
+    def wait(self, waiter: "RecStream", clock: Clock, t: float, op: str, detail: str) -> None:
+        """Later work on `waiter` waits for the work up to `clock`, done at modelled time `t`."""
+        self.clocks[waiter.name] = join(self.clocks[waiter.name], clock)
+        self.ready[waiter.name] = max(self.ready.get(waiter.name, 0.0), t)
+        self._note(op, waiter.name, detail=detail)
+
     def wait_stream(self, waiter: "RecStream", waited: "RecStream") -> None:
         """Later work on `waiter` waits for everything enqueued on `waited` so far."""
-        self.clocks[waiter.name] = join(self.clocks[waiter.name], self.clocks[waited.name])
-        self.ready[waiter.name] = max(self.ready.get(waiter.name, 0.0), self.ready.get(waited.name, 0.0))
-        self._note("wait_stream", waiter.name, detail=f"waits for {waited.name}")
+        self.wait(waiter, self.clocks[waited.name], self.ready.get(waited.name, 0.0), "wait_stream",
+                   f"waits for {waited.name}")
 
     def record_event(self, stream: "RecStream", event: "RecEvent") -> None:
         event.clock = join(self.clocks[stream.name], self.host)
         event.t = self.ready[stream.name] = self._tick(stream.name)
         self._note("record_event", stream.name, detail=f"event {event.ident}")
-
-    def wait_event(self, stream: "RecStream", event: "RecEvent") -> None:
-        self.clocks[stream.name] = join(self.clocks[stream.name], event.clock)
-        self.ready[stream.name] = max(self.ready.get(stream.name, 0.0), event.t)
-        self._note("wait_event", stream.name, detail=f"event {event.ident}")
 
     def ignored_wait(self, stream: "RecStream", event: "RecEvent") -> None:
         """A wait that orders nothing: torch.Stream.wait_event on a torch.cuda.Event (see CUDA_EVENT above)."""
@@ -137,9 +138,7 @@ class StreamLog:
 
     def synchronize(self, stream: "RecStream | None" = None, why: str = "synchronize") -> None:
         if stream is None:
-            everything: Clock = {}
-            for clock in self.clocks.values():
-                everything = join(everything, clock)
+            everything = reduce(join, self.clocks.values(), {})
             self.host_wait(everything, "all streams", why, max(self.ready.values(), default=0.0))
         else:
             self.host_wait(self.clocks[stream.name], stream.name, why, self.ready.get(stream.name, 0.0))
@@ -217,7 +216,7 @@ class RecStream:
         if self.api == TORCH_STREAM and event.api == CUDA_EVENT:
             self.log.ignored_wait(self, event)
         else:
-            self.log.wait_event(self, event)
+            event.wait(self)
 
     def record_event(self, event: "RecEvent | None" = None) -> "RecEvent":
         event = event or RecEvent(self.log, api=TORCH_EVENT if self.api == TORCH_STREAM else CUDA_EVENT)
@@ -244,7 +243,7 @@ class RecEvent:
         self.log.record_event(stream or self.log.current(), self)
 
     def wait(self, stream: RecStream | None = None) -> None:
-        self.log.wait_event(stream or self.log.current(), self)
+        self.log.wait(stream or self.log.current(), self.clock, self.t, "wait_event", f"event {self.ident}")
 
     def synchronize(self) -> None:
         self.log.host_wait(self.clock, f"event {self.ident}", "event.synchronize()", self.t)

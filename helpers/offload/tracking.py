@@ -9,8 +9,9 @@ a layer's location (device or host) is tracked here, as the real `prefetch` chec
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from typing import Any, Callable, Iterator
+from unittest import mock
 
 import torch
 
@@ -28,69 +29,64 @@ def host_buffer(layer: int) -> str:
     return f"layer {layer} host K/V"
 
 
-def _holds_kv(layer: Any) -> bool:
-    keys, _ = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
-    return isinstance(keys, torch.Tensor) and keys.numel() > 0
+def _kv(layer: Any) -> list[torch.Tensor]:
+    """The layer's non-empty K/V tensors (none before its first update, none on a linear-attention layer)."""
+    keys, values = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
+    return [t for t in (keys, values) if isinstance(t, torch.Tensor) and t.numel() > 0]
 
 
 def _layer_arg(method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> int:
-    """The layer index a cache-update call was made for (`update(k, v, layer_idx)`, `update_*_state(x, layer_idx)`)."""
+    """The layer index a cache call was made for (`update(k, v, layer_idx)`, `update_*_state(x, layer_idx)`,
+    `offload(layer_idx, ...)`, `prefetch(layer_idx, ...)`)."""
     if "layer_idx" in kwargs:
         return int(kwargs["layer_idx"])
-    pos = 2 if method == "update" else 1
+    pos = {"update": 2, "offload": 0, "prefetch": 0}.get(method, 1)
     return int(args[pos]) if len(args) > pos else -1
 
 
 def _patch(obj: Any, method: str, wrapper_of: Callable[[Callable[..., Any]], Callable[..., Any]],
-           undo: list[tuple[Any, str, Any]]) -> None:
-    """Shadow obj.method by an instance attribute wrapping the current one; `undo` restores it."""
+           undo: ExitStack) -> None:
+    """Shadow obj.method by an instance attribute wrapping the current one (mock.patch.object), undone with `undo`."""
     current = getattr(obj, method, None)
-    if current is None or not callable(current):
-        return
-    undo.append((obj, method, vars(obj).get(method)))
-    setattr(obj, method, wrapper_of(current))
+    if callable(current):
+        undo.enter_context(mock.patch.object(obj, method, wrapper_of(current)))
 
 
-@contextmanager
-def _patched() -> Iterator[list[tuple[Any, str, Any]]]:
-    undo: list[tuple[Any, str, Any]] = []
-    try:
-        yield undo
-    finally:
-        for obj, method, previous in reversed(undo):
-            if previous is None:
-                vars(obj).pop(method, None)
-            else:
-                setattr(obj, method, previous)
+def _around(obj: Any, method: str, undo: ExitStack, before: Callable[..., None] | None = None,
+            after: Callable[[], None] | None = None) -> None:
+    """Shadow obj.method (_patch): `before(*args, **kwargs)` runs before the original, `after()` after it."""
+    def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if before is not None:
+                before(*args, **kwargs)
+            out = original(*args, **kwargs)
+            if after is not None:
+                after()
+            return out
+        return wrapper
+    _patch(obj, method, wrapper_of, undo)
 
 
 LayerHook = Callable[[int, Any, str, Callable[..., Any]], Callable[..., Any]]
 
 
 @contextmanager
-def instrument(cache: Any, on_update: Callable[[str, tuple[Any, ...], dict[str, Any]], None],
-               layer_hook: LayerHook) -> Iterator[None]:
-    """Shadow, on the cache instance only, its update methods (`on_update(method, args, kwargs)` runs before each) and
-    every layer's offload / prefetch / update (`layer_hook(idx, layer, method, original)` returns the wrapper)."""
-    def counted(method: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                on_update(method, args, kwargs)
-                return original(*args, **kwargs)
-            return wrapper
-        return wrapper_of
-
-    with _patched() as undo:
-        for method in UPDATE_METHODS:
-            _patch(cache, method, counted(method), undo)
+def instrument(cache: Any, on_update: Callable[[str, tuple[Any, ...], dict[str, Any]], None], layer_hook: LayerHook,
+               cache_methods: tuple[str, ...] = UPDATE_METHODS,
+               layer_methods: tuple[str, ...] = ("offload", "prefetch", "update")) -> Iterator[None]:
+    """Shadow, on the cache instance only, its `cache_methods` (`on_update(method, args, kwargs)` runs before each) and
+    every layer's `layer_methods` (`layer_hook(idx, layer, method, original)` returns the wrapper)."""
+    with ExitStack() as undo:
+        for method in cache_methods:
+            _around(cache, method, undo, before=lambda *args, m=method, **kwargs: on_update(m, args, kwargs))
         for idx, layer in enumerate(compat.cache_layers(cache)):
-            for method in ("offload", "prefetch", "update"):
+            for method in layer_methods:
                 _patch(layer, method, lambda original, i=idx, l=layer, m=method: layer_hook(i, l, m, original), undo)
         yield
 
 
 def _stale(layer: Any, held: tuple[Any, Any] | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """What a stale read of the layer's host buffer returns: what the pool's block held before (helpers.offload.pool),
+    """What a stale read of the layer's host buffer returns: what the pool's block held before (helpers.offload.arms),
     else zeros (a freshly allocated pinned buffer)."""
     if held is not None and held[0] is not None and held[1] is not None:
         return held[0].clone(), held[1].clone()
@@ -116,13 +112,13 @@ def track(cache: Any, log: StreamLog, lag: int | None = None, pool: Any = None) 
                 where[idx] = "device"
                 return original(*args, **kwargs)
             out = original(*args, **kwargs)
-            if method == "offload" and _holds_kv(layer):
+            if method == "offload" and _kv(layer):
                 log.access("offload copy (device->host)", idx, device_buffer(idx), host_buffer(idx))
                 where[idx] = "host"
                 if pool is not None:
                     keys, values = compat.layer_kv(layer)
                     held[idx] = (pool.fill(idx, "keys", keys), pool.fill(idx, "values", values))
-            elif method == "prefetch" and _holds_kv(layer) and where.get(idx) == "host":
+            elif method == "prefetch" and _kv(layer) and where.get(idx) == "host":
                 event = log.access("prefetch copy (host->device)", idx, host_buffer(idx), device_buffer(idx))
                 where[idx] = "device"
                 if lag and event["read_ordered"] is False and event["calls_since_producer"] < lag:
@@ -136,56 +132,44 @@ def track(cache: Any, log: StreamLog, lag: int | None = None, pool: Any = None) 
 
 
 @contextmanager
-def ordering_edge(cache: Any, device: str | torch.device | None = None) -> Iterator[Any]:
+def ordering_edge(cache: Any) -> Iterator[Any]:
     """The 5.20.0 edge on this cache instance: `prefetch` first makes the prefetch stream wait for the
-    default stream (`prefetch_stream.wait_stream(torch.cuda.default_stream(device))`), then runs as installed."""
-    device = torch.device(device) if device is not None else None
-    with _patched() as undo:
-        def wrapper_of(original: Callable[..., Any]) -> Callable[..., Any]:
-            def prefetch(*args: Any, **kwargs: Any) -> Any:
-                cache.prefetch_stream.wait_stream(torch.cuda.default_stream(device))
-                return original(*args, **kwargs)
-            return prefetch
-        _patch(cache, "prefetch", wrapper_of, undo)
+    default stream (`prefetch_stream.wait_stream(torch.cuda.default_stream())`), then runs as installed."""
+    with ExitStack() as undo:
+        _around(cache, "prefetch", undo,
+                before=lambda *a, **k: cache.prefetch_stream.wait_stream(torch.cuda.default_stream()))
         yield cache
 
 
-def device_event(device: str | torch.device | None = None) -> Any:
+def device_event() -> Any:
     """The offload-event arm's event: a `torch.Event` on the CUDA device, which any stream kind really waits for."""
-    return torch.Event(device=device if device is not None else "cuda")
+    return torch.Event(device="cuda")
 
 
-def cuda_event(device: str | torch.device | None = None) -> Any:
+def cuda_event() -> Any:
     """`torch.cuda.Event()`: what a `torch.Stream` (5.17.0's prefetch stream with torch >= 2.7) does NOT wait for
     (helpers.offload.streams, CUDA_EVENT); the device probe's control and the tests' no-op form."""
     return torch.cuda.Event()
 
 
 @contextmanager
-def offload_event_edge(cache: Any, device: str | torch.device | None = None,
-                       make_event: Callable[..., Any] | None = None) -> Iterator[Any]:
-    """Host-buffer-only fix arm: an event (`make_event`, a torch.Event) recorded after each layer's offload copy (on
+def offload_event_edge(cache: Any) -> Iterator[Any]:
+    """Host-buffer-only fix arm: an event (`device_event`, a torch.Event) recorded after each layer's offload copy (on
     the stream the offload runs on, the default stream) and waited by the prefetch stream before that layer's prefetch."""
     events: dict[int, Any] = {}
-    with _patched() as undo:
-        for idx, layer in enumerate(compat.cache_layers(cache)):
-            def offload_of(original: Callable[..., Any], idx: int = idx) -> Callable[..., Any]:
-                def offload(*args: Any, **kwargs: Any) -> Any:
-                    out = original(*args, **kwargs)
-                    event = (make_event or device_event)(device)
-                    event.record(torch.cuda.current_stream(device))
-                    events[idx] = event
-                    return out
-                return offload
 
-            def prefetch_of(original: Callable[..., Any], idx: int = idx) -> Callable[..., Any]:
-                def prefetch(*args: Any, **kwargs: Any) -> Any:
-                    if idx in events:
-                        cache.prefetch_stream.wait_event(events[idx])
-                    return original(*args, **kwargs)
-                return prefetch
-            _patch(layer, "offload", offload_of, undo)
-            _patch(layer, "prefetch", prefetch_of, undo)
+    def record(idx: int) -> None:
+        events[idx] = device_event()
+        events[idx].record(torch.cuda.current_stream())
+
+    def wait(idx: int) -> None:
+        if idx in events:
+            cache.prefetch_stream.wait_event(events[idx])
+
+    with ExitStack() as undo:
+        for idx, layer in enumerate(compat.cache_layers(cache)):
+            _around(layer, "offload", undo, after=lambda idx=idx: record(idx))
+            _around(layer, "prefetch", undo, before=lambda *a, idx=idx, **k: wait(idx))
         yield cache
 
 
@@ -199,25 +183,21 @@ def _record_stream(tensor: torch.Tensor, stream: Any, layer: int) -> None:
 
 
 @contextmanager
-def record_stream_edge(cache: Any, device: str | torch.device | None = None) -> Iterator[Any]:
+def record_stream_edge(cache: Any) -> Iterator[Any]:
     """Reuse-only fix arm: after each layer's prefetch, `keys/values.record_stream(default stream)`, so the
     allocator does not reuse a prefetched block before the default stream's reads of it are done."""
-    device = torch.device(device) if device is not None else None
-    with _patched() as undo:
+
+    def keep(idx: int, layer: Any) -> None:
+        held = _kv(layer)
+        default = torch.cuda.default_stream() if held else None
+        for tensor in held:
+            _record_stream(tensor, default, idx)
+
+    with ExitStack() as undo:
         for idx, layer in enumerate(compat.cache_layers(cache)):
-            def prefetch_of(original: Callable[..., Any], idx: int = idx, layer: Any = layer) -> Callable[..., Any]:
-                def prefetch(*args: Any, **kwargs: Any) -> Any:
-                    out = original(*args, **kwargs)
-                    if _holds_kv(layer):
-                        default = torch.cuda.default_stream(device)
-                        keys, values = compat.layer_kv(layer)
-                        _record_stream(keys, default, idx)
-                        _record_stream(values, default, idx)
-                    return out
-                return prefetch
-            _patch(layer, "prefetch", prefetch_of, undo)
+            _around(layer, "prefetch", undo, after=lambda idx=idx, layer=layer: keep(idx, layer))
         yield cache
 
 
-EDGES = {"none": None, "5.20.0 edge": ordering_edge, "offload event": offload_event_edge,
+EDGES = {"none": nullcontext, "5.20.0 edge": ordering_edge, "offload event": offload_event_edge,
          "record_stream": record_stream_edge}

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from ..paths import output_dir, repo_root
 from ..report.records import load_json
-from .gpu_plan import EDGE_RELEASE, STEP_TIMEOUT, make_plan, plan_lines, releases_to_run  # noqa: F401 - releases_to_run: API
+from .gpu_plan import EDGE_RELEASE, STEP_TIMEOUT, plan, plan_lines, releases_to_run
 
 ARMS_MODULE, ARMS_FILE, DTYPES = "helpers.offload.gpu", "gpu-arms.json", ("float32", "bfloat16")
 # Notebook 07's FlashAttention-2 column, run after the arms in the same release environment (float16, flash_attn).
@@ -65,11 +65,10 @@ def _call(cmd: list[str], out: Path | None, timeout: float, log: Path | None = N
 
 def torch_cuda(python: str) -> tuple[str | None, bool, str]:
     """(torch.version.cuda, torch.cuda.is_available(), why the probe failed) in `python`."""
-    from ..matrix.envs import _tail, child_env
+    from ..matrix.envs import _run, _tail
 
     try:
-        res = subprocess.run([python, "-c", TORCH_PROBE], capture_output=True, text=True, timeout=300,
-                             cwd=str(repo_root()), env=child_env())
+        res = _run([python, "-c", TORCH_PROBE], timeout=300)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, False, f"{type(exc).__name__}: {exc}"
     if res.returncode != 0:
@@ -91,10 +90,6 @@ def probe_refusal(python: str, probed: tuple[str | None, bool, str]) -> str:
     return ""
 
 
-def refusal_line(reason: str) -> str:
-    return f"gpu-check: {reason}; the GPU arms need CUDA, nothing was run."
-
-
 def run_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> int:
     """`python -m helpers.offload.gpu --out <out> --dtypes float32 bfloat16 [extra]`, its output in <out>/arms.log;
     its exit status (2: it refused, 124: timed out)."""
@@ -111,10 +106,6 @@ SIMULATED_SIZE = ("--seq-len", "8", "--n-steps", "3", "--models", "tiny hybrid",
 def simulated_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> int:
     """run_arms with --simulate and small inputs: the arms on CPU under stand-ins (tests only)."""
     return run_arms(python, out, timeout, (*extra, *SIMULATED_SIZE, "--simulate"))
-
-
-def no_flash(python: str, out: Path, timeout: float) -> str:
-    return "skipped: simulated run (notebook 07's flash step needs CUDA)"
 
 
 def has_papermill(python: str) -> bool:
@@ -137,18 +128,6 @@ def verdicts(out: Path) -> dict[str, str]:
     return found
 
 
-def arms_facts(out: Path) -> dict[str, Any]:
-    """What gpu-arms.json says about its run: release, torch, device, seconds, schema."""
-    data = load_json(out / ARMS_FILE)
-    return {k: data.get(k) for k in ("schema", "release", "torch", "device_name", "seconds")}
-
-
-def _timed(step: Step, python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> tuple[int | str, float]:
-    start = time.perf_counter()
-    rc = step(python, out, timeout, extra) if extra else step(python, out, timeout)
-    return rc, round(time.perf_counter() - start, 1)
-
-
 def step_timeout(timeout: float, deadline: float | None) -> float:
     """The step's timeout: `timeout`, or what is left of the budget when less (0: nothing left)."""
     left = timeout if deadline is None else min(timeout, deadline - time.monotonic())
@@ -156,10 +135,13 @@ def step_timeout(timeout: float, deadline: float | None) -> float:
 
 
 def _step(step: Step, python: str, out: Path, timeout: float, deadline: float | None, extra: tuple[str, ...] = ()) -> tuple[int | str, float]:
+    """`step` with what is left of its timeout (step_timeout): its exit status (or why it was skipped) and seconds."""
     allowed = step_timeout(timeout, deadline)
     if not allowed:
         return "skipped: the budget was spent", 0.0
-    return _timed(step, python, out, allowed, extra)
+    start = time.perf_counter()
+    rc = step(python, out, allowed, extra) if extra else step(python, out, allowed)
+    return rc, round(time.perf_counter() - start, 1)
 
 
 def check_release(release: str, timeout: float, run: Step = run_arms, flash: Step = run_flash,
@@ -192,7 +174,8 @@ def check_release(release: str, timeout: float, run: Step = run_arms, flash: Ste
     row["verdicts"] = verdicts(out)
     if isinstance(row["flash_rc"], str):  # skipped, and why
         row["verdicts"][FLASH_CLAIM], row["flash_rc"] = row["flash_rc"], None
-    row["arms"] = arms_facts(out)
+    arms = load_json(out / ARMS_FILE)  # what gpu-arms.json says about its run
+    row["arms"] = {k: arms.get(k) for k in ("schema", "release", "torch", "device_name", "seconds")}
     row["results"] = f"{root.name}/{release}/{ARMS_FILE}"
     return row
 
@@ -259,18 +242,19 @@ def main(argv: list[str] | None = None, cuda: tuple[bool, str] | None = None, pr
                         help="tests only: no CUDA refusal, the arms with --simulate (CPU stand-ins), no flash step")
     args = parser.parse_args(argv)
     if args.simulate:
-        cuda, probe, run, flash = (True, ""), lambda python: SIMULATED, simulated_arms, no_flash
+        cuda, probe, run = (True, ""), lambda python: SIMULATED, simulated_arms
+        flash = lambda *a: "skipped: simulated run (notebook 07's flash step needs CUDA)"  # noqa: E731
     why = refusal(cuda, probe)
     if why:
-        print(refusal_line(why))
+        print(f"gpu-check: {why}; the GPU arms need CUDA, nothing was run.")
         return NO_CUDA
     start = time.perf_counter()
     deadline = time.monotonic() + args.budget if args.budget > 0 else None
     root = Path(args.out) if args.out else output_dir("gpu")
     root.mkdir(parents=True, exist_ok=True)
     releases = releases_to_run(args.releases)
-    plan = make_plan(releases, args.timeout)
-    (root / "plan.txt").write_text("\n".join(plan_lines(plan)) + "\n")
+    the_plan = plan(releases, step_timeout=args.timeout)
+    (root / "plan.txt").write_text("\n".join(plan_lines(the_plan)) + "\n")
     rows: list[dict[str, Any]] = []
     for release in releases:
         first = next((r for r in rows if r["rc"] == 0), None)  # later releases take the first one's lag
@@ -279,7 +263,7 @@ def main(argv: list[str] | None = None, cuda: tuple[bool, str] | None = None, pr
     total = round(time.perf_counter() - start, 1)
     claim = cross_release(rows, root)
     summary = {"schema": "kvkit-gpu-check/1", "seconds": total, "step_timeout_s": args.timeout, "budget_s": args.budget or None,
-               "releases": rows, "claims": [claim], "plan": plan}
+               "releases": rows, "claims": [claim], "plan": the_plan}
     (root / "gpu-check.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     print_rows(rows, total, root)
     print(f"{claim['id']}: {claim['verdict']} - {claim['reason']}")
