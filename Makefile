@@ -147,6 +147,6 @@ HF_OUT := outputs/hf-tests
 hf-tests: env ## transformers' own tests with every model tracked and the resume guard on generate() (docs/hf-tests.md)
 	mkdir -p $(HF_OUT)
 	$(PY) -m pip install -q -r requirements-hftests.txt
-	-HF_HUB_OFFLINE=1 PYTHONPATH=$(CURDIR):$(CURDIR)/packages/kvresume timeout 3000 $(PY) -m pytest -q -p no:xdist -p no:cacheprovider -o timeout=120 -p helpers.pipeline.tools.hftests --hf-json=$(HF_OUT)/plain.json $(HF_TESTS)
-	-HF_HUB_OFFLINE=1 PYTHONPATH=$(CURDIR):$(CURDIR)/packages/kvresume timeout 3000 $(PY) -m pytest -q -p no:xdist -p no:cacheprovider -o timeout=120 -p helpers.pipeline.tools.hftests --hf-track --hf-json=$(HF_OUT)/tracked.json $(HF_TESTS)
+	-HF_HUB_OFFLINE=1 PYTHONPATH=$(CURDIR):$(CURDIR)/packages/kvresume timeout 5400 $(PY) -m pytest -q -p no:xdist -p no:cacheprovider -o timeout=120 -p helpers.pipeline.tools.hftests --hf-json=$(HF_OUT)/plain.json $(HF_TESTS)
+	-HF_HUB_OFFLINE=1 PYTHONPATH=$(CURDIR):$(CURDIR)/packages/kvresume timeout 5400 $(PY) -m pytest -q -p no:xdist -p no:cacheprovider -o timeout=120 -p helpers.pipeline.tools.hftests --hf-track --hf-json=$(HF_OUT)/tracked.json $(HF_TESTS)
 	$(PY) -m helpers.pipeline.tools.hftests $(HF_OUT)/plain.json $(HF_OUT)/tracked.json $(HF_OUT)/summary.json

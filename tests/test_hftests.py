@@ -110,7 +110,7 @@ def test_guard_crash_and_false_alarm_are_recorded(monkeypatch) -> None:
     assert hftests.STATE["false_alarms"][-1]["check"] == "positions"
 
 
-def test_measured_set_names_the_files_and_filter() -> None:
-    """--files ROOT gives the documented run: 9 files under ROOT and the -k filter."""
+def test_measured_set_names_the_whole_suites() -> None:
+    """--files ROOT gives the documented run: tests/generation, the cache tests and 6 model suites, whole (no -k)."""
     value = hftests.measured_set("/src")
-    assert value.count("/src/tests/") == 9 and value.endswith("-k 'cache or continue or assist or lookup or past_key'")
+    assert value.count("/src/tests/") == 8 and "/src/tests/generation " in value and "-k" not in value
