@@ -37,7 +37,7 @@ help: ## this list: every target with one line
 
 env: $(ENV_STAMP) ## set up .venv (torch 2.13.0 CPU + requirements.txt); other targets do it on first use
 
-$(ENV_STAMP): requirements.txt requirements-runtime.txt requirements-nodeps.txt pyproject.toml packages/kvresume/pyproject.toml
+$(ENV_STAMP): requirements.txt requirements-runtime.txt requirements-nodeps.txt requirements-tests.txt pyproject.toml packages/kvresume/pyproject.toml
 ifndef COLAB_RELEASE_TAG
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -46,6 +46,7 @@ endif
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e packages/kvresume -e .
 ifndef COLAB_RELEASE_TAG
+	$(PY) -m pip install -q -r requirements-tests.txt
 	$(PY) -m pip install -q --no-deps -r requirements-nodeps.txt
 endif
 	touch $@
