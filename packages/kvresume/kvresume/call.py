@@ -16,17 +16,12 @@ import torch
 
 from . import compat
 from . import layers
-from .ledger import Ledger, ledger_of, stored_ledger
-
-
-def self_attention_cache(cache: Any) -> Any:
-    """The decoder's self-attention cache (an EncoderDecoderCache's), else the cache itself."""
-    return getattr(cache, "self_attention_cache", None) or cache
+from .ledger import Ledger, ledger_of, ledger_owner, stored_ledger
 
 
 def cache_lengths(cache: Any) -> tuple[int, int]:
     """(what `get_seq_length()` reports, the largest length any attention layer reports)."""
-    cache = self_attention_cache(cache)
+    cache = ledger_owner(cache)
     reported = int(cache.get_seq_length())
     per_layer = [n for n in layers.lengths(cache) if n is not None]
     return reported, max(per_layer + [reported])
@@ -108,6 +103,11 @@ class ResumeCall:
         return cache_lengths(self.cache)
 
     @property
+    def given_rows(self) -> int:
+        """Rows of the ids given (1 where embeddings were given)."""
+        return self.given_ids.shape[0] if self.given_ids is not None else 1
+
+    @property
     def f(self) -> int:
         return self.n if self.fed is None else self.fed
 
@@ -146,6 +146,17 @@ def decoder_start(model: torch.nn.Module) -> int | None:
     return None
 
 
+def _call(model: torch.nn.Module, cache: Any, n: int, kwargs: dict[str, Any], decoder: bool,
+          ids: Any = None, length: int | None = None, rows: torch.Tensor | None = None) -> ResumeCall:
+    """A call on `cache` with these keyword arguments' mask and positions, the model's own state read now."""
+    side = "decoder_" if decoder else ""
+    owner = compat.rope_state_owner(model)
+    return ResumeCall(cache, n, None, kwargs.get(f"{side}attention_mask"), kwargs.get(f"{side}position_ids"), length,
+                      rows, owner is not None, compat.get_rope_state(model) if owner is not None else None,
+                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs),
+                      ids if isinstance(ids, torch.Tensor) else None, ledger_of(cache))
+
+
 def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[str, Any],
                   processed_length: int | torch.Tensor | list[int] | None = None) -> ResumeCall | None:
     """The resume generate() is asked for (None where no filled cache is given): read before generate() runs."""
@@ -159,14 +170,8 @@ def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: d
     n = _tokens(given, decoder)
     if n is None:
         return None
-    length, rows = processed(processed_length)
-    mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
-    owner = compat.rope_state_owner(model)
     ids = given.get("decoder_input_ids" if decoder else "input_ids")
-    return ResumeCall(cache, n, None, mask, kwargs.get("decoder_position_ids" if decoder else "position_ids"), length, rows,
-                      owner is not None, compat.get_rope_state(model) if owner is not None else None,
-                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs),
-                      ids if isinstance(ids, torch.Tensor) else None, ledger_of(cache))
+    return _call(model, cache, n, kwargs, decoder, ids, *processed(processed_length))
 
 
 def multimodal(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -180,12 +185,7 @@ def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall |
     cache, n = compat.cache_from_kwargs(kwargs), _tokens(kwargs, decoder)
     if cache is None or n is None:
         return None
-    owner = compat.rope_state_owner(model)
-    call = ResumeCall(cache, n, n, kwargs.get("decoder_attention_mask" if decoder else "attention_mask"),
-                      kwargs.get("decoder_position_ids" if decoder else "position_ids"), None, None,
-                      owner is not None, compat.get_rope_state(model) if owner is not None else None,
-                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs),
-                      None, ledger_of(cache))
+    call = _call(model, cache, n, kwargs, decoder)
     call.feed(model, kwargs)
     call.given_ids = call.fed_ids
     return call

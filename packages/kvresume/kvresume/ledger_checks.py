@@ -27,7 +27,7 @@ from . import compat
 from .call import ResumeCall, ResumeInputError, is_encoder_decoder, refuse
 from .ledger import Ledger
 from .prefix import can_crop, misplaced
-from .writes import slot_mask
+from .writes import mask_slots, plain
 
 
 def _refuse(call: ResumeCall, check: str, message: str, **fix: object) -> ResumeInputError:
@@ -154,7 +154,7 @@ def first_attended(fed: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor
     these rows, the first fed token); fed [R, B, f]. A padding token's position is whatever the caller filled in
     (assisted decoding feeds a left-padded row's pads)."""
     first = fed.amin(0).cpu()  # [B, f]: the smallest rotary row per token
-    real = slot_mask(mask, int(first.shape[0]), int(fed.shape[-1]), "cpu").cpu().bool()
+    real = plain(mask_slots(mask, int(first.shape[0]), int(fed.shape[-1]), "cpu")).cpu().bool()
     at = real.to(torch.uint8).argmax(-1, keepdim=True)
     return torch.where(real.any(-1), first.gather(-1, at).squeeze(-1), torch.full_like(first[:, 0], -1))
 

@@ -111,9 +111,6 @@ def _content_at(text: str, c: int, messages: Sequence[dict[str, Any]] | None, ol
     at c and the old text still holds it further on, the template changed what came before it: None)."""
     if messages is None:
         return None
-
-    def old_has(content: str) -> bool:
-        return old.find(content, c) > c
     at = 0
     for i, message in enumerate(messages):
         content = message.get("content")
@@ -123,7 +120,7 @@ def _content_at(text: str, c: int, messages: Sequence[dict[str, Any]] | None, ol
         if found < 0:
             continue
         if found <= c < found + len(content):
-            return None if found == c and old_has(content) else i
+            return None if found == c and old.find(content, c) > c else i
         at = found + len(content)
     return None
 

@@ -18,6 +18,7 @@ import copy
 from typing import Any
 
 import torch
+from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
 from . import compat, images
 from .call import is_encoder_decoder, refuse
@@ -50,8 +51,6 @@ def crop_to(cache: Any, n: int) -> Any:
 
 def fresh(model: torch.nn.Module, cache: Any) -> Any:
     """An empty cache for a re-prefill: a StaticCache reset in place, else a new cache of the same class."""
-    from transformers import DynamicCache, EncoderDecoderCache, StaticCache
-
     if isinstance(cache, EncoderDecoderCache):
         return EncoderDecoderCache(DynamicCache(), DynamicCache())  # pragma: no mutate - one argument: same empty cross
     # static layers (croppable from 5.25 on, and built with a max_cache_len): reset, keep memory
@@ -211,9 +210,7 @@ def _positions(model: torch.nn.Module, kept: Ledger, suffix: torch.Tensor, suffi
         if kept.positions.shape[0] == 1:
             return text_positions(kept, suffix_mask)
         return next_positions(kept, int(suffix.shape[1]))
-    extra = {"mm_token_type_ids": kwargs["mm_token_type_ids"]} if kwargs.get("mm_token_type_ids") is not None and \
-        compat.accepts(owner.get_rope_index, "mm_token_type_ids") else {}
-    local, _ = owner.get_rope_index(suffix, **grids, attention_mask=torch.ones_like(suffix), **extra)
+    local, _ = images.rope_index(model, suffix, {**kwargs, "attention_mask": torch.ones_like(suffix)})
     return local + kept.next_positions().view(1, -1, 1).to(local.device)
 
 

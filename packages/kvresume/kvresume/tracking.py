@@ -24,6 +24,7 @@ import torch
 from . import compat
 from .compat import rotary_embedding
 from . import images
+from .call import is_encoder_decoder
 from .linear_checks import linear_layers, note_linear
 from .fingerprint import grown_layer, known_layer, slot_prints, unfollowed, window_prints, window_start
 from .writes import Write, add_chunk, as_rows  # (as_rows: the guard's import)
@@ -45,17 +46,13 @@ def eager(hook: Callable[..., None]) -> Callable[..., None]:
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
 
 
-def _decoder(model: torch.nn.Module) -> bool:
-    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
-
-
 _FED = {False: ("input_ids", "inputs_embeds"), True: ("decoder_input_ids", "decoder_inputs_embeds")}
 
 
 def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any],
             decoder: bool | None = None) -> tuple[torch.Tensor | None, int | None, int | None]:
     """(ids or None for embeddings, batch, tokens) of one forward call."""
-    names = _FED[bool(_decoder(model) if decoder is None else decoder)]
+    names = _FED[bool(is_encoder_decoder(model) if decoder is None else decoder)]
     ids, embeds = kwargs.get(names[0]), kwargs.get(names[1])
     if isinstance(ids, torch.Tensor):
         ids = ids.view(1, -1) if ids.dim() == 1 else ids
@@ -251,7 +248,7 @@ def track(model: torch.nn.Module) -> Tracker:
     if existing is not None:
         return existing
     tracker = Tracker(model, rope=rotary_embedding(model), rope_state=compat.rope_state_owner(model) is not None,
-                      decoder=_decoder(model))
+                      decoder=is_encoder_decoder(model))
     tracker.handles += [model.register_forward_pre_hook(eager(_pre(tracker)), with_kwargs=True),
                         model.register_forward_hook(eager(_post(tracker)), with_kwargs=True)]
     if tracker.rope is not None:
