@@ -27,19 +27,14 @@ def cache_lengths(cache: Any) -> tuple[int, int]:
     return reported, max(per_layer + [reported])
 
 
-def width(value: Any) -> int | None:
-    """Tokens of ids [batch, n] or embeddings [batch, n, hidden]; None when absent."""
-    if not isinstance(value, torch.Tensor):
-        return None
-    return int(value.shape[1]) if value.dim() >= 2 else int(value.shape[-1])
-
-
 def _tokens(kwargs: dict[str, Any], decoder: bool) -> int | None:
-    """How many tokens (ids or embeddings) these arguments carry, on the decoder side for an encoder-decoder."""
+    """How many tokens (ids [batch, n] or embeddings [batch, n, hidden]) these arguments carry, on the decoder side
+    for an encoder-decoder; None when absent."""
     prefix = "decoder_" if decoder else ""
     for name in (f"{prefix}input_ids", f"{prefix}inputs_embeds"):
-        if kwargs.get(name) is not None:
-            return width(kwargs[name])
+        value = kwargs.get(name)
+        if value is not None:
+            return None if not isinstance(value, torch.Tensor) else int(value.shape[1 if value.dim() >= 2 else -1])
     return None
 
 

@@ -23,10 +23,9 @@ from typing import Any
 
 import torch
 
-from . import compat
 from .call import ResumeCall, ResumeInputError, is_encoder_decoder, refuse
 from .ledger import Ledger
-from .prefix import can_crop, misplaced
+from .prefix import can_crop, has_crop, misplaced
 from .writes import mask_slots, plain
 
 
@@ -43,7 +42,7 @@ def _refuse(call: ResumeCall, check: str, message: str, **fix: object) -> Resume
                     f"the whole decoder sequence, {whole.shape[-1]} tokens, with a decoder_attention_mask of ones)")
     if fix.get("crop") is not None and not can_crop(call.cache):
         message = (f"{message}. This cache cannot be cropped ({type(call.cache).__name__}"
-                   f"{', a sliding layer past its window' if _has_crop(call.cache) else ': its layers have no crop'}): "
+                   f"{', a sliding layer past its window' if has_crop(call.cache) else ': its layers have no crop'}): "
                    f"pass the whole sequence through kvresume.resume(model, whole_ids, cache), which re-prefills it")
         fix = {"resume": True}
     return refuse(check, message, **fix)
@@ -55,11 +54,6 @@ def _decoder_whole(led: Ledger, ids: torch.Tensor, crop: int) -> torch.Tensor:
     if int(ids.shape[-1]) > crop and led.common_prefix(ids) >= crop:
         return ids
     return torch.cat([led.first(crop).token_ids.to(ids.device), ids], 1)
-
-
-def _has_crop(cache: object) -> bool:
-    """Whether every layer of the (self-attention) cache has a crop method."""
-    return all(hasattr(layer, "crop") for layer in compat.cache_layers(getattr(cache, "self_attention_cache", None) or cache))
 
 
 def _whole(call: ResumeCall) -> bool:

@@ -27,7 +27,7 @@ from .guard import ResumeInputError, check_resume_inputs, guarded_generate
 from .ledger import Ledger, attach_ledger, cache_held, ledger_of, ledger_owner, stored_ledger
 from .ledger_checks import next_positions
 from .linear_checks import ATTR as LINEAR_MARKS, stale_of
-from .prefix import ATTR, ResumeRecord, explain, misplaced, record_of, reusable, text_positions
+from .prefix import ATTR, ResumeRecord, explain, has_crop, misplaced, record_of, reusable, text_positions
 
 CANDIDATES = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
 
@@ -54,7 +54,7 @@ def fresh(model: torch.nn.Module, cache: Any) -> Any:
     if isinstance(cache, EncoderDecoderCache):
         return EncoderDecoderCache(DynamicCache(), DynamicCache())  # pragma: no mutate - one argument: same empty cross
     # static layers (croppable from 5.25 on, and built with a max_cache_len): reset, keep memory
-    if isinstance(cache, StaticCache) or not all(hasattr(layer, "crop") for layer in compat.cache_layers(cache)):
+    if isinstance(cache, StaticCache) or not has_crop(cache):
         cache.reset()
         for name in ("kv_ledger", LINEAR_MARKS):
             cache.__dict__.pop(name, None)

@@ -76,17 +76,19 @@ class ResumeState:
     def check(self) -> None:
         """Internal consistency: batch sizes, per-layer lengths and mask length = processed + suffix."""
         _require(bool(self.kv), "layer count: the state holds no cache layers")
-        _require(self.attention_mask.dim() == 2 and self.suffix_ids.dim() == 2, f"attention_mask and suffix_ids must be "
-                 f"2-D [batch, length]; got {list(self.attention_mask.shape)} and {list(self.suffix_ids.shape)}")
+        _require(self.attention_mask.dim() == 2 and self.suffix_ids.dim() == 2, f"attention_mask and suffix_ids must "
+                 f"be 2-D [batch, length]; got {list(self.attention_mask.shape)} and {list(self.suffix_ids.shape)}")
         for i, (k, v) in enumerate(self.kv):
             _require(k.shape == v.shape, f"K/V shapes: layer {i} keys {list(k.shape)} != values {list(v.shape)}")
-            _require(k.dtype == v.dtype == self.dtype, f"dtype: layer {i} is {k.dtype}/{v.dtype}, layer 0 is {self.dtype}")
-            _require(k.device == v.device == self.device, f"device: layer {i} is on {k.device}, layer 0 on {self.device}")
+            _require(k.dtype == v.dtype == self.dtype,
+                     f"dtype: layer {i} is {k.dtype}/{v.dtype}, layer 0 is {self.dtype}")
+            _require(k.device == v.device == self.device,
+                     f"device: layer {i} is on {k.device}, layer 0 on {self.device}")
             _require(int(k.shape[0]) == self.batch_size,
                      f"batch size: layer {i} K/V batch {k.shape[0]} != attention_mask batch {self.batch_size}")
-            _require(int(k.shape[-2]) == self.processed_length, f"processed length: layer {i} holds {k.shape[-2]} K/V "
-                     f"slots but processed_length is {self.processed_length} (identity DynamicLayer caches keep one slot "
-                     f"per token)")
+            _require(int(k.shape[-2]) == self.processed_length, f"processed length: layer {i} holds {k.shape[-2]} "
+                     f"K/V slots but processed_length is {self.processed_length} (identity DynamicLayer caches keep "
+                     f"one slot per token)")
         _require(int(self.suffix_ids.shape[0]) == self.batch_size, f"batch size: suffix_ids batch "
                  f"{self.suffix_ids.shape[0]} != attention_mask batch {self.batch_size}")
         want = self.processed_length + self.suffix_length
@@ -178,25 +180,20 @@ def _read_doc(directory: Path) -> dict[str, Any]:
         raise ResumeStateError(f"{JSON_FILE}: missing from {directory.name}/ (not a folder written by resume.save())") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ResumeStateError(f"{JSON_FILE}: unreadable ({type(exc).__name__}: {exc})") from None
-    if not isinstance(doc, dict):
-        raise ResumeStateError(f"{JSON_FILE}: top level is a {type(doc).__name__}, not an object")
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise ResumeStateError(f"{JSON_FILE}: field format_version: file has {doc.get('format_version')!r}, "
-                               f"this kit reads {FORMAT_VERSION}")
+    _require(isinstance(doc, dict), f"{JSON_FILE}: top level is a {type(doc).__name__}, not an object")
+    _require(doc.get("format_version") == FORMAT_VERSION, f"{JSON_FILE}: field format_version: file has "
+             f"{doc.get('format_version')!r}, this kit reads {FORMAT_VERSION}")
     return doc
 
 
 def _field(doc: dict[str, Any], name: str, kind: type | tuple[type, ...], minimum: int | None = None) -> Any:
     """One field of state.json, type-checked (bool is not an int here); ResumeStateError naming it."""
-    if name not in doc:
-        raise ResumeStateError(f"{JSON_FILE}: field {name} is missing")
+    _require(name in doc, f"{JSON_FILE}: field {name} is missing")
     value = doc[name]
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        want = " or ".join(k.__name__ for k in kinds)
-        raise ResumeStateError(f"{JSON_FILE}: field {name} is {value!r} ({type(value).__name__}), expected {want}")
-    if minimum is not None and value < minimum:
-        raise ResumeStateError(f"{JSON_FILE}: field {name} is {value}, must be at least {minimum}")
+    _require(isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds), f"{JSON_FILE}: field "
+             f"{name} is {value!r} ({type(value).__name__}), expected {' or '.join(k.__name__ for k in kinds)}")
+    _require(minimum is None or value >= minimum, f"{JSON_FILE}: field {name} is {value}, must be at least {minimum}")
     return value
 
 
@@ -206,8 +203,7 @@ def _read_tensors(directory: Path, device: str | torch.device) -> dict[str, torc
     from safetensors.torch import load_file
 
     path = directory / TENSOR_FILE
-    if not path.is_file():
-        raise ResumeStateError(f"{TENSOR_FILE}: missing from {directory.name}/")
+    _require(path.is_file(), f"{TENSOR_FILE}: missing from {directory.name}/")
     try:
         return load_file(str(path), device=str(device))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
@@ -217,8 +213,8 @@ def _read_tensors(directory: Path, device: str | torch.device) -> dict[str, torc
 
 
 def _tensor(tensors: dict[str, torch.Tensor], name: str, why: str) -> torch.Tensor:
-    if name not in tensors:
-        raise ResumeStateError(f"{TENSOR_FILE}: field {name} is missing ({why})")
+    """The tensor `name` of the file, or ResumeStateError saying why it should be there."""
+    _require(name in tensors, f"{TENSOR_FILE}: field {name} is missing ({why})")
     return tensors[name]
 
 
@@ -242,15 +238,14 @@ def load(directory: str | Path, device: str | torch.device = "cpu") -> ResumeSta
     info = _field(doc, "info", dict) if "info" in doc else {}
     tensors = _read_tensors(directory, device)
     held = _layer_count(tensors)
-    if held != n_layers:
-        raise ResumeStateError(f"{JSON_FILE}: field n_layers is {n_layers}, but {TENSOR_FILE} holds {held} layers "
-                               f"(layers.0 .. layers.{held - 1})")
+    _require(held == n_layers, f"{JSON_FILE}: field n_layers is {n_layers}, but {TENSOR_FILE} holds {held} layers "
+             f"(layers.0 .. layers.{held - 1})")
     kv = [(_tensor(tensors, f"layers.{i}.keys", f"{JSON_FILE} n_layers is {n_layers}"),
            _tensor(tensors, f"layers.{i}.values", f"{JSON_FILE} n_layers is {n_layers}")) for i in range(n_layers)]
     metadata: dict[str, torch.Tensor | None] = {}
     for name, kind in meta_doc.items():
-        if kind not in ("tensor", None):
-            raise ResumeStateError(f"{JSON_FILE}: field model_metadata.{name} is {kind!r}, expected \"tensor\" or null")
+        _require(kind in ("tensor", None),
+                 f"{JSON_FILE}: field model_metadata.{name} is {kind!r}, expected \"tensor\" or null")
         metadata[name] = _tensor(tensors, f"metadata.{name}", f"{JSON_FILE} model_metadata.{name} says tensor") \
             if kind == "tensor" else None
     state = ResumeState(kv, processed, _tensor(tensors, "suffix_ids", "the unprocessed suffix"),
@@ -268,8 +263,8 @@ def _agree(doc: dict[str, Any], state: ResumeState) -> None:
     measured = {"suffix_length": state.suffix_length, "batch_size": state.batch_size,
                 "dtype": str(state.dtype).replace("torch.", "")}
     for name, value in measured.items():
-        if name in doc and doc[name] != value:
-            raise ResumeStateError(f"{JSON_FILE}: field {name} is {doc[name]!r}, but {TENSOR_FILE} holds {value!r}")
+        _require(doc.get(name, value) == value,
+                 f"{JSON_FILE}: field {name} is {doc.get(name)!r}, but {TENSOR_FILE} holds {value!r}")
 
 
 def round_trip(state: ResumeState, directory: str | Path, device: str | torch.device = "cpu") -> ResumeState:
