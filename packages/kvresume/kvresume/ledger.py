@@ -132,9 +132,8 @@ def joined(parts: list[Any]) -> Ledger:
     """The ledgers' slots one after another (same batch); the last one's rope_deltas; prints where all have them."""
     parts = _entries(parts)
     parts = [p for p in parts if p.token_ids.shape[-1]] or parts[-1:]
-    rows = {p.positions.shape[0] for p in parts}
-    top = max(rows)
-    positions = [p.positions for p in parts] if len(rows) == 1 else [_rows(p.positions, top) for p in parts]
+    top = max(p.positions.shape[0] for p in parts)
+    positions = [_rows(p.positions, top) for p in parts]
     prints = [p.prints for p in parts]
     return Ledger(torch.cat([p.token_ids for p in parts], 1), torch.cat(positions, -1),
                   torch.cat([p.mask for p in parts], 1), parts[-1].rope_deltas,

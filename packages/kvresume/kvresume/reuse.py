@@ -32,9 +32,7 @@ from .prefix import ATTR, ResumeRecord, explain, has_crop, misplaced, record_of,
 CANDIDATES = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
 
 
-def resume_report(output: Any) -> ResumeRecord | None:
-    """The ResumeRecord resume() attached to its output (or the cache it wrote): cached, reused, fed, reason, detail."""
-    return record_of(output)
+resume_report = record_of  # the ResumeRecord resume() attached to its output (or the cache it wrote)
 
 
 def crop_to(cache: Any, n: int) -> Any:
