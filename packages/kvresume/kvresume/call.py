@@ -27,15 +27,20 @@ def cache_lengths(cache: Any) -> tuple[int, int]:
     return reported, max(per_layer + [reported])
 
 
-def _tokens(kwargs: dict[str, Any], decoder: bool) -> int | None:
-    """How many tokens (ids [batch, n] or embeddings [batch, n, hidden]) these arguments carry, on the decoder side
-    for an encoder-decoder; None when absent."""
-    prefix = "decoder_" if decoder else ""
-    for name in (f"{prefix}input_ids", f"{prefix}inputs_embeds"):
-        value = kwargs.get(name)
-        if value is not None:
-            return None if not isinstance(value, torch.Tensor) else int(value.shape[1 if value.dim() >= 2 else -1])
-    return None
+_FED = {False: ("input_ids", "inputs_embeds"), True: ("decoder_input_ids", "decoder_inputs_embeds")}
+
+
+def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any],
+            decoder: bool | None = None) -> tuple[torch.Tensor | None, int | None, int | None]:
+    """(ids or None for embeddings, batch, tokens) of one forward call."""
+    names = _FED[bool(is_encoder_decoder(model) if decoder is None else decoder)]
+    ids, embeds = kwargs.get(names[0]), kwargs.get(names[1])
+    if isinstance(ids, torch.Tensor):
+        ids = ids.view(1, -1) if ids.dim() == 1 else ids
+        return ids, int(ids.shape[0]), int(ids.shape[-1])
+    if isinstance(embeds, torch.Tensor):
+        return None, int(embeds.shape[0]), int(embeds.shape[1])
+    return None, None, None
 
 
 # generate()'s multimodal inputs beside the ids: what a vision check reads (new images in the suffix)
@@ -88,7 +93,7 @@ class ResumeCall:
     def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         """Record what generate() gave its first model call (these keyword arguments)."""
         decoder = is_encoder_decoder(model)
-        self.fed = _tokens(kwargs, decoder)
+        self.fed = fed_ids(model, kwargs, decoder)[2]
         ids = kwargs.get("decoder_input_ids" if decoder else "input_ids")
         self.fed_ids = ids if isinstance(ids, torch.Tensor) else None
         self.fed_mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
@@ -162,7 +167,7 @@ def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: d
     given = dict(kwargs)
     if inputs is not None and not decoder:
         given["inputs_embeds" if inputs.is_floating_point() else "input_ids"] = inputs
-    n = _tokens(given, decoder)
+    n = fed_ids(model, given, decoder)[2]
     if n is None:
         return None
     ids = given.get("decoder_input_ids" if decoder else "input_ids")
@@ -177,7 +182,7 @@ def multimodal(kwargs: dict[str, Any]) -> dict[str, Any]:
 def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall | None:
     """A call of its own from one forward call's keyword arguments (generate()'s internal calls)."""
     decoder = is_encoder_decoder(model)
-    cache, n = compat.cache_from_kwargs(kwargs), _tokens(kwargs, decoder)
+    cache, n = compat.cache_from_kwargs(kwargs), fed_ids(model, kwargs, decoder)[2]
     if cache is None or n is None:
         return None
     call = _call(model, cache, n, kwargs, decoder)
