@@ -16,36 +16,31 @@ import torch
 
 from . import compat
 from . import layers
-from .ledger import Ledger, ledger_of, stored_ledger
-
-
-def self_attention_cache(cache: Any) -> Any:
-    """The decoder's self-attention cache (an EncoderDecoderCache's), else the cache itself."""
-    return getattr(cache, "self_attention_cache", None) or cache
+from .ledger import Ledger, ledger_of, ledger_owner, stored_ledger
 
 
 def cache_lengths(cache: Any) -> tuple[int, int]:
     """(what `get_seq_length()` reports, the largest length any attention layer reports)."""
-    cache = self_attention_cache(cache)
+    cache = ledger_owner(cache)
     reported = int(cache.get_seq_length())
     per_layer = [n for n in layers.lengths(cache) if n is not None]
     return reported, max(per_layer + [reported])
 
 
-def width(value: Any) -> int | None:
-    """Tokens of ids [batch, n] or embeddings [batch, n, hidden]; None when absent."""
-    if not isinstance(value, torch.Tensor):
-        return None
-    return int(value.shape[1]) if value.dim() >= 2 else int(value.shape[-1])
+_FED = {False: ("input_ids", "inputs_embeds"), True: ("decoder_input_ids", "decoder_inputs_embeds")}
 
 
-def _tokens(kwargs: dict[str, Any], decoder: bool) -> int | None:
-    """How many tokens (ids or embeddings) these arguments carry, on the decoder side for an encoder-decoder."""
-    prefix = "decoder_" if decoder else ""
-    for name in (f"{prefix}input_ids", f"{prefix}inputs_embeds"):
-        if kwargs.get(name) is not None:
-            return width(kwargs[name])
-    return None
+def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any],
+            decoder: bool | None = None) -> tuple[torch.Tensor | None, int | None, int | None]:
+    """(ids or None for embeddings, batch, tokens) of one forward call."""
+    names = _FED[bool(is_encoder_decoder(model) if decoder is None else decoder)]
+    ids, embeds = kwargs.get(names[0]), kwargs.get(names[1])
+    if isinstance(ids, torch.Tensor):
+        ids = ids.view(1, -1) if ids.dim() == 1 else ids
+        return ids, int(ids.shape[0]), int(ids.shape[-1])
+    if isinstance(embeds, torch.Tensor):
+        return None, int(embeds.shape[0]), int(embeds.shape[1])
+    return None, None, None
 
 
 # generate()'s multimodal inputs beside the ids: what a vision check reads (new images in the suffix)
@@ -98,7 +93,7 @@ class ResumeCall:
     def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         """Record what generate() gave its first model call (these keyword arguments)."""
         decoder = is_encoder_decoder(model)
-        self.fed = _tokens(kwargs, decoder)
+        self.fed = fed_ids(model, kwargs, decoder)[2]
         ids = kwargs.get("decoder_input_ids" if decoder else "input_ids")
         self.fed_ids = ids if isinstance(ids, torch.Tensor) else None
         self.fed_mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
@@ -106,6 +101,11 @@ class ResumeCall:
     @property
     def lengths(self) -> tuple[int, int]:
         return cache_lengths(self.cache)
+
+    @property
+    def given_rows(self) -> int:
+        """Rows of the ids given (1 where embeddings were given)."""
+        return self.given_ids.shape[0] if self.given_ids is not None else 1
 
     @property
     def f(self) -> int:
@@ -146,6 +146,17 @@ def decoder_start(model: torch.nn.Module) -> int | None:
     return None
 
 
+def _call(model: torch.nn.Module, cache: Any, n: int, kwargs: dict[str, Any], decoder: bool,
+          ids: Any = None, length: int | None = None, rows: torch.Tensor | None = None) -> ResumeCall:
+    """A call on `cache` with these keyword arguments' mask and positions, the model's own state read now."""
+    side = "decoder_" if decoder else ""
+    owner = compat.rope_state_owner(model)
+    return ResumeCall(cache, n, None, kwargs.get(f"{side}attention_mask"), kwargs.get(f"{side}position_ids"), length,
+                      rows, owner is not None, compat.get_rope_state(model) if owner is not None else None,
+                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs),
+                      ids if isinstance(ids, torch.Tensor) else None, ledger_of(cache))
+
+
 def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[str, Any],
                   processed_length: int | torch.Tensor | list[int] | None = None) -> ResumeCall | None:
     """The resume generate() is asked for (None where no filled cache is given): read before generate() runs."""
@@ -156,17 +167,11 @@ def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: d
     given = dict(kwargs)
     if inputs is not None and not decoder:
         given["inputs_embeds" if inputs.is_floating_point() else "input_ids"] = inputs
-    n = _tokens(given, decoder)
+    n = fed_ids(model, given, decoder)[2]
     if n is None:
         return None
-    length, rows = processed(processed_length)
-    mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
-    owner = compat.rope_state_owner(model)
     ids = given.get("decoder_input_ids" if decoder else "input_ids")
-    return ResumeCall(cache, n, None, mask, kwargs.get("decoder_position_ids" if decoder else "position_ids"), length, rows,
-                      owner is not None, compat.get_rope_state(model) if owner is not None else None,
-                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs),
-                      ids if isinstance(ids, torch.Tensor) else None, ledger_of(cache))
+    return _call(model, cache, n, kwargs, decoder, ids, *processed(processed_length))
 
 
 def multimodal(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -177,15 +182,10 @@ def multimodal(kwargs: dict[str, Any]) -> dict[str, Any]:
 def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall | None:
     """A call of its own from one forward call's keyword arguments (generate()'s internal calls)."""
     decoder = is_encoder_decoder(model)
-    cache, n = compat.cache_from_kwargs(kwargs), _tokens(kwargs, decoder)
+    cache, n = compat.cache_from_kwargs(kwargs), fed_ids(model, kwargs, decoder)[2]
     if cache is None or n is None:
         return None
-    owner = compat.rope_state_owner(model)
-    call = ResumeCall(cache, n, n, kwargs.get("decoder_attention_mask" if decoder else "attention_mask"),
-                      kwargs.get("decoder_position_ids" if decoder else "position_ids"), None, None,
-                      owner is not None, compat.get_rope_state(model) if owner is not None else None,
-                      decoder_start(model) if decoder else None, None, layer_types(model), model, multimodal(kwargs),
-                      None, ledger_of(cache))
+    call = _call(model, cache, n, kwargs, decoder)
     call.feed(model, kwargs)
     call.given_ids = call.fed_ids
     return call

@@ -18,7 +18,8 @@ import torch
 
 from . import compat
 from . import layers
-from .call import ResumeCall, ResumeInputError, self_attention_cache
+from .call import ResumeCall, ResumeInputError, refuse
+from .ledger import ledger_owner
 from .ledger_checks import (ledger_length, ledger_mask, ledger_positions, ledger_processed,
                             ledger_tokens)
 from .linear_checks import linear_length, linear_rollback
@@ -43,14 +44,8 @@ class Check:
         return not (self.untracked_only and call.ledger is not None and call.given_ids is not None)
 
 
-def _with_fix(error: ResumeInputError, **fix: object) -> ResumeInputError:
-    error.fix = dict(fix)
-    return error
-
-
 def _ones(call: ResumeCall, columns: int) -> torch.Tensor:
-    rows = call.given_ids.shape[0] if call.given_ids is not None else 1
-    return torch.ones(rows, columns, dtype=torch.long)
+    return torch.ones(call.given_rows, columns, dtype=torch.long)
 
 
 def empty_input(call: ResumeCall) -> None:
@@ -62,7 +57,7 @@ def empty_input(call: ResumeCall) -> None:
 def linear_state(call: ResumeCall) -> None:
     """A linear-attention layer with no conv/recurrent state beside attention layers that hold tokens."""
     _, widest = call.lengths
-    for i, layer in enumerate(compat.cache_layers(self_attention_cache(call.cache))):
+    for i, layer in enumerate(compat.cache_layers(ledger_owner(call.cache))):
         if layers.has_linear_state(layer):
             states = [v for v in list(layer.conv_states.values()) + list(layer.recurrent_states.values()) if v is not None]
             if not states:
@@ -78,17 +73,17 @@ def nothing_fed(call: ResumeCall) -> None:
     past, _ = call.lengths
     mask, n = call.mask2d(), call.n
     if mask is None and call.attention_mask is None:
-        raise _with_fix(ResumeInputError(f"no attention_mask: the cache holds {past} tokens and input_ids {n}; generate() "
-                                         f"reads input_ids as the whole sequence and slices off its first {past} tokens, "
-                                         f"so no token reaches the model. Pass attention_mask with {past + n} columns "
-                                         f"(cached + suffix)"), attention_mask=_ones(call, past + n))
+        raise refuse("nothing_fed", f"no attention_mask: the cache holds {past} tokens and input_ids {n}; generate() "
+                     f"reads input_ids as the whole sequence and slices off its first {past} tokens, so no token "
+                     f"reaches the model. Pass attention_mask with {past + n} columns (cached + suffix)",
+                     attention_mask=_ones(call, past + n))
     if mask is not None and int(mask.shape[-1]) == n:
-        raise _with_fix(ResumeInputError(f"attention_mask covers only the suffix ({n} columns) while the cache holds {past} "
-                                         f"tokens: pass the full mask of {past + n} columns (the cached prefix's mask + the "
-                                         f"suffix's)"), attention_mask=_ones(call, past + n))
-    raise _with_fix(ResumeInputError(f"generate() feeds the model none of the {n} tokens given beside a cache of {past}: "
-                                     f"pass the suffix with an attention_mask of {past + n} columns (cached + suffix)"),
-                    attention_mask=_ones(call, past + n))
+        raise refuse("nothing_fed", f"attention_mask covers only the suffix ({n} columns) while the cache holds {past} "
+                     f"tokens: pass the full mask of {past + n} columns (the cached prefix's mask + the suffix's)",
+                     attention_mask=_ones(call, past + n))
+    raise refuse("nothing_fed", f"generate() feeds the model none of the {n} tokens given beside a cache of {past}: "
+                 f"pass the suffix with an attention_mask of {past + n} columns (cached + suffix)",
+                 attention_mask=_ones(call, past + n))
 
 
 def fed_neither(call: ResumeCall) -> None:
@@ -101,28 +96,22 @@ def fed_neither(call: ResumeCall) -> None:
                                f"attention_mask of {past + n} columns (cached + suffix)")
 
 
-def _candidate_mode(model: object) -> str:
-    """The candidate-generating option a call may use, named for a message (generate() does not say which runs)."""
-    return "assisted decoding / prompt lookup (candidate generation)"
-
-
 def fed_mask_narrow(call: ResumeCall) -> None:
     """generate() gave its first model call a [batch, columns] mask narrower than the one given and than the cache + the
-    fed tokens (5.17.0's
-    candidate generation, assistant_model or prompt_lookup_num_tokens, keeps only the given ids' columns): the cached
-    slots' columns are missing, so the model attends them wrongly (0.57-0.61 off measured)."""
+    fed tokens (5.17.0's candidate generation, assistant_model or prompt_lookup_num_tokens, keeps only the given ids'
+    columns): the cached slots' columns are missing, so the model attends them wrongly (0.57-0.61 off measured)."""
     mask, given, f = call.fed_mask, call.mask2d(), call.f
     past, _ = call.lengths
     if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or given is None or call.fed is None or not past:
         return
     if mask.shape[-1] >= min(past + f, int(given.shape[-1])):  # as given, or wide enough: not generate()'s narrowing
         return
-    raise _with_fix(ResumeInputError(f"generate() gives its first model call an attention_mask of {mask.shape[-1]} "
-                                     f"columns beside a cache of {past} tokens and {f} fed token(s) (this release's "
-                                     f"{_candidate_mode(call.model)} keeps only the given ids' columns), so the cached "
-                                     f"slots are attended wrongly; pass the whole sequence through "
-                                     f"kvresume.resume(model, whole_ids, cache), which re-prefills for candidate "
-                                     f"generation, or generate the whole sequence without the cache"), resume=True)
+    raise refuse("fed_mask_narrow", f"generate() gives its first model call an attention_mask of {mask.shape[-1]} "
+                 f"columns beside a cache of {past} tokens and {f} fed token(s) (this release's assisted decoding / "
+                 f"prompt lookup (candidate generation) keeps only the given ids' columns), so the cached slots are "
+                 f"attended wrongly; pass the whole sequence through kvresume.resume(model, whole_ids, cache), "
+                 f"which re-prefills for candidate generation, or generate the whole sequence without the cache",
+                 resume=True)
 
 
 def restart_token(call: ResumeCall) -> None:
@@ -131,10 +120,11 @@ def restart_token(call: ResumeCall) -> None:
     if call.decoder_start is None or ids is None or ids.shape[-1] == 0 or past == 0:
         return
     if bool((ids[:, 0] == call.decoder_start).all()):
-        raise _with_fix(ResumeInputError(f"generate() feeds all {call.f} decoder_input_ids, the decoder start token first, "
-                                         f"beside a decoder cache of {past} tokens: pass decoder_attention_mask over the "
-                                         f"whole sequence ({call.n} columns, so generate() feeds only what is not "
-                                         f"cached), or only the new tokens"), decoder_attention_mask=_ones(call, call.n))
+        raise refuse("restart_token", f"generate() feeds all {call.f} decoder_input_ids, the decoder start token "
+                     f"first, beside a decoder cache of {past} tokens: pass decoder_attention_mask over the whole "
+                     f"sequence ({call.n} columns, so generate() feeds only what is not cached), or only the new "
+                     f"tokens",
+                     decoder_attention_mask=_ones(call, call.n))
 
 
 def mask_width(call: ResumeCall) -> None:
@@ -145,9 +135,9 @@ def mask_width(call: ResumeCall) -> None:
     past, widest = call.lengths
     m, f = int(mask.shape[-1]), call.f
     if m not in (past + f, widest + f):
-        raise _with_fix(ResumeInputError(f"attention_mask has {m} columns; a resume from a cache of {past} tokens with "
-                                         f"{call.n} new tokens needs {past + call.n} (cached + suffix)"),
-                        attention_mask=_ones(call, past + call.n))
+        raise refuse("mask_width", f"attention_mask has {m} columns; a resume from a cache of {past} tokens with "
+                     f"{call.n} new tokens needs {past + call.n} (cached + suffix)",
+                     attention_mask=_ones(call, past + call.n))
 
 
 def uneven_layers(call: ResumeCall) -> None:
@@ -156,7 +146,7 @@ def uneven_layers(call: ResumeCall) -> None:
     if call.position_ids is not None:
         return
     types = call.layer_types
-    held = sorted({layers.layer_length(l) for i, l in enumerate(compat.cache_layers(self_attention_cache(call.cache)))
+    held = sorted({layers.layer_length(l) for i, l in enumerate(compat.cache_layers(ledger_owner(call.cache)))
                    if layers.has_kv(l) and not layers.is_sliding(l)
                    and (i >= len(types) or types[i] == "full_attention")} - {None})
     if len(held) > 1:

@@ -30,11 +30,7 @@ def accepts(fn: Any, name: str) -> bool:
 def cache_kwarg(model: torch.nn.Module) -> str:
     """Name of the forward keyword that carries the cache (`past_key_values`, later `cache`)."""
     params = _params(model.forward)
-    if "past_key_values" in params:
-        return "past_key_values"
-    if "cache" in params:
-        return "cache"
-    return "past_key_values"
+    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
 
 
 def cache_from_kwargs(kwargs: dict[str, Any]) -> Any:
@@ -65,9 +61,7 @@ def generate_logits(output: Any) -> tuple[torch.Tensor, ...]:
 
 def layer_kv(layer: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """(keys, values) of one cache layer."""
-    if hasattr(layer, "keys") and not callable(getattr(layer, "keys")):
-        return layer.keys, layer.values
-    return getattr(layer, "key_cache", None), getattr(layer, "value_cache", None)
+    return getattr(layer, "keys", None), getattr(layer, "values", None)
 
 
 def cache_layers(cache: Any) -> list[Any]:
@@ -139,14 +133,9 @@ def accepts_mm_token_type_ids(model: torch.nn.Module) -> bool:
 
 def image_processor_class() -> type:
     """A Qwen2-VL-family image processor class that works without torchvision."""
-    try:
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-        return Qwen2VLImageProcessorPil
-    except ImportError:
-        from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-
-        return Qwen2VLImageProcessor
+    return Qwen2VLImageProcessorPil
 
 
 def describe_release() -> dict[str, Any]:
@@ -159,10 +148,9 @@ def describe_release() -> dict[str, Any]:
 
 
 
-def generate_cache_kwarg(model: torch.nn.Module) -> str:
-    """Name under which `generate()` takes a starting cache: it follows the forward signature
-    (`generate()` itself takes **kwargs; 5.24 deprecates `past_key_values` there in favour of `cache`)."""
-    return cache_kwarg(model)
+# the name under which `generate()` takes a starting cache: it follows the forward signature (`generate()` itself
+# takes **kwargs; 5.24 deprecates `past_key_values` there in favour of `cache`)
+generate_cache_kwarg = cache_kwarg
 
 
 # --- linear-attention layers' own token count (5.25.0+) -------------------------------------------

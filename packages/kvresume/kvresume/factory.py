@@ -150,12 +150,11 @@ def _ledger(checked: dict[int, tuple[torch.Tensor, torch.Tensor]], token_ids: to
             raise FactoryError("positions given without token_ids: the ledger needs both (or token_ids alone)")
         return None
     ledger = ledger_from_tensors(token_ids, positions)
-    want = None
     if checked:
-        keys, _ = checked[min(checked)]
-        want = (int(keys.shape[0]), int(keys.shape[2]))
-    if want is not None and (ledger.batch, ledger.length) != want:
-        raise FactoryError(f"token_ids: {ledger.batch} rows x {ledger.length} slots, the K/V hold {want[0]} x {want[1]}")
+        keys = checked[min(checked)][0]
+        if (ledger.batch, ledger.length) != (int(keys.shape[0]), int(keys.shape[2])):
+            raise FactoryError(f"token_ids: {ledger.batch} rows x {ledger.length} slots, the K/V hold "
+                               f"{keys.shape[0]} x {keys.shape[2]}")
     if ledger.positions.shape[1:] != ledger.token_ids.shape:
         raise FactoryError(f"positions: shape {list(ledger.positions.shape)} does not match token_ids "
                            f"{list(ledger.token_ids.shape)}")

@@ -61,10 +61,9 @@ class _Stop(Exception):
 def cache_positions(call: ResumeCall, kwargs: dict[str, Any]) -> torch.Tensor | None:
     """Where the model has no rotary embedding: the positions given, else the cache positions of what is fed."""
     given = kwargs.get("decoder_position_ids" if is_encoder_decoder(call.model) else "position_ids")
-    rows = call.given_ids.shape[0] if call.given_ids is not None else 1
     if isinstance(given, torch.Tensor):
-        return as_rows(given, rows, call.f)
-    return (call.lengths[0] + torch.arange(call.f)).view(1, 1, -1).expand(1, rows, call.f)
+        return as_rows(given, call.given_rows, call.f)
+    return (call.lengths[0] + torch.arange(call.f)).view(1, 1, -1).expand(1, call.given_rows, call.f)
 
 
 @contextmanager
@@ -75,8 +74,7 @@ def checked_first_call(model: torch.nn.Module, call: ResumeCall, then: Callable[
     kwargs_seen: dict[str, Any] = {}
 
     def on_positions(positions: torch.Tensor | None) -> None:
-        rows = call.given_ids.shape[0] if call.given_ids is not None else 1
-        call.fed_positions = (as_rows(positions, rows, call.f) if positions is not None and call.f
+        call.fed_positions = (as_rows(positions, call.given_rows, call.f) if positions is not None and call.f
                               else cache_positions(call, kwargs_seen))
         run_checks(call, positions=True)
         if then is not None:
@@ -104,8 +102,7 @@ def _dry_run(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[s
         raise _Stop
 
     args = {"max_new_tokens": 1, **kwargs}  # a length limit cannot stop it first
-    owner = compat.rope_state_owner(model)
-    state = compat.get_rope_state(model) if owner is not None else None
+    state = compat.get_rope_state(model)
     try:
         with torch.no_grad(), checked_first_call(model, call, stop), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # generate()'s advice on this dry run's length is not the caller's
@@ -113,8 +110,7 @@ def _dry_run(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[s
     except _Stop:
         pass
     finally:
-        if owner is not None:
-            compat.set_rope_state(model, state)
+        compat.put_rope_state(model, state)
 
 
 def check_resume_inputs(model: torch.nn.Module, inputs: torch.Tensor | None = None, *,
@@ -134,7 +130,7 @@ def check_forward_call(model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
     run_checks(call, positions=False)
     given = kwargs.get("decoder_position_ids" if is_encoder_decoder(model) else "position_ids")
     if call is not None and isinstance(given, torch.Tensor) and call.f:
-        call.fed_positions = as_rows(given, call.given_ids.shape[0] if call.given_ids is not None else 1, call.f)
+        call.fed_positions = as_rows(given, call.given_rows, call.f)
         run_checks(call, positions=True)
 
 
@@ -144,12 +140,10 @@ def guarded_generate(model: torch.nn.Module, inputs: torch.Tensor | None = None,
     call = from_generate(model, inputs, kwargs, processed_length)
     if call is None or call.lengths[1] == 0:
         return model.generate(inputs, *args, **kwargs)
-    owner = compat.rope_state_owner(model)
-    state = compat.get_rope_state(model) if owner is not None else None
+    state = compat.get_rope_state(model)
     try:
         with checked_first_call(model, call):
             return model.generate(inputs, *args, **kwargs)
     except ResumeInputError:
-        if owner is not None:  # refused inside the first call: the model's position state as it was
-            compat.set_rope_state(model, state)
+        compat.put_rope_state(model, state)  # refused inside the first call: the model's position state as it was
         raise

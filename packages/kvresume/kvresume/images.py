@@ -3,8 +3,8 @@
 Placeholder tokens are the same ids for every image, so a ledger of token ids alone cannot tell a conversation's new
 image from the cached one. As vLLM's multimodal prefix caching does, the tracker records, on each forward call that
 carries pixels, one span per image: the slots its placeholders filled and a hash of its pixel rows (`note`, at the
-tracked call's start; kept on the cache by `attach`, beside the ledger). `limit` (in `resume()`) ends the
-reusable prefix before the first image whose pixels differ from the cached one's, or that the cut would split; `fed`
+tracked call's start; kept on the cache by `attach`, beside the ledger). `limit_record` (in `resume()`) ends
+the reusable prefix before the first image whose pixels differ from the cached one's, or that the cut would split; `fed`
 slices the conversation's pixels, grids and token types to the images and columns of what is fed; the suffix's 3-D positions
 and `rope_deltas` come from the model's own `get_rope_index` over the whole conversation.
 """
@@ -36,42 +36,21 @@ class Span:
     index: int  # the image's index among the call's images of its kind (its rows in pixel_values, its grid row)
 
 
-def _merge(model: torch.nn.Module) -> int:
-    vision = getattr(getattr(model, "config", None), "vision_config", None)
-    return int(getattr(vision, "spatial_merge_size", 1) or 1)
-
-
-def _token_id(model: torch.nn.Module, name: str) -> int | None:
-    config = getattr(model, "config", None)
-    value = getattr(config, name, None)
-    return int(value) if value is not None else None
-
-
-def _runs(slots: torch.Tensor) -> list[tuple[int, int]]:
-    """Contiguous [start, end) runs of a sorted 1-D index tensor."""
-    values = slots.tolist()
-    runs: list[tuple[int, int]] = []
-    for v in values:
-        if runs and runs[-1][1] == v:
-            runs[-1] = (runs[-1][0], v + 1)
-        else:
-            runs.append((v, v + 1))
-    return runs
-
-
 def spans(model: torch.nn.Module, kwargs: dict[str, Any], offset: int = 0) -> list[Span] | None:
     """The images a call's ids and pixels place (slots counted from `offset`); None where the call carries none."""
     ids = kwargs.get("input_ids")
     if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
         return None
+    config = getattr(model, "config", None)
+    merge = int(getattr(getattr(config, "vision_config", None), "spatial_merge_size", 1) or 1)
     out: list[Span] = []
     carried = False
     for kind, (pixels_key, grid_key, token_name) in enumerate(KINDS):
-        pixels, grid, token = kwargs.get(pixels_key), kwargs.get(grid_key), _token_id(model, token_name)
+        pixels, grid, token = kwargs.get(pixels_key), kwargs.get(grid_key), getattr(config, token_name, None)
         if not isinstance(pixels, torch.Tensor) or not isinstance(grid, torch.Tensor) or token is None:
             continue
         carried = True
-        out += _kind_spans(ids, pixels, grid, token, _merge(model), kind, offset)
+        out += _kind_spans(ids, pixels, grid, int(token), merge, kind, offset)
     return out if carried else None
 
 
@@ -120,39 +99,33 @@ def cached_spans(cache: Any, length: int) -> list[Span]:
     return [s for s in owner.__dict__.get(ATTR, ()) if s.start < length]
 
 
-def _cut(keep: int, cached: list[Span], given: list[Span] | None, ids: torch.Tensor) -> int:
+def _cut(keep: int, cached: list[Span], given: list[Span]) -> int:
     """The reusable prefix: at most `keep`, ending before the first cached image the conversation does not repeat
     (other pixels, or cut by a crop) and before any given image that straddles the cut or that the cache holds no
     record of (its slots' picture unknown)."""
-    same = {(s.row, s.start, s.end, s.digest) for s in given or ()}
+    same = {(s.row, s.start, s.end, s.digest) for s in given}
     known = {(s.row, s.start, s.end, s.digest) for s in cached}
     for s in cached:
         if s.start < keep and (s.row, s.start, s.end, s.digest) not in same:
             keep = min(keep, s.start)
-    for s in given or ():  # split by the cut, or over cached slots written without this image's record
+    for s in given:  # split by the cut, or over cached slots written without this image's record
         if s.start < keep and (keep < s.end or (s.row, s.start, s.end, s.digest) not in known):
             keep = s.start
     return keep
 
 
-def limit(model: torch.nn.Module, cache: Any, input_ids: torch.Tensor, kwargs: dict[str, Any], keep: int,
-          length: int) -> int:
-    """The reusable prefix (at most `keep`) ending before the first cached image the conversation does not repeat
-    and before any given image the cut would split; ids over cached image slots without pixels are refused."""
+def limit_record(model: torch.nn.Module, cache: Any, input_ids: torch.Tensor, kwargs: dict[str, Any], record: Any,
+                 length: int) -> None:
+    """resume()'s record cut to the reusable prefix ending before the first cached image the conversation does not
+    repeat and before any given image the cut would split (its reused count, reason "image" and a detail saying
+    where); ids over cached image slots without pixels are refused."""
     cached = cached_spans(cache, length)
     given = spans(model, {**kwargs, "input_ids": input_ids})
-    if cached and given is None and any(s.start < keep for s in cached):
+    if cached and given is None and any(s.start < record.reused for s in cached):
         raise refuse("image_unverified", "the conversation's ids hold image placeholders the cache wrote with an "
                      "image, but no pixel_values were passed, so whether it is the same image cannot be told: pass "
                      "the whole conversation's pixel_values and image_grid_thw to resume()", resume=True)
-    return keep if given is None else _cut(keep, cached, given, input_ids)
-
-
-def limit_record(model: torch.nn.Module, cache: Any, input_ids: torch.Tensor, kwargs: dict[str, Any], record: Any,
-                 length: int) -> None:
-    """`limit` applied to resume()'s record: where an image ends the prefix early, its reused count, reason "image"
-    and a detail saying where."""
-    keep = limit(model, cache, input_ids, kwargs, record.reused, length)
+    keep = record.reused if given is None else _cut(record.reused, cached, given)
     if keep < record.reused:
         record.detail = (f"the image at slot {keep} differs from the cached one's pixels (or a crop cut it): reused "
                          f"{keep} of {record.cached} cached tokens")
@@ -167,7 +140,7 @@ def fed(model: torch.nn.Module, input_ids: torch.Tensor, kwargs: dict[str, Any],
     given = spans(model, {**kwargs, "input_ids": input_ids})
     if given is None:
         return kwargs, None, None
-    positions, deltas = _rope(model, input_ids, kwargs)
+    positions, deltas = rope_index(model, input_ids, kwargs)
     return _sliced(kwargs, given, keep), (None if positions is None else positions[..., keep:]), deltas
 
 
@@ -188,9 +161,10 @@ def _sliced(kwargs: dict[str, Any], given: list[Span], keep: int) -> dict[str, A
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _rope(model: torch.nn.Module, input_ids: torch.Tensor,
-          kwargs: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The model's own 3-D positions and rope_deltas of the whole conversation (None, None without get_rope_index)."""
+def rope_index(model: torch.nn.Module, input_ids: torch.Tensor,
+               kwargs: dict[str, Any]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The model's own 3-D positions and rope_deltas of these ids with the call's grids, token types and mask (ones
+    where none is given); (None, None) without get_rope_index."""
     owner = compat.rope_state_owner(model)
     if owner is None or not hasattr(owner, "get_rope_index"):
         return None, None

@@ -15,6 +15,7 @@ An eviction keeps the retained slots' entries (`keep_slots`).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -50,21 +51,21 @@ class Ledger:
 
     def first(self, n: int) -> "Ledger":
         """The ledger of the first n slots (a crop)."""
-        p = _prints(self)
+        p = self.prints
         return replace(self, token_ids=self.token_ids[:, :n], positions=self.positions[..., :n], mask=self.mask[:, :n],
                        prints=None if p is None else p[:, :n])
 
     def slots(self, index: torch.Tensor | Sequence[int]) -> "Ledger":
         """The ledger of the kept slots, in the order given (an eviction)."""
         i = torch.as_tensor(index, dtype=torch.long, device=self.token_ids.device)
-        p = _prints(self)
+        p = self.prints
         return replace(self, token_ids=self.token_ids[:, i], positions=self.positions[..., i], mask=self.mask[:, i],
                        prints=None if p is None else p[:, i.to(p.device)])
 
     def rows(self, index: torch.Tensor) -> "Ledger":
         """The ledger of these batch rows (a repeat or a selection)."""
         index = torch.as_tensor(index, dtype=torch.long, device=self.token_ids.device)
-        p = _prints(self)
+        p = self.prints
         return replace(self, token_ids=self.token_ids[index], positions=self.positions[:, index], mask=self.mask[index],
                        rope_deltas=_deltas(self, index), prints=None if p is None else p[index.to(p.device)])
 
@@ -72,7 +73,7 @@ class Ledger:
         """Per slot, the recorded row `index[b, s]` for row b ([B, slots]): rows followed slot by slot."""
         i = index.to(self.token_ids.device)
         r = self.positions.shape[0]
-        p = _prints(self)
+        p = self.prints
         return replace(self, token_ids=self.token_ids.gather(0, i), mask=self.mask.gather(0, i),
                        positions=self.positions.gather(1, i.unsqueeze(0).expand(r, *i.shape)),
                        rope_deltas=_deltas(self, i[:, -1]) if i.shape[-1] else self.rope_deltas,
@@ -98,10 +99,6 @@ class Ledger:
     def cpu(self) -> "Ledger":
         """The ids, positions and mask on the host (what the guard reads)."""
         return replace(self, token_ids=self.token_ids.cpu(), positions=self.positions.cpu(), mask=self.mask.cpu())
-
-
-def _prints(led: Ledger) -> torch.Tensor | None:
-    return getattr(led, "prints", None)  # a ledger pickled before fingerprints has none
 
 
 def _deltas(led: Ledger, index: torch.Tensor) -> torch.Tensor | None:
@@ -135,10 +132,9 @@ def joined(parts: list[Any]) -> Ledger:
     """The ledgers' slots one after another (same batch); the last one's rope_deltas; prints where all have them."""
     parts = _entries(parts)
     parts = [p for p in parts if p.token_ids.shape[-1]] or parts[-1:]
-    rows = {p.positions.shape[0] for p in parts}
-    top = max(rows)
-    positions = [p.positions for p in parts] if len(rows) == 1 else [_rows(p.positions, top) for p in parts]
-    prints = [getattr(p, "prints", None) for p in parts]
+    top = max(p.positions.shape[0] for p in parts)
+    positions = [_rows(p.positions, top) for p in parts]
+    prints = [p.prints for p in parts]
     return Ledger(torch.cat([p.token_ids for p in parts], 1), torch.cat(positions, -1),
                   torch.cat([p.mask for p in parts], 1), parts[-1].rope_deltas,
                   torch.cat(prints, 1) if all(x is not None for x in prints) else None, parts[-1].layer)
@@ -193,7 +189,7 @@ def attach_ledger(cache: Any, ledger: Ledger | None) -> Any:
 def fitted(led: Ledger, cache: Any) -> tuple[Ledger, torch.Tensor] | None:
     """(the ledger per slot mapped to the cache's rows, found [batch, slots]: which slots hold a recorded fingerprint);
     None where the ledger has no fingerprints or the cache's layer cannot show them all. No host sync."""
-    p = _prints(led)
+    p = led.prints
     if p is not None and led.length and led.layer is not None and \
             window_start(cache, led.layer, led.length) is not None:
         return _window_fit(led, cache)
@@ -209,7 +205,7 @@ def _window_fit(led: Ledger, cache: Any) -> tuple[Ledger, torch.Tensor] | None:
     before its window cannot be compared; the ledger is read only where every shown slot of every row holds the
     ledger's own row's fingerprint (found: all slots, or none). None: rows of another count."""
     first = window_start(cache, led.layer, led.length)
-    p = _prints(led)
+    p = led.prints
     now = slot_prints(cache, led.layer, 0, led.length - first)
     if first < 0 or now is None or now.shape[0] != led.batch or now.shape[-1] != p.shape[-1]:
         return None
@@ -239,7 +235,7 @@ def ledger_of(cache: Any) -> Ledger | None:
     if led.length < length:
         return None
     led = led.first(length)
-    if _prints(led) is None or not length:
+    if led.prints is None or not length:
         return _by_count(led, batch)
     fit = fitted(led, cache)
     if fit is None or not bool(fit[1].all()):
@@ -251,7 +247,7 @@ def stale_prefix(cache: Any) -> tuple[int, int, int] | None:
     """(first slots that match, tokens held, first row that does not) where the stored ledger's fingerprints contradict
     what the cache holds (written while untracked, or changed by hand); None where they agree or cannot be read."""
     led = stored_ledger(cache)
-    if led is None or _prints(led) is None:
+    if led is None or led.prints is None:
         return None
     held = cache_held(cache)[0]
     if led.layer is not None and held and window_start(cache, led.layer, held) is not None:
@@ -273,8 +269,6 @@ def keep_slots(cache: Any, kept: torch.Tensor | Sequence[int]) -> Any:
 
 def without_ledger(cache: Any) -> Any:
     """A deep copy of the cache without its ledger (how the cache behaves untracked)."""
-    import copy
-
     out = copy.deepcopy(cache)
     return attach_ledger(out, None)
 

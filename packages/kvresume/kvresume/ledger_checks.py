@@ -23,11 +23,10 @@ from typing import Any
 
 import torch
 
-from . import compat
 from .call import ResumeCall, ResumeInputError, is_encoder_decoder, refuse
 from .ledger import Ledger
-from .prefix import can_crop, misplaced
-from .writes import slot_mask
+from .prefix import can_crop, has_crop, misplaced
+from .writes import mask_slots, plain
 
 
 def _refuse(call: ResumeCall, check: str, message: str, **fix: object) -> ResumeInputError:
@@ -43,7 +42,7 @@ def _refuse(call: ResumeCall, check: str, message: str, **fix: object) -> Resume
                     f"the whole decoder sequence, {whole.shape[-1]} tokens, with a decoder_attention_mask of ones)")
     if fix.get("crop") is not None and not can_crop(call.cache):
         message = (f"{message}. This cache cannot be cropped ({type(call.cache).__name__}"
-                   f"{', a sliding layer past its window' if _has_crop(call.cache) else ': its layers have no crop'}): "
+                   f"{', a sliding layer past its window' if has_crop(call.cache) else ': its layers have no crop'}): "
                    f"pass the whole sequence through kvresume.resume(model, whole_ids, cache), which re-prefills it")
         fix = {"resume": True}
     return refuse(check, message, **fix)
@@ -55,11 +54,6 @@ def _decoder_whole(led: Ledger, ids: torch.Tensor, crop: int) -> torch.Tensor:
     if int(ids.shape[-1]) > crop and led.common_prefix(ids) >= crop:
         return ids
     return torch.cat([led.first(crop).token_ids.to(ids.device), ids], 1)
-
-
-def _has_crop(cache: object) -> bool:
-    """Whether every layer of the (self-attention) cache has a crop method."""
-    return all(hasattr(layer, "crop") for layer in compat.cache_layers(getattr(cache, "self_attention_cache", None) or cache))
 
 
 def _whole(call: ResumeCall) -> bool:
@@ -154,7 +148,7 @@ def first_attended(fed: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor
     these rows, the first fed token); fed [R, B, f]. A padding token's position is whatever the caller filled in
     (assisted decoding feeds a left-padded row's pads)."""
     first = fed.amin(0).cpu()  # [B, f]: the smallest rotary row per token
-    real = slot_mask(mask, int(first.shape[0]), int(fed.shape[-1]), "cpu").cpu().bool()
+    real = plain(mask_slots(mask, int(first.shape[0]), int(fed.shape[-1]), "cpu")).cpu().bool()
     at = real.to(torch.uint8).argmax(-1, keepdim=True)
     return torch.where(real.any(-1), first.gather(-1, at).squeeze(-1), torch.full_like(first[:, 0], -1))
 

@@ -10,10 +10,12 @@ layers' (a hybrid rebuilt by hand: the conv width, 4), where generate() would re
 """
 from __future__ import annotations
 
+import copy
 import inspect
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from . import compat
 from .call import ResumeCall, refuse
@@ -59,8 +61,6 @@ def _same(a: Any, b: Any) -> bool:
 
 def _keeps_history() -> bool:
     """This release's activate_past_recording takes recurrent_states_to_keep (5.25.0+)."""
-    from transformers import DynamicCache
-
     method = getattr(DynamicCache, "activate_past_recording", None)
     return method is not None and "recurrent_states_to_keep" in inspect.signature(method).parameters
 
@@ -89,8 +89,6 @@ def linear_rollback(call: ResumeCall) -> None:
         return
     how = (f"; or, before the {m - held} draft token(s), cache.activate_past_recording(recurrent_states_to_keep="
            f"{m - held}) so crop(-{m - held}) rolls them back" if _keeps_history() else "")
-    from transformers import DynamicCache
-
     raise refuse("linear_rollback", f"the cache holds {held} tokens but its linear-attention layers' recurrent state is "
                   f"still the one after {m} tokens (a crop that did not roll it back: transformers "
                   f"{compat.TRANSFORMERS_VERSION} keeps no recurrent-state history): re-prefill the {held} kept tokens "
@@ -133,11 +131,7 @@ def linear_length(call: ResumeCall) -> None:
 
 def _carried(cache: Any, length: int) -> Any:
     """A copy of the cache with every linear layer's own count set to `length`."""
-    import copy
-
     out = copy.deepcopy(cache)
     for layer in compat.cache_layers(ledger_owner(out)):
-        own = getattr(layer, compat.LINEAR_LENGTH_ATTR, None)
-        if isinstance(own, torch.Tensor):
-            own.fill_(length)
+        compat.carry_linear_length(layer, length)
     return out

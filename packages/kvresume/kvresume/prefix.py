@@ -11,6 +11,7 @@ are a prefix of the cache: re-fed from one token before their end).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -87,7 +88,7 @@ def explain(cached: torch.Tensor, given: torch.Tensor, p: int, tokenizer: Any = 
         return "differs", f"the ids differ from the cached ones at token {p} (no tokenizer given to say why)"
     old = tokenizer.decode(cached[0].tolist(), skip_special_tokens=False)
     new = tokenizer.decode(given[0].tolist(), skip_special_tokens=False)
-    c = _common(old, new)
+    c = len(os.path.commonprefix([old, new]))
     if c >= len(old) or c >= len(new):
         return "tokenizer", (f"the text is the cached text continued, but the tokenizer split it differently at token {p} "
                              f"(cached {cached[0, p:p + 3].tolist()}, given {given[0, p:p + 3].tolist()}): the join "
@@ -101,19 +102,11 @@ def explain(cached: torch.Tensor, given: torch.Tensor, p: int, tokenizer: Any = 
                         f"messages= to tell a template change from an edit")
 
 
-def _common(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
-
-
 def _content_at(text: str, c: int, messages: Sequence[dict[str, Any]] | None, old: str = "") -> int | None:
     """The index of the message whose content, found verbatim in order in `text`, covers character c (where it starts
     at c and the old text still holds it further on, the template changed what came before it: None)."""
     if messages is None:
         return None
-
-    def old_has(content: str) -> bool:
-        return old.find(content, c) > c
     at = 0
     for i, message in enumerate(messages):
         content = message.get("content")
@@ -123,17 +116,22 @@ def _content_at(text: str, c: int, messages: Sequence[dict[str, Any]] | None, ol
         if found < 0:
             continue
         if found <= c < found + len(content):
-            return None if found == c and old_has(content) else i
+            return None if found == c and old.find(content, c) > c else i
         at = found + len(content)
     return None
+
+
+def has_crop(cache: Any) -> bool:
+    """Whether every layer of the (self-attention) cache has a crop method."""
+    return all(hasattr(layer, "crop") for layer in compat.cache_layers(ledger_owner(cache)))
 
 
 def can_crop(cache: Any) -> bool:
     """Whether every layer of the cache can be cropped now: it has `crop`, and no sliding layer past its window nor
     linear-attention layer lacks the recorded past states a crop needs."""
+    if not has_crop(cache):
+        return False
     for layer in compat.cache_layers(ledger_owner(cache)):
-        if not hasattr(layer, "crop"):
-            return False
         window = getattr(layer, "sliding_window", None)
         past = getattr(layer, "record_past", True)
         if isinstance(window, int) and int(layer.get_seq_length()) >= window and not past:

@@ -18,6 +18,7 @@ import copy
 from typing import Any
 
 import torch
+from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
 from . import compat, images
 from .call import is_encoder_decoder, refuse
@@ -26,14 +27,12 @@ from .guard import ResumeInputError, check_resume_inputs, guarded_generate
 from .ledger import Ledger, attach_ledger, cache_held, ledger_of, ledger_owner, stored_ledger
 from .ledger_checks import next_positions
 from .linear_checks import ATTR as LINEAR_MARKS, stale_of
-from .prefix import ATTR, ResumeRecord, explain, misplaced, record_of, reusable, text_positions
+from .prefix import ATTR, ResumeRecord, explain, has_crop, misplaced, record_of, reusable, text_positions
 
 CANDIDATES = ("assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit")
 
 
-def resume_report(output: Any) -> ResumeRecord | None:
-    """The ResumeRecord resume() attached to its output (or the cache it wrote): cached, reused, fed, reason, detail."""
-    return record_of(output)
+resume_report = record_of  # the ResumeRecord resume() attached to its output (or the cache it wrote)
 
 
 def crop_to(cache: Any, n: int) -> Any:
@@ -50,12 +49,10 @@ def crop_to(cache: Any, n: int) -> Any:
 
 def fresh(model: torch.nn.Module, cache: Any) -> Any:
     """An empty cache for a re-prefill: a StaticCache reset in place, else a new cache of the same class."""
-    from transformers import DynamicCache, EncoderDecoderCache, StaticCache
-
     if isinstance(cache, EncoderDecoderCache):
         return EncoderDecoderCache(DynamicCache(), DynamicCache())  # pragma: no mutate - one argument: same empty cross
     # static layers (croppable from 5.25 on, and built with a max_cache_len): reset, keep memory
-    if isinstance(cache, StaticCache) or not all(hasattr(layer, "crop") for layer in compat.cache_layers(cache)):
+    if isinstance(cache, StaticCache) or not has_crop(cache):
         cache.reset()
         for name in ("kv_ledger", LINEAR_MARKS):
             cache.__dict__.pop(name, None)
@@ -211,9 +208,7 @@ def _positions(model: torch.nn.Module, kept: Ledger, suffix: torch.Tensor, suffi
         if kept.positions.shape[0] == 1:
             return text_positions(kept, suffix_mask)
         return next_positions(kept, int(suffix.shape[1]))
-    extra = {"mm_token_type_ids": kwargs["mm_token_type_ids"]} if kwargs.get("mm_token_type_ids") is not None and \
-        compat.accepts(owner.get_rope_index, "mm_token_type_ids") else {}
-    local, _ = owner.get_rope_index(suffix, **grids, attention_mask=torch.ones_like(suffix), **extra)
+    local, _ = images.rope_index(model, suffix, {**kwargs, "attention_mask": torch.ones_like(suffix)})
     return local + kept.next_positions().view(1, -1, 1).to(local.device)
 
 

@@ -75,29 +75,32 @@ class ResumeState:
 
     def check(self) -> None:
         """Internal consistency: batch sizes, per-layer lengths and mask length = processed + suffix."""
-        if not self.kv:
-            raise ResumeStateError("layer count: the state holds no cache layers")
-        if self.attention_mask.dim() != 2 or self.suffix_ids.dim() != 2:
-            raise ResumeStateError(f"attention_mask and suffix_ids must be 2-D [batch, length]; got "
-                                   f"{list(self.attention_mask.shape)} and {list(self.suffix_ids.shape)}")
+        _require(bool(self.kv), "layer count: the state holds no cache layers")
+        _require(self.attention_mask.dim() == 2 and self.suffix_ids.dim() == 2, f"attention_mask and suffix_ids must "
+                 f"be 2-D [batch, length]; got {list(self.attention_mask.shape)} and {list(self.suffix_ids.shape)}")
         for i, (k, v) in enumerate(self.kv):
-            if k.shape != v.shape:
-                raise ResumeStateError(f"K/V shapes: layer {i} keys {list(k.shape)} != values {list(v.shape)}")
-            if k.dtype != self.dtype or v.dtype != self.dtype:
-                raise ResumeStateError(f"dtype: layer {i} is {k.dtype}/{v.dtype}, layer 0 is {self.dtype}")
-            if k.device != self.device or v.device != self.device:
-                raise ResumeStateError(f"device: layer {i} is on {k.device}, layer 0 on {self.device}")
-            if int(k.shape[0]) != self.batch_size:
-                raise ResumeStateError(f"batch size: layer {i} K/V batch {k.shape[0]} != attention_mask batch {self.batch_size}")
-            if int(k.shape[-2]) != self.processed_length:
-                raise ResumeStateError(f"processed length: layer {i} holds {k.shape[-2]} K/V slots but processed_length "
-                                       f"is {self.processed_length} (identity DynamicLayer caches keep one slot per token)")
-        if int(self.suffix_ids.shape[0]) != self.batch_size:
-            raise ResumeStateError(f"batch size: suffix_ids batch {self.suffix_ids.shape[0]} != attention_mask batch {self.batch_size}")
+            _require(k.shape == v.shape, f"K/V shapes: layer {i} keys {list(k.shape)} != values {list(v.shape)}")
+            _require(k.dtype == v.dtype == self.dtype,
+                     f"dtype: layer {i} is {k.dtype}/{v.dtype}, layer 0 is {self.dtype}")
+            _require(k.device == v.device == self.device,
+                     f"device: layer {i} is on {k.device}, layer 0 on {self.device}")
+            _require(int(k.shape[0]) == self.batch_size,
+                     f"batch size: layer {i} K/V batch {k.shape[0]} != attention_mask batch {self.batch_size}")
+            _require(int(k.shape[-2]) == self.processed_length, f"processed length: layer {i} holds {k.shape[-2]} "
+                     f"K/V slots but processed_length is {self.processed_length} (identity DynamicLayer caches keep "
+                     f"one slot per token)")
+        _require(int(self.suffix_ids.shape[0]) == self.batch_size, f"batch size: suffix_ids batch "
+                 f"{self.suffix_ids.shape[0]} != attention_mask batch {self.batch_size}")
         want = self.processed_length + self.suffix_length
-        if int(self.attention_mask.shape[1]) != want:
-            raise ResumeStateError(f"mask length: attention_mask covers {self.attention_mask.shape[1]} tokens, but must cover "
-                                   f"processed_length + suffix_length = {self.processed_length} + {self.suffix_length} = {want}")
+        _require(int(self.attention_mask.shape[1]) == want, f"mask length: attention_mask covers "
+                 f"{self.attention_mask.shape[1]} tokens, but must cover processed_length + suffix_length = "
+                 f"{self.processed_length} + {self.suffix_length} = {want}")
+
+
+def _require(ok: bool, message: str) -> None:
+    """Raise ResumeStateError(message) unless `ok`."""
+    if not ok:
+        raise ResumeStateError(message)
 
 
 def capture(model: torch.nn.Module, cache: Any, suffix_ids: torch.Tensor, attention_mask: torch.Tensor) -> ResumeState:
@@ -106,49 +109,38 @@ def capture(model: torch.nn.Module, cache: Any, suffix_ids: torch.Tensor, attent
     if compat.rope_state_owner(model) is not None:
         value = compat.get_rope_state(model)
         metadata[ROPE_KEY] = None if value is None else value.detach().clone()
-    layers = compat.cache_layers(cache)
     state = ResumeState(kv=compat.kv_pairs(cache), processed_length=int(cache.get_seq_length()),
                         suffix_ids=suffix_ids.detach().clone(), attention_mask=attention_mask.detach().clone(),
                         model_metadata=metadata,
                         info={"format_version": FORMAT_VERSION, "transformers": compat.TRANSFORMERS_VERSION,
                               "model_class": type(model).__name__,
-                              "layer_classes": sorted({type(layer).__name__ for layer in layers})})
+                              "layer_classes": sorted({type(layer).__name__ for layer in compat.cache_layers(cache)})})
     state.check()
     return state
-
-
-def model_expectations(model: torch.nn.Module) -> dict[str, Any]:
-    """What a state must match to resume in `model`: layers, KV heads, head dim, dtype, device."""
-    cfg = compat.text_config(model.config)
-    heads, head_dim = compat.kv_geometry(cfg)
-    param = next(model.parameters())
-    return {"n_layers": int(cfg.num_hidden_layers), "kv_heads": heads, "head_dim": head_dim,
-            "dtype": param.dtype, "device": param.device, "has_rope_state": compat.rope_state_owner(model) is not None}
 
 
 def validate(model: torch.nn.Module, state: ResumeState) -> None:
     """Raise ResumeStateError naming the first thing in `state` that does not fit `model`."""
     state.check()
-    want = model_expectations(model)
-    if state.n_layers != want["n_layers"]:
-        raise ResumeStateError(f"layer count: state has {state.n_layers} layers, model has {want['n_layers']}")
+    cfg = compat.text_config(model.config)
+    heads, head_dim = compat.kv_geometry(cfg)
+    param, keeps = next(model.parameters()), compat.rope_state_owner(model) is not None
+    _require(state.n_layers == int(cfg.num_hidden_layers),
+             f"layer count: state has {state.n_layers} layers, model has {cfg.num_hidden_layers}")
     for i, (k, _) in enumerate(state.kv):
-        if int(k.shape[1]) != want["kv_heads"] or int(k.shape[-1]) != want["head_dim"]:
-            raise ResumeStateError(f"K/V shapes: layer {i} is {list(k.shape)}, model expects "
-                                   f"[batch, {want['kv_heads']}, length, {want['head_dim']}]")
-    if state.dtype != want["dtype"]:
-        raise ResumeStateError(f"dtype: state K/V are {state.dtype}, model runs in {want['dtype']}")
-    if state.device != want["device"]:
-        raise ResumeStateError(f"device: state K/V are on {state.device}, model is on {want['device']} "
-                               f"(load the state with device={str(want['device'])!r})")
-    if want["has_rope_state"] and ROPE_KEY not in state.model_metadata:
-        raise ResumeStateError(f"model metadata: {type(model).__name__} keeps multimodal position state "
-                               f"({ROPE_KEY}) but the state carries none")
-    if not want["has_rope_state"] and ROPE_KEY in state.model_metadata:
-        raise ResumeStateError(f"model metadata: the state carries {ROPE_KEY} but {type(model).__name__} keeps no such state")
+        _require(int(k.shape[1]) == heads and int(k.shape[-1]) == head_dim, f"K/V shapes: layer {i} is "
+                 f"{list(k.shape)}, model expects [batch, {heads}, length, {head_dim}]")
+    _require(state.dtype == param.dtype, f"dtype: state K/V are {state.dtype}, model runs in {param.dtype}")
+    _require(state.device == param.device, f"device: state K/V are on {state.device}, model is on {param.device} "
+             f"(load the state with device={str(param.device)!r})")
+    _require(not keeps or ROPE_KEY in state.model_metadata, f"model metadata: {type(model).__name__} keeps multimodal "
+             f"position state ({ROPE_KEY}) but the state carries none")
+    _require(keeps or ROPE_KEY not in state.model_metadata,
+             f"model metadata: the state carries {ROPE_KEY} but {type(model).__name__} keeps no such state")
     rope = state.model_metadata.get(ROPE_KEY)
-    if rope is not None and int(rope.shape[0]) != state.batch_size:
-        raise ResumeStateError(f"batch size: {ROPE_KEY} batch {rope.shape[0]} != attention_mask batch {state.batch_size}")
+    _require(rope is None or int(rope.shape[0]) == state.batch_size,
+             f"batch size: {ROPE_KEY} batch {None if rope is None else rope.shape[0]} != attention_mask batch "
+             f"{state.batch_size}")
 
 
 def restore(model: torch.nn.Module, state: ResumeState) -> Any:
@@ -167,16 +159,10 @@ def save(state: ResumeState, directory: str | Path) -> Path:
     state.check()
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    tensors = {"attention_mask": state.attention_mask, "suffix_ids": state.suffix_ids}
-    for i, (k, v) in enumerate(state.kv):
-        tensors[f"layers.{i}.keys"], tensors[f"layers.{i}.values"] = k, v
-    metadata_json: dict[str, Any] = {}
-    for name, value in state.model_metadata.items():
-        if value is None:
-            metadata_json[name] = None
-        else:
-            tensors[f"metadata.{name}"] = value
-            metadata_json[name] = "tensor"
+    tensors = {"attention_mask": state.attention_mask, "suffix_ids": state.suffix_ids,
+               **{f"layers.{i}.{part}": t for i, kv in enumerate(state.kv) for part, t in zip(("keys", "values"), kv)},
+               **{f"metadata.{name}": v for name, v in state.model_metadata.items() if v is not None}}
+    metadata_json = {name: None if v is None else "tensor" for name, v in state.model_metadata.items()}
     save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(directory / TENSOR_FILE))
     doc = {"format_version": FORMAT_VERSION, "n_layers": state.n_layers, "processed_length": state.processed_length,
            "suffix_length": state.suffix_length, "batch_size": state.batch_size, "dtype": str(state.dtype).replace("torch.", ""),
@@ -194,25 +180,20 @@ def _read_doc(directory: Path) -> dict[str, Any]:
         raise ResumeStateError(f"{JSON_FILE}: missing from {directory.name}/ (not a folder written by resume.save())") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ResumeStateError(f"{JSON_FILE}: unreadable ({type(exc).__name__}: {exc})") from None
-    if not isinstance(doc, dict):
-        raise ResumeStateError(f"{JSON_FILE}: top level is a {type(doc).__name__}, not an object")
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise ResumeStateError(f"{JSON_FILE}: field format_version: file has {doc.get('format_version')!r}, "
-                               f"this kit reads {FORMAT_VERSION}")
+    _require(isinstance(doc, dict), f"{JSON_FILE}: top level is a {type(doc).__name__}, not an object")
+    _require(doc.get("format_version") == FORMAT_VERSION, f"{JSON_FILE}: field format_version: file has "
+             f"{doc.get('format_version')!r}, this kit reads {FORMAT_VERSION}")
     return doc
 
 
 def _field(doc: dict[str, Any], name: str, kind: type | tuple[type, ...], minimum: int | None = None) -> Any:
     """One field of state.json, type-checked (bool is not an int here); ResumeStateError naming it."""
-    if name not in doc:
-        raise ResumeStateError(f"{JSON_FILE}: field {name} is missing")
+    _require(name in doc, f"{JSON_FILE}: field {name} is missing")
     value = doc[name]
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        want = " or ".join(k.__name__ for k in kinds)
-        raise ResumeStateError(f"{JSON_FILE}: field {name} is {value!r} ({type(value).__name__}), expected {want}")
-    if minimum is not None and value < minimum:
-        raise ResumeStateError(f"{JSON_FILE}: field {name} is {value}, must be at least {minimum}")
+    _require(isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds), f"{JSON_FILE}: field "
+             f"{name} is {value!r} ({type(value).__name__}), expected {' or '.join(k.__name__ for k in kinds)}")
+    _require(minimum is None or value >= minimum, f"{JSON_FILE}: field {name} is {value}, must be at least {minimum}")
     return value
 
 
@@ -222,8 +203,7 @@ def _read_tensors(directory: Path, device: str | torch.device) -> dict[str, torc
     from safetensors.torch import load_file
 
     path = directory / TENSOR_FILE
-    if not path.is_file():
-        raise ResumeStateError(f"{TENSOR_FILE}: missing from {directory.name}/")
+    _require(path.is_file(), f"{TENSOR_FILE}: missing from {directory.name}/")
     try:
         return load_file(str(path), device=str(device))
     except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
@@ -233,8 +213,8 @@ def _read_tensors(directory: Path, device: str | torch.device) -> dict[str, torc
 
 
 def _tensor(tensors: dict[str, torch.Tensor], name: str, why: str) -> torch.Tensor:
-    if name not in tensors:
-        raise ResumeStateError(f"{TENSOR_FILE}: field {name} is missing ({why})")
+    """The tensor `name` of the file, or ResumeStateError saying why it should be there."""
+    _require(name in tensors, f"{TENSOR_FILE}: field {name} is missing ({why})")
     return tensors[name]
 
 
@@ -258,15 +238,14 @@ def load(directory: str | Path, device: str | torch.device = "cpu") -> ResumeSta
     info = _field(doc, "info", dict) if "info" in doc else {}
     tensors = _read_tensors(directory, device)
     held = _layer_count(tensors)
-    if held != n_layers:
-        raise ResumeStateError(f"{JSON_FILE}: field n_layers is {n_layers}, but {TENSOR_FILE} holds {held} layers "
-                               f"(layers.0 .. layers.{held - 1})")
+    _require(held == n_layers, f"{JSON_FILE}: field n_layers is {n_layers}, but {TENSOR_FILE} holds {held} layers "
+             f"(layers.0 .. layers.{held - 1})")
     kv = [(_tensor(tensors, f"layers.{i}.keys", f"{JSON_FILE} n_layers is {n_layers}"),
            _tensor(tensors, f"layers.{i}.values", f"{JSON_FILE} n_layers is {n_layers}")) for i in range(n_layers)]
     metadata: dict[str, torch.Tensor | None] = {}
     for name, kind in meta_doc.items():
-        if kind not in ("tensor", None):
-            raise ResumeStateError(f"{JSON_FILE}: field model_metadata.{name} is {kind!r}, expected \"tensor\" or null")
+        _require(kind in ("tensor", None),
+                 f"{JSON_FILE}: field model_metadata.{name} is {kind!r}, expected \"tensor\" or null")
         metadata[name] = _tensor(tensors, f"metadata.{name}", f"{JSON_FILE} model_metadata.{name} says tensor") \
             if kind == "tensor" else None
     state = ResumeState(kv, processed, _tensor(tensors, "suffix_ids", "the unprocessed suffix"),
@@ -284,8 +263,8 @@ def _agree(doc: dict[str, Any], state: ResumeState) -> None:
     measured = {"suffix_length": state.suffix_length, "batch_size": state.batch_size,
                 "dtype": str(state.dtype).replace("torch.", "")}
     for name, value in measured.items():
-        if name in doc and doc[name] != value:
-            raise ResumeStateError(f"{JSON_FILE}: field {name} is {doc[name]!r}, but {TENSOR_FILE} holds {value!r}")
+        _require(doc.get(name, value) == value,
+                 f"{JSON_FILE}: field {name} is {doc.get(name)!r}, but {TENSOR_FILE} holds {value!r}")
 
 
 def round_trip(state: ResumeState, directory: str | Path, device: str | torch.device = "cpu") -> ResumeState:

@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import copy
 import functools
-import inspect
 from typing import Any, Callable
 
 import torch
 import transformers
 from transformers import DynamicCache, GenerationConfig
 
+from . import compat
+
 MARGIN, MIN_FLOOR = 4.0, 1e-5
 IMAGE_TOKEN, VISION_START, VISION_END = 2000, 2002, 2003
+
+
+def _config(cls: type, attn: str, fields: dict[str, Any], override: dict[str, Any]) -> Any:
+    """`cls(**fields)` with `override` replacing fields, run under attention implementation `attn`."""
+    cfg = cls(**{**fields, **override})
+    cfg._attn_implementation = attn
+    return cfg
 
 
 def text_config(kind: str, attn: str = "sdpa", **override: Any) -> Any:
@@ -25,24 +33,20 @@ def text_config(kind: str, attn: str = "sdpa", **override: Any) -> Any:
     common = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=16, max_position_embeddings=4096, tie_word_embeddings=False)
     if kind == "hybrid":
-        fields = dict(num_hidden_layers=8, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                      linear_num_key_heads=2, linear_num_value_heads=4,
-                      layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2, **common)
-        cfg = transformers.Qwen3_5TextConfig(**{**fields, **override})
-    else:
-        sliding = kind == "sliding"
-        fields = dict(num_hidden_layers=4, use_sliding_window=sliding, sliding_window=16 if sliding else None,
-                      max_window_layers=0, layer_types=["sliding_attention", "full_attention"] * 2 if sliding else None,
-                      **common)
-        cfg = transformers.Qwen3Config(**{**fields, **override})
-    cfg._attn_implementation = attn
-    return cfg
+        return _config(transformers.Qwen3_5TextConfig, attn, dict(
+            num_hidden_layers=8, linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_num_key_heads=2, linear_num_value_heads=4,
+            layer_types=(["linear_attention"] * 3 + ["full_attention"]) * 2, **common), override)
+    sliding = kind == "sliding"
+    return _config(transformers.Qwen3Config, attn, dict(
+        num_hidden_layers=4, use_sliding_window=sliding, sliding_window=16 if sliding else None, max_window_layers=0,
+        layer_types=["sliding_attention", "full_attention"] * 2 if sliding else None, **common), override)
 
 
 def vl_config(attn: str = "sdpa", **override: Any) -> Any:
     """A tiny Qwen3-VL: 4 text layers, a 2-block vision tower, patch 16 (a 224x224 image is 49 tokens); `override`
     replaces top-level fields (a real tokenizer's special token ids)."""
-    fields = dict(
+    return _config(transformers.Qwen3VLConfig, attn, dict(
         text_config=dict(vocab_size=2048, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
                          rope_parameters={"rope_type": "default", "rope_theta": 5e5, "mrope_section": [8, 4, 4],
@@ -51,45 +55,34 @@ def vl_config(attn: str = "sdpa", **override: Any) -> Any:
                            spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0, 1],
                            num_position_embeddings=2304),
         image_token_id=IMAGE_TOKEN, video_token_id=2001, vision_start_token_id=VISION_START,
-        vision_end_token_id=VISION_END, tie_word_embeddings=False)
-    cfg = transformers.Qwen3VLConfig(**{**fields, **override})
-    cfg._attn_implementation = attn
-    return cfg
+        vision_end_token_id=VISION_END, tie_word_embeddings=False), override)
 
 
 def llama_config(attn: str = "sdpa", **override: Any) -> Any:
-    fields = dict(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=4096)
-    cfg = transformers.LlamaConfig(**{**fields, **override})
-    cfg._attn_implementation = attn
-    return cfg
+    """A tiny Llama: 2 layers."""
+    return _config(transformers.LlamaConfig, attn, dict(
+        vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=4096), override)
 
 
 def bart_config(attn: str = "sdpa") -> Any:
     """A tiny encoder-decoder: BART, 2 + 2 layers."""
-    cfg = transformers.BartConfig(vocab_size=2048, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                                  decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-                                  max_position_embeddings=256, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                                  decoder_start_token_id=2, forced_bos_token_id=None, forced_eos_token_id=None)
-    cfg._attn_implementation = attn
-    return cfg
+    return _config(transformers.BartConfig, attn, dict(
+        vocab_size=2048, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=256,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2, forced_bos_token_id=None,
+        forced_eos_token_id=None), {})
 
 
 def build(kind: str, attn: str = "sdpa", seed: int = 0) -> torch.nn.Module:
     """A seeded tiny model of `kind` (dense, sliding, hybrid, multimodal, llama, bart, assistant), in eval mode."""
-    torch.manual_seed(seed)
-    if kind == "llama":
-        return transformers.LlamaForCausalLM(llama_config(attn)).eval()
-    if kind == "bart":
-        return transformers.BartForConditionalGeneration(bart_config(attn)).eval()
-    if kind == "assistant":
-        torch.manual_seed(seed + 1)
-        return transformers.Qwen3ForCausalLM(text_config("dense", attn)).eval()
-    if kind == "multimodal":
-        return transformers.Qwen3VLForConditionalGeneration(vl_config(attn)).eval()
-    if kind == "hybrid":
-        return transformers.Qwen3_5ForCausalLM(text_config(kind, attn)).eval()
-    return transformers.Qwen3ForCausalLM(text_config(kind, attn)).eval()
+    torch.manual_seed(seed + 1 if kind == "assistant" else seed)
+    cls, cfg = {"llama": (transformers.LlamaForCausalLM, llama_config),
+                "bart": (transformers.BartForConditionalGeneration, bart_config),
+                "multimodal": (transformers.Qwen3VLForConditionalGeneration, vl_config),
+                "hybrid": (transformers.Qwen3_5ForCausalLM, functools.partial(text_config, kind))}.get(
+        kind, (transformers.Qwen3ForCausalLM, functools.partial(text_config, kind)))
+    return cls(cfg(attn)).eval()
 
 
 @functools.lru_cache(maxsize=None)
@@ -97,31 +90,22 @@ def model(kind: str, attn: str = "sdpa") -> torch.nn.Module:
     return build(kind, attn)
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    return name in inspect.signature(fn).parameters
-
-
-def cache_kw(m: torch.nn.Module) -> str:
-    """The forward keyword of the cache on this release (past_key_values, later cache)."""
-    return "past_key_values" if _accepts(m.forward, "past_key_values") else "cache"
+cache_kw = compat.cache_kwarg  # the forward keyword of the cache on this release (past_key_values, later cache)
 
 
 @functools.lru_cache(maxsize=None)
 def prompt(kind: str, length: int = 24) -> dict[str, torch.Tensor]:
     """Forward kwargs of the case's prompt: random ids (text), or one 224x224 image's 49 tokens amid text."""
     gen = torch.Generator().manual_seed(1)
-    if kind == "bart":
-        ids = torch.randint(10, 2038, (1, 4), generator=gen)
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if kind != "multimodal":
-        ids = torch.randint(10, 2038, (1, 40 if kind == "sliding" else length), generator=gen)
+        ids = torch.randint(10, 2038, (1, {"bart": 4, "sliding": 40}.get(kind, length)), generator=gen)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     ids = torch.cat([torch.randint(10, 1900, (1, 12), generator=gen),
                      torch.tensor([[VISION_START] + [IMAGE_TOKEN] * 49 + [VISION_END]]),
                      torch.randint(10, 1900, (1, 19), generator=gen)], dim=1)
     out = {"input_ids": ids, "attention_mask": torch.ones_like(ids),
            "pixel_values": torch.randn(196, 3 * 2 * 16 * 16, generator=gen), "image_grid_thw": torch.tensor([[1, 14, 14]])}
-    if _accepts(model(kind).forward, "mm_token_type_ids"):
+    if compat.accepts(model(kind).forward, "mm_token_type_ids"):
         out["mm_token_type_ids"] = (ids == IMAGE_TOKEN).long()
     return out
 
@@ -137,8 +121,7 @@ def full_logits(m: torch.nn.Module, p: dict[str, torch.Tensor]) -> torch.Tensor:
 
 @torch.no_grad()
 def prefix_cache(m: torch.nn.Module, p: dict[str, torch.Tensor]) -> Any:
-    out = m(**_cut(p, -1), use_cache=True)
-    return getattr(out, "cache", None) or out.past_key_values
+    return compat.output_cache(m(**_cut(p, -1), use_cache=True))
 
 
 def config(**fields: Any) -> GenerationConfig:
@@ -171,7 +154,7 @@ def assert_close(got: torch.Tensor, target: torch.Tensor, kind: str) -> None:
 
 def rebuild_update(cache: Any, cfg: Any | None = None) -> DynamicCache:
     """The control's identity rebuild: update() of every layer's K/V into a new DynamicCache (config-aware if given)."""
-    new = DynamicCache(config=cfg) if cfg is not None else DynamicCache()
+    new = compat.dynamic_cache(cfg)
     for i, layer in enumerate(cache.layers):
         if isinstance(getattr(layer, "keys", None), torch.Tensor):
             new.update(layer.keys.clone(), layer.values.clone(), i)
@@ -182,7 +165,7 @@ def rebuild_update(cache: Any, cfg: Any | None = None) -> DynamicCache:
 
 def text_positions(m: torch.nn.Module, position: int) -> torch.Tensor:
     """Explicit ids of the suffix at `position` (3-D M-RoPE ids with the model's rope_deltas for Qwen3-VL)."""
-    deltas = getattr(getattr(m, "model", m), "rope_deltas", None)
+    deltas = compat.get_rope_state(m)
     if deltas is None:
         return torch.tensor([[position]])
     return torch.full((3, 1, 1), position) + deltas.view(1, -1, 1)
@@ -220,8 +203,7 @@ def both_turns(text_only: bool = False) -> dict[str, torch.Tensor]:
 def first_turn_cache(m: torch.nn.Module) -> Any:
     """The cache of all of turn 1, its rope_deltas left on the model (as a prefill leaves them)."""
     getattr(m, "model", m).rope_deltas = None
-    out = m(**prompt("multimodal"), use_cache=True)
-    return getattr(out, "cache", None) or out.past_key_values
+    return compat.output_cache(m(**prompt("multimodal"), use_cache=True))
 
 
 def second_turn_kwargs(m: torch.nn.Module, text_only: bool = False) -> dict[str, torch.Tensor]:
@@ -242,7 +224,7 @@ def second_turn_positions(m: torch.nn.Module) -> torch.Tensor:
     ids and grids, sliced to turn 2."""
     full, owner = both_turns(), getattr(m, "model", m)
     kwargs = {"image_grid_thw": full["image_grid_thw"], "attention_mask": full["attention_mask"]}
-    if "mm_token_type_ids" in full and _accepts(owner.get_rope_index, "mm_token_type_ids"):
+    if "mm_token_type_ids" in full and compat.accepts(owner.get_rope_index, "mm_token_type_ids"):
         kwargs["mm_token_type_ids"] = full["mm_token_type_ids"]
     positions, _ = owner.get_rope_index(full["input_ids"], **kwargs)
     past, n = prompt("multimodal")["input_ids"].shape[1], full["input_ids"].shape[1]

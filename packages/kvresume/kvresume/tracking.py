@@ -14,6 +14,7 @@ beam search reorders are followed when the ledger is read, by fingerprint. A cac
 """
 from __future__ import annotations
 
+import inspect
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ import torch
 from . import compat
 from .compat import rotary_embedding
 from . import images
+from .call import fed_ids, is_encoder_decoder  # (fed_ids: the tests' import)
 from .linear_checks import linear_layers, note_linear
 from .fingerprint import grown_layer, known_layer, slot_prints, unfollowed, window_prints, window_start
 from .writes import Write, add_chunk, as_rows  # (as_rows: the guard's import)
@@ -43,26 +45,6 @@ def eager(hook: Callable[..., None]) -> Callable[..., None]:
         return off(*args, **kwargs) if torch.compiler.is_compiling() else hook(*args, **kwargs)
     return run
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
-
-
-def _decoder(model: torch.nn.Module) -> bool:
-    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
-
-
-_FED = {False: ("input_ids", "inputs_embeds"), True: ("decoder_input_ids", "decoder_inputs_embeds")}
-
-
-def fed_ids(model: torch.nn.Module, kwargs: dict[str, Any],
-            decoder: bool | None = None) -> tuple[torch.Tensor | None, int | None, int | None]:
-    """(ids or None for embeddings, batch, tokens) of one forward call."""
-    names = _FED[bool(_decoder(model) if decoder is None else decoder)]
-    ids, embeds = kwargs.get(names[0]), kwargs.get(names[1])
-    if isinstance(ids, torch.Tensor):
-        ids = ids.view(1, -1) if ids.dim() == 1 else ids
-        return ids, int(ids.shape[0]), int(ids.shape[-1])
-    if isinstance(embeds, torch.Tensor):
-        return None, int(embeds.shape[0]), int(embeds.shape[1])
-    return None, None, None
 
 
 def rotary_positions(args: tuple, kwargs: dict[str, Any]) -> torch.Tensor | None:
@@ -123,8 +105,6 @@ class Tracker:
 
 def _named(model: torch.nn.Module) -> list[str]:
     """The forward's positional parameter names (positional arguments are read as these)."""
-    import inspect
-
     try:
         return [p.name for p in inspect.signature(model.forward).parameters.values()
                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
@@ -251,7 +231,7 @@ def track(model: torch.nn.Module) -> Tracker:
     if existing is not None:
         return existing
     tracker = Tracker(model, rope=rotary_embedding(model), rope_state=compat.rope_state_owner(model) is not None,
-                      decoder=_decoder(model))
+                      decoder=is_encoder_decoder(model))
     tracker.handles += [model.register_forward_pre_hook(eager(_pre(tracker)), with_kwargs=True),
                         model.register_forward_hook(eager(_post(tracker)), with_kwargs=True)]
     if tracker.rope is not None:

@@ -85,9 +85,7 @@ def check_uncached(model: torch.nn.Module, uncached: torch.Tensor, past: int, po
         return None
     vision = _vision_ids(model)
     n_new = int(sum(int((uncached == v).sum()) for v in vision))
-    if n_new == 0 or _explicit_3d(position_ids, int(uncached.shape[1])):
-        return None
-    if _recomputed(model, mm_token_type_ids, past):
+    if n_new == 0 or _explicit_3d(position_ids, int(uncached.shape[1])) or _recomputed(model, mm_token_type_ids, past):
         return None
     return (f"the cache holds {past} tokens and the {int(uncached.shape[1])} uncached ones include {n_new} new image/video "
             f"tokens: generate() on transformers {compat.TRANSFORMERS_VERSION} would place them at text positions shifted "

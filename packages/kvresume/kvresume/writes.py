@@ -7,6 +7,7 @@ time, FOLD writes at once in a few ops (kvresume.ledger).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,13 +39,9 @@ def as_rows(positions: torch.Tensor, batch: int, f: int) -> torch.Tensor:
     return p.expand(p.shape[0], batch, p.shape[-1]) if p.shape[1] == 1 and batch != 1 else p
 
 
-def slot_mask(mask: Any, batch: int, f: int, device: Any) -> torch.Tensor:
-    """The written slots' mask bits [batch, f] (ones where no 2-D mask of these rows was given)."""
-    return plain(mask_slots(mask, batch, f, device))
-
-
 def mask_slots(mask: Any, batch: int, f: int, device: Any) -> torch.Tensor:
-    """`slot_mask` as one view op (a mask's last f columns by `as_strided`), not yet made `plain`."""
+    """The written slots' mask bits [batch, f] (ones where no 2-D mask of these rows was given) as one view op (a
+    mask's last f columns by `as_strided`), not yet made `plain`."""
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= f and mask.shape[0] == batch:
         n = mask.shape[-1]
         if n == f:
@@ -94,7 +91,7 @@ class Write:
             positions = positions.expand(1, self.batch, self.f)
         else:
             positions = as_rows(self.positions, self.batch, self.f)
-        return Ledger(ids, positions, slot_mask(self.mask, self.batch, self.f, ids.device), self.state,
+        return Ledger(ids, positions, plain(mask_slots(self.mask, self.batch, self.f, ids.device)), self.state,
                       self.fingerprints(), self.layer)
 
     @staticmethod
@@ -104,14 +101,7 @@ class Write:
         stacked = _stacked(writes)
         if stacked is not None:
             return stacked
-        parts = [w.ledger() for w in writes]
-        return Ledger(torch.cat([p.token_ids for p in parts], 1), torch.cat([p.positions for p in parts], -1)
-                      if len({p.positions.shape[0] for p in parts}) == 1 else torch.cat(
-                          [p.positions[:1].expand(3, *p.positions.shape[1:]) if p.positions.shape[0] == 1
-                           else p.positions for p in parts], -1),
-                      torch.cat([p.mask for p in parts], 1), parts[-1].rope_deltas,
-                      torch.cat([p.prints for p in parts], 1) if all(p.prints is not None for p in parts) else None,
-                      parts[-1].layer)
+        return joined([w.ledger() for w in writes])
 
 
 def _stacked(writes: list[Write]) -> Ledger | None:
@@ -182,8 +172,6 @@ class Tail:
     def __deepcopy__(self, memo: dict) -> "Tail":
         """A copy holding the folded ledger (a copy of each write's ids and mask views would copy the whole tensors
         they view)."""
-        import copy
-
         return Tail([copy.deepcopy(joined(self.chunks), memo)] if self.chunks else [], self.length, self.batch)
 
     def __getstate__(self) -> dict:

@@ -116,8 +116,7 @@ def test_cut_ends_before_a_changed_image_and_a_straddling_one():
     from kvresume.images import Span, _cut
 
     cached = [Span(0, 13, 62, "a", 0, 0)]
-    ids = torch.zeros(1, 131, dtype=torch.long)
-    assert _cut(82, cached, [Span(0, 13, 62, "a", 0, 0)], ids) == 82
-    assert _cut(82, cached, [Span(0, 13, 62, "b", 0, 0)], ids) == 13
-    assert _cut(82, cached, [Span(0, 13, 62, "a", 0, 0), Span(0, 70, 95, "c", 0, 1)], ids) == 70
-    assert _cut(82, [], [Span(0, 13, 62, "a", 0, 0)], ids) == 13  # pixels given for slots the cache holds as text
+    assert _cut(82, cached, [Span(0, 13, 62, "a", 0, 0)]) == 82
+    assert _cut(82, cached, [Span(0, 13, 62, "b", 0, 0)]) == 13
+    assert _cut(82, cached, [Span(0, 13, 62, "a", 0, 0), Span(0, 70, 95, "c", 0, 1)]) == 70
+    assert _cut(82, [], [Span(0, 13, 62, "a", 0, 0)]) == 13  # pixels given for slots the cache holds as text

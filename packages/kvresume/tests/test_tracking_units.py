@@ -10,7 +10,8 @@ import torch
 from kvresume import ledger_of, track
 from kvresume.ledger import UNKNOWN
 from kvresume.testing import build
-from kvresume.tracking import _decoder, _named, fed_ids, rotary_positions
+from kvresume.call import is_encoder_decoder as _decoder
+from kvresume.tracking import _named, fed_ids, rotary_positions
 
 IDS = torch.arange(10, 16).view(1, -1)
 
