@@ -36,14 +36,16 @@ HANDLE_ATTR = "_kv_ledger_tracker"
 
 
 def eager(hook: Callable[..., None]) -> Callable[..., None]:
-    """The hook run outside torch.compile's graph: traced, the ledger's Python state would guard the graph and
-    recompile it every decode step (transformers' test_static_cache_no_recompile_with_smaller_length). Outside a
-    compile the hook is called directly: torch.compiler.disable's wrapper costs ~10 us a token on every call."""
-    off = torch.compiler.disable(hook)
-
+    """The hook, skipped while torch.compile traces: traced, the ledger's Python state would guard the graph and
+    recompile it every decode step (transformers' test_static_cache_no_recompile_with_smaller_length), and a
+    torch.compiler.disable'd hook is a graph break that fullgraph=True refuses (its
+    test_generate_compile_model_forward_fullgraph). A compiled call is thus not recorded: the cache it writes is
+    longer than its ledger, which is then never read as the cache's (kvresume.steps.rebase: untracked)."""
     def run(*args: Any, **kwargs: Any) -> Any:
-        return off(*args, **kwargs) if torch.compiler.is_compiling() else hook(*args, **kwargs)
+        return None if torch.compiler.is_compiling() else hook(*args, **kwargs)
     return run
+
+
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
 
 
@@ -198,6 +200,8 @@ def _post(tracker: Tracker) -> Callable[..., None]:
     def post(_m: torch.nn.Module, _args: tuple, _kwargs: dict[str, Any], out: Any) -> None:
         stack = tracker.pending
         pending = stack.pop() if stack else None
+        if tracker.passthrough and tracker.rope_handle is not None:
+            _unhook_rotary(tracker)  # now, not at the next call: a compiled decode step is traced without it
         if pending is None:
             return
         if pending.cache is None:

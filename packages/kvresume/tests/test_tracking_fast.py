@@ -91,17 +91,20 @@ def test_the_rotary_hook_comes_off_only_for_a_model_passing_its_positions_on():
     ids = torch.arange(10, 22).view(1, -1)
     with track(m) as tracker, torch.no_grad():
         cache = m(input_ids=ids, position_ids=torch.arange(12).view(1, -1) + 5, use_cache=True).past_key_values
-        assert tracker.passthrough is True
+        assert tracker.passthrough is True and tracker.rope_handle is None, "off once learnt: a compiled step after"
         _decode(m, cache, 30, 17)  # read from the call: the hook is off
         assert tracker.rope_handle is None and not rotary_embedding(m)._forward_pre_hooks
-        m(input_ids=torch.tensor([[31]]), past_key_values=cache)  # no position ids: the hook is back
-        assert tracker.rope_handle is not None
-        for n in range(3):  # and off again, on and off: one handle at a time
+        seen: list[int] = []
+        rotary_embedding(m).register_forward_pre_hook(lambda _m, a, kw: seen.append(len(tracker.handles)),
+                                                      with_kwargs=True)
+        m(input_ids=torch.tensor([[31]]), past_key_values=cache)  # no position ids: the hook is back for this call
+        assert seen == [3] and tracker.rope_handle is None, "on during the call, off after it"
+        for n in range(3):  # off for a call given positions, on for one given none: one handle at a time
             _decode(m, cache, 40 + n, 14 + 2 * n)
             m(input_ids=torch.tensor([[50 + n]]), past_key_values=cache)
-        assert len(tracker.handles) == 3 and len(rotary_embedding(m)._forward_pre_hooks) == 1
+        assert seen == [3, *[2, 3] * 3] and len(tracker.handles) == 2 and len(rotary_embedding(m)._forward_pre_hooks) == 1
     assert stored_ledger(cache).positions[0, 0].tolist()[:14] == [*range(5, 17), 17, 13]
-    assert not rotary_embedding(m)._forward_pre_hooks  # remove() took it off
+    assert len(rotary_embedding(m)._forward_pre_hooks) == 1  # remove() took the tracker's off: the test's own stays
 
     other = build("dense")  # a model that hands its rotary embedding other positions than the given ones
     other.model.register_forward_pre_hook(lambda _m, a, kw: (a, {**kw, "position_ids": kw["position_ids"] * 2}),
