@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_triage_order import assert_eviction_with_positions_cause
 
 from helpers import continuation
 from helpers.pipeline.paths import repo_root
@@ -54,11 +55,4 @@ def measured(bundle, prompt) -> dict[str, Any]:
 
 @pytest.mark.parametrize("spec", REAL)
 def test_06_names_the_eviction_and_its_positions_cause_on_kvpress(measured, spec):
-    v = measured[rebuilds.label(spec)]
-    steps = {d["node"]: d["numbers"] for d in v["path"]}
-    assert v["branch"] == "compression_positions_and_loss", v["branch"]
-    assert steps["compressed"]["slots"] == "reordered" and steps["compressed"]["stored_slots"] == [40] * 4
-    floor = measured["base"].floor
-    assert floor.matches(steps["order_harmless"]["position_order_vs_generate"]), "putting them in order changes nothing"
-    assert steps["positions_restore"]["generate_position"] != steps["positions_restore"]["logical_position"]
-    assert floor.differs(steps["positions_and_loss"]["repaired_vs_generate"]), "the processed length moves the step"
+    assert_eviction_with_positions_cause(measured[rebuilds.label(spec)], measured["base"].floor)

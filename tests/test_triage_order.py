@@ -87,11 +87,14 @@ def measured(bundle, prompt) -> dict[str, Any]:
 
 @pytest.mark.parametrize("spec", PRESSES)
 def test_kvpress_presses_land_on_an_eviction_with_its_positions_cause(measured, spec):
-    v = measured[rebuilds.label(spec)]
+    assert_eviction_with_positions_cause(measured[rebuilds.label(spec)], measured["base"].floor)
+
+
+def assert_eviction_with_positions_cause(v: dict[str, Any], floor: Any) -> None:
+    """A score-ordered press (4 layers of 40 kept slots) on 06: the eviction's order harmless, the positions cause named."""
     steps = {d["node"]: d["numbers"] for d in v["path"]}
     assert v["branch"] == "compression_positions_and_loss", v["branch"]
     assert steps["compressed"]["slots"] == "reordered" and steps["compressed"]["stored_slots"] == [40] * 4
-    floor = measured["base"].floor
     assert floor.matches(steps["order_harmless"]["position_order_vs_generate"]), "putting them in order changes nothing"
     assert steps["positions_restore"]["generate_position"] != steps["positions_restore"]["logical_position"]
     assert floor.differs(steps["positions_and_loss"]["repaired_vs_generate"]), "the processed length moves the step"
