@@ -5,7 +5,6 @@ and 06 names an eviction whose order is harmless and the positions cause, as on 
 from __future__ import annotations
 
 import copy
-import runpy
 from typing import Any
 
 import pytest
@@ -13,7 +12,6 @@ import torch
 from test_triage_order import assert_eviction_with_positions_cause
 
 from helpers import continuation
-from helpers.pipeline.paths import repo_root
 from helpers.triage import rebuilds
 from helpers.triage import run as triage_run
 from kvresume import compat
@@ -28,17 +26,12 @@ def _attention_takes_past_key_values(bundle) -> None:
         pytest.skip("kvpress 0.5.5 reads the attention layer's kwargs['past_key_values']: this release passes `cache`")
 
 
-def _fn(spec: str) -> Any:
-    path, _, name = spec.partition(":")
-    return runpy.run_path(str(repo_root() / path))[name]
-
-
 @pytest.mark.parametrize("name", ["knorm", "streaming_llm"])
 def test_the_real_press_writes_the_rebuilds_cache(bundle, prompt, name):
     compat.set_rope_state(bundle.model, None)
-    real = _fn(f"examples/kvpress_real.py:{name}")(None, bundle.model, prompt)
+    real = rebuilds.load(f"examples/kvpress_real.py:{name}")(None, bundle.model, prompt)
     cache = continuation.prefill(bundle.model, prompt)[1]
-    rebuilt = _fn(f"examples/kvpress_presses.py:{name}")(copy.deepcopy(cache), None, None)
+    rebuilt = rebuilds.load(f"examples/kvpress_presses.py:{name}")(copy.deepcopy(cache), None, None)
     for a, b, whole in zip(*(compat.cache_layers(c) for c in (real, rebuilt, cache))):
         assert a.keys.shape[-2] == b.keys.shape[-2] < whole.keys.shape[-2], "kvpress kept fewer slots than it was given"
         assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values), "the same slots in the same order"
