@@ -1,7 +1,10 @@
 """`make bench`: what tracking costs. Per-token decode time of greedy generate() with the model tracked vs untracked
 (kvresume.track), on the tiny seeded model and a ~64M-parameter random Qwen3 (hidden 512, 10 layers), NEW new
-tokens, the median of RUNS interleaved runs each in this one process (on one CPU thread: this thread's CPU time, so
-what the scheduler gives other processes on a shared CPU is not counted; else wall time); and the peak extra memory
+tokens, interleaved pairs of runs in this one process (31 on the tiny model, 11 on the other; on one CPU thread: this
+thread's CPU time, so what the scheduler gives other processes on a shared CPU is not counted; else wall time), the
+overhead being the median of the pairs' ratios with its 95% interval (a drift of the machine's speed between pairs
+cancels in each ratio; garbage collected before each run, so one arm's garbage is not collected in the other's run);
+and the peak extra memory
 of one resume() call (CUDA: measured by the allocator, tracked resume() minus untracked generate() on the same cache;
 CPU: the ledger's bytes and its read's largest temporary, computed from shapes). `--write` puts the table into
 docs/performance.md between its bench markers."""
@@ -9,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
+import math
 import os
 import statistics
 import time
@@ -32,10 +37,23 @@ def mid_model() -> torch.nn.Module:
     return transformers.Qwen3ForCausalLM(cfg).eval()
 
 
-def models() -> dict[str, Callable[[], torch.nn.Module]]:
+def models() -> dict[str, tuple[Callable[[], torch.nn.Module], int]]:
+    """Each bench model's builder and its pairs of runs (the tiny model's overhead is the larger share of a token's
+    time, and a run of it is ~14 times shorter)."""
     from kvresume.testing import build
 
-    return {"tiny (kvresume.testing dense)": lambda: build("dense"), "Qwen3 random 512x10": mid_model}
+    return {"tiny (kvresume.testing dense)": (lambda: build("dense"), 31), "Qwen3 random 512x10": (mid_model, 11)}
+
+
+def overhead(times: dict[bool, list[float]]) -> tuple[float, float, float]:
+    """(median, low, high) of the pairs' tracked/untracked ratios minus 1, in %: the median's 95% interval from the
+    binomial order statistics (the k-th smallest and largest ratios)."""
+    ratios = sorted(t / u for t, u in zip(times[True], times[False]))
+    n, k, tail = len(ratios), 0, 0.0
+    while k < n // 2 and tail + math.comb(n, k) / 2 ** n <= 0.025:
+        tail, k = tail + math.comb(n, k) / 2 ** n, k + 1
+    low, high = ratios[max(k - 1, 0)], ratios[min(n - k, n - 1)]
+    return tuple(100 * (r - 1) for r in (statistics.median(ratios), low, high))
 
 
 def sync(device: torch.device) -> None:
@@ -55,6 +73,7 @@ def decode_seconds(m: torch.nn.Module, prompt: torch.Tensor, new: int, tracked: 
 
     tracker = track(m) if tracked else None
     now = clock(prompt.device)
+    gc.collect()
     try:
         sync(prompt.device)
         start = now()
@@ -116,7 +135,7 @@ def resume_memory(m: torch.nn.Module, prompt: torch.Tensor, new: int) -> str:
             f"{(tracked - untracked) / 2**20:+.2f} MiB; ledger {ledger_bytes / 1024:.1f} KiB")
 
 
-def table(device: torch.device, new: int, runs: int) -> list[str]:
+def table(device: torch.device, new: int, runs: int | None) -> list[str]:
     """The bench as markdown lines."""
     import transformers
 
@@ -124,21 +143,23 @@ def table(device: torch.device, new: int, runs: int) -> list[str]:
         f"CPU ({torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.2f} at the start)"
     lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {name}, torch {torch.__version__}, "
              f"transformers {transformers.__version__}: greedy generate() of {new} new tokens after a 32-token prompt, "
-             f"median of {runs} interleaved runs per arm in one process, "
+             f"interleaved pairs of runs in one process (overhead: the median of the pairs' ratios, "
+             f"[its 95% interval]), "
              f"{'thread CPU time' if clock(device) is time.thread_time else 'wall time'} (`make bench`).", "",
-             "| model | parameters | untracked ms/token | tracked ms/token | overhead (median) | overhead (min) | "
-             "one resume(): extra memory |", "|---|---|---|---|---|---|---|"]
-    for label, make in models().items():
+             "| model | parameters | pairs | untracked ms/token (median) | tracked ms/token (median) | overhead [95%] | "
+             "overhead (min) | one resume(): extra memory |", "|---|---|---|---|---|---|---|---|"]
+    for label, (make, pairs) in models().items():
         m = make().to(device)
         if device.type == "cuda":
             m = m.to(torch.bfloat16)
         prompt = torch.randint(10, 2000, (1, 32), generator=torch.Generator().manual_seed(0)).to(device)
-        times = per_token(m, prompt, new, runs)
+        times = per_token(m, prompt, new, runs or pairs)
         plain, tracked = statistics.median(times[False]), statistics.median(times[True])
-        low = 100 * (min(times[True]) / min(times[False]) - 1)
+        mid, low, high = overhead(times)
         params = sum(p.numel() for p in m.parameters()) / 1e6
-        lines.append(f"| {label} | {params:.1f}M | {plain:.3f} | {tracked:.3f} | {100 * (tracked / plain - 1):+.1f}% | "
-                     f"{low:+.1f}% | {resume_memory(m, prompt, new)} |")
+        lines.append(f"| {label} | {params:.1f}M | {runs or pairs} | {plain:.3f} | {tracked:.3f} | {mid:+.1f}% "
+                     f"[{low:+.1f}, {high:+.1f}] | {100 * (min(times[True]) / min(times[False]) - 1):+.1f}% | "
+                     f"{resume_memory(m, prompt, new)} |")
         print(lines[-1], flush=True)
     return lines
 
@@ -152,7 +173,7 @@ def write(lines: list[str], doc: Path = DOC) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new", type=int, default=256)
-    parser.add_argument("--runs", type=int, default=11)
+    parser.add_argument("--runs", type=int, default=None, help="pairs of runs per model (default: 31 tiny, 11 64M)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: no OpenMP spinning on a shared CPU)")
     parser.add_argument("--write", action="store_true", help="put the table into docs/performance.md")

@@ -10,7 +10,7 @@ import torch
 
 from .fingerprint import LAYER_ATTR, grown_layer, known_layer
 from .ledger import ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner, stored_ledger
-from .writes import TAIL, recorded
+from .writes import TAIL, Tail, recorded
 
 
 def rebase(cache: Any, past: int, batch: int) -> bool:
@@ -40,10 +40,11 @@ def rebase(cache: Any, past: int, batch: int) -> bool:
     return True
 
 
-def continued(cache: Any, batch: int) -> tuple[int, int, Any] | None:
-    """(past, layer, grown layer) where this call continues the last tracked write to `cache` and nothing changed since
-    (its unfolded writes and fingerprint layer as left, the layer's keys as long as the ledger, the same rows): what
-    `started` finds then, from a few attribute reads (generate()'s decode steps). None: ask `started`."""
+def continued(cache: Any, batch: int) -> Tail | None:
+    """The unfolded writes (`Tail`) this call continues where it continues the last tracked write to `cache` and
+    nothing changed since (its fingerprint layer as left, the layer's keys as long as the ledger, the same rows): its
+    `length`, `layer` and `grown` are what `started` finds then, from a few attribute reads (generate()'s decode
+    steps). None: ask `started`."""
     owner = ledger_owner(cache)
     tail = owner.__dict__.get(TAIL)
     grown = tail.grown if tail is not None else None
@@ -53,7 +54,7 @@ def continued(cache: Any, batch: int) -> tuple[int, int, Any] | None:
     if layer < len(layers) and layers[layer] is grown and owner.__dict__.get(LAYER_ATTR) == layer and \
             isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[-2] == tail.length and \
             keys.shape[0] == batch == tail.batch:
-        return tail.length, layer, grown
+        return tail
     return None
 
 

@@ -28,8 +28,9 @@ from . import images
 from .call import fed_ids, is_encoder_decoder  # (fed_ids: the tests' import)
 from .linear_checks import linear_layers, note_linear
 from .fingerprint import grown_layer, known_layer, slot_prints, unfollowed, window_prints, window_start
+from . import writes
 from .writes import Write, add_chunk, as_rows  # (as_rows: the guard's import)
-from .ledger import attach_ledger, cache_held, ledger_owner
+from .ledger import attach_ledger, cache_held, ledger_owner, stored_ledger
 from .steps import continued, started
 
 HANDLE_ATTR = "_kv_ledger_tracker"
@@ -68,6 +69,7 @@ class _Pending:
     grown: Any = None  # the fingerprint layer, where its keys' shape is the cache's length
     images: Any = None  # the pictures behind its placeholders (kvresume.images.note)
     given: torch.Tensor | None = None  # the position ids the call was given
+    tail: Any = None  # the unfolded writes a decode step continues (kvresume.steps.continued)
 
 
 @dataclass
@@ -126,18 +128,20 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         ids, batch, f = fed_ids(tracker.model, kwargs, tracker.decoder)
         if f is None or f == 0 or kwargs.get("use_cache") is False:
             return
-        start = continued(cache, batch) if cache is not None else None
-        if start is None:
+        tail = continued(cache, batch) if cache is not None else None
+        if tail is not None:
+            past, layer, grown = tail.length, tail.layer, tail.grown
+        else:
             start = started(cache, batch)
             if start is None:
                 return
-        past, layer, grown = start
+            past, layer, grown = start
         decoder = tracker.decoder
         mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
         given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
         given = given if isinstance(given, torch.Tensor) else None
         pictures = images.note(tracker.model, kwargs, past)
-        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown, pictures, given)
+        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown, pictures, given, tail)
         if given is not None and (tracker.rope is None or (tracker.passthrough and given.dim() == 2)):
             pending.positions = given  # what the rotary embedding would get (kvresume.tracking._rotary learnt it)
             if tracker.rope_handle is not None:
@@ -190,10 +194,30 @@ def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
     if prints is None and (layer is not None or unfollowed(cache)):
         ledger_owner(cache).__dict__[UNFOLLOWED] = unfollowed(cache) or "its last full-attention layer lacks the slots"
         return None  # the layer does not hold the written slots as keys (a QuantizedCache): not followed
+    return Write(pending.ids, pending.positions, pending.mask, prints, layer, _state(tracker), pending.past,
+                 pending.batch, pending.f, slab)
+
+
+def _state(tracker: Tracker) -> Any:
+    """A copy of the model-side position state (rope_deltas) after the call; None where the model keeps none."""
     state = compat.get_rope_state(tracker.model) if tracker.rope_state else None
-    state = state.detach().clone() if isinstance(state, torch.Tensor) else state
-    return Write(pending.ids, pending.positions, pending.mask, prints, layer, state, pending.past, pending.batch,
-                 pending.f, slab)
+    return state.detach().clone() if isinstance(state, torch.Tensor) else state
+
+
+def _appended(tracker: Tracker, pending: _Pending) -> bool:
+    """A decode step that continued the last tracked write (kvresume.steps.continued), added to its unfolded writes
+    in one op (`narrow_copy` of the written keys); False where the cache did not take its f slots there."""
+    past, f, tail, keys = pending.past, pending.f, pending.tail, pending.grown.keys
+    if keys.shape[-2] - past != f or tail.length != past:
+        return False
+    tail.chunks.append(Write(pending.ids, pending.positions, pending.mask, keys.narrow_copy(-2, past, f),
+                             pending.layer, _state(tracker), past, pending.batch, f, True))
+    tail.length += f
+    if len(tail.chunks) >= writes.FOLD:
+        stored_ledger(pending.cache)
+    if tracker.linear:
+        note_linear(pending.cache, past + f)
+    return True
 
 
 def _post(tracker: Tracker) -> Callable[..., None]:
@@ -202,7 +226,7 @@ def _post(tracker: Tracker) -> Callable[..., None]:
         pending = stack.pop() if stack else None
         if tracker.passthrough and tracker.rope_handle is not None:
             _unhook_rotary(tracker)  # now, not at the next call: a compiled decode step is traced without it
-        if pending is None:
+        if pending is None or (pending.tail is not None and pending.images is None and _appended(tracker, pending)):
             return
         if pending.cache is None:
             pending.cache = compat.output_cache(out)

@@ -235,3 +235,15 @@ def test_eager_passes_keyword_arguments_and_is_skipped_compiled():
     torch.compile(lambda y: (hook(x=2), y + 1)[1], backend="eager")(torch.ones(2))
     torch.compiler.reset()
     assert got == [1]
+
+
+def test_a_continued_step_whose_cache_took_other_slots_is_left_untracked(dense):
+    with track(dense), torch.no_grad():
+        cache = dense(input_ids=IDS, use_cache=True).past_key_values
+    t = Tracker(dense)
+    _pre(t)(dense, (), {"input_ids": torch.tensor([[7]]), "past_key_values": cache})
+    assert t.pending[0].tail is ledger_owner(cache).__dict__[TAIL]  # a decode step continuing the last write
+    with torch.no_grad():
+        dense(input_ids=torch.tensor([[7, 8]]), past_key_values=cache, use_cache=True)  # two slots, not one
+    _post(t)(dense, (), {}, None)
+    assert ledger_of(cache) is None and recorded(cache) is None

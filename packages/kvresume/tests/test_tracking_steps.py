@@ -33,7 +33,7 @@ def test_a_decode_step_continues_only_while_nothing_changed_since_the_last_write
     layer = known_layer(cache)
     owner, grown = ledger_owner(cache), cache.layers[known_layer(cache)]
     tail, other = owner.__dict__[TAIL], (layer + 1) % len(cache.layers)
-    assert continued(cache, 2) == (6, layer, grown)
+    assert continued(cache, 2) is tail and (tail.length, tail.layer, tail.grown) == (6, layer, grown)
     assert continued(cache, 1) is None  # other rows fed
     tail.layer = len(cache.layers)
     assert continued(cache, 2) is None  # a layer the cache does not have

@@ -1,0 +1,34 @@
+"""make bench's estimator (helpers.pipeline.tools.bench): the median of paired ratios and its interval."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers.pipeline.tools import bench
+
+
+def test_a_drift_between_pairs_cancels_in_the_paired_ratio():
+    plain = [1.0 * 1.1 ** i for i in range(11)]  # the machine slows down run after run
+    mid, low, high = bench.overhead({False: plain, True: [t * 1.01 for t in plain]})
+    assert (mid, low, high) == pytest.approx((1.0, 1.0, 1.0))
+
+
+def test_one_slow_pair_moves_neither_the_median_nor_the_interval_past_it():
+    plain = [1.0] * 31
+    tracked = [1.02] * 30 + [2.0]
+    mid, low, high = bench.overhead({False: plain, True: tracked})
+    assert (mid, low, high) == pytest.approx((2.0, 2.0, 2.0))
+
+
+def test_a_slower_arm_is_measured_as_slower_and_its_interval_is_the_binomial_one():
+    ratios = [1.0 + i / 100 for i in range(31)]  # 0% .. +30%
+    mid, low, high = bench.overhead({False: [1.0] * 31, True: ratios})
+    assert (mid, low, high) == pytest.approx((15.0, 9.0, 21.0))  # the 10th and 22nd of 31 ratios
+
+
+def test_write_replaces_only_the_text_between_the_markers(tmp_path: Path):
+    doc = tmp_path / "performance.md"
+    doc.write_text(f"head\n{bench.BEGIN}\nold\n{bench.END}\ntail\n")
+    bench.write(["new"], doc)
+    assert doc.read_text() == f"head\n{bench.BEGIN}\nnew\n{bench.END}\ntail\n"
