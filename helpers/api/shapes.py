@@ -23,7 +23,7 @@ from ..compare import NoiseFloor, noise_floor
 from ..continuation import attention_kernel, current_position_ids, greedy_config, prefill
 from ..models import tiny_bart
 from ..regress.families import left_pad
-from .cells import Cell, _outcome, follow_up, guarded_step, judge, with_length
+from .cells import Cell, _generate, _step, run_cell
 from kvresume.checks import ResumeInputError
 from kvresume.call import cache_lengths
 from kvresume.guard import check_forward_call
@@ -210,14 +210,11 @@ def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:
     config = greedy_config(s.model)
     config.update(**s.config)
     kwargs = {**s.kwargs, "generation_config": config}
-    with checked_calls(s.models or (s.model,), internal, s.shape), torch.no_grad():  # a raise plain: a measurement
-        cache = {compat.generate_cache_kwarg(s.model): copy.deepcopy(s.cache)}
-        plain = _outcome(lambda: s.model.generate(s.inputs, **cache, **kwargs), read)
-    error, guarded = guarded_step(s.model, s.inputs, s.cache, first_logits=read, **kwargs)
-    length = with_length(s.model, s.inputs, s.cache, kwargs, s.processed_length)
-    cell = judge("valid", f"{type(s.model).__name__} · {s.shape}", plain, s.reference, s.floor, error, guarded, length)
+    with checked_calls(s.models or (s.model,), internal, s.shape):  # a raise plain: a measurement
+        plain = _step(_generate, s.model, s.inputs, s.cache, kwargs, read)
+    cell = run_cell("valid", f"{type(s.model).__name__} · {s.shape}", s.model, None, s.cache, kwargs, s.reference,
+                    s.floor, s.processed_length, plain, s.whole, inputs=s.inputs, read=read)
     cell.shape = s.shape
-    cell = follow_up(cell, s.model, None, s.cache, kwargs, s.reference, s.floor, s.whole, inputs=s.inputs, read=read)
     if s.whole is None:
         cell.resume_scope = ("an encoder-decoder: resume takes a decoder-only model's whole ids" if
                              getattr(s.model.config, "is_encoder_decoder", False) else "no whole ids (embeddings or beams)")
