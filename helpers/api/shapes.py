@@ -69,8 +69,10 @@ def _gen(model: torch.nn.Module, inputs: Any, **kwargs: Any) -> Any:
 
 
 @torch.no_grad()
-def _prefix(model: torch.nn.Module, ids: torch.Tensor) -> Any:
-    return compat.output_cache(model(input_ids=ids, use_cache=True))
+def _prefix(model: torch.nn.Module, ids: torch.Tensor, cache: Any = None) -> Any:
+    """The cache of a forward over `ids` (filling `cache` where given)."""
+    given = {} if cache is None else {compat.cache_kwarg(model): cache}
+    return compat.output_cache(model(input_ids=ids, use_cache=True, **given))
 
 
 def text_shapes(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 0) -> list[Shape]:
@@ -102,7 +104,8 @@ def text_shapes(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 
                    cache23, 23, models=(model, assistant)),
             judged("suffix longer than the cache, mask of its own width", ids[:, :20], ids[:, 8:20],
                    {"attention_mask": torch.ones(1, 12, dtype=torch.long)}, _prefix(model, ids[:, :8]), 8),
-            judged("StaticCache larger than the sequence", ids, ids[:, -1:], full, _static(model, ids[:, :23]), 23),
+            judged("StaticCache larger than the sequence", ids, ids[:, -1:], full, _prefix(
+                model, ids[:, :23], StaticCache(config=model.config, max_cache_len=64)), 23),
             _padded(model, gen)]
 
 
@@ -111,13 +114,6 @@ def _beams(cache: Any, beams: int) -> Any:
     out = copy.deepcopy(cache)
     out.batch_repeat_interleave(beams)
     return out
-
-
-def _static(model: torch.nn.Module, ids: torch.Tensor) -> Any:
-    cache = StaticCache(config=model.config, max_cache_len=64)
-    with torch.no_grad():
-        model(input_ids=ids, use_cache=True, **{compat.cache_kwarg(model): cache})
-    return cache
 
 
 def per_row(model: torch.nn.Module, rows: list[torch.Tensor]) -> tuple[torch.Tensor, NoiseFloor]:

@@ -2,5 +2,5 @@
 
 turns (the two-turn prompt, the reference, the turn-1 cache), probe (what reached the first model call),
 shapes (the call shapes people write, each run and measured), repair (positions from the model's own
-get_rope_index, resumed at), decisions (the verdicts), guardcheck (the resume guard's new-vision-token check).
+get_rope_index, resumed at), decisions (the verdicts), tables (the tables and the positions figure).
 """

@@ -1,5 +1,5 @@
-"""What notebook 09 shows: the call shapes' outcomes, what reached their first model call, and the guard check's
-answer for each shape."""
+"""What notebook 09 shows: the call shapes' outcomes, what reached their first model call, the guard check's answer
+for each shape, and the figure of turn 2's (t, h, w) positions (through helpers.plots)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -7,6 +7,7 @@ from typing import Any, Callable
 import pandas as pd
 import torch
 
+from .. import plots
 from .decisions import image_b_positions
 from .shapes import SHAPES, call_kwargs, unsupported
 from .turns import TwoTurns
@@ -60,3 +61,27 @@ def guard_messages(model: torch.nn.Module, turns: TwoTurns, cache: Any,
         ids, kwargs = call_kwargs(model, shape, turns)
         out[shape.key] = check(model, ids, cache=cache, **kwargs)
     return out
+
+
+ROWS = ("t (temporal)", "h (height)", "w (width)")
+
+
+def plot_positions(reference: list[list[int]], resumed: dict[str, list[list[int]]], span: tuple[int, int], start: int,
+                   title: str, stem: str, name: str, caption: str | None = None) -> Any:
+    """reference: [t, h, w] rows of turn 2; resumed: {label: rows as received}; span: image B inside turn 2; saved to
+    outputs/figures/<stem>-<name>.png and shown."""
+    x = list(range(start, start + len(reference[0])))
+
+    def draw(ax: Any, metric: str, _values: Any) -> None:
+        i = ROWS.index(metric)
+        ax.axvspan(start + span[0] - 0.5, start + span[1] - 0.5, color="0.9", label="image B's tokens")
+        ax.plot(x, reference[i], color="black", linewidth=2, label="reference (one forward)")
+        for label, rows in resumed.items():
+            if rows is not None:
+                ax.plot(x[:len(rows[i])], rows[i], linestyle="--", marker=".", markersize=3, label=label)
+        ax.set_xlabel("sequence index of turn 2's tokens")
+        ax.set_ylabel("position")
+        if i == 0:
+            ax.legend(fontsize=7, loc="upper left")
+
+    return plots.finish(plots.figure({row: [] for row in ROWS}, draw, title, caption=caption), stem, name)

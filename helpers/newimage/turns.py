@@ -98,11 +98,6 @@ def _real_turn2(bundle: ModelBundle, image: Any, text: str) -> dict[str, torch.T
                                                 return_dict=True, return_tensors="pt")
 
 
-def load_image(source: Any) -> Any:
-    """A PIL image from a path or URL (transformers' loader; a URL needs the network), or the image itself."""
-    return source if not isinstance(source, str) else image_utils.load_image(source)
-
-
 def _turn1(bundle: ModelBundle, image: Any, seed: int) -> Prompt:
     """The kit's prompt around a given image (the seed prompt's text, the checkpoint's chat template where real)."""
     prompt = (inputs._tiny_multimodal(bundle, image, seed) if bundle.tokenizer is None
@@ -117,9 +112,9 @@ def build(bundle: ModelBundle, seed: int = 0, image_a: int = 224, image_b: int =
     """Turn 1 = the kit's prompt with image A, turn 2 = text, image B, text. The images are synthetic test cards of
     image_a / image_b pixels a side, or `picture_a` / `picture_b` (a path, a URL online, or a PIL image)."""
     turn1 = (build_prompt(bundle, seed=seed, image_size=image_a) if picture_a is None
-             else _turn1(bundle, load_image(picture_a), seed))
+             else _turn1(bundle, image_utils.load_image(picture_a), seed))
     # the synthetic B is mirrored: a different image from A, not only a smaller one
-    picture = synthetic_image(image_b).transpose(0) if picture_b is None else load_image(picture_b)
+    picture = synthetic_image(image_b).transpose(0) if picture_b is None else image_utils.load_image(picture_b)
     if bundle.tokenizer is None:
         pixels = bundle.processor(images=[picture], return_tensors="pt")
         merge = bundle.model.config.vision_config.spatial_merge_size

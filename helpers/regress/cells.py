@@ -42,13 +42,6 @@ def row_diffs(a: torch.Tensor, b: torch.Tensor) -> list[float]:
     return [float(v) for v in (x - y).abs().reshape(x.shape[0], -1).amax(-1)]
 
 
-def judged(value: float, bitwise: bool, floor: NoiseFloor) -> str:
-    """bitwise / matches / differs against the floor."""
-    if bitwise:
-        return "bitwise"
-    return "matches" if floor.matches(value) else "differs"
-
-
 def _error(outcome: Outcome) -> str:
     return f"{outcome.error_type} ({outcome.stage}): {(outcome.error or '')[:100]}"
 
@@ -61,7 +54,8 @@ def against_tensor(family: str, check: str, outcome: Outcome, target: torch.Tens
         return Cell(family, check, status, None, compared_with, _error(outcome), outcome.first_call)
     value = max_abs_diff(target, outcome.logits)
     bitwise = torch.equal(target.float().reshape(-1), outcome.logits.float().reshape(-1))
-    return Cell(family, check, judged(value, bitwise, floor), value, compared_with, "", outcome.first_call)
+    status = "bitwise" if bitwise else "matches" if floor.matches(value) else "differs"
+    return Cell(family, check, status, value, compared_with, "", outcome.first_call)
 
 
 def against_outcome(family: str, check: str, outcome: Outcome, base: Outcome, floor: NoiseFloor,
