@@ -6,6 +6,11 @@ compressed cache its explicit-position forward) with the group's noise floor: `w
 `raised` (ResumeInputError, with the check that raised and its message) or `passed` (then its logits must equal the
 plain call's bit for bit). With the caller's processed length: `check_resume_inputs(..., processed_length=...)`, the
 extra catches it adds, counted apart.
+
+Every refusal's advice, run (`advice_rows`, notebook 08's `measurements.advice`): the refusal's `fix` (the guard's, or
+the group's own where the message names a rebuild or a route) applied to the same call by `cell.rerun(fix)`, compared
+with the reference within the cell's floor; one that names nothing to run or does not restore is a defect. Untracked
+caches' rows carry the shape rules' advice, a guess from lengths: shown beside, decided apart.
 """
 from __future__ import annotations
 
@@ -233,3 +238,35 @@ def confusion_grid(cells: list[Cell]) -> tuple[list[str], list[str], list[list[s
     status = [[VERDICT[(p, g)] for g in GUARDED] for p in PLAIN]
     text = [[f"{table[p][g]} cells" for g in GUARDED] for p in PLAIN]
     return [f"plain {p}" for p in PLAIN], [f"guard {g}" for g in GUARDED], status, text
+
+
+WORDS = {"crop": "cache.crop to {} tokens", "cache": "a rebuilt cache", "call": "the call the message names",
+         "resume": "resume() on the whole sequence"}
+
+
+def describe(fix: dict[str, Any] | None) -> str:
+    """The fix in words (what was applied)."""
+    if not fix:
+        return "no fix named"
+    return "; ".join(WORDS[key].format(value) if key in WORDS else f"{key} {list(getattr(value, 'shape', []))}" + (
+        f" from {value.reshape(-1, value.shape[-1])[:, 0].tolist()}" if key == "position_ids" else "")
+        for key, value in fix.items())
+
+
+def advice_rows(cells: list[Cell]) -> list[dict[str, Any]]:
+    """{cell, check, advice, applied, max_abs_diff, restores} for every cell the guard refused."""
+    rows = []
+    for c in cells:
+        if c.guard != "raised" or c.undecided:
+            continue
+        status, value = c.rerun(c.fix) if c.fix and c.rerun is not None else ("", None)
+        rows.append({"cell": f"{c.group}: {c.cell}", "tracked": c.tracked, "check": c.guard_check,
+                     "advice": c.guard_message[:200],
+                     "applied": describe(c.fix), "max_abs_diff": value, "threshold": c.threshold,
+                     "restores": status == "worked"})
+    return rows
+
+
+def defects(rows: list[dict[str, Any]]) -> list[str]:
+    """The refusals whose advice does not restore (or names nothing to run)."""
+    return [r["cell"] for r in rows if not r["restores"]]

@@ -20,7 +20,7 @@ from transformers import StaticCache
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import attention_kernel, current_position_ids, greedy_config, prefill
+from ..continuation import attention_kernel, current_position_ids, greedy_config, other_attention_logits, prefill
 from ..models import tiny_bart
 from ..regress.families import left_pad
 from .cells import Cell, _generate, _step, run_cell
@@ -163,8 +163,7 @@ def mrope_shape(model: torch.nn.Module, prompt: Any) -> Shape:
     three = current_position_ids(model, prompt)
     four = torch.cat([torch.full((1, 1, 1), prompt.length - 1, dtype=three.dtype), three])
     kwargs = {"attention_mask": prompt.attention_mask, "position_ids": four}
-    with attention_kernel(model, "eager"):
-        other, _ = prefill(model, prompt, end=None)
+    other, _ = other_attention_logits(model, prompt)
     return Shape("M-RoPE position ids with four rows", model, prompt.last_token, kwargs, cache, ref.float(),
                  noise_floor(ref, [other], torch.float32), prompt.length - 1, whole=prompt)
 

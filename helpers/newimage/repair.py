@@ -47,18 +47,14 @@ def full_positions(model: torch.nn.Module, turns: TwoTurns) -> Positions:
     return Positions(positions[:, :, turns.cached:].clone(), deltas.clone(), turns.cached)
 
 
-def _image_kwargs(turns: TwoTurns) -> dict[str, Any]:
-    """Turn 2's own image inputs (pixels and grid of B) and the full attention mask."""
-    kwargs: dict[str, Any] = {"pixel_values": turns.pixel_b, "image_grid_thw": turns.grid_b,
-                              "attention_mask": turns.full_mask}
+def call_kwargs(turns: TwoTurns, positions: Positions) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(input_ids, the other generate() kwargs) of the repaired call: turn 2 and image B (its own pixels and grid) at
+    the full-sequence positions, with the full attention mask."""
+    kwargs: dict[str, Any] = {"position_ids": positions.with_text_row(), "pixel_values": turns.pixel_b,
+                              "image_grid_thw": turns.grid_b, "attention_mask": turns.full_mask}
     if turns.takes_types:
         kwargs["mm_token_type_ids"] = turns.types(turns.turn2_ids)
-    return kwargs
-
-
-def call_kwargs(turns: TwoTurns, positions: Positions) -> tuple[torch.Tensor, dict[str, Any]]:
-    """(input_ids, the other generate() kwargs) of the repaired call: turn 2 and image B at the full-sequence positions."""
-    return turns.turn2_ids, {"position_ids": positions.with_text_row(), **_image_kwargs(turns)}
+    return turns.turn2_ids, kwargs
 
 
 @torch.no_grad()
