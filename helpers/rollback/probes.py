@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,19 +34,12 @@ def _start_recording(cache: Any, mode: str, k: int) -> str | None:
     return None
 
 
-@dataclass
-class Fresh:
-    """The cache that never saw the k tokens, and its next-token logits: what every rollback is compared with."""
-
-    cache: Any
-    next_logits: torch.Tensor
-
-
-def fresh_of(family: Family, ids: torch.Tensor, prompt: int, k: int) -> Fresh:
-    """Prefill ids[:prompt]; the logits of the next unseen token ids[prompt + k] fed to a copy of it."""
+def fresh_of(family: Family, ids: torch.Tensor, prompt: int, k: int) -> tuple[Any, torch.Tensor]:
+    """What every rollback is compared with: (the cache that never saw the k tokens (ids[:prompt] prefilled), the
+    logits of the next unseen token ids[prompt + k] fed to a copy of it)."""
     cache = family.new_cache()
     forward(family.model, ids[:, :prompt], cache)
-    return Fresh(cache, forward(family.model, ids[:, prompt + k:prompt + k + 1], copy.deepcopy(cache))[:, -1])
+    return cache, forward(family.model, ids[:, prompt + k:prompt + k + 1], copy.deepcopy(cache))[:, -1]
 
 
 def rolled_back(family: Family, ids: torch.Tensor, prompt: int, k: int, mode: str) -> tuple[Any, str, str]:
@@ -70,18 +62,19 @@ def rolled_back(family: Family, ids: torch.Tensor, prompt: int, k: int, mode: st
 
 
 def rollback_row(family: Family, ids: torch.Tensor, prompt: int, k: int, mode: str, floor: NoiseFloor,
-                 fresh: Fresh) -> dict[str, Any]:
+                 fresh: tuple[Any, torch.Tensor]) -> dict[str, Any]:
     """`rolled_back`, then the next unseen token fed; against `fresh`, a cache that never saw the k tokens: its
     states and the next token's logits."""
     row: dict[str, Any] = {"family": family.name, "mode": mode, "how": MODE_HOW[mode], "k": k}
     rolled, outcome, error = rolled_back(family, ids, prompt, k, mode)
     if rolled is None:
         return {**row, "outcome": outcome, "error": error}
-    held = states.reported_length(fresh.cache)
+    fresh_cache, fresh_logits = fresh
+    held = states.reported_length(fresh_cache)
     row.update(length=states.reported_length(rolled), fresh_length=held,
-               **{f"{name}_diff": v for name, v in states.state_diffs(rolled, fresh.cache, held).items()})
+               **{f"{name}_diff": v for name, v in states.state_diffs(rolled, fresh_cache, held).items()})
     try:
-        diff = max_abs_diff(fresh.next_logits, forward(family.model, ids[:, prompt + k:prompt + k + 1], rolled)[:, -1])
+        diff = max_abs_diff(fresh_logits, forward(family.model, ids[:, prompt + k:prompt + k + 1], rolled)[:, -1])
     except Exception as exc:  # noqa: BLE001 - a continuation that raises after the crop
         return {**row, "outcome": "raised after crop", "error": error_line(exc)}
     row["next_logits_diff"] = diff
