@@ -1,5 +1,5 @@
 """What reached the first model call of a resumed turn: ids, pixel inputs, the three M-RoPE position rows the text
-rotary embedding received, and the model-side `rope_deltas` before and after that call (forward hooks only)."""
+rotary embedding received, and the model-side `rope_deltas` before that call (forward hooks only)."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -19,11 +19,11 @@ class FirstCall:
 
     seen: dict[str, Any] = field(default_factory=dict)
     rows: list[list[int]] | None = None  # [t, h, w] positions of the call's tokens (batch row 0)
-    rope_deltas_after: list | None = None
     calls: int = 0
 
     def summary(self) -> dict[str, Any]:
-        return {**self.seen, "position_rows": self.rows, "rope_deltas_after": self.rope_deltas_after}
+        """What the hooks saw, with the position rows."""
+        return {**self.seen, "position_rows": self.rows}
 
 
 def describe(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -57,15 +57,11 @@ def first_call(model: torch.nn.Module) -> Iterator[FirstCall]:
             record.seen = describe(model, kwargs)
         record.calls += 1
 
-    def post(_module: torch.nn.Module, _args: tuple, _kwargs: dict[str, Any], _out: Any) -> None:
-        if record.calls == 1 and record.rope_deltas_after is None:
-            record.rope_deltas_after = flat(compat.get_rope_state(model))
-
     def rotary(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
         if record.calls == 1 and record.rows is None:
             positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
             record.rows = _rows(positions)
             record.seen["position_rows_received"] = int(positions.shape[0]) if isinstance(positions, torch.Tensor) and positions.dim() == 3 else 1
 
-    with hooked(model, pre, post, rotary):
+    with hooked(model, pre, lambda *_: None, rotary):
         yield record

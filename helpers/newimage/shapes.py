@@ -95,20 +95,15 @@ def run_shape(model: torch.nn.Module, shape: Shape, turns: TwoTurns, cache: Any,
     return out, {**call, "rope_deltas_after_call": probe.flat(compat.get_rope_state(model))}
 
 
-def outcome(out: Outcome, max_abs_diff: float | None, floor: NoiseFloor) -> str:
-    """'matches' / 'silently wrong' / 'raises <Type>': the shape's outcome against the noise threshold."""
-    if not out.ok:
-        return f"raises {out.error_type}"
-    return "matches" if floor.matches(max_abs_diff) else "silently wrong"
-
-
 def row(shape: Shape, out: Outcome, call: dict[str, Any], reference: torch.Tensor, floor: NoiseFloor) -> dict[str, Any]:
-    """One table row: outcome, distance to the reference, where an error was raised, and the first call."""
+    """One table row: the outcome against the noise threshold ('matches' / 'silently wrong' / 'raises <Type>'), the
+    distance to the reference, where an error was raised, and the first call."""
     metrics = logit_metrics(reference, out.logits) if out.ok else {}
     value = metrics.get("max_abs_diff")
-    return {"key": shape.key, "shape": shape.label, "outcome": outcome(out, value, floor), "max_abs_diff": value,
-            "cosine": metrics.get("cosine"), "top1_equal": metrics.get("top1_equal"),
-            "top5_overlap": metrics.get("top5_overlap"), "error": out.error_summary()[:240], **call}
+    outcome = f"raises {out.error_type}" if not out.ok else "matches" if floor.matches(value) else "silently wrong"
+    return {"key": shape.key, "shape": shape.label, "outcome": outcome, "max_abs_diff": value,
+            **{k: metrics.get(k) for k in ("cosine", "top1_equal", "top5_overlap")}, "error": out.error_summary()[:240],
+            **call}
 
 
 def run_all(model: torch.nn.Module, turns: TwoTurns, cache: Any, turn1_state: torch.Tensor,

@@ -38,8 +38,7 @@ def zero_input(outcome: Outcome) -> bool:
 
 def row_diffs(a: torch.Tensor, b: torch.Tensor) -> list[float]:
     """Per batch row: max |a - b| (a, b: [batch, vocab])."""
-    x, y = a.detach().float(), b.detach().float().reshape(a.shape)
-    return [float(v) for v in (x - y).abs().reshape(x.shape[0], -1).amax(-1)]
+    return (a.detach().float() - b.detach().float().reshape(a.shape)).abs().reshape(a.shape[0], -1).amax(-1).tolist()
 
 
 def _error(outcome: Outcome) -> str:
