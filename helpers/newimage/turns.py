@@ -9,7 +9,6 @@ import torch
 from transformers import image_utils
 
 from kvresume import compat
-from .. import inputs
 from ..compare import noise_floor as floor_of
 from ..continuation import generate_first_step, other_attention_logits, prefill
 from ..inputs import Prompt, build_prompt, synthetic_image
@@ -98,21 +97,12 @@ def _real_turn2(bundle: ModelBundle, image: Any, text: str) -> dict[str, torch.T
                                                 return_dict=True, return_tensors="pt")
 
 
-def _turn1(bundle: ModelBundle, image: Any, seed: int) -> Prompt:
-    """The kit's prompt around a given image (the seed prompt's text, the checkpoint's chat template where real)."""
-    prompt = (inputs._tiny_multimodal(bundle, image, seed) if bundle.tokenizer is None
-              else inputs._real_multimodal(bundle, image, inputs.PROMPT_TEXT))
-    mm = {k: (v.to(bundle.device, bundle.dtype) if v.is_floating_point() else v.to(bundle.device))
-          for k, v in prompt.mm_kwargs.items()}
-    return Prompt(prompt.input_ids.to(bundle.device), prompt.attention_mask.to(bundle.device), mm)
-
-
 def build(bundle: ModelBundle, seed: int = 0, image_a: int = 224, image_b: int = 160,
           text: str = TURN2_TEXT, picture_a: Any = None, picture_b: Any = None) -> TwoTurns:
     """Turn 1 = the kit's prompt with image A, turn 2 = text, image B, text. The images are synthetic test cards of
     image_a / image_b pixels a side, or `picture_a` / `picture_b` (a path, a URL online, or a PIL image)."""
-    turn1 = (build_prompt(bundle, seed=seed, image_size=image_a) if picture_a is None
-             else _turn1(bundle, image_utils.load_image(picture_a), seed))
+    turn1 = build_prompt(bundle, seed=seed, image_size=image_a,
+                         image=None if picture_a is None else image_utils.load_image(picture_a))
     # the synthetic B is mirrored: a different image from A, not only a smaller one
     picture = synthetic_image(image_b).transpose(0) if picture_b is None else image_utils.load_image(picture_b)
     if bundle.tokenizer is None:

@@ -14,7 +14,8 @@ import torch
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import GENERATION_VARIANTS, Outcome, attention_kernel, forward_step, generate_first_step
+from ..continuation import (GENERATION_VARIANTS, Outcome, attention_kernel, forward_step, generate_first_step,
+                            generation_kwargs)
 from kvresume import layers
 from .cells import Cell, against_outcome, against_tensor, raised, row_diffs, skipped
 from .families import Family, reference
@@ -82,8 +83,7 @@ class Runner:
 
     def arg_kwargs(self, name: str) -> dict[str, Any]:
         """The control's four argument sets (mask = the full mask, positions = the suffix's explicit ids)."""
-        mask, pos = {"attention_mask": self.family.full_mask}, {"position_ids": self.positions}
-        return {"neither": {}, "position_only": pos, "mask_only": mask, "both": {**mask, **pos}}[name]
+        return generation_kwargs(name, self.family.prompt, self.positions)
 
     def with_backend(self, implementation: str, cache: Any) -> Outcome:
         """generate(full mask) with another attention implementation; the model's own is put back."""
