@@ -174,27 +174,24 @@ def checked_calls(models: tuple[torch.nn.Module, ...], rows: list[dict[str, Any]
     own arguments: one row each (which model, call index, tokens, cache length, refused or not, message)."""
     calls = {id(m): 0 for m in models}
 
-    def hook(module: torch.nn.Module) -> Callable[..., None]:
-        def pre(_m: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
-            index, calls[id(module)] = calls[id(module)], calls[id(module)] + 1
-            cache = compat.cache_from_kwargs(kwargs)
-            if (module is models[0] and index == 0) or cache is None or cache_lengths(cache)[0] == 0:
-                return
-            message = ""
-            try:
-                check_forward_call(module, kwargs)
-            except ResumeInputError as exc:
-                message = str(exc)
-            mask = kwargs.get("attention_mask")
-            rows.append({"shape": shape, "model": "assistant" if module is not models[0] else "main", "call": index,
-                         "mask": mask[0].tolist() if isinstance(mask, torch.Tensor) and mask.dim() == 2 and
-                         mask.shape[-1] <= 40 else None, "refused": bool(message), "message": message[:160]})
-        return pre
+    def pre(module: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
+        index, calls[id(module)] = calls[id(module)], calls[id(module)] + 1
+        cache = compat.cache_from_kwargs(kwargs)
+        if (module is models[0] and index == 0) or cache is None or cache_lengths(cache)[0] == 0:
+            return
+        message = ""
+        try:
+            check_forward_call(module, kwargs)
+        except ResumeInputError as exc:
+            message = str(exc)
+        mask = kwargs.get("attention_mask")
+        rows.append({"shape": shape, "model": "assistant" if module is not models[0] else "main", "call": index,
+                     "mask": mask[0].tolist() if isinstance(mask, torch.Tensor) and mask.dim() == 2 and
+                     mask.shape[-1] <= 40 else None, "refused": bool(message), "message": message[:160]})
 
     with ExitStack() as stack:
         for m in models:
-            handle = m.register_forward_pre_hook(hook(m), with_kwargs=True)
-            stack.callback(handle.remove)
+            stack.callback(m.register_forward_pre_hook(pre, with_kwargs=True).remove)
         yield
 
 
