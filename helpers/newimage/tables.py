@@ -18,6 +18,10 @@ SHORT = {"a_turn2_ids": "(a)", "a_turn2_ids_full_types": "(a) + types", "b_full_
          "control_text_turn": "text turn", "repair_forward": "repair: forward", "repair_generate": "repair: generate",
          "next_stale": "next, stale state", "next_carried": "next, carried"}
 OUTCOME_COLUMNS = ("shape", "outcome", "max_abs_diff", "cosine", "top1_equal", "top5_overlap", "error")
+FIRST_CALL = {"input_ids_shape": "input_ids", "pixel_values_shape": "pixel_values",  # a row's key: its column
+              "mm_encoder_outputs": "mm_encoder_outputs", "image_grid_thw": "image_grid_thw",
+              "mm_token_type_ids_shape": "mm_token_type_ids", "position_ids_shape": "position_ids",
+              "position_rows_received": "rows received"}
 
 
 def table(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -37,18 +41,12 @@ def _ends(rows: list[list[int]] | None) -> str | None:
 
 def first_calls(rows: list[dict[str, Any]], span: tuple[int, int]) -> pd.DataFrame:
     """What reached each call's first model call: ids, pixel inputs, position rows, rope_deltas before and after."""
-    out = []
-    for r in rows:
-        positions = r.get("position_rows")
-        out.append({"shape": r["shape"], "input_ids": r.get("input_ids_shape"), "pixel_values": r.get("pixel_values_shape"),
-                    "mm_encoder_outputs": r.get("mm_encoder_outputs"), "image_grid_thw": r.get("image_grid_thw"),
-                    "mm_token_type_ids": r.get("mm_token_type_ids_shape"), "position_ids": r.get("position_ids_shape"),
-                    "rows received": r.get("position_rows_received"),
-                    "turn-2 positions (first, last)": _ends(positions),
-                    "image B t/h/w (first .. last)": _ends(image_b_positions(positions, span))
-                    if r["key"] != "control_text_turn" else None,
-                    "rope_deltas before": r.get("rope_deltas_before"), "after": r.get("rope_deltas_after_call")})
-    return pd.DataFrame(out).set_index("shape")
+    return pd.DataFrame([{"shape": r["shape"], **{name: r.get(key) for key, name in FIRST_CALL.items()},
+                          "turn-2 positions (first, last)": _ends(r.get("position_rows")),
+                          "image B t/h/w (first .. last)": None if r["key"] == "control_text_turn"
+                          else _ends(image_b_positions(r.get("position_rows"), span)),
+                          "rope_deltas before": r.get("rope_deltas_before"), "after": r.get("rope_deltas_after_call")}
+                         for r in rows]).set_index("shape")
 
 
 def guard_messages(model: torch.nn.Module, turns: TwoTurns, cache: Any,

@@ -73,7 +73,3 @@ def raised(family: str, check: str, exc: BaseException, stage: str) -> Cell:
     """A rebuild that raised before any model call."""
     text = str(exc).strip().splitlines()
     return Cell(family, check, "error", None, "", f"{type(exc).__name__} ({stage}): {(text[0] if text else '')[:100]}")
-
-
-def skipped(family: str, check: str, why: str) -> Cell:
-    return Cell(family, check, "skipped", None, "", why)

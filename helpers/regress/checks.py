@@ -17,7 +17,7 @@ from ..compare import NoiseFloor, noise_floor
 from ..continuation import (GENERATION_VARIANTS, Outcome, attention_kernel, forward_step, generate_first_step,
                             generation_kwargs)
 from kvresume import layers
-from .cells import Cell, against_outcome, against_tensor, raised, row_diffs, skipped
+from .cells import Cell, against_outcome, against_tensor, raised, row_diffs
 from .families import Family, reference
 from .rebuilds import attention_only_rebuild, control_rebuild, family_rebuild
 
@@ -151,7 +151,7 @@ def measure(family: Family, flash: tuple[bool, str]) -> Measured:
         flash_run = run.with_backend("flash_attention_2", run.cache)
         vs("flash_attention_2", flash_run, what=f"generate(full mask) with {current}")
     else:
-        cells["flash_attention_2"] = skipped(name, "flash_attention_2", why)
+        cells["flash_attention_2"] = Cell(name, "flash_attention_2", "skipped", None, "", why)
     if family.padded:
         extra["padded"] = padded_masks(run, ref, floor)
     return Measured(family, floor, cells, extra)
