@@ -95,13 +95,14 @@ def run_shape(model: torch.nn.Module, shape: Shape, turns: TwoTurns, cache: Any,
     return out, {**call, "rope_deltas_after_call": probe.flat(compat.get_rope_state(model))}
 
 
-def row(shape: Shape, out: Outcome, call: dict[str, Any], reference: torch.Tensor, floor: NoiseFloor) -> dict[str, Any]:
-    """One table row: the outcome against the noise threshold ('matches' / 'silently wrong' / 'raises <Type>'), the
-    distance to the reference, where an error was raised, and the first call."""
+def row(key: str, label: str, out: Outcome, call: dict[str, Any], reference: torch.Tensor,
+        floor: NoiseFloor) -> dict[str, Any]:
+    """One table row (a call's key and label): the outcome against the noise threshold ('matches' / 'silently wrong' /
+    'raises <Type>'), the distance to the reference, where an error was raised, and the first call."""
     metrics = logit_metrics(reference, out.logits) if out.ok else {}
     value = metrics.get("max_abs_diff")
     outcome = f"raises {out.error_type}" if not out.ok else "matches" if floor.matches(value) else "silently wrong"
-    return {"key": shape.key, "shape": shape.label, "outcome": outcome, "max_abs_diff": value,
+    return {"key": key, "shape": label, "outcome": outcome, "max_abs_diff": value,
             **{k: metrics.get(k) for k in ("cosine", "top1_equal", "top5_overlap")}, "error": out.error_summary()[:240],
             **call}
 
@@ -117,6 +118,7 @@ def run_all(model: torch.nn.Module, turns: TwoTurns, cache: Any, turn1_state: to
             rows.append({"key": shape.key, "shape": shape.label, "outcome": "not on this release", "error": why})
             continue
         out, call = run_shape(model, shape, turns, cache, turn1_state)
-        rows.append(row(shape, out, call, references["text" if shape.ids == "text" else "image"], floor))
+        reference = references["text" if shape.ids == "text" else "image"]
+        rows.append(row(shape.key, shape.label, out, call, reference, floor))
     compat.set_rope_state(model, turn1_state.clone())
     return rows
