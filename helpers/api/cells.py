@@ -53,7 +53,7 @@ class Cell:
     untracked: str = ""  # the guard on the same call with the cache's ledger removed (today's guard): passed / raised
     untracked_check: str = ""
     tracked: bool = False  # the cache had a ledger
-    fix: dict[str, Any] | None = None  # the refusal's fix (helpers.api.reuse.apply_fix), where it names one
+    fix: dict[str, Any] | None = None  # the refusal's fix (kvresume.reuse.apply_fix), where it names one
     resume_diff: float | None = None  # kvresume.resume on the whole sequence vs the reference ('' where not run)
     resume_status: str = ""  # worked / silently_wrong / raised ('' where not run)
     resume_error: str = ""  # what resume raised

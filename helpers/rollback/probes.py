@@ -17,7 +17,6 @@ from kvresume import layers
 from . import states
 from .setup import Family, error_line, forward
 
-MODES = ("plain", "record", "record_keep")  # crop without recording; after activate_past_recording(); with (k)
 MODE_HOW = {"plain": "crop(-k), no recording", "record": "activate_past_recording() before the k tokens, crop(-k)",
             "record_keep": "activate_past_recording(recurrent_states_to_keep=k) before the k tokens, crop(-k)"}
 
@@ -88,7 +87,7 @@ def rollback_rows(families: dict[str, Family], ids: torch.Tensor, prompt: int, k
     rows = []
     for name, family in families.items():
         fresh = fresh_of(family, ids, prompt, k)
-        rows += [rollback_row(family, ids, prompt, k, mode, floors[name], fresh) for mode in MODES]
+        rows += [rollback_row(family, ids, prompt, k, mode, floors[name], fresh) for mode in MODE_HOW]
     return rows
 
 
