@@ -18,7 +18,6 @@ from ..rollback import probes, setup
 from ..rollback.generation import greedy, repetitive_ids
 from .cells import Cell, run_cell
 from .shapes import checked_calls
-from kvresume.tracking import is_tracked, track
 
 PROMPT, K = setup.PROMPT, 4
 
@@ -73,12 +72,7 @@ def assisted_calls(fam: setup.Family, seed: int = 0) -> list[dict[str, Any]]:
 
 def group_10(dense: torch.nn.Module, sliding: torch.nn.Module, hybrid: torch.nn.Module,
              seed: int = 0) -> tuple[list[Cell], list[dict[str, Any]]]:
-    """Notebook 10's cells (rollbacks, rebuilds) and the hybrid's assisted-decoding internal calls; the models are
-    tracked for the group (the tracking put there taken off afterwards)."""
-    added = [track(m) for m in {id(m): m for m in (dense, sliding, hybrid)}.values() if not is_tracked(m)]
-    try:
-        fams = setup.families(hybrid, seed, dense, sliding)
-        return rollback_cells(fams, seed) + rebuild_cells(fams["hybrid"], seed), assisted_calls(fams["hybrid"], seed)
-    finally:
-        for t in added:
-            t.remove()
+    """Notebook 10's cells (rollbacks, rebuilds) and the hybrid's assisted-decoding internal calls, on the models the
+    notebook tracked (`track(model)`: the cells' caches carry their ledger)."""
+    fams = setup.families(hybrid, seed, dense, sliding)
+    return rollback_cells(fams, seed) + rebuild_cells(fams["hybrid"], seed), assisted_calls(fams["hybrid"], seed)
