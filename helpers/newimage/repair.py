@@ -12,9 +12,8 @@ import torch
 from kvresume import compat
 from ..compare import NoiseFloor
 from ..continuation import Outcome, forward_step, generate_first_step
-from . import probe
 from ..inputs import Prompt
-from .shapes import probed, row
+from .shapes import flat, probed, row
 from .turns import TwoTurns
 
 
@@ -90,5 +89,5 @@ def rows(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positio
     for key, label, state in (("next_stale", "next token, rope_deltas as the repaired call left it", left),
                               ("next_carried", "next token, rope_deltas carried forward", carried)):
         out_next, next_reference = next_turn(model, turns, token, cache_after, state)
-        out[key] = row(key, label, out_next, {"rope_deltas_before": probe.flat(state)}, next_reference, floor)
+        out[key] = row(key, label, out_next, {"rope_deltas_before": flat(state)}, next_reference, floor)
     return out

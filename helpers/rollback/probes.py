@@ -1,8 +1,11 @@
 """The measurements of notebook 10: (a) rollback by crop(-k), (b) multi-token continuation on the hybrid,
-(e) what a rebuilt hybrid reports and what generate() then feeds. Failures are rows, not exceptions."""
+(e) what a rebuilt hybrid reports and what generate() then feeds. Failures are rows, not exceptions. Two caches are
+compared by what they hold: K/V of the attention layers, conv and recurrent states of the linear layers (max |diff|;
+inf where the shapes differ), and the length each reports."""
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import torch
@@ -14,8 +17,49 @@ from ..compare import NoiseFloor, max_abs_diff
 from ..continuation import generate_first_step
 from ..regress import rebuilds
 from kvresume import layers
-from . import states
 from .setup import Family, error_line, forward
+
+
+def max_diff(a: torch.Tensor | None, b: torch.Tensor | None) -> float | None:
+    """max |a - b| in float32; inf where the shapes differ; None where either is missing."""
+    if a is None or b is None:
+        return None
+    if a.shape != b.shape:
+        return math.inf
+    return float((a.detach().float() - b.detach().float()).abs().max()) if a.numel() else 0.0
+
+
+def _worst(values: list[float | None]) -> float | None:
+    return max((v for v in values if v is not None), default=None)
+
+
+def _held(t: torch.Tensor | None, held: int | None) -> torch.Tensor | None:
+    return t if t is None or held is None else t[..., :held, :]
+
+
+def state_diffs(cache: Any, reference: Any, held: int | None = None) -> dict[str, float | None]:
+    """{'kv', 'kv_held', 'conv', 'recurrent'}: the largest max |diff| over the layers of that kind (None: no such
+    layer); 'kv' over every stored slot, 'kv_held' over the first `held` slots (a static cache's slots past its length)."""
+    kv, kv_held, conv, recurrent = [], [], [], []
+    for a, b in zip(compat.cache_layers(cache), compat.cache_layers(reference)):
+        if layers.has_kv(a) or layers.has_kv(b):
+            ka, va = compat.layer_kv(a)
+            kb, vb = compat.layer_kv(b)
+            kv += [max_diff(ka, kb), max_diff(va, vb)]
+            kv_held += [max_diff(_held(ka, held), _held(kb, held)), max_diff(_held(va, held), _held(vb, held))]
+        if layers.has_linear_state(a) and layers.has_linear_state(b):
+            conv += [max_diff(a.conv_states.get(i), b.conv_states.get(i)) for i in b.conv_states]
+            recurrent += [max_diff(a.recurrent_states.get(i), b.recurrent_states.get(i)) for i in b.recurrent_states]
+    return {"kv": _worst(kv), "kv_held": _worst(kv_held), "conv": _worst(conv), "recurrent": _worst(recurrent)}
+
+
+def reported_length(cache: Any) -> int | None:
+    """`get_seq_length()` as an int; None where it raises."""
+    try:
+        return int(cache.get_seq_length())
+    except Exception:  # noqa: BLE001 - a cache that cannot say its length is a measurement
+        return None
+
 
 MODE_HOW = {"plain": "crop(-k), no recording", "record": "activate_past_recording() before the k tokens, crop(-k)",
             "record_keep": "activate_past_recording(recurrent_states_to_keep=k) before the k tokens, crop(-k)"}
@@ -69,9 +113,9 @@ def rollback_row(family: Family, ids: torch.Tensor, prompt: int, k: int, mode: s
     if rolled is None:
         return {**row, "outcome": outcome, "error": error}
     fresh_cache, fresh_logits = fresh
-    held = states.reported_length(fresh_cache)
-    row.update(length=states.reported_length(rolled), fresh_length=held,
-               **{f"{name}_diff": v for name, v in states.state_diffs(rolled, fresh_cache, held).items()})
+    held = reported_length(fresh_cache)
+    row.update(length=reported_length(rolled), fresh_length=held,
+               **{f"{name}_diff": v for name, v in state_diffs(rolled, fresh_cache, held).items()})
     try:
         diff = max_abs_diff(fresh_logits, forward(family.model, ids[:, prompt + k:prompt + k + 1], rolled)[:, -1])
     except Exception as exc:  # noqa: BLE001 - a continuation that raises after the crop
@@ -147,7 +191,7 @@ def rebuild_rows(family: Family, ids: torch.Tensor) -> list[dict[str, Any]]:
     forward(family.model, ids[:, :-1], original)
     mask = torch.ones_like(ids)
     base = generate_first_step(family.model, ids, copy.deepcopy(original), attention_mask=mask)
-    rows = [{"rebuild": "original", "length": states.reported_length(original), "fed": (base.first_call.get("input_ids_shape") or [None, None])[1],
+    rows = [{"rebuild": "original", "length": reported_length(original), "fed": (base.first_call.get("input_ids_shape") or [None, None])[1],
              "max_abs_diff": 0.0, "how": "the cache of the prefill itself"}]
     for name, (build, how) in REBUILDS.items():
         row: dict[str, Any] = {"rebuild": name, "how": how}
@@ -156,7 +200,7 @@ def rebuild_rows(family: Family, ids: torch.Tensor) -> list[dict[str, Any]]:
         except Exception as exc:  # noqa: BLE001 - a rebuild that cannot be made is a measurement
             rows.append({**row, "error": error_line(exc)})
             continue
-        row["length"] = states.reported_length(rebuilt)  # before generate() extends it
+        row["length"] = reported_length(rebuilt)  # before generate() extends it
         got = generate_first_step(family.model, ids, rebuilt, attention_mask=mask)
         rows.append({**row, "fed": (got.first_call.get("input_ids_shape") or [None, None])[1],
                      "max_abs_diff": max_abs_diff(base.logits, got.logits) if got.ok else None,
