@@ -28,7 +28,7 @@ from ..inputs import Prompt
 from ..newimage import repair, shapes as turn_shapes, turns
 from ..regress import checks, families, rebuilds
 from ..rollback import probes, setup
-from ..rollback.generation import greedy, repetitive_ids
+from ..rollback.probes import greedy, repetitive_ids
 from ..triage import controls as triage_controls, facts as triage_facts, slots as triage_slots
 from ..triage import patterns as triage_patterns, run as triage_run
 from .cells import Cell, run_cell
