@@ -213,15 +213,13 @@ def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:
     return cell
 
 
-def population(text_models: dict[str, tuple[torch.nn.Module, torch.nn.Module]], vl_model: torch.nn.Module | None = None,
-               vl_prompt: Any = None, seed: int = 0,
+def population(text_models: dict[str, tuple[torch.nn.Module, torch.nn.Module]], vl_model: torch.nn.Module,
+               vl_prompt: Any, seed: int = 0,
                prepare: Callable[[torch.nn.Module], Any] | None = None) -> tuple[list[Cell], list[dict[str, Any]]]:
-    """Every valid shape's cell, and every internal call checked: (cells, internal call rows); `prepare(model)` on the
-    models built here (the tiny BART), e.g. kvresume.track."""
+    """Every valid shape's cell (the text models', the tiny BART's, Qwen3-VL's), and every internal call checked:
+    (cells, internal call rows); `prepare(model)` on the models built here (the tiny BART), e.g. kvresume.track."""
     shapes = [s for model, assistant in text_models.values() for s in text_shapes(model, assistant, seed)]
-    shapes += bart_shapes(seed, prepare)
-    if vl_model is not None:
-        shapes.append(mrope_shape(vl_model, vl_prompt))
+    shapes += bart_shapes(seed, prepare) + [mrope_shape(vl_model, vl_prompt)]
     internal: list[dict[str, Any]] = []
     cells = [run_shape(s, internal) for s in shapes]
     for model, assistant in text_models.values():

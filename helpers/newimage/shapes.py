@@ -54,10 +54,6 @@ class FirstCall:
     rows: list[list[int]] | None = None  # [t, h, w] positions of the call's tokens (batch row 0)
     calls: int = 0
 
-    def summary(self) -> dict[str, Any]:
-        """What the hooks saw, with the position rows."""
-        return {**self.seen, "position_rows": self.rows}
-
 
 def describe(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
     """The inputs of one forward call that decide turn 2's positions and image features."""
@@ -142,7 +138,7 @@ def probed(model: torch.nn.Module, ids: torch.Tensor, kwargs: dict[str, Any], ca
     mine = copy.deepcopy(cache)
     with first_call(model) as seen:
         out = step(model, ids, mine, **kwargs)
-    return out, seen.summary(), mine
+    return out, {**seen.seen, "position_rows": seen.rows}, mine
 
 
 def run_shape(model: torch.nn.Module, shape: Shape, turns: TwoTurns, cache: Any,

@@ -90,13 +90,6 @@ def _tiny_turn2(bundle: ModelBundle, n_image: int, seed: int) -> torch.Tensor:
     return torch.cat([before, block, after], dim=1)
 
 
-def _real_turn2(bundle: ModelBundle, image: Any, text: str) -> dict[str, torch.Tensor]:
-    """Turn 2 as the checkpoint's chat template renders a follow-up user message (image + text) after turn 1."""
-    messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]
-    return bundle.processor.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
-                                                return_dict=True, return_tensors="pt")
-
-
 def build(bundle: ModelBundle, seed: int = 0, image_a: int = 224, image_b: int = 160,
           text: str = TURN2_TEXT, picture_a: Any = None, picture_b: Any = None) -> TwoTurns:
     """Turn 1 = the kit's prompt with image A, turn 2 = text, image B, text. The images are synthetic test cards of
@@ -109,8 +102,10 @@ def build(bundle: ModelBundle, seed: int = 0, image_a: int = 224, image_b: int =
         pixels = bundle.processor(images=[picture], return_tensors="pt")
         merge = bundle.model.config.vision_config.spatial_merge_size
         ids = _tiny_turn2(bundle, int(pixels["image_grid_thw"].prod()) // (merge * merge), seed)
-    else:
-        pixels = _real_turn2(bundle, picture, text)
+    else:  # turn 2 as the checkpoint's chat template renders a follow-up user message (image + text) after turn 1
+        message = {"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": text}]}
+        pixels = bundle.processor.apply_chat_template([message], tokenize=True, add_generation_prompt=True,
+                                                      return_dict=True, return_tensors="pt")
         ids = pixels["input_ids"]
     grid = pixels["image_grid_thw"]
     device = bundle.device
