@@ -96,12 +96,6 @@ def first_call(model: torch.nn.Module) -> Iterator[FirstCall]:
         yield record
 
 
-def encode_image(model: torch.nn.Module, pixel_values: torch.Tensor, grid: torch.Tensor) -> Any:
-    """Image features the way forward() computes them (get_image_features with return_dict), for mm_encoder_outputs."""
-    with torch.no_grad():
-        return compat.rope_state_owner(model).get_image_features(pixel_values, grid, return_dict=True)
-
-
 def unsupported(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> str:
     """Why this release cannot take the shape at all ('' where it can)."""
     if shape.types == "full" and not turns.takes_types:
@@ -111,6 +105,7 @@ def unsupported(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> str:
     return ""
 
 
+@torch.no_grad()
 def call_kwargs(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> tuple[torch.Tensor, dict[str, Any]]:
     """(input_ids, the other generate() kwargs) of one shape; the full attention mask always."""
     text_ids = turns.text_turn()[0]
@@ -122,7 +117,8 @@ def call_kwargs(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> tuple[
     elif shape.pixels == "A+B":
         kwargs["pixel_values"] = torch.cat([turns.pixel_a, turns.pixel_b], dim=0)
     elif shape.pixels == "B encoded":
-        kwargs["mm_encoder_outputs"] = {"image": encode_image(model, turns.pixel_b, turns.grid_b)}
+        features = compat.rope_state_owner(model).get_image_features  # image B's, the way forward() computes them
+        kwargs["mm_encoder_outputs"] = {"image": features(turns.pixel_b, turns.grid_b, return_dict=True)}
     if shape.grids != "none":
         kwargs["image_grid_thw"] = turns.grid_b if shape.grids == "B" else turns.both_grids
     if turns.takes_types and shape.types != "none":
