@@ -52,13 +52,8 @@ def first_calls(rows: list[dict[str, Any]], span: tuple[int, int]) -> pd.DataFra
 def guard_messages(model: torch.nn.Module, turns: TwoTurns, cache: Any,
                    check: Callable[..., str | None]) -> dict[str, str | None]:
     """{shape key: the check's message or None} for every shape this release can take, given generate()'s kwargs."""
-    out: dict[str, str | None] = {}
-    for shape in SHAPES:
-        if unsupported(model, shape, turns):
-            continue
-        ids, kwargs = call_kwargs(model, shape, turns)
-        out[shape.key] = check(model, ids, cache=cache, **kwargs)
-    return out
+    calls = {s.key: call_kwargs(model, s, turns) for s in SHAPES if not unsupported(model, s, turns)}
+    return {key: check(model, ids, cache=cache, **kwargs) for key, (ids, kwargs) in calls.items()}
 
 
 ROWS = ("t (temporal)", "h (height)", "w (width)")
