@@ -92,10 +92,12 @@ def _guard(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwar
 
 
 def _first_logits(out: Any) -> torch.Tensor:
+    """A generate() output's first-step logits."""
     return compat.generate_logits(out)[0]
 
 
 def _generate(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """Plain `model.generate(...)` (the unguarded counterpart of guarded_generate)."""
     return model.generate(*args, **kwargs)
 
 

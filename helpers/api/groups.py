@@ -226,6 +226,7 @@ ROLLBACKS = (("dense", "plain"), ("sliding", "record"), ("static", "plain"), ("h
 
 def _cell(name: str, family: setup.Family, ids: torch.Tensor, cache: Any, reference: torch.Tensor, floor: Any,
           processed: int) -> Cell:
+    """One group-10 cell: generate() over `ids` with its mask from `cache`."""
     kwargs = {"attention_mask": torch.ones_like(ids)}
     return run_cell("10", name, family.model, ids, cache, kwargs, reference, floor, processed, whole=ids)
 
