@@ -22,8 +22,7 @@ from .. import boundary, caches
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import (GENERATION_VARIANTS, current_position_ids, generate_first_step, generation_kwargs,
-                            other_attention_logits, prefill)
+from ..continuation import GENERATION_VARIANTS, current_position_ids, generate_first_step, generation_kwargs, prefill
 from ..inputs import Prompt
 from ..newimage import repair, shapes as turn_shapes, turns
 from ..regress import checks, families, rebuilds
@@ -32,7 +31,7 @@ from ..rollback.probes import greedy, repetitive_ids
 from ..triage import controls as triage_controls, facts as triage_facts, slots as triage_slots
 from ..triage import patterns as triage_patterns, run as triage_run
 from .cells import Cell, run_cell
-from .shapes import checked_calls
+from .shapes import checked_calls, kernel_floor
 
 
 def _state(model: torch.nn.Module) -> Any:
@@ -41,18 +40,9 @@ def _state(model: torch.nn.Module) -> Any:
     return state.clone() if isinstance(state, torch.Tensor) else state
 
 
-def _kernel_floor(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[torch.Tensor, Any, Any]:
-    """The full forward's logits, its noise floor against the other attention kernel, and the prefix's cache."""
-    reference, _ = prefill(model, prompt, end=None)
-    other, kernel = other_attention_logits(model, prompt)
-    floor = noise_floor(reference, [other], dtype, what=f"full forward vs the {kernel} kernel's")
-    _, prefix = prefill(model, prompt)
-    return reference, floor, prefix
-
-
 def group_02(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
     """02's four cache variants x four argument sets, against the full forward (floor: sdpa vs eager)."""
-    reference, floor, prefix = _kernel_floor(model, prompt, dtype)
+    reference, floor, prefix = kernel_floor(model, prompt, dtype)
     positions = current_position_ids(model, prompt)
     variants = {n: v for n, v in caches.build_variants(prefix, model.config).items() if v.cache is not None}
     processed, state = prompt.length - 1, _state(model)
@@ -177,7 +167,7 @@ def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     """03's silent case on Qwen3-VL: a mask-only resume with the model's rope_deltas missing (a fresh instance) or
     stale (a text-only prompt's zeros), against the full forward (floor: sdpa vs eager). The model's state is put
     back before each call and after the group."""
-    reference, floor, prefix = _kernel_floor(model, prompt, dtype)
+    reference, floor, prefix = kernel_floor(model, prompt, dtype)
     saved = compat.get_rope_state(model)
     kwargs = {"attention_mask": prompt.attention_mask}
     cells = [run_cell("03", name, model, prompt.last_token, prefix, kwargs, reference, floor, prompt.length - 1,

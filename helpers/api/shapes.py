@@ -21,6 +21,7 @@ from transformers import StaticCache
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import attention_kernel, current_position_ids, greedy_config, other_attention_logits, prefill
+from ..inputs import Prompt
 from ..models import tiny_bart
 from ..regress.families import left_pad
 from .cells import Cell, _generate, _step, run_cell
@@ -59,6 +60,15 @@ def floor_of(model: torch.nn.Module, kwargs: dict[str, Any], reference: torch.Te
     with attention_kernel(model):
         other = last_logits(model, **kwargs)
     return noise_floor(reference, [other], torch.float32, what="full forward vs the other attention kernel's")
+
+
+def kernel_floor(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[torch.Tensor, Any, Any]:
+    """The full forward's logits, its noise floor against the other attention kernel, and the prefix's cache."""
+    reference, _ = prefill(model, prompt, end=None)
+    other, kernel = other_attention_logits(model, prompt)
+    floor = noise_floor(reference, [other], dtype, what=f"full forward vs the {kernel} kernel's")
+    _, prefix = prefill(model, prompt)
+    return reference, floor, prefix
 
 
 def _gen(model: torch.nn.Module, inputs: Any, **kwargs: Any) -> Any:
@@ -158,14 +168,12 @@ def bart_shapes(seed: int = 0, prepare: Callable[[torch.nn.Module], Any] | None 
 
 def mrope_shape(model: torch.nn.Module, prompt: Any) -> Shape:
     """Qwen3-VL with 4-row position ids (the text row at the processed length beside the three M-RoPE rows)."""
-    ref, _ = prefill(model, prompt, end=None)
-    _, cache = prefill(model, prompt)
+    ref, floor, cache = kernel_floor(model, prompt, torch.float32)
     three = current_position_ids(model, prompt)
     four = torch.cat([torch.full((1, 1, 1), prompt.length - 1, dtype=three.dtype), three])
     kwargs = {"attention_mask": prompt.attention_mask, "position_ids": four}
-    other, _ = other_attention_logits(model, prompt)
-    return Shape("M-RoPE position ids with four rows", model, prompt.last_token, kwargs, cache, ref.float(),
-                 noise_floor(ref, [other], torch.float32), prompt.length - 1, whole=prompt)
+    return Shape("M-RoPE position ids with four rows", model, prompt.last_token, kwargs, cache, ref.float(), floor,
+                 prompt.length - 1, whole=prompt)
 
 
 @contextmanager
