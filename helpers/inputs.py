@@ -102,14 +102,17 @@ def _text(bundle: ModelBundle, text: str, seed: int, length: int = 24) -> Prompt
     return Prompt(ids, torch.ones_like(ids))
 
 
-def build_prompt(bundle: ModelBundle, text: str = PROMPT_TEXT, seed: int = 0, image_size: int = 224) -> Prompt:
-    """The notebook prompt for this model: image + text for Qwen3-VL, text alone for a text-only LM."""
+def build_prompt(bundle: ModelBundle, text: str = PROMPT_TEXT, seed: int = 0, image_size: int = 224,
+                 image: Image.Image | None = None) -> Prompt:
+    """The notebook prompt for this model: image (`image`, else a synthetic one) + text for Qwen3-VL, text alone for a
+    text-only LM."""
+    picture = synthetic_image(image_size) if image is None else image
     if not bundle.is_multimodal:
         prompt = _text(bundle, text, seed)
     elif bundle.tokenizer is None:
-        prompt = _tiny_multimodal(bundle, synthetic_image(image_size), seed)
+        prompt = _tiny_multimodal(bundle, picture, seed)
     else:
-        prompt = _real_multimodal(bundle, synthetic_image(image_size), text)
+        prompt = _real_multimodal(bundle, picture, text)
     device = bundle.device
     return Prompt(prompt.input_ids.to(device), prompt.attention_mask.to(device),
                   {k: (v.to(device, bundle.dtype) if v.is_floating_point() else v.to(device)) for k, v in prompt.mm_kwargs.items()})

@@ -207,7 +207,10 @@ STATUS_COLORS = {"worked": "#55a868", "equal": "#55a868", "failed": "#c44e52", "
                  "not run": "#bbbbbb", "n/a": "#bbbbbb",
                  # notebook 08's confusion table: the guard against plain generate()
                  "passed": "#55a868", "caught": "#55a868", "clearer error": "#8fbf9a", "missed": "#c44e52",
-                 "false alarm": "#c44e52", "not caught": "#bbbbbb"}
+                 "false alarm": "#c44e52", "not caught": "#bbbbbb",
+                 # notebook 07's regression grid: each cell against the noise floor of its family
+                 "bitwise": "#1b7837", "matches": "#7fbf7b", "error": "#f4a582", "zero input": "#b2abd2",
+                 "both error": "#fddbc7", "skipped": "#e0e0e0"}
 
 
 def grid_cells(table: Any, row_key: str, col_key: str,
@@ -221,12 +224,14 @@ def grid_cells(table: Any, row_key: str, col_key: str,
 
 
 def status_grid_figure(rows: Sequence[str], cols: Sequence[str], status: Sequence[Sequence[str]],
-                       text: Sequence[Sequence[str]], title: str, caption: str | None = None) -> Any:
+                       text: Sequence[Sequence[str]], title: str, caption: str | None = None,
+                       cell: tuple[float, float] = (2.3, 0.9)) -> Any:
     """A rows x cols grid of coloured cells (status: worked/equal green, failed/differs red, not run grey),
-    each annotated with `text` (e.g. the first call's input_ids/mask shapes): a source's own pass/fail table."""
+    each annotated with `text` (e.g. the first call's input_ids/mask shapes): a source's own pass/fail table;
+    `cell`: a cell's (width, height) in inches."""
     from matplotlib.patches import Rectangle
 
-    fig, ax = plt.subplots(figsize=(2.3 * len(cols) + 2.2, 0.9 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(cell[0] * len(cols) + 2.2, cell[1] * len(rows) + 1.6))
     for i, _ in enumerate(rows):
         for j, _ in enumerate(cols):
             state = status[i][j]
@@ -244,6 +249,7 @@ def status_grid_figure(rows: Sequence[str], cols: Sequence[str], status: Sequenc
 
 
 def status_grid(rows: Sequence[str], cols: Sequence[str], status: Sequence[Sequence[str]], text: Sequence[Sequence[str]],
-                title: str, stem: str, name: str, caption: str | None = None) -> Path:
+                title: str, stem: str, name: str, caption: str | None = None,
+                cell: tuple[float, float] = (2.3, 0.9)) -> Path:
     """The status grid (see status_grid_figure); saved and shown."""
-    return finish(status_grid_figure(rows, cols, status, text, title, caption), stem, name)
+    return finish(status_grid_figure(rows, cols, status, text, title, caption, cell), stem, name)

@@ -59,8 +59,6 @@ CASES: list[Case] = [
     ("newimage restores: past the threshold", lambda: decisions.decide_restores(row(diff=1.7e-6, top1_equal=True), FLOOR, "x"), False),
     ("newimage restores: top-1 changed", lambda: decisions.decide_restores(row(diff=3e-7, top1_equal=False), FLOOR, "x"), False),
     ("newimage restores: did not run", lambda: decisions.decide_restores(row(diff=None, error="boom"), FLOOR, "x"), False),
-    ("newimage control: matches", lambda: decisions.decide_control(row("control_text_turn", "matches", 4e-7), FLOOR), True),
-    ("newimage control: differs", lambda: decisions.decide_control(row("control_text_turn", diff=0.2), FLOOR), False),
     ("newimage carried: stale off, carried on", lambda: decisions.decide_carried_forward(row(diff=0.316), row(diff=4.8e-7), FLOOR), True),
     ("newimage carried: stale within the noise", lambda: decisions.decide_carried_forward(row(diff=4.8e-7), row(diff=4.8e-7), FLOOR), False),
     ("newimage carried: carried still off", lambda: decisions.decide_carried_forward(row(diff=0.316), row(diff=0.316), FLOOR), False),

@@ -10,7 +10,7 @@ import torch
 
 from helpers.compare import NoiseFloor
 from helpers.regress import checks, decisions
-from helpers.regress.cells import Cell
+from helpers.regress.checks import Cell
 
 FLOOR = NoiseFloor(measured=5e-7, resolution=4e-7, margin=4.0, dtype="float32", scale=1.0, what="kill")
 

@@ -48,7 +48,7 @@ def test_natural_call_is_one_text_row_and_the_repair_matches(bundle, chat, state
     cache, turn1, reference, positions = state
     shape = next(s for s in shapes.SHAPES if s.key == shapes.NATURAL)
     out, call = shapes.run_shape(bundle.model, shape, chat, cache, turn1)
-    row = shapes.row(shape, out, call, reference, FLOOR)
+    row = shapes.row(shape.key, shape.label, out, call, reference, FLOOR)
     assert row["outcome"] == "silently wrong" and row["position_rows"][0] == list(range(40, 89)) * 1
     assert row["position_rows"][0] == row["position_rows"][1] == row["position_rows"][2]
     assert decisions.decide_positions_explain(row, positions.as_lists(), SPAN, [-42], [-62]).holds
@@ -137,7 +137,7 @@ def test_a_real_checkpoint_folder_goes_through_its_chat_template(tmp_path):
     floor = turns.noise_floor(real.model, chat, reference, real.dtype)
     natural = next(s for s in shapes.SHAPES if s.key == shapes.NATURAL)
     out, call = shapes.run_shape(real.model, natural, chat, cache, turn1)
-    assert shapes.row(natural, out, call, reference, floor)["outcome"] == "silently wrong"
+    assert shapes.row(natural.key, natural.label, out, call, reference, floor)["outcome"] == "silently wrong"
     assert repair.rows(real.model, chat, cache, positions, turn1, reference, floor)["generate"]["outcome"] == "matches"
 
 

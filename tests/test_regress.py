@@ -14,7 +14,7 @@ from kvresume import compat
 from helpers.compare import NoiseFloor
 from helpers.regress import checks, decisions, families, rebuilds
 from kvresume import layers
-from helpers.regress.cells import Cell, against_outcome, zero_input
+from helpers.regress.checks import Cell, against_outcome, zero_input
 from helpers.continuation import Outcome
 
 FLOOR = NoiseFloor(measured=5e-7, resolution=4e-7, margin=4.0, dtype="float32", scale=1.0, what="hand-made")

@@ -6,7 +6,7 @@ import math
 import torch
 
 from helpers.compare import NoiseFloor
-from helpers.rollback import decisions, states
+from helpers.rollback import decisions, probes
 
 FLOOR = NoiseFloor(measured=2e-7, resolution=6e-8, margin=4.0, dtype="float32", scale=0.5, what="test")
 FLOORS = {name: FLOOR for name in ("dense", "sliding", "static", "hybrid")}
@@ -88,9 +88,9 @@ def test_rebuild_fails_on_the_5_25_length_of_a_hand_rebuild():
 
 
 def test_max_diff_marks_shape_mismatch_and_missing():
-    assert states.max_diff(torch.zeros(2), torch.ones(2)) == 1.0
-    assert math.isinf(states.max_diff(torch.zeros(2), torch.zeros(3)))
-    assert states.max_diff(None, torch.zeros(1)) is None
+    assert probes.max_diff(torch.zeros(2), torch.ones(2)) == 1.0
+    assert math.isinf(probes.max_diff(torch.zeros(2), torch.zeros(3)))
+    assert probes.max_diff(None, torch.zeros(1)) is None
 
 
 def _a(family: str, way: str, outcome: str) -> dict:

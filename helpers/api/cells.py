@@ -6,6 +6,11 @@ compressed cache its explicit-position forward) with the group's noise floor: `w
 `raised` (ResumeInputError, with the check that raised and its message) or `passed` (then its logits must equal the
 plain call's bit for bit). With the caller's processed length: `check_resume_inputs(..., processed_length=...)`, the
 extra catches it adds, counted apart.
+
+Every refusal's advice, run (`advice_rows`, notebook 08's `measurements.advice`): the refusal's `fix` (the guard's, or
+the group's own where the message names a rebuild or a route) applied to the same call by `cell.rerun(fix)`, compared
+with the reference within the cell's floor; one that names nothing to run or does not restore is a defect. Untracked
+caches' rows carry the shape rules' advice, a guess from lengths: shown beside, decided apart.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ class Cell:
     untracked: str = ""  # the guard on the same call with the cache's ledger removed (today's guard): passed / raised
     untracked_check: str = ""
     tracked: bool = False  # the cache had a ledger
-    fix: dict[str, Any] | None = None  # the refusal's fix (helpers.api.reuse.apply_fix), where it names one
+    fix: dict[str, Any] | None = None  # the refusal's fix (kvresume.reuse.apply_fix), where it names one
     resume_diff: float | None = None  # kvresume.resume on the whole sequence vs the reference ('' where not run)
     resume_status: str = ""  # worked / silently_wrong / raised ('' where not run)
     resume_error: str = ""  # what resume raised
@@ -75,10 +80,6 @@ def plain_status(outcome: Outcome, reference: torch.Tensor | None, floor: NoiseF
     return ("worked" if floor.matches(value) else "silently_wrong"), value
 
 
-def _cache_kwargs(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
-    return {compat.generate_cache_kwarg(model): copy.deepcopy(cache)}
-
-
 def _guard(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwargs: dict[str, Any]) -> tuple[str, str]:
     """(passed / raised, the check) of check_resume_inputs on the call (`cache`: the cache keyword's value as given)."""
     try:
@@ -90,36 +91,29 @@ def _guard(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwar
     return "passed", ""
 
 
-def with_length(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwargs: dict[str, Any],
-                processed_length: Any) -> tuple[str, str]:
-    """(passed / raised, the check) of the guard given the caller's processed length ('' where none is known)."""
-    if processed_length is None:
-        return "", ""
-    return _guard(model, inputs, copy.deepcopy(cache), {"processed_length": processed_length, **kwargs})
+def _first_logits(out: Any) -> torch.Tensor:
+    """A generate() output's first-step logits."""
+    return compat.generate_logits(out)[0]
 
 
-def _outcome(call: Callable[[], Any], read: Any = None) -> Outcome:
-    """The first-step logits of `call()` (read by `read`), or the error it raised (first line); the guard's refusal
-    (ResumeInputError) is raised on."""
+def _generate(model: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """Plain `model.generate(...)` (the unguarded counterpart of guarded_generate)."""
+    return model.generate(*args, **kwargs)
+
+
+@torch.no_grad()
+def _step(generate: Callable[..., Any], model: torch.nn.Module, inputs: Any, cache: Any, kwargs: dict[str, Any],
+          read: Any = None) -> Outcome:
+    """One greedy step of `generate(model, inputs, ...)` from a copy of `cache`, its first-step logits read by `read`,
+    or the error it raised (first line); the guard's refusal (ResumeInputError) is raised on."""
+    kwargs = {"generation_config": greedy_config(model), **kwargs}
     try:
-        out = call()
+        out = generate(model, inputs, **{compat.generate_cache_kwarg(model): copy.deepcopy(cache)}, **kwargs)
     except ResumeInputError:
         raise
     except Exception as exc:  # noqa: BLE001 - recorded: a call that raises is a measurement
         return Outcome(False, error_type=type(exc).__name__, error=str(exc).splitlines()[0] if str(exc) else "")
-    return Outcome(True, (read or (lambda o: compat.generate_logits(o)[0]))(out).detach().clone())
-
-
-@torch.no_grad()
-def guarded_step(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, first_logits: Any = None,
-                 **kwargs: Any) -> tuple[ResumeInputError | None, Outcome | None]:
-    """(the guard's error, or the outcome of `guarded_generate`'s one greedy step), generate()'s own inputs only."""
-    kwargs.setdefault("generation_config", greedy_config(model))
-    try:
-        call = lambda: guarded_generate(model, inputs, **_cache_kwargs(model, cache), **kwargs)  # noqa: E731
-        return None, _outcome(call, first_logits)
-    except ResumeInputError as exc:
-        return exc, None
+    return Outcome(True, (read or _first_logits)(out).detach().clone())
 
 
 def judge(group: str, name: str, plain: Outcome, reference: torch.Tensor | None, floor: NoiseFloor,
@@ -136,39 +130,45 @@ def judge(group: str, name: str, plain: Outcome, reference: torch.Tensor | None,
     return cell
 
 
-def run_cell(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor, cache: Any,
+def run_cell(group: str, name: str, model: torch.nn.Module, input_ids: torch.Tensor | None, cache: Any,
              kwargs: dict[str, Any], reference: torch.Tensor | None, floor: NoiseFloor,
              processed_length: Any, plain: Outcome | None = None, whole: Any = None,
-             state: Any = "keep", reset: bool = False, resume_kwargs: dict[str, Any] | None = None) -> Cell:
+             state: Any = "keep", reset: bool = False, resume_kwargs: dict[str, Any] | None = None,
+             inputs: torch.Tensor | None = None, read: Any = None) -> Cell:
     """Plain generate() (or the kit's own recorded `plain` outcome), the guarded call, the guard with the length, and
-    the follow-ups (`follow_up`; `state`: the model-side position state each starts from, "keep": as it is; `reset`:
-    put back before the plain, guarded and length calls too)."""
+    the follow-ups (`follow_up`; `inputs`: positional ids; `read`: the first-step logits of an output; `state`: the
+    model-side position state each starts from, "keep": as it is; `reset`: put back before the plain, guarded and
+    length calls too)."""
     def put() -> None:
         if reset:
             compat.put_rope_state(model, state)
 
+    given = {**kwargs, **({"input_ids": input_ids} if input_ids is not None else {})}
     put()
     if plain is None:
         plain = generate_first_step(model, input_ids, copy.deepcopy(cache), **kwargs)
     put()
-    error, guarded = guarded_step(model, None, cache, input_ids=input_ids, **kwargs)
+    try:
+        error, guarded = None, _step(guarded_generate, model, inputs, cache, given, read)
+    except ResumeInputError as exc:
+        error, guarded = exc, None
     put()
-    length = with_length(model, None, cache, {"input_ids": input_ids, **kwargs}, processed_length)
+    length = ("", "") if processed_length is None else _guard(
+        model, inputs, copy.deepcopy(cache), {"processed_length": processed_length, **given})
     cell = judge(group, name, plain, reference, floor, error, guarded, length)
-    return follow_up(cell, model, input_ids, cache, kwargs, reference, floor, whole, state, resume_kwargs=resume_kwargs)
+    return follow_up(cell, model, inputs, cache, given, reference, floor, whole, state, read, resume_kwargs)
 
 
-def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None, cache: Any, kwargs: dict[str, Any],
-              reference: torch.Tensor | None, floor: NoiseFloor, whole: Any = None,
-              state: Any = "keep", inputs: torch.Tensor | None = None, read: Any = None,
-              resume_kwargs: dict[str, Any] | None = None) -> Cell:
+def follow_up(cell: Cell, model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, given: dict[str, Any],
+              reference: torch.Tensor | None, floor: NoiseFloor, whole: Any, state: Any, read: Any,
+              resume_kwargs: dict[str, Any] | None) -> Cell:
     """The cell's untracked guard, its refusal's fix (rerun on demand: `cell.rerun(fix)`), and, for a silently wrong
-    cell, `resume` on `whole` (the whole sequence) where given; `state`: the model-side position state put back before each call."""
+    cell, `resume` on `whole` (the whole sequence) where given; `state`: the model-side position state put back before
+    each call."""
     def put() -> None:
         if state != "keep":
             compat.put_rope_state(model, state)
 
-    given = {**kwargs, **({"input_ids": input_ids} if input_ids is not None else {})}
     cell.tracked = ledger_of(cache) is not None
     put()
     cell.untracked, cell.untracked_check = _guard(model, inputs, without_ledger(cache), given) if cell.tracked else (
@@ -179,16 +179,15 @@ def follow_up(cell: Cell, model: torch.nn.Module, input_ids: torch.Tensor | None
             if whole is None:
                 return "", None
             put()
-            return plain_status(_resume_step(model, whole, cache, kwargs, read, resume_kwargs), reference, floor)
+            return plain_status(_resume_step(model, whole, cache, given, read, resume_kwargs), reference, floor)
         fixed_cache, fixed = apply_fix(fix, cache, given)
         put()
-        out = _first_step(model, inputs, fixed_cache, fixed, read)
-        return plain_status(out, reference, floor)
+        return plain_status(_step(_generate, model, inputs, fixed_cache, fixed, read), reference, floor)
 
     cell.rerun = rerun
     if whole is not None and reference is not None and cell.plain == "silently_wrong":  # what resume is for
         put()
-        got = _resume_step(model, whole, cache, kwargs, read, resume_kwargs)
+        got = _resume_step(model, whole, cache, given, read, resume_kwargs)
         cell.resume_error = "" if got.ok else f"{got.error_type}: {got.error}"[:200]
         cell.resume_status, cell.resume_diff = plain_status(got, reference, floor)
     put()
@@ -207,17 +206,9 @@ def _resume_step(model: torch.nn.Module, whole: Any, cache: Any, kwargs: dict[st
     try:
         with torch.no_grad():
             out = resume(model, whole, copy.deepcopy(cache), generation_config=config, **extra)
-        return Outcome(True, (read or (lambda o: compat.generate_logits(o)[0]))(out).detach().clone())
+        return Outcome(True, (read or _first_logits)(out).detach().clone())
     except Exception as exc:  # noqa: BLE001 - recorded: resume refused or raised
         return Outcome(False, error_type=type(exc).__name__, error=str(exc)[:200])
-
-
-@torch.no_grad()
-def _first_step(model: torch.nn.Module, inputs: torch.Tensor | None, cache: Any, kwargs: dict[str, Any],
-                read: Any = None) -> Outcome:
-    """generate()'s first greedy step with these arguments (positional `inputs` where given)."""
-    kwargs = {"generation_config": greedy_config(model), **kwargs}
-    return _outcome(lambda: model.generate(inputs, **{compat.generate_cache_kwarg(model): cache}, **kwargs), read)
 
 
 def confusion(cells: list[Cell], guard: str = "guard") -> dict[str, dict[str, int]]:
@@ -249,3 +240,35 @@ def confusion_grid(cells: list[Cell]) -> tuple[list[str], list[str], list[list[s
     status = [[VERDICT[(p, g)] for g in GUARDED] for p in PLAIN]
     text = [[f"{table[p][g]} cells" for g in GUARDED] for p in PLAIN]
     return [f"plain {p}" for p in PLAIN], [f"guard {g}" for g in GUARDED], status, text
+
+
+WORDS = {"crop": "cache.crop to {} tokens", "cache": "a rebuilt cache", "call": "the call the message names",
+         "resume": "resume() on the whole sequence"}
+
+
+def describe(fix: dict[str, Any] | None) -> str:
+    """The fix in words (what was applied)."""
+    if not fix:
+        return "no fix named"
+    return "; ".join(WORDS[key].format(value) if key in WORDS else f"{key} {list(getattr(value, 'shape', []))}" + (
+        f" from {value.reshape(-1, value.shape[-1])[:, 0].tolist()}" if key == "position_ids" else "")
+        for key, value in fix.items())
+
+
+def advice_rows(cells: list[Cell]) -> list[dict[str, Any]]:
+    """{cell, check, advice, applied, max_abs_diff, restores} for every cell the guard refused."""
+    rows = []
+    for c in cells:
+        if c.guard != "raised" or c.undecided:
+            continue
+        status, value = c.rerun(c.fix) if c.fix and c.rerun is not None else ("", None)
+        rows.append({"cell": f"{c.group}: {c.cell}", "tracked": c.tracked, "check": c.guard_check,
+                     "advice": c.guard_message[:200],
+                     "applied": describe(c.fix), "max_abs_diff": value, "threshold": c.threshold,
+                     "restores": status == "worked"})
+    return rows
+
+
+def defects(rows: list[dict[str, Any]]) -> list[str]:
+    """The refusals whose advice does not restore (or names nothing to run)."""
+    return [r["cell"] for r in rows if not r["restores"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -35,53 +35,48 @@ def factory_round_trips(runs: dict[str, checks.Runner]) -> dict[str, dict[str, A
     return out
 
 
-def _malformed(runs: dict[str, checks.Runner]) -> list[tuple[str, str, Callable[[], Any]]]:
-    """(what is wrong, a word the message must name, the call) for each malformed input."""
+def _malformed(runs: dict[str, checks.Runner]) -> list[tuple[str, str, Any, Any, dict[str, Any]]]:
+    """(what is wrong, a word the message must name, the factory's pairs, config and keywords) per malformed input."""
     d_pairs, _, d_len = export_tensors(runs["dense"].cache)
     s_pairs, _, s_len = export_tensors(runs["sliding"].cache)
     h_pairs, h_states, h_len = export_tensors(runs["hybrid"].cache)
     dc, sc, hc = (runs[n].family.model.config for n in ("dense", "sliding", "hybrid"))
     k, v = d_pairs[1]
 
-    def with_layer(pairs: list[Any], i: int, pair: Any) -> list[Any]:
-        return [pair if j == i else p for j, p in enumerate(pairs)]
+    def dense(i: int, pair: Any) -> list[Any]:
+        """The dense family's pairs with layer i's replaced by `pair`."""
+        return [pair if j == i else p for j, p in enumerate(d_pairs)]
 
     full_window = [(k.new_zeros(1, k.shape[1], 20, k.shape[-1]),) * 2 if i % 2 == 0 else p for i, p in enumerate(s_pairs)]
+    hybrid = {"processed_length": h_len, "linear_states": h_states}
     return [
-        ("one layer too few", "layer count", lambda: kv_cache_from_tensors(d_pairs[:-1], dc)),
-        ("keys of rank 3", "rank", lambda: kv_cache_from_tensors(with_layer(d_pairs, 1, (k[0], v[0])), dc)),
-        ("K/V heads other than the config's", "heads", lambda: kv_cache_from_tensors(
-            with_layer(d_pairs, 1, (k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1))), dc)),
-        ("head_dim other than the config's", "head_dim", lambda: kv_cache_from_tensors(
-            with_layer(d_pairs, 1, (k[..., :8], v[..., :8])), dc)),
-        ("keys and values of different lengths", "K vs V", lambda: kv_cache_from_tensors(
-            with_layer(d_pairs, 1, (k, v[:, :, :-1])), dc)),
-        ("one layer in float16", "dtype", lambda: kv_cache_from_tensors(with_layer(d_pairs, 2, (k.half(), v.half())), dc)),
-        ("one layer on another device", "device", lambda: kv_cache_from_tensors(
-            with_layer(d_pairs, 2, (k.to("meta"), v.to("meta"))), dc)),
-        ("one layer with batch 2", "batch size", lambda: kv_cache_from_tensors(
-            with_layer(d_pairs, 3, (k.repeat(2, 1, 1, 1), v.repeat(2, 1, 1, 1))), dc)),
-        ("an attention layer given no K/V", "given no K/V", lambda: kv_cache_from_tensors(with_layer(d_pairs, 0, None), dc)),
-        ("a sliding layer given more slots than its window", "window", lambda: kv_cache_from_tensors(
-            full_window, sc, processed_length=s_len)),
-        ("a full sliding window without processed_length", "processed_length", lambda: kv_cache_from_tensors(s_pairs, sc)),
-        ("a linear-attention layer given K/V", "linear-attention layer", lambda: kv_cache_from_tensors(
-            with_layer(h_pairs, 0, h_pairs[3]), hc, processed_length=h_len, linear_states=h_states)),
-        ("a linear-attention layer given no states", "conv/recurrent", lambda: kv_cache_from_tensors(
-            h_pairs, hc, processed_length=h_len, linear_states={i: s for i, s in h_states.items() if i != 0})),
-        ("processed_length smaller than the stored slots", "processed_length", lambda: kv_cache_from_tensors(
-            d_pairs, dc, processed_length=d_len - 5)),
-        ("a negative processed_length", "processed_length", lambda: kv_cache_from_tensors(d_pairs, dc, processed_length=-1)),
-        ("a bare tensor instead of a (keys, values) pair", "pair", lambda: kv_cache_from_tensors(with_layer(d_pairs, 1, k), dc)),
+        ("one layer too few", "layer count", d_pairs[:-1], dc, {}),
+        ("keys of rank 3", "rank", dense(1, (k[0], v[0])), dc, {}),
+        ("K/V heads other than the config's", "heads", dense(1, (k.repeat(1, 2, 1, 1), v.repeat(1, 2, 1, 1))), dc, {}),
+        ("head_dim other than the config's", "head_dim", dense(1, (k[..., :8], v[..., :8])), dc, {}),
+        ("keys and values of different lengths", "K vs V", dense(1, (k, v[:, :, :-1])), dc, {}),
+        ("one layer in float16", "dtype", dense(2, (k.half(), v.half())), dc, {}),
+        ("one layer on another device", "device", dense(2, (k.to("meta"), v.to("meta"))), dc, {}),
+        ("one layer with batch 2", "batch size", dense(3, (k.repeat(2, 1, 1, 1), v.repeat(2, 1, 1, 1))), dc, {}),
+        ("an attention layer given no K/V", "given no K/V", dense(0, None), dc, {}),
+        ("a sliding layer given more slots than its window", "window", full_window, sc, {"processed_length": s_len}),
+        ("a full sliding window without processed_length", "processed_length", s_pairs, sc, {}),
+        ("a linear-attention layer given K/V", "linear-attention layer", [h_pairs[3], *h_pairs[1:]], hc, hybrid),
+        ("a linear-attention layer given no states", "conv/recurrent", h_pairs, hc,
+         {**hybrid, "linear_states": {i: s for i, s in h_states.items() if i != 0}}),
+        ("processed_length smaller than the stored slots", "processed_length", d_pairs, dc,
+         {"processed_length": d_len - 5}),
+        ("a negative processed_length", "processed_length", d_pairs, dc, {"processed_length": -1}),
+        ("a bare tensor instead of a (keys, values) pair", "pair", dense(1, k), dc, {}),
     ]
 
 
 def refusals(runs: dict[str, checks.Runner]) -> list[dict[str, Any]]:
     """Each malformed input: refused with a FactoryError? its message, and whether it names the mismatch."""
     rows = []
-    for what, word, call in _malformed(runs):
+    for what, word, pairs, config, kwargs in _malformed(runs):
         try:
-            call()
+            kv_cache_from_tensors(pairs, config, **kwargs)
             refused, message = False, ""
         except FactoryError as exc:
             refused, message = True, str(exc)

@@ -1,13 +1,19 @@
 """The kit's own resume calls, as notebook 08's cells: 02's matrix, 03's rope_deltas, 04's boundary, 06's one-token
-case, 07's families, 09's new-image turn.
+case, 07's families, 09's new-image turn, 10's rollbacks and rebuilds.
 
 Each group builds its calls with the helpers of the notebook it comes from (caches.build_variants,
-continuation.generation_kwargs, boundary.run_all, triage.controls.arg_kwargs, regress.checks.Runner) and judges
-every plain call against that notebook's reference with a noise floor measured in the same run. The caller's
-processed length given to the guard is what the caller of that notebook knows: the tokens before the suffix.
+continuation.generation_kwargs, boundary.run_all, triage.controls.arg_kwargs, regress.checks.Runner,
+rollback.probes) and judges every plain call against that notebook's reference with a noise floor measured in the
+same run. The caller's processed length given to the guard is what the caller of that notebook knows: the tokens
+before the suffix. Group 10: a cache rolled back with crop(-k) the way notebook 10 does, where this release offers it
+(a crop or a recording that raises is transformers' own refusal: no cell), continued by generate() with the whole
+sequence (the 20 kept tokens + the next unseen one) and its mask, against the cache that never saw the k tokens; a
+hybrid rebuilt by hand and by the factory, continued with the full ids, against the original; and transformers' own
+assisted decoding on the hybrid (internal calls).
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -16,17 +22,16 @@ from .. import boundary, caches
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import (GENERATION_VARIANTS, current_position_ids, generation_kwargs, other_attention_logits,
-                            prefill)
+from ..continuation import GENERATION_VARIANTS, current_position_ids, generate_first_step, generation_kwargs, prefill
 from ..inputs import Prompt
 from ..newimage import repair, shapes as turn_shapes, turns
 from ..regress import checks, families, rebuilds
-from ..triage import controls as triage_controls
-from ..triage import facts as triage_facts
-from ..triage import slots as triage_slots
-from ..triage import patterns as triage_patterns
-from ..triage import run as triage_run
+from ..rollback import probes, setup
+from ..rollback.probes import greedy, repetitive_ids
+from ..triage import controls as triage_controls, facts as triage_facts, slots as triage_slots
+from ..triage import patterns as triage_patterns, run as triage_run
 from .cells import Cell, run_cell
+from .shapes import checked_calls, kernel_floor
 
 
 def _state(model: torch.nn.Module) -> Any:
@@ -35,18 +40,9 @@ def _state(model: torch.nn.Module) -> Any:
     return state.clone() if isinstance(state, torch.Tensor) else state
 
 
-def _kernel_floor(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[torch.Tensor, Any, Any]:
-    """The full forward's logits, its noise floor against the other attention kernel, and the prefix's cache."""
-    reference, _ = prefill(model, prompt, end=None)
-    other, kernel = other_attention_logits(model, prompt)
-    floor = noise_floor(reference, [other], dtype, what=f"full forward vs the {kernel} kernel's")
-    _, prefix = prefill(model, prompt)
-    return reference, floor, prefix
-
-
 def group_02(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
     """02's four cache variants x four argument sets, against the full forward (floor: sdpa vs eager)."""
-    reference, floor, prefix = _kernel_floor(model, prompt, dtype)
+    reference, floor, prefix = kernel_floor(model, prompt, dtype)
     positions = current_position_ids(model, prompt)
     variants = {n: v for n, v in caches.build_variants(prefix, model.config).items() if v.cache is not None}
     processed, state = prompt.length - 1, _state(model)
@@ -171,7 +167,7 @@ def group_03(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     """03's silent case on Qwen3-VL: a mask-only resume with the model's rope_deltas missing (a fresh instance) or
     stale (a text-only prompt's zeros), against the full forward (floor: sdpa vs eager). The model's state is put
     back before each call and after the group."""
-    reference, floor, prefix = _kernel_floor(model, prompt, dtype)
+    reference, floor, prefix = kernel_floor(model, prompt, dtype)
     saved = compat.get_rope_state(model)
     kwargs = {"attention_mask": prompt.attention_mask}
     cells = [run_cell("03", name, model, prompt.last_token, prefix, kwargs, reference, floor, prompt.length - 1,
@@ -210,3 +206,63 @@ def group_09(bundle: Any, seed: int = 0) -> tuple[list[Cell], dict[str, Any]]:
             cell.fix = {"call": calls[-1][1:3]}
     compat.put_rope_state(model, saved)
     return cells, floor.evidence()
+
+
+PROMPT, K = setup.PROMPT, 4
+
+
+ROLLBACKS = (("dense", "plain"), ("sliding", "record"), ("static", "plain"), ("hybrid", "record"), ("hybrid", "record_keep"))
+
+
+def _cell(name: str, family: setup.Family, ids: torch.Tensor, cache: Any, reference: torch.Tensor, floor: Any,
+          processed: int) -> Cell:
+    """One group-10 cell: generate() over `ids` with its mask from `cache`."""
+    kwargs = {"attention_mask": torch.ones_like(ids)}
+    return run_cell("10", name, family.model, ids, cache, kwargs, reference, floor, processed, whole=ids)
+
+
+def rollback_cells(fams: dict[str, setup.Family], seed: int = 0) -> list[Cell]:
+    """Each family's crop(-K) the way notebook 10 rolls it back, continued by generate() over the whole sequence."""
+    cells = []
+    for name, mode in ROLLBACKS:
+        fam = fams[name]
+        ids = setup.token_ids(PROMPT + K + 1, fam.model, seed)
+        cache = probes.rolled_back(fam, ids, PROMPT, K, mode)[0]
+        if cache is None:  # transformers' own refusal: no resume call to guard
+            continue
+        whole = torch.cat([ids[:, :PROMPT], ids[:, PROMPT + K:]], 1)
+        reference = generate_first_step(fam.model, whole, fam.new_cache(), attention_mask=torch.ones_like(whole)).logits
+        floor = setup.floor_of(fam.model, whole, fam.model.dtype, fam.new_cache)
+        cells.append(_cell(f"{name} · crop(-{K}) · {probes.MODE_HOW[mode]}", fam, whole, cache, reference, floor, PROMPT))
+    return cells
+
+
+def rebuild_cells(fam: setup.Family, seed: int = 0) -> list[Cell]:
+    """The hybrid's cache of ids[:-1] rebuilt by hand (no token count) and by the factory, continued with the full ids."""
+    ids = setup.token_ids(PROMPT + K, fam.model, seed)
+    original = fam.new_cache()
+    setup.forward(fam.model, ids[:, :-1], original)
+    reference = generate_first_step(fam.model, ids, copy.deepcopy(original), attention_mask=torch.ones_like(ids)).logits
+    floor = setup.floor_of(fam.model, ids, fam.model.dtype, fam.new_cache)
+    built = {"hand-written rebuild (layer methods, no token count)": probes.hand_rebuild(original, fam.model.config),
+             "kit factory rebuild": probes._factory(original, fam.model.config)}
+    return [_cell(f"hybrid · {name}", fam, ids, cache, reference, floor, PROMPT + K - 1) for name, cache in built.items()]
+
+
+def assisted_calls(fam: setup.Family, seed: int = 0) -> list[dict[str, Any]]:
+    """transformers' own assisted decoding on the hybrid (prompt lookup, the model as its own assistant): every
+    internal call checked on its own arguments (none where the release refuses assisted decoding on it)."""
+    rows: list[dict[str, Any]] = []
+    ids = repetitive_ids(fam.model, seed)
+    for way, kwargs in (("prompt lookup", {"prompt_lookup_num_tokens": 3}), ("own assistant", {"assistant_model": fam.model})):
+        with checked_calls((fam.model,), rows, f"10 hybrid assisted · {way}"):
+            greedy(fam.model, ids, **kwargs)
+    return rows
+
+
+def group_10(dense: torch.nn.Module, sliding: torch.nn.Module, hybrid: torch.nn.Module,
+             seed: int = 0) -> tuple[list[Cell], list[dict[str, Any]]]:
+    """Notebook 10's cells (rollbacks, rebuilds) and the hybrid's assisted-decoding internal calls, on the models the
+    notebook tracked (`track(model)`: the cells' caches carry their ledger)."""
+    fams = setup.families(hybrid, seed, dense, sliding)
+    return rollback_cells(fams, seed) + rebuild_cells(fams["hybrid"], seed), assisted_calls(fams["hybrid"], seed)

@@ -13,7 +13,6 @@ tokens (per row, unpadded) with the floor of the same model under the other atte
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -27,10 +26,6 @@ RECIPE_LENGTHS = ((8, 4, 10, 3), (16, 6, 12, 2), (8, 8, 4, 6), (12, 5, 5, 4))
 PADDED_LENGTHS = (8, 14)
 
 
-def _cache(model: torch.nn.Module) -> Any:
-    return DynamicCache(config=model.config)
-
-
 @torch.no_grad()
 def recipe_cells(model: torch.nn.Module, seed: int = 0, lengths: tuple = RECIPE_LENGTHS) -> list[Cell]:
     """The documented recipe at each length, without the deepcopy (silently wrong or raising) and with it (valid)."""
@@ -38,7 +33,7 @@ def recipe_cells(model: torch.nn.Module, seed: int = 0, lengths: tuple = RECIPE_
     out = []
     for p, q1, q2, a in lengths:
         prefix, first, second = (torch.randint(10, VOCAB - 10, (1, n), generator=gen) for n in (p, q1, q2))
-        shared = model(input_ids=prefix, past_key_values=_cache(model)).past_key_values
+        shared = model(input_ids=prefix, past_key_values=DynamicCache(config=model.config)).past_key_values
         kept = copy.deepcopy(shared)
         ids1 = torch.cat([prefix, first], 1)
         model.generate(ids1, attention_mask=torch.ones_like(ids1), past_key_values=shared, max_new_tokens=a,
@@ -63,8 +58,9 @@ def padded_cells(model: torch.nn.Module, seed: int = 0, lengths: tuple = PADDED_
     whole, full = torch.cat([ids, new], 1), torch.cat([mask, torch.ones_like(new)], 1)
     ref, floor = per_row(model, [torch.cat([r, new[i]]).view(1, -1) for i, r in enumerate(rows)])
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-    bare = model(input_ids=ids, attention_mask=mask, past_key_values=_cache(model)).past_key_values
-    placed = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=_cache(model)).past_key_values
+    bare = model(input_ids=ids, attention_mask=mask, past_key_values=DynamicCache(config=model.config)).past_key_values
+    placed = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                   past_key_values=DynamicCache(config=model.config)).past_key_values
     processed = [len(r) for r in rows]
     kwargs = {"attention_mask": full}
     return [run_cell("prefix", "padded prefix · no positions", model, whole, bare, kwargs, ref, floor, processed, whole=whole),

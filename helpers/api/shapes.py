@@ -20,10 +20,11 @@ from transformers import StaticCache
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
-from ..continuation import attention_kernel, current_position_ids, greedy_config, prefill
+from ..continuation import attention_kernel, current_position_ids, greedy_config, other_attention_logits, prefill
+from ..inputs import Prompt
 from ..models import tiny_bart
 from ..regress.families import left_pad
-from .cells import Cell, _outcome, follow_up, guarded_step, judge, with_length
+from .cells import Cell, _generate, _step, run_cell
 from kvresume.checks import ResumeInputError
 from kvresume.call import cache_lengths
 from kvresume.guard import check_forward_call
@@ -61,6 +62,15 @@ def floor_of(model: torch.nn.Module, kwargs: dict[str, Any], reference: torch.Te
     return noise_floor(reference, [other], torch.float32, what="full forward vs the other attention kernel's")
 
 
+def kernel_floor(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[torch.Tensor, Any, Any]:
+    """The full forward's logits, its noise floor against the other attention kernel, and the prefix's cache."""
+    reference, _ = prefill(model, prompt, end=None)
+    other, kernel = other_attention_logits(model, prompt)
+    floor = noise_floor(reference, [other], dtype, what=f"full forward vs the {kernel} kernel's")
+    _, prefix = prefill(model, prompt)
+    return reference, floor, prefix
+
+
 def _gen(model: torch.nn.Module, inputs: Any, **kwargs: Any) -> Any:
     config = greedy_config(model)
     config.update(**kwargs.pop("config", {}))
@@ -69,8 +79,10 @@ def _gen(model: torch.nn.Module, inputs: Any, **kwargs: Any) -> Any:
 
 
 @torch.no_grad()
-def _prefix(model: torch.nn.Module, ids: torch.Tensor) -> Any:
-    return compat.output_cache(model(input_ids=ids, use_cache=True))
+def _prefix(model: torch.nn.Module, ids: torch.Tensor, cache: Any = None) -> Any:
+    """The cache of a forward over `ids` (filling `cache` where given)."""
+    given = {} if cache is None else {compat.cache_kwarg(model): cache}
+    return compat.output_cache(model(input_ids=ids, use_cache=True, **given))
 
 
 def text_shapes(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 0) -> list[Shape]:
@@ -102,7 +114,8 @@ def text_shapes(model: torch.nn.Module, assistant: torch.nn.Module, seed: int = 
                    cache23, 23, models=(model, assistant)),
             judged("suffix longer than the cache, mask of its own width", ids[:, :20], ids[:, 8:20],
                    {"attention_mask": torch.ones(1, 12, dtype=torch.long)}, _prefix(model, ids[:, :8]), 8),
-            judged("StaticCache larger than the sequence", ids, ids[:, -1:], full, _static(model, ids[:, :23]), 23),
+            judged("StaticCache larger than the sequence", ids, ids[:, -1:], full, _prefix(
+                model, ids[:, :23], StaticCache(config=model.config, max_cache_len=64)), 23),
             _padded(model, gen)]
 
 
@@ -111,13 +124,6 @@ def _beams(cache: Any, beams: int) -> Any:
     out = copy.deepcopy(cache)
     out.batch_repeat_interleave(beams)
     return out
-
-
-def _static(model: torch.nn.Module, ids: torch.Tensor) -> Any:
-    cache = StaticCache(config=model.config, max_cache_len=64)
-    with torch.no_grad():
-        model(input_ids=ids, use_cache=True, **{compat.cache_kwarg(model): cache})
-    return cache
 
 
 def per_row(model: torch.nn.Module, rows: list[torch.Tensor]) -> tuple[torch.Tensor, NoiseFloor]:
@@ -162,15 +168,12 @@ def bart_shapes(seed: int = 0, prepare: Callable[[torch.nn.Module], Any] | None 
 
 def mrope_shape(model: torch.nn.Module, prompt: Any) -> Shape:
     """Qwen3-VL with 4-row position ids (the text row at the processed length beside the three M-RoPE rows)."""
-    ref, _ = prefill(model, prompt, end=None)
-    _, cache = prefill(model, prompt)
+    ref, floor, cache = kernel_floor(model, prompt, torch.float32)
     three = current_position_ids(model, prompt)
     four = torch.cat([torch.full((1, 1, 1), prompt.length - 1, dtype=three.dtype), three])
     kwargs = {"attention_mask": prompt.attention_mask, "position_ids": four}
-    with attention_kernel(model, "eager"):
-        other, _ = prefill(model, prompt, end=None)
-    return Shape("M-RoPE position ids with four rows", model, prompt.last_token, kwargs, cache, ref.float(),
-                 noise_floor(ref, [other], torch.float32), prompt.length - 1, whole=prompt)
+    return Shape("M-RoPE position ids with four rows", model, prompt.last_token, kwargs, cache, ref.float(), floor,
+                 prompt.length - 1, whole=prompt)
 
 
 @contextmanager
@@ -179,27 +182,24 @@ def checked_calls(models: tuple[torch.nn.Module, ...], rows: list[dict[str, Any]
     own arguments: one row each (which model, call index, tokens, cache length, refused or not, message)."""
     calls = {id(m): 0 for m in models}
 
-    def hook(module: torch.nn.Module) -> Callable[..., None]:
-        def pre(_m: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
-            index, calls[id(module)] = calls[id(module)], calls[id(module)] + 1
-            cache = compat.cache_from_kwargs(kwargs)
-            if (module is models[0] and index == 0) or cache is None or cache_lengths(cache)[0] == 0:
-                return
-            message = ""
-            try:
-                check_forward_call(module, kwargs)
-            except ResumeInputError as exc:
-                message = str(exc)
-            mask = kwargs.get("attention_mask")
-            rows.append({"shape": shape, "model": "assistant" if module is not models[0] else "main", "call": index,
-                         "mask": mask[0].tolist() if isinstance(mask, torch.Tensor) and mask.dim() == 2 and
-                         mask.shape[-1] <= 40 else None, "refused": bool(message), "message": message[:160]})
-        return pre
+    def pre(module: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
+        index, calls[id(module)] = calls[id(module)], calls[id(module)] + 1
+        cache = compat.cache_from_kwargs(kwargs)
+        if (module is models[0] and index == 0) or cache is None or cache_lengths(cache)[0] == 0:
+            return
+        message = ""
+        try:
+            check_forward_call(module, kwargs)
+        except ResumeInputError as exc:
+            message = str(exc)
+        mask = kwargs.get("attention_mask")
+        rows.append({"shape": shape, "model": "assistant" if module is not models[0] else "main", "call": index,
+                     "mask": mask[0].tolist() if isinstance(mask, torch.Tensor) and mask.dim() == 2 and
+                     mask.shape[-1] <= 40 else None, "refused": bool(message), "message": message[:160]})
 
     with ExitStack() as stack:
         for m in models:
-            handle = m.register_forward_pre_hook(hook(m), with_kwargs=True)
-            stack.callback(handle.remove)
+            stack.callback(m.register_forward_pre_hook(pre, with_kwargs=True).remove)
         yield
 
 
@@ -210,29 +210,24 @@ def run_shape(s: Shape, internal: list[dict[str, Any]]) -> Cell:
     config = greedy_config(s.model)
     config.update(**s.config)
     kwargs = {**s.kwargs, "generation_config": config}
-    with checked_calls(s.models or (s.model,), internal, s.shape), torch.no_grad():  # a raise plain: a measurement
-        cache = {compat.generate_cache_kwarg(s.model): copy.deepcopy(s.cache)}
-        plain = _outcome(lambda: s.model.generate(s.inputs, **cache, **kwargs), read)
-    error, guarded = guarded_step(s.model, s.inputs, s.cache, first_logits=read, **kwargs)
-    length = with_length(s.model, s.inputs, s.cache, kwargs, s.processed_length)
-    cell = judge("valid", f"{type(s.model).__name__} · {s.shape}", plain, s.reference, s.floor, error, guarded, length)
+    with checked_calls(s.models or (s.model,), internal, s.shape):  # a raise plain: a measurement
+        plain = _step(_generate, s.model, s.inputs, s.cache, kwargs, read)
+    cell = run_cell("valid", f"{type(s.model).__name__} · {s.shape}", s.model, None, s.cache, kwargs, s.reference,
+                    s.floor, s.processed_length, plain, s.whole, inputs=s.inputs, read=read)
     cell.shape = s.shape
-    cell = follow_up(cell, s.model, None, s.cache, kwargs, s.reference, s.floor, s.whole, inputs=s.inputs, read=read)
     if s.whole is None:
         cell.resume_scope = ("an encoder-decoder: resume takes a decoder-only model's whole ids" if
                              getattr(s.model.config, "is_encoder_decoder", False) else "no whole ids (embeddings or beams)")
     return cell
 
 
-def population(text_models: dict[str, tuple[torch.nn.Module, torch.nn.Module]], vl_model: torch.nn.Module | None = None,
-               vl_prompt: Any = None, seed: int = 0,
+def population(text_models: dict[str, tuple[torch.nn.Module, torch.nn.Module]], vl_model: torch.nn.Module,
+               vl_prompt: Any, seed: int = 0,
                prepare: Callable[[torch.nn.Module], Any] | None = None) -> tuple[list[Cell], list[dict[str, Any]]]:
-    """Every valid shape's cell, and every internal call checked: (cells, internal call rows); `prepare(model)` on the
-    models built here (the tiny BART), e.g. kvresume.track."""
+    """Every valid shape's cell (the text models', the tiny BART's, Qwen3-VL's), and every internal call checked:
+    (cells, internal call rows); `prepare(model)` on the models built here (the tiny BART), e.g. kvresume.track."""
     shapes = [s for model, assistant in text_models.values() for s in text_shapes(model, assistant, seed)]
-    shapes += bart_shapes(seed, prepare)
-    if vl_model is not None:
-        shapes.append(mrope_shape(vl_model, vl_prompt))
+    shapes += bart_shapes(seed, prepare) + [mrope_shape(vl_model, vl_prompt)]
     internal: list[dict[str, Any]] = []
     cells = [run_shape(s, internal) for s in shapes]
     for model, assistant in text_models.values():

@@ -54,7 +54,7 @@ def decide_positions_explain(natural: dict[str, Any], reference_rows: list[list[
 
 
 def decide_restores(row: dict[str, Any], floor: NoiseFloor, what: str) -> Decision:
-    """A repaired resume (`what`) matches the one-forward reference within the noise, with the same top-1."""
+    """A repaired resume, or the text-only control turn (`what`), matches the one-forward reference within the noise, with the same top-1."""
     value = row.get("max_abs_diff") if _ran(row) else None
     holds = _ran(row) and floor.matches(value) and bool(row.get("top1_equal"))
     why = (f"{what} did not run: {row.get('error')}" if not _ran(row) else
@@ -89,11 +89,6 @@ def decide_both_images_raise(rows: list[dict[str, Any]], image_token_id: int, fe
                                  "image_tokens_in_first_call": tokens, "features_both_images": features_both},
                     {"outcomes": [r["outcome"] for r in both], "image_tokens_in_first_call": tokens,
                      "features_both_images": features_both}, {})
-
-
-def decide_control(control: dict[str, Any], floor: NoiseFloor) -> Decision:
-    """A text-only second turn, resumed the same way, matches its own one-forward reference within the noise."""
-    return decide_restores(control, floor, "text-only turn 2 (turn-2 ids + full mask)")
 
 
 def decide_guard_separates(rows: list[dict[str, Any]], flagged: dict[str, str | None]) -> Decision:

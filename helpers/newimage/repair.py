@@ -12,9 +12,8 @@ import torch
 from kvresume import compat
 from ..compare import NoiseFloor
 from ..continuation import Outcome, forward_step, generate_first_step
-from . import probe
 from ..inputs import Prompt
-from .shapes import Shape, probed, row
+from .shapes import flat, probed, row
 from .turns import TwoTurns
 
 
@@ -47,23 +46,19 @@ def full_positions(model: torch.nn.Module, turns: TwoTurns) -> Positions:
     return Positions(positions[:, :, turns.cached:].clone(), deltas.clone(), turns.cached)
 
 
-def _image_kwargs(turns: TwoTurns) -> dict[str, Any]:
-    """Turn 2's own image inputs (pixels and grid of B) and the full attention mask."""
-    kwargs: dict[str, Any] = {"pixel_values": turns.pixel_b, "image_grid_thw": turns.grid_b,
-                              "attention_mask": turns.full_mask}
+def call_kwargs(turns: TwoTurns, positions: Positions) -> tuple[torch.Tensor, dict[str, Any]]:
+    """(input_ids, the other generate() kwargs) of the repaired call: turn 2 and image B (its own pixels and grid) at
+    the full-sequence positions, with the full attention mask."""
+    kwargs: dict[str, Any] = {"position_ids": positions.with_text_row(), "pixel_values": turns.pixel_b,
+                              "image_grid_thw": turns.grid_b, "attention_mask": turns.full_mask}
     if turns.takes_types:
         kwargs["mm_token_type_ids"] = turns.types(turns.turn2_ids)
-    return kwargs
-
-
-def call_kwargs(turns: TwoTurns, positions: Positions) -> tuple[torch.Tensor, dict[str, Any]]:
-    """(input_ids, the other generate() kwargs) of the repaired call: turn 2 and image B at the full-sequence positions."""
-    return turns.turn2_ids, {"position_ids": positions.with_text_row(), **_image_kwargs(turns)}
+    return turns.turn2_ids, kwargs
 
 
 @torch.no_grad()
 def next_turn(model: torch.nn.Module, turns: TwoTurns, token: int, cache_after_turn2: Any,
-              state: torch.Tensor | None) -> tuple[Outcome, torch.Tensor]:
+              state: torch.Tensor) -> tuple[Outcome, torch.Tensor]:
     """One more token after turn 2, resumed from the cache that holds both turns with the model-side state set to
     `state`, and its reference (one forward over both turns + that token): (outcome, reference logits)."""
     ids = torch.cat([turns.full_ids, torch.tensor([[token]], device=turns.full_ids.device)], dim=1)
@@ -73,7 +68,7 @@ def next_turn(model: torch.nn.Module, turns: TwoTurns, token: int, cache_after_t
         mm["mm_token_type_ids"] = turns.types(ids)
     compat.set_rope_state(model, None)
     reference = model(**Prompt(ids, torch.ones_like(ids), mm).forward_kwargs(), use_cache=False).logits[:, -1, :]
-    compat.set_rope_state(model, None if state is None else state.clone())
+    compat.set_rope_state(model, state.clone())
     out = generate_first_step(model, ids[:, -1:], copy.deepcopy(cache_after_turn2), attention_mask=torch.ones_like(ids))
     return out, reference.detach().clone()
 
@@ -84,18 +79,15 @@ def rows(model: torch.nn.Module, turns: TwoTurns, cache: Any, positions: Positio
     next token with rope_deltas as the repaired call left it and carried forward, against its own reference."""
     direct, direct_call, cache_after = probed(model, *call_kwargs(turns, positions), cache, turn1_state, forward_step)
     generated, generated_call, _ = probed(model, *call_kwargs(turns, positions), cache, turn1_state)
-    out = {"forward": row(Shape("repair_forward", "repair: forward at full-sequence positions", "turn2", "B", "B", "turn2"),
-                          direct, direct_call, reference, floor),
-           "generate": row(Shape("repair_generate", "repair: generate() with explicit positions", "turn2", "B", "B", "turn2"),
-                           generated, generated_call, reference, floor)}
+    out = {"forward": row("repair_forward", "repair: forward at full-sequence positions", direct, direct_call,
+                          reference, floor),
+           "generate": row("repair_generate", "repair: generate() with explicit positions", generated, generated_call,
+                           reference, floor)}
     token = int(reference.argmax())
     left = compat.get_rope_state(model).clone()  # what the repaired calls left on the model
+    carried = positions.rope_deltas.clone()  # the resume-state update: rope_deltas at its value after turn 2
     for key, label, state in (("next_stale", "next token, rope_deltas as the repaired call left it", left),
-                              ("next_carried", "next token, rope_deltas carried forward", None)):
-        if state is None:  # the resume-state update: rope_deltas set to its value after turn 2
-            compat.set_rope_state(model, positions.rope_deltas.clone())
-            state = positions.rope_deltas.clone()
+                              ("next_carried", "next token, rope_deltas carried forward", carried)):
         out_next, next_reference = next_turn(model, turns, token, cache_after, state)
-        out[key] = row(Shape(key, label, "turn2", "none", "none", "none"), out_next,
-                       {"rope_deltas_before": probe.flat(state)}, next_reference, floor)
+        out[key] = row(key, label, out_next, {"rope_deltas_before": flat(state)}, next_reference, floor)
     return out

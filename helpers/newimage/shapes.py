@@ -1,18 +1,21 @@
 """The call shapes people write to resume a Qwen3-VL chat whose second turn brings a new image, each run as
-generate() one greedy step from a copy of the turn-1 cache, with what reached its first model call and its
-distance to the one-forward reference."""
+generate() one greedy step from a copy of the turn-1 cache, with what reached its first model call (`first_call`,
+forward hooks only: ids, pixel inputs, the three M-RoPE position rows the text rotary embedding received, the
+model-side `rope_deltas` before it) and its distance to the one-forward reference."""
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Any, Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 import torch
 
 from kvresume import compat
+from ..capture import describe_call, hooked, shape_of
 from ..compare import NoiseFloor, logit_metrics
 from ..continuation import Outcome, generate_first_step
-from . import probe
+from ..rope import as_list as flat
 from .turns import TwoTurns
 
 
@@ -43,10 +46,54 @@ NATURAL = "a_turn2_ids"
 CONTROL = "control_text_turn"
 
 
-def encode_image(model: torch.nn.Module, pixel_values: torch.Tensor, grid: torch.Tensor) -> Any:
-    """Image features the way forward() computes them (get_image_features with return_dict), for mm_encoder_outputs."""
-    with torch.no_grad():
-        return compat.rope_state_owner(model).get_image_features(pixel_values, grid, return_dict=True)
+@dataclass
+class FirstCall:
+    """The first model call of one continuation, as the hooks saw it."""
+
+    seen: dict[str, Any] = field(default_factory=dict)
+    rows: list[list[int]] | None = None  # [t, h, w] positions of the call's tokens (batch row 0)
+    calls: int = 0
+
+
+def describe(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The inputs of one forward call that decide turn 2's positions and image features."""
+    encoded = kwargs.get("mm_encoder_outputs")
+    return {**describe_call(kwargs), "input_ids": flat(kwargs.get("input_ids")),
+            "pixel_values_shape": shape_of(kwargs.get("pixel_values")),
+            "image_grid_thw": flat(kwargs.get("image_grid_thw")),
+            "mm_token_type_ids_shape": shape_of(kwargs.get("mm_token_type_ids")),
+            "mm_encoder_outputs": sorted(encoded) if isinstance(encoded, dict) else None,
+            "rope_deltas_before": flat(compat.get_rope_state(model))}
+
+
+def _rows(positions: Any) -> list[list[int]] | None:
+    """The three M-RoPE rows of batch row 0 (a 2-D position tensor is one row, repeated as the model does)."""
+    if not isinstance(positions, torch.Tensor):
+        return None
+    if positions.dim() == 2:
+        positions = positions[None]
+    rows = [positions[i, 0].detach().cpu().tolist() for i in range(positions.shape[0])][-3:]
+    return rows * 3 if len(rows) == 1 else rows  # one row is broadcast to t, h and w by the rotary embedding
+
+
+@contextmanager
+def first_call(model: torch.nn.Module) -> Iterator[FirstCall]:
+    """Yields a FirstCall filled in by hooks on the model and on its text rotary embedding."""
+    record = FirstCall()
+
+    def pre(_module: torch.nn.Module, _args: tuple, kwargs: dict[str, Any]) -> None:
+        if record.calls == 0:
+            record.seen = describe(model, kwargs)
+        record.calls += 1
+
+    def rotary(_module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if record.calls == 1 and record.rows is None:
+            positions = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+            record.rows = _rows(positions)
+            record.seen["position_rows_received"] = int(positions.shape[0]) if isinstance(positions, torch.Tensor) and positions.dim() == 3 else 1
+
+    with hooked(model, pre, lambda *_: None, rotary):
+        yield record
 
 
 def unsupported(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> str:
@@ -58,6 +105,7 @@ def unsupported(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> str:
     return ""
 
 
+@torch.no_grad()
 def call_kwargs(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> tuple[torch.Tensor, dict[str, Any]]:
     """(input_ids, the other generate() kwargs) of one shape; the full attention mask always."""
     text_ids = turns.text_turn()[0]
@@ -69,7 +117,8 @@ def call_kwargs(model: torch.nn.Module, shape: Shape, turns: TwoTurns) -> tuple[
     elif shape.pixels == "A+B":
         kwargs["pixel_values"] = torch.cat([turns.pixel_a, turns.pixel_b], dim=0)
     elif shape.pixels == "B encoded":
-        kwargs["mm_encoder_outputs"] = {"image": encode_image(model, turns.pixel_b, turns.grid_b)}
+        features = compat.rope_state_owner(model).get_image_features  # image B's, the way forward() computes them
+        kwargs["mm_encoder_outputs"] = {"image": features(turns.pixel_b, turns.grid_b, return_dict=True)}
     if shape.grids != "none":
         kwargs["image_grid_thw"] = turns.grid_b if shape.grids == "B" else turns.both_grids
     if turns.takes_types and shape.types != "none":
@@ -83,32 +132,28 @@ def probed(model: torch.nn.Module, ids: torch.Tensor, kwargs: dict[str, Any], ca
     turn 1's value: (outcome, what reached its first model call, that copy of the cache)."""
     compat.set_rope_state(model, turn1_state.clone())
     mine = copy.deepcopy(cache)
-    with probe.first_call(model) as seen:
+    with first_call(model) as seen:
         out = step(model, ids, mine, **kwargs)
-    return out, seen.summary(), mine
+    return out, {**seen.seen, "position_rows": seen.rows}, mine
 
 
 def run_shape(model: torch.nn.Module, shape: Shape, turns: TwoTurns, cache: Any,
               turn1_state: torch.Tensor) -> tuple[Outcome, dict[str, Any]]:
     """generate() one step from a copy of the turn-1 cache, the model-side state at turn 1's value."""
     out, call, _ = probed(model, *call_kwargs(model, shape, turns), cache, turn1_state)
-    return out, {**call, "rope_deltas_after_call": probe.flat(compat.get_rope_state(model))}
+    return out, {**call, "rope_deltas_after_call": flat(compat.get_rope_state(model))}
 
 
-def outcome(out: Outcome, max_abs_diff: float | None, floor: NoiseFloor) -> str:
-    """'matches' / 'silently wrong' / 'raises <Type>': the shape's outcome against the noise threshold."""
-    if not out.ok:
-        return f"raises {out.error_type}"
-    return "matches" if floor.matches(max_abs_diff) else "silently wrong"
-
-
-def row(shape: Shape, out: Outcome, call: dict[str, Any], reference: torch.Tensor, floor: NoiseFloor) -> dict[str, Any]:
-    """One table row: outcome, distance to the reference, where an error was raised, and the first call."""
+def row(key: str, label: str, out: Outcome, call: dict[str, Any], reference: torch.Tensor,
+        floor: NoiseFloor) -> dict[str, Any]:
+    """One table row (a call's key and label): the outcome against the noise threshold ('matches' / 'silently wrong' /
+    'raises <Type>'), the distance to the reference, where an error was raised, and the first call."""
     metrics = logit_metrics(reference, out.logits) if out.ok else {}
     value = metrics.get("max_abs_diff")
-    return {"key": shape.key, "shape": shape.label, "outcome": outcome(out, value, floor), "max_abs_diff": value,
-            "cosine": metrics.get("cosine"), "top1_equal": metrics.get("top1_equal"),
-            "top5_overlap": metrics.get("top5_overlap"), "error": out.error_summary()[:240], **call}
+    outcome = f"raises {out.error_type}" if not out.ok else "matches" if floor.matches(value) else "silently wrong"
+    return {"key": key, "shape": label, "outcome": outcome, "max_abs_diff": value,
+            **{k: metrics.get(k) for k in ("cosine", "top1_equal", "top5_overlap")}, "error": out.error_summary()[:240],
+            **call}
 
 
 def run_all(model: torch.nn.Module, turns: TwoTurns, cache: Any, turn1_state: torch.Tensor,
@@ -122,6 +167,7 @@ def run_all(model: torch.nn.Module, turns: TwoTurns, cache: Any, turn1_state: to
             rows.append({"key": shape.key, "shape": shape.label, "outcome": "not on this release", "error": why})
             continue
         out, call = run_shape(model, shape, turns, cache, turn1_state)
-        rows.append(row(shape, out, call, references["text" if shape.ids == "text" else "image"], floor))
+        reference = references["text" if shape.ids == "text" else "image"]
+        rows.append(row(shape.key, shape.label, out, call, reference, floor))
     compat.set_rope_state(model, turn1_state.clone())
     return rows

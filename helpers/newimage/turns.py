@@ -9,7 +9,6 @@ import torch
 from transformers import image_utils
 
 from kvresume import compat
-from .. import inputs
 from ..compare import noise_floor as floor_of
 from ..continuation import generate_first_step, other_attention_logits, prefill
 from ..inputs import Prompt, build_prompt, synthetic_image
@@ -91,41 +90,22 @@ def _tiny_turn2(bundle: ModelBundle, n_image: int, seed: int) -> torch.Tensor:
     return torch.cat([before, block, after], dim=1)
 
 
-def _real_turn2(bundle: ModelBundle, image: Any, text: str) -> dict[str, torch.Tensor]:
-    """Turn 2 as the checkpoint's chat template renders a follow-up user message (image + text) after turn 1."""
-    messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": text}]}]
-    return bundle.processor.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
-                                                return_dict=True, return_tensors="pt")
-
-
-def load_image(source: Any) -> Any:
-    """A PIL image from a path or URL (transformers' loader; a URL needs the network), or the image itself."""
-    return source if not isinstance(source, str) else image_utils.load_image(source)
-
-
-def _turn1(bundle: ModelBundle, image: Any, seed: int) -> Prompt:
-    """The kit's prompt around a given image (the seed prompt's text, the checkpoint's chat template where real)."""
-    prompt = (inputs._tiny_multimodal(bundle, image, seed) if bundle.tokenizer is None
-              else inputs._real_multimodal(bundle, image, inputs.PROMPT_TEXT))
-    mm = {k: (v.to(bundle.device, bundle.dtype) if v.is_floating_point() else v.to(bundle.device))
-          for k, v in prompt.mm_kwargs.items()}
-    return Prompt(prompt.input_ids.to(bundle.device), prompt.attention_mask.to(bundle.device), mm)
-
-
 def build(bundle: ModelBundle, seed: int = 0, image_a: int = 224, image_b: int = 160,
           text: str = TURN2_TEXT, picture_a: Any = None, picture_b: Any = None) -> TwoTurns:
     """Turn 1 = the kit's prompt with image A, turn 2 = text, image B, text. The images are synthetic test cards of
     image_a / image_b pixels a side, or `picture_a` / `picture_b` (a path, a URL online, or a PIL image)."""
-    turn1 = (build_prompt(bundle, seed=seed, image_size=image_a) if picture_a is None
-             else _turn1(bundle, load_image(picture_a), seed))
+    turn1 = build_prompt(bundle, seed=seed, image_size=image_a,
+                         image=None if picture_a is None else image_utils.load_image(picture_a))
     # the synthetic B is mirrored: a different image from A, not only a smaller one
-    picture = synthetic_image(image_b).transpose(0) if picture_b is None else load_image(picture_b)
+    picture = synthetic_image(image_b).transpose(0) if picture_b is None else image_utils.load_image(picture_b)
     if bundle.tokenizer is None:
         pixels = bundle.processor(images=[picture], return_tensors="pt")
         merge = bundle.model.config.vision_config.spatial_merge_size
         ids = _tiny_turn2(bundle, int(pixels["image_grid_thw"].prod()) // (merge * merge), seed)
-    else:
-        pixels = _real_turn2(bundle, picture, text)
+    else:  # turn 2 as the checkpoint's chat template renders a follow-up user message (image + text) after turn 1
+        message = {"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": text}]}
+        pixels = bundle.processor.apply_chat_template([message], tokenize=True, add_generation_prompt=True,
+                                                      return_dict=True, return_tensors="pt")
         ids = pixels["input_ids"]
     grid = pixels["image_grid_thw"]
     device = bundle.device

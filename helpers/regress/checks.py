@@ -1,7 +1,8 @@
 """The table's cells for one family, measured: the control's checks against the noise floor of this run.
 
 Every continuation starts from a deep copy of the prefix cache, with the model-side position state the
-prefix prefill left (Qwen3-VL's rope_deltas) put back first; failures are data (`helpers.continuation`).
+prefix prefill left (Qwen3-VL's rope_deltas) put back first; failures are data (`helpers.continuation`). A cell is
+an outcome against the measured noise floor, with what reached the first model call.
 """
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from typing import Any
 import torch
 
 from kvresume import compat
-from ..compare import NoiseFloor, noise_floor
-from ..continuation import GENERATION_VARIANTS, Outcome, attention_kernel, forward_step, generate_first_step
+from ..compare import NoiseFloor, max_abs_diff, noise_floor
+from ..continuation import (GENERATION_VARIANTS, Outcome, attention_kernel, forward_step, generate_first_step,
+                            generation_kwargs)
 from kvresume import layers
-from .cells import Cell, against_outcome, against_tensor, raised, row_diffs, skipped
 from .families import Family, reference
 from .rebuilds import attention_only_rebuild, control_rebuild, family_rebuild
 
@@ -26,6 +27,71 @@ CHECKS = ("control_rebuild·generate", "control_rebuild·other_kernel", "control
           "fresh_instance", "eager_vs_sdpa", "flash_attention_2")
 REBUILD_STAGE = "at the rebuild, before any model call"
 SAME = "original cache, same arguments"
+
+
+@dataclass
+class Cell:
+    """status (STATUSES), the max |logit diff| it was decided from, and the evidence."""
+
+    family: str
+    check: str
+    status: str
+    value: float | None = None
+    compared_with: str = ""
+    detail: str = ""
+    first_call: dict[str, Any] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        c = self.first_call or {}
+        return {"family": self.family, "check": self.check, "status": self.status, "max_abs_diff": self.value,
+                "compared_with": self.compared_with, "input_ids_shape": c.get("input_ids_shape"),
+                "attention_mask_shape": c.get("attention_mask_shape"), "position_ids_shape": c.get("position_ids_shape"),
+                "past_length": c.get("past_length"), "detail": self.detail}
+
+
+def zero_input(outcome: Outcome) -> bool:
+    """The first model call received no input token (the 02 mechanism: the suffix was sliced away)."""
+    shape = (outcome.first_call or {}).get("input_ids_shape")
+    return bool(shape) and shape[-1] == 0
+
+
+def row_diffs(a: torch.Tensor, b: torch.Tensor) -> list[float]:
+    """Per batch row: max |a - b| (a, b: [batch, vocab])."""
+    return (a.detach().float() - b.detach().float().reshape(a.shape)).abs().reshape(a.shape[0], -1).amax(-1).tolist()
+
+
+def _error(outcome: Outcome) -> str:
+    return f"{outcome.error_type} ({outcome.stage}): {(outcome.error or '')[:100]}"
+
+
+def against_tensor(family: str, check: str, outcome: Outcome, target: torch.Tensor, floor: NoiseFloor,
+                   compared_with: str) -> Cell:
+    """A continuation against a fixed tensor (the full-forward reference)."""
+    if not outcome.ok:
+        status = "zero_input" if zero_input(outcome) else "error"
+        return Cell(family, check, status, None, compared_with, _error(outcome), outcome.first_call)
+    value = max_abs_diff(target, outcome.logits)
+    bitwise = torch.equal(target.float().reshape(-1), outcome.logits.float().reshape(-1))
+    status = "bitwise" if bitwise else "matches" if floor.matches(value) else "differs"
+    return Cell(family, check, status, value, compared_with, "", outcome.first_call)
+
+
+def against_outcome(family: str, check: str, outcome: Outcome, base: Outcome, floor: NoiseFloor,
+                    compared_with: str) -> Cell:
+    """A continuation against another one under identical arguments (the control's comparison)."""
+    if base.ok:
+        return against_tensor(family, check, outcome, base.logits, floor, compared_with)
+    if not outcome.ok:
+        same = outcome.error_type == base.error_type
+        status = ("zero_input" if zero_input(outcome) and zero_input(base) else "both_error") if same else "error"
+        return Cell(family, check, status, None, compared_with, "both failed: " + _error(outcome), outcome.first_call)
+    return Cell(family, check, "differs", None, compared_with, "only the comparison failed: " + _error(base), outcome.first_call)
+
+
+def raised(family: str, check: str, exc: BaseException, stage: str) -> Cell:
+    """A rebuild that raised before any model call."""
+    text = str(exc).strip().splitlines()
+    return Cell(family, check, "error", None, "", f"{type(exc).__name__} ({stage}): {(text[0] if text else '')[:100]}")
 
 
 @dataclass
@@ -82,8 +148,7 @@ class Runner:
 
     def arg_kwargs(self, name: str) -> dict[str, Any]:
         """The control's four argument sets (mask = the full mask, positions = the suffix's explicit ids)."""
-        mask, pos = {"attention_mask": self.family.full_mask}, {"position_ids": self.positions}
-        return {"neither": {}, "position_only": pos, "mask_only": mask, "both": {**mask, **pos}}[name]
+        return generation_kwargs(name, self.family.prompt, self.positions)
 
     def with_backend(self, implementation: str, cache: Any) -> Outcome:
         """generate(full mask) with another attention implementation; the model's own is put back."""
@@ -151,7 +216,7 @@ def measure(family: Family, flash: tuple[bool, str]) -> Measured:
         flash_run = run.with_backend("flash_attention_2", run.cache)
         vs("flash_attention_2", flash_run, what=f"generate(full mask) with {current}")
     else:
-        cells["flash_attention_2"] = skipped(name, "flash_attention_2", why)
+        cells["flash_attention_2"] = Cell(name, "flash_attention_2", "skipped", None, "", why)
     if family.padded:
         extra["padded"] = padded_masks(run, ref, floor)
     return Measured(family, floor, cells, extra)

@@ -4,8 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..compare import Decision
-from .cells import Cell
-from .checks import Measured
+from .checks import Cell, Measured
 
 MATCHING = ("bitwise", "matches")
 SOURCE_SLIDING = {"control": "sliding layers may track cumulative processed length separately (cache_utils.py); "
