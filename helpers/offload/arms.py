@@ -31,6 +31,7 @@ import torch
 from kvresume import compat
 from .devicetiming import CopyTimes, time_copies, write_order
 from .loops import GreedyRun, run_loop
+from .ordering import stream_hooks
 from .states import State, snapshot
 from .standins import recording_streams
 from .streams import StreamLog
@@ -174,9 +175,12 @@ class Arm:
 
 def _hooks(loop: str, log: StreamLog | None, times: CopyTimes | None, per_call: bool,
            states: list[State], calls: list[str]) -> dict[str, Any]:
+    kw = stream_hooks(loop, log) if log is not None else {}
+    logged = kw.get("before_call")
+
     def before(label: str) -> None:
-        if log is not None:
-            log.begin(label, host_synced=(loop == "cpu"))
+        if logged is not None:
+            logged(label)
         if times is not None:
             times.begin(label)
 
@@ -185,10 +189,7 @@ def _hooks(loop: str, log: StreamLog | None, times: CopyTimes | None, per_call: 
             states.append(snapshot(cache))
             calls.append(label)
 
-    kw: dict[str, Any] = {"before_call": before, "after_call": after}
-    if loop == "generate" and log is not None:
-        kw["on_host_wait"] = lambda label: log.synchronize(log.default_stream(), "generate()'s stop check read the device")
-    return kw
+    return {**kw, "before_call": before, "after_call": after}
 
 
 def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, offloading: bool, cycles: int,
