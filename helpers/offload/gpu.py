@@ -11,7 +11,8 @@ lag (helpers.offload.calibrate, after warming the clocks), each offloading arm a
 observed on the device, not inferred from logits. The runs are in helpers.offload.gpu_run, the decisions in
 helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
 `<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it
-per release; the notebook calls `experiment` and `decisions`.
+per release and decides from two releases' results the claim that compares them (`decide_releases`); the notebook
+calls `experiment` and `decisions`.
 `simulate=True` (`--simulate`) runs the same code on CPU under the recording stand-ins: a simulation, never a GPU result.
 """
 from __future__ import annotations
@@ -27,9 +28,9 @@ import torch
 
 from kvresume import compat
 from . import gpu_decide as gd
-from .gpu_run import EVENT, MODELS, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's, tests'
+from .arms import OFF
+from .gpu_run import EVENT, MODELS, GpuExperiment, experiment, primary_key, usable_dtypes  # noqa: F401 - tests'
 from .loops import LOOPS, Decision, random_ids
-from .releases import lags
 from ..quotes import QUOTES
 
 # Once the lag is injected these hold by construction (never counted as the report's statements: helpers/quotes.py
@@ -209,6 +210,58 @@ def lag_from(path: str | None) -> dict[tuple[str, str], int] | None:
         return None
     return lags(json.loads(Path(path).read_text())) or None
 
+
+# --- the claim that compares releases (`make gpu-check`): a pure function of two of this module's results (gpu-arms.json,
+# as loaded): the report's loop on the primary model and dtype, offloading=True beyond the noise floor measured in the
+# same run (logits) or a state tensor beyond its floor, on the release without the prefetch-stream ordering edge and
+# on the one with it (5.20.0). Not the same models or not the same lag: not like with like, skipped.
+
+RELEASE_CLAIM = "offload.drift_only_without_ordering_edge"
+RELEASE_KIND = "beyond"
+RELEASE_STATEMENT = ("On CUDA, with the same models and the same calibrated device lag, offloading=True drifts in the "
+                     "report's loop on the release without the prefetch-stream ordering edge and does not on the first "
+                     "release with it (5.20.0).")
+
+
+def release_drift(data: dict[str, Any], key: tuple[str, str, str]) -> bool | None:
+    """offloading=True beyond the floor at `key` (a step or a state tensor); None: that arm is not in the run."""
+    match = lambda r: (r["loop"], r["model"], r["dtype"]) == key and r["variant"] == OFF  # noqa: E731
+    steps = [r for r in data["tables"]["steps"] if match(r)]
+    if not steps:
+        return None
+    return any(bool(r["differs"]) for r in steps) or any(match(r) for r in data["tables"].get("states_differing") or [])
+
+
+def lags(data: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """(model, dtype) -> the sleep per forward the run used (cycles)."""
+    rows = data.get("tables", {}).get("calibration", [])
+    return {(r["model"], r["dtype"]): int(r["sleep_cycles_used"]) for r in rows}
+
+
+def decide_releases(without: dict[str, Any], with_edge: dict[str, Any]) -> dict[str, Any]:
+    """The claim's record (id, kind, verdict, reason, evidence) from the two releases' results ({}: not run)."""
+    out = {"id": RELEASE_CLAIM, "kind": RELEASE_KIND, "statement": RELEASE_STATEMENT}
+    missing = [r for r, d in (("without the edge", without), ("with the edge", with_edge)) if not d.get("tables")]
+    if missing:
+        return {**out, "verdict": "skipped", "reason": f"no GPU arms result for the release {' and '.join(missing)}", "evidence": {}}
+    key, lag_a, lag_b = primary_key(without), lags(without), lags(with_edge)
+    same_models = without["settings"].get("runs") == with_edge["settings"].get("runs")
+    common = sorted(set(lag_a) & set(lag_b))
+    same_lag = bool(common) and all(lag_a[k] == lag_b[k] for k in common)
+    ev = {"key": list(key), "release_without": without.get("release"), "release_with": with_edge.get("release"),
+          "same_models": same_models, "same_lag": same_lag,
+          "lag_cycles": {f"{m}/{d}": [lag_a[(m, d)], lag_b[(m, d)]] for m, d in common},
+          "drift_without_edge": release_drift(without, key), "drift_with_edge": release_drift(with_edge, key)}
+    simulated = without["settings"].get("simulated_on_cpu") or with_edge["settings"].get("simulated_on_cpu")
+    prefix = "[simulated on CPU] " if simulated else ""
+    unlike = [w for w, bad in (("different models", not same_models), ("different lag", not same_lag),
+                               ("the arm is missing", None in (ev["drift_without_edge"], ev["drift_with_edge"]))) if bad]
+    if unlike:
+        return {**out, "verdict": "skipped", "reason": prefix + "not like with like: " + ", ".join(unlike), "evidence": ev}
+    holds = bool(ev["drift_without_edge"]) and not ev["drift_with_edge"]
+    why = (f"{'/'.join(key)}: drift on {ev['release_without']} = {ev['drift_without_edge']}, on {ev['release_with']} = "
+           f"{ev['drift_with_edge']} (same models, same lag)")
+    return {**out, "verdict": "holds" if holds else "fails", "reason": prefix + why, "evidence": ev}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,7 +21,6 @@ from .arms import AGAIN, BASE, FIXES, OFF, OFF_AGAIN, POISON, UNLAGGED, Arm, Sim
 from .calibrate import (busy_at_wrap, clamp_cycles, cycles_per_ms, event_wait_probe, gate_reason, host_ms_to_wrap,
                         sleep_plan, warm_clocks)
 from .loops import LOOPS
-from .releases import primary_key
 from .standins import recording_streams
 from .states import compare_logits, compare_states
 
@@ -56,6 +55,12 @@ def model_runs(models: tuple[str, ...], dtypes: tuple[str, ...],
     return out
 
 
+def primary_key(data: dict[str, Any]) -> tuple[str, str, str]:
+    """The report's loop, the first model, bfloat16 where it ran (the primary arm of a GPU experiment)."""
+    s = data["settings"]
+    return ("report", s["models"][0], "bfloat16" if "bfloat16" in s["dtypes"] else s["dtypes"][0])
+
+
 @dataclass
 class GpuExperiment:
     """Every arm's tables, the calibration per model and dtype, and the settings."""
@@ -70,7 +75,7 @@ class GpuExperiment:
     edges: Any = None
 
     def primary(self) -> gd.Key:
-        """The report's own arm: its loop, the hybrid, bfloat16 where it ran (releases.primary_key)."""
+        """The report's own arm: its loop, the hybrid, bfloat16 where it ran (primary_key)."""
         return primary_key({"settings": self.settings})
 
 
