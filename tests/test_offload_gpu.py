@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from helpers.offload import arms, calibrate, devicetiming, gpu, loops, standins
+from helpers.offload import arms, calibrate, gpu, loops, standins
 from helpers.offload import gpu_decide as gd
 from helpers.offload.states import ATTENTION_KV, LINEAR_STATE
 

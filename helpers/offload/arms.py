@@ -29,7 +29,7 @@ from typing import Any, Iterator
 import torch
 
 from kvresume import compat
-from .devicetiming import CopyTimes, time_copies, write_order
+from .calibrate import CopyTimes, time_copies, write_order
 from .loops import GreedyRun, run_loop
 from .ordering import stream_hooks
 from .states import State, snapshot

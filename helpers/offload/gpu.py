@@ -7,7 +7,7 @@ with each fix edge (the 5.20.0 edge, which closes both hazards; a torch.Event pe
 the device probe says its wait holds; `record_stream` on prefetched K/V, reuse only); in the report's loop also
 offloading=True again and offloading=True with no injected lag. Every other arm runs under the same calibrated device
 lag (helpers.offload.calibrate, after warming the clocks), each offloading arm after the pinned pool is poisoned
-(helpers.offload.arms), with CUDA timing events around every copy (helpers.offload.devicetiming), so the race is
+(helpers.offload.arms), with CUDA timing events around every copy (helpers.offload.calibrate), so the race is
 observed on the device, not inferred from logits. The runs are in helpers.offload.gpu_run, the decisions in
 helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
 `<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -40,26 +41,21 @@ Step = Callable[..., "int | str"]  # (python, out, timeout[, extra]): an exit st
 TIMED_OUT, MIN_STEP_S = 124, 10.0
 
 
-def _text(data: Any) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
-
-
-def _call(cmd: list[str], out: Path | None, timeout: float, log: Path | None = None, **kw: Any) -> int:
-    """`cmd` from the checkout's root in a release python's environment; its exit status (124 on timeout). With
-    `log`, its output goes there (also when it timed out) and its last lines are printed."""
+def _call(cmd: list[str], out: Path | None, timeout: float, log: Path | None = None) -> int:
+    """`cmd` from the checkout's root in a release python's environment; its exit status (124 on timeout). Its output
+    and errors go to `log` as they come (kept when it timed out), whose last lines are then printed; without `log`, to
+    nowhere."""
     from ..matrix.envs import child_env
 
+    with open(log or os.devnull, "w") as f:
+        try:
+            rc = subprocess.run(cmd, cwd=str(repo_root()), env=child_env(out), timeout=timeout, stdout=f,
+                                stderr=subprocess.STDOUT).returncode
+        except subprocess.TimeoutExpired:
+            rc = TIMED_OUT
+            f.write(f"\n[gpu-check] timed out after {timeout:.0f} s\n")
     if log is not None:
-        kw.update(capture_output=True, text=True)
-    try:
-        done = subprocess.run(cmd, cwd=str(repo_root()), env=child_env(out), timeout=timeout, **kw)
-        rc, out_text, err = done.returncode, _text(getattr(done, "stdout", "")), _text(getattr(done, "stderr", ""))
-    except subprocess.TimeoutExpired as exc:
-        rc, out_text, err = TIMED_OUT, _text(exc.stdout) + f"\n[gpu-check] timed out after {timeout:.0f} s\n", _text(exc.stderr)
-    if log is not None:
-        log.write_text(out_text + ("\n--- stderr ---\n" + err if err else ""))
-        shown = (out_text if rc == 0 else out_text + err).strip().splitlines()[-12:]  # the error's tail where it failed
-        print("\n".join(f"  | {line}" for line in shown), flush=True)
+        print("\n".join(f"  | {line}" for line in log.read_text().strip().splitlines()[-12:]), flush=True)
     return rc
 
 
@@ -109,7 +105,7 @@ def simulated_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...
 
 
 def has_papermill(python: str) -> bool:
-    return _call([python, "-c", "import papermill"], None, 300, capture_output=True) == 0
+    return _call([python, "-c", "import papermill"], None, 300) == 0
 
 
 def run_flash(python: str, out: Path, timeout: float) -> int | str:
