@@ -22,7 +22,7 @@ from .calibrate import (busy_at_wrap, clamp_cycles, cycles_per_ms, event_wait_pr
                         sleep_plan, warm_clocks)
 from .loops import LOOPS
 from .standins import recording_streams
-from .states import compare_logits, compare_states
+from .states import compare_logits, compare_states, tagged
 
 EVENT = "offload event"
 MODELS = ("tiny hybrid", "tiny dense", "report layout (64)")
@@ -79,12 +79,6 @@ class GpuExperiment:
         return primary_key({"settings": self.settings})
 
 
-def _tag(frame: Any, **cols: Any) -> Any:
-    for i, (k, v) in enumerate(cols.items()):
-        frame.insert(i, k, v)
-    return frame
-
-
 def calibrate(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, rate: float, simulate: bool,
               pool: SimPool | None = None) -> dict[str, Any]:
     """Two offloading `.cpu()` runs with no sleep (the first a warm-up, the same for every model and dtype): the host
@@ -114,9 +108,9 @@ def repeat_rows(arms: list[Arm], tags: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _compare(arms: list[Arm], dtype: torch.dtype, tags: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any]]:
     base, again, tested = arms[0], arms[1], arms[2:]
-    steps = [_tag(compare_logits(base.run, again.run, a.run, dtype, a.name), **tags) for a in tested]
-    states = [_tag(compare_states(base.states, again.states, a.states, dtype, a.name, a.calls, a.order), **tags) for a in tested]
-    timing = [_tag(a.timing.copy(), **tags, variant=a.name) for a in tested if a.timing is not None and len(a.timing)]
+    steps = [tagged(compare_logits(base.run, again.run, a.run, dtype, a.name), **tags) for a in tested]
+    states = [tagged(compare_states(base.states, again.states, a.states, dtype, a.name, a.calls, a.order), **tags) for a in tested]
+    timing = [tagged(a.timing.copy(), **tags, variant=a.name) for a in tested if a.timing is not None and len(a.timing)]
     return steps, states, timing
 
 
@@ -177,12 +171,11 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
     gate = gate_reason(facts["probe"]) if facts["probe"] else ""
     fixes = tuple(f for f in fixes if not (f == EVENT and gate))
     steps, states, timing, calibration, memory, repeat = [], [], [], [], [], []
-    copies: dict[tuple[str, str], torch.nn.Module] = {}
     runs = model_runs(tuple(models), dtypes, tuple(loops))
     for name, dtype_name, run_loops in runs:
         dtype = getattr(torch, dtype_name)
         model = models[name]
-        m = model if next(model.parameters()).dtype == dtype else copies.setdefault((name, dtype_name), copy.deepcopy(model).to(dtype))
+        m = model if next(model.parameters()).dtype == dtype else copy.deepcopy(model).to(dtype)
         ids = ids_of[name]
         plan = calibrate(m, ids, n_steps, facts["rate"], simulate, pool)
         asked = int((cycles_of or {}).get((name, dtype_name), plan["sleep_cycles"] if cycles is None else cycles))
@@ -198,7 +191,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
             steps += s; states += st; timing += t
             memory += [{**tags, "variant": a.name, **a.memory, "stale_reads_served": a.stale_reads, "pool": a.poisoned,
                         **({"wrap": busy_at_wrap(a.timing)} if a.timing is not None else {})} for a in arms]
-        copies.pop((name, dtype_name), None)
+        del m  # a dtype copy is freed before the next model's
     ran = [m for m in models if any(r[0] == m for r in runs)]
     recorded = {m: models[m] for m in ran if m not in RESTRICTED}
     edges = edge_record(recorded, ids_of, n_steps) if fixes else None  # the report's layout: notebook 05's CPU record

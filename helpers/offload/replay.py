@@ -16,7 +16,7 @@ import torch
 
 from .loops import Decision, GreedyRun, greedy_run
 from .ordering import LoopRecord, n_layers, record_loop
-from .states import compare_logits
+from .states import compare_logits, tagged
 from .streams import STALE_VALUE, StreamLog
 
 # transformers issue #48947, Qwen3.8-27B, bf16, batch 2 x 4096 random tokens
@@ -67,15 +67,10 @@ class Replay:
 
         frames = []
         for rr in self.runs:
-            prefix = "" if rr.loop == "cpu" else f"{rr.loop} loop, "
-            variant = prefix + f"lag {rr.lag}" + (" + 5.20.0 edge" if rr.fix else "")
-            steps = compare_logits(self.reference, self.again, rr.run, self.dtype, variant)
-            steps.insert(1, "loop", rr.loop)
-            steps.insert(1, "lag", rr.lag)
-            steps.insert(2, "fix", rr.fix)
-            steps.insert(3, "stale_reads", len(rr.stale()))
-            steps.insert(4, "unordered_reads", len(rr.log.unordered_reads()))
-            frames.append(steps)
+            variant = ("" if rr.loop == "cpu" else f"{rr.loop} loop, ") + f"lag {rr.lag}" + (" + 5.20.0 edge" if rr.fix else "")
+            frames.append(tagged(compare_logits(self.reference, self.again, rr.run, self.dtype, variant), 1, lag=rr.lag,
+                                 fix=rr.fix, stale_reads=len(rr.stale()), unordered_reads=len(rr.log.unordered_reads()),
+                                 loop=rr.loop))
         return pd.concat(frames, ignore_index=True)
 
 
