@@ -109,7 +109,8 @@ def repeat_rows(arms: list[Arm], tags: dict[str, Any]) -> list[dict[str, Any]]:
 def _compare(arms: list[Arm], dtype: torch.dtype, tags: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any]]:
     base, again, tested = arms[0], arms[1], arms[2:]
     steps = [tagged(compare_logits(base.run, again.run, a.run, dtype, a.name), **tags) for a in tested]
-    states = [tagged(compare_states(base.states, again.states, a.states, dtype, a.name, a.calls, a.order), **tags) for a in tested]
+    states = [tagged(compare_states(base.states, again.states, a.states, dtype, a.name, a.calls, a.order), **tags)
+              for a in tested]
     timing = [tagged(a.timing.copy(), **tags, variant=a.name) for a in tested if a.timing is not None and len(a.timing)]
     return steps, states, timing
 

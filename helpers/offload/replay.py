@@ -67,7 +67,7 @@ class Replay:
 
         frames = []
         for rr in self.runs:
-            variant = ("" if rr.loop == "cpu" else f"{rr.loop} loop, ") + f"lag {rr.lag}" + (" + 5.20.0 edge" if rr.fix else "")
+            variant = ("" if rr.loop == "cpu" else f"{rr.loop} loop, ") + f"lag {rr.lag}" + " + 5.20.0 edge" * rr.fix
             frames.append(tagged(compare_logits(self.reference, self.again, rr.run, self.dtype, variant), 1, lag=rr.lag,
                                  fix=rr.fix, stale_reads=len(rr.stale()), unordered_reads=len(rr.log.unordered_reads()),
                                  loop=rr.loop))
