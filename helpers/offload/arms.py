@@ -89,13 +89,9 @@ def lag_site(model: torch.nn.Module) -> torch.nn.Module:
 @contextmanager
 def device_lag(model: torch.nn.Module, cycles: int) -> Iterator[None]:
     """`torch.cuda._sleep(cycles)` on the current (default) stream at the start of every forward's first decoder layer."""
-    site = lag_site(model) if cycles > 0 else None
-    handle = site.register_forward_pre_hook(lambda module, args: torch.cuda._sleep(int(cycles))) if site is not None else None
-    try:
+    sleep = lambda module, args: torch.cuda._sleep(int(cycles))  # noqa: E731
+    with lag_site(model).register_forward_pre_hook(sleep) if cycles > 0 else nullcontext():  # the handle removes it
         yield
-    finally:
-        if handle is not None:
-            handle.remove()
 
 
 def memory_counters(device: torch.device) -> dict[str, Any]:
@@ -132,20 +128,14 @@ def poison_pinned_pool(sizes: list[int], dtype: torch.dtype, value: float = POIS
     per_size: dict[int, int] = {}
     counted = _grown() is not None
     for nbytes in sorted(set(sizes)):
-        n = 0
-        while n < (MAX_BLOCKS if counted else FIXED_BLOCKS):
+        for n in range(1, (MAX_BLOCKS if counted else FIXED_BLOCKS) + 1):
             before = _grown()
-            block = torch.empty(max(1, nbytes // elt), dtype=dtype, pin_memory=True)
-            block.fill_(value)
-            held.append(block)
-            n += 1
+            held.append(torch.empty(max(1, nbytes // elt), dtype=dtype, pin_memory=True).fill_(value))
             if counted and (_grown() or 0) > (before or 0):  # a new block: none of this size was left in the pool
                 break
         per_size[nbytes] = n
-    blocks = len(held)
-    del held
     how = "until torch.cuda.host_memory_stats()['num_host_alloc'] grew" if counted else f"{FIXED_BLOCKS} per size (no host_memory_stats)"
-    return {"poisoned": True, "value": value, "blocks": blocks, "per_size_bytes": per_size, "how": how}
+    return {"poisoned": True, "value": value, "blocks": len(held), "per_size_bytes": per_size, "how": how}
 
 
 def poison_before_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, pool: SimPool | None) -> dict[str, Any]:
