@@ -178,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     models, ids_of = default_models(0, 2, args.seq_len, "cpu" if args.simulate else "cuda", tuple(args.models))
+    other = lags(json.loads(Path(args.lag_from).read_text())) if args.lag_from else None  # None: calibrate here
     ex = experiment(models, ids_of, tuple(args.dtypes), tuple(args.loops), args.n_steps, simulate=args.simulate,
-                    cycles_of=lag_from(args.lag_from), on_arms=arms_writer(out / ARMS_LOG))
+                    cycles_of=other, on_arms=arms_writer(out / ARMS_LOG))
     data = results_json(ex, time.perf_counter() - start)
     (out / "gpu-arms.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     for c in data["claims"]:
@@ -202,13 +203,6 @@ def arms_writer(path: Path) -> Any:
         for row in rows:
             print(f"arm done: {row['loop']} / {row['model']} / {row['dtype']} / {row['variant']}", flush=True)
     return write
-
-
-def lag_from(path: str | None) -> dict[tuple[str, str], int] | None:
-    """(model, dtype) -> the sleep another run used (its gpu-arms.json calibration table); None: calibrate here."""
-    if not path or not Path(path).is_file():
-        return None
-    return lags(json.loads(Path(path).read_text())) or None
 
 
 # --- the claim that compares releases (`make gpu-check`): a pure function of two of this module's results (gpu-arms.json,
