@@ -54,8 +54,6 @@ GPU_DECIDES = {
     "offload.unlagged_run_drifts": ("whether a run with no injected lag drifts at all (logits; end state shown apart)",
                                     "offloading=True (unlagged), report loop, every model (64-layer included)"),
 }
-# decided from device timing / unlagged arms
-DEVICE_CLAIMS = ("offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts")
 
 
 def claim_type(cid: str) -> dict[str, Any]:
@@ -77,7 +75,7 @@ CLAIM_TEXT = {
     "offload.block_overwritten_under_pending_read": "On CUDA, device-timed: without a fix some prefetch copy writes a device block whose earlier read on the default stream has not finished (the allocator's reuse, seen from data_ptr and CUDA events), and none does with record_stream.",
     "offload.unlagged_run_drifts": "On CUDA with no injected lag, offloading=True in the report's loop drifts beyond the noise floor on some model (the 64-layer layout included where it ran); logits decide, end-state drift is shown apart.",
 }
-CUDA_CLAIMS = tuple(CLAIM_TEXT)  # DEVICE_CLAIMS (decided from device timing / unlagged arms) last
+CUDA_CLAIMS = tuple(CLAIM_TEXT)  # the two decided from device timing / unlagged arms last
 KIND_NOT_BEYOND = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
                    "offload.first_differing_tensor_is_attention_kv": "refutes"}
 CLAIM_KINDS = {cid: KIND_NOT_BEYOND.get(cid, "beyond") for cid in CUDA_CLAIMS}
