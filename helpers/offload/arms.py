@@ -100,10 +100,8 @@ def memory_counters(device: torch.device) -> dict[str, Any]:
         return {"device": "not CUDA: no allocator counters"}
     stats = torch.cuda.memory_stats(device)
     out: dict[str, Any] = {k: stats.get(k) for k in MEMORY_KEYS}
-    host = getattr(torch.cuda, "host_memory_stats", None)
-    if callable(host):
-        h = host()
-        out.update({f"host.{k}": h.get(k) for k in ("allocated_bytes.current", "reserved_bytes.current") if k in h})
+    h = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}  # the pinned pool
+    out.update({f"host.{k}": h[k] for k in ("allocated_bytes.current", "reserved_bytes.current") if k in h})
     return out
 
 
