@@ -372,14 +372,14 @@ def test_the_cross_release_claim_from_contradicting_results(tmp_path):
         _arms_with_steps(tmp_path / release, release, drift, **kw)
         return json.loads((tmp_path / release / gpu_check.ARMS_FILE).read_text())
 
-    assert gpu.decide_releases(load("a", True), load("b", False))["verdict"] == "holds"
-    assert gpu.decide_releases(load("a", True), load("b", True))["verdict"] == "fails"  # drift with the edge too
-    assert gpu.decide_releases(load("a", False), load("b", False))["verdict"] == "fails"  # no drift to remove
-    other_lag = gpu.decide_releases(load("a", True), load("b", False, sleep=2000))
+    assert gpu.releases_claim(load("a", True), load("b", False))["verdict"] == "holds"
+    assert gpu.releases_claim(load("a", True), load("b", True))["verdict"] == "fails"  # drift with the edge too
+    assert gpu.releases_claim(load("a", False), load("b", False))["verdict"] == "fails"  # no drift to remove
+    other_lag = gpu.releases_claim(load("a", True), load("b", False, sleep=2000))
     assert other_lag["verdict"] == "skipped" and "different lag" in other_lag["reason"]
-    other_models = gpu.decide_releases(load("a", True), load("b", False, runs=[["tiny dense", "bfloat16", ["report"]]]))
+    other_models = gpu.releases_claim(load("a", True), load("b", False, runs=[["tiny dense", "bfloat16", ["report"]]]))
     assert other_models["verdict"] == "skipped" and "different models" in other_models["reason"]
-    assert gpu.decide_releases({}, load("b", False))["verdict"] == "skipped"
+    assert gpu.releases_claim({}, load("b", False))["verdict"] == "skipped"
 
 
 def test_a_step_gets_what_is_left_of_the_budget():

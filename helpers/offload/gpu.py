@@ -11,7 +11,7 @@ lag (helpers.offload.calibrate, after warming the clocks), each offloading arm a
 observed on the device, not inferred from logits. The runs are in helpers.offload.gpu_run, the decisions in
 helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
 `<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it
-per release and decides from two releases' results the claim that compares them (`decide_releases`); the notebook
+per release and decides from two releases' results the claim that compares them (`releases_claim`); the notebook
 calls `experiment` and `decisions`.
 `simulate=True` (`--simulate`) runs the same code on CPU under the recording stand-ins: a simulation, never a GPU result.
 """
@@ -230,7 +230,7 @@ def lags(data: dict[str, Any]) -> dict[tuple[str, str], int]:
     return {(r["model"], r["dtype"]): int(r["sleep_cycles_used"]) for r in rows}
 
 
-def decide_releases(without: dict[str, Any], with_edge: dict[str, Any]) -> dict[str, Any]:
+def releases_claim(without: dict[str, Any], with_edge: dict[str, Any]) -> dict[str, Any]:
     """The claim's record (id, kind, verdict, reason, evidence) from the two releases' results ({}: not run)."""
     out = {"id": RELEASE_CLAIM, "kind": RELEASE_KIND, "statement": RELEASE_STATEMENT}
     missing = [r for r, d in (("without the edge", without), ("with the edge", with_edge)) if not d.get("tables")]

@@ -7,7 +7,7 @@ after the first with `--lag-from` the first's results: the same lag). Notebook 0
 cuda -p dtype float16`) follows where papermill imports. Every step has its own timeout (`--timeout`, and a whole
 `--budget`), so a hang loses that step only. Everything goes under one folder (`--out`, default outputs/gpu): the
 plan, each step's log, each release's results, and gpu-check.json with every release's verdicts, their seconds and
-the claim that compares releases (helpers.offload.gpu.decide_releases). Without CUDA it says why in one line and
+the claim that compares releases (helpers.offload.gpu.releases_claim). Without CUDA it says why in one line and
 exits 2 before building or running anything.
 """
 from __future__ import annotations
@@ -217,12 +217,12 @@ def cross_release(rows: list[dict[str, Any]], root: Path) -> dict[str, Any]:
     """The claim comparing the first release without the ordering edge with the first release with it."""
     from packaging.version import Version
 
-    from ...offload.gpu import decide_releases
+    from ...offload.gpu import releases_claim
 
     before = [r["release"] for r in rows if Version(r["release"]) < Version(EDGE_RELEASE)]
     load = lambda release: load_json(root / release / ARMS_FILE) if release else {}  # noqa: E731
     with_edge = EDGE_RELEASE if any(r["release"] == EDGE_RELEASE for r in rows) else None
-    return decide_releases(load(before[0] if before else None), load(with_edge))
+    return releases_claim(load(before[0] if before else None), load(with_edge))
 
 
 def main(argv: list[str] | None = None, cuda: tuple[bool, str] | None = None, probe: Probe = torch_cuda,
