@@ -122,15 +122,10 @@ def arm_rows(steps: list[Any], states: list[Any], timing: list[Any], calibration
     import pandas as pd
 
     rec = lambda f: json.loads(f.to_json(orient="records", default_handler=str))  # noqa: E731 - NaN -> null
-    counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else None
-    out = []
-    for s, st in zip(steps, states):
-        variant = s.variant.iloc[0]
-        mine = None if counts is None else counts[counts.variant == variant]
-        out.append({**{k: s[k].iloc[0] for k in ("loop", "model", "dtype")}, "variant": variant, "steps": rec(s),
-                    "states_differing": rec(st[st.differs]), "race_counts": rec(mine) if mine is not None else [],
-                    "sleep_cycles_used": calibration["sleep_cycles_used"]})
-    return out
+    counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else pd.DataFrame(columns=gd.COUNT_COLUMNS)
+    return [{**{k: s[k].iloc[0] for k in ("loop", "model", "dtype", "variant")}, "steps": rec(s),
+             "states_differing": rec(st[st.differs]), "race_counts": rec(counts[counts.variant == s.variant.iloc[0]]),
+             "sleep_cycles_used": calibration["sleep_cycles_used"]} for s, st in zip(steps, states)]
 
 
 def usable_dtypes(dtypes: tuple[str, ...], device: torch.device) -> tuple[tuple[str, ...], dict[str, str]]:
