@@ -68,10 +68,9 @@ def cycles_per_ms(repeats: int = 5, cycles: int = PROBE_CYCLES) -> float:
     """Median cycles per ms of `torch.cuda._sleep` on the current stream (events with timing, synchronized)."""
     rates = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start = _event(None)
         torch.cuda._sleep(cycles)
-        end.record()
+        end = _event(None)
         end.synchronize()
         rates.append(cycles / max(float(start.elapsed_time(end)), 1e-9))
     return checked_rate(float(statistics.median(rates)))
@@ -224,6 +223,7 @@ class CopyTimes:
 
 
 def _event(stream: Any) -> Any:
+    """A timing event recorded on `stream` (None: the current stream)."""
     event = torch.cuda.Event(enable_timing=True)
     event.record(stream)
     return event
