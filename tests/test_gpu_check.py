@@ -366,20 +366,20 @@ def test_one_folder_the_lag_of_the_first_release_a_timed_out_step_and_the_cross_
 
 
 def test_the_cross_release_claim_from_contradicting_results(tmp_path):
-    from helpers.offload import releases
+    from helpers.offload import gpu
 
     def load(release, drift, **kw):
         _arms_with_steps(tmp_path / release, release, drift, **kw)
         return json.loads((tmp_path / release / gpu_check.ARMS_FILE).read_text())
 
-    assert releases.decide(load("a", True), load("b", False))["verdict"] == "holds"
-    assert releases.decide(load("a", True), load("b", True))["verdict"] == "fails"  # drift with the edge too
-    assert releases.decide(load("a", False), load("b", False))["verdict"] == "fails"  # no drift to remove
-    other_lag = releases.decide(load("a", True), load("b", False, sleep=2000))
+    assert gpu.releases_claim(load("a", True), load("b", False))["verdict"] == "holds"
+    assert gpu.releases_claim(load("a", True), load("b", True))["verdict"] == "fails"  # drift with the edge too
+    assert gpu.releases_claim(load("a", False), load("b", False))["verdict"] == "fails"  # no drift to remove
+    other_lag = gpu.releases_claim(load("a", True), load("b", False, sleep=2000))
     assert other_lag["verdict"] == "skipped" and "different lag" in other_lag["reason"]
-    other_models = releases.decide(load("a", True), load("b", False, runs=[["tiny dense", "bfloat16", ["report"]]]))
+    other_models = gpu.releases_claim(load("a", True), load("b", False, runs=[["tiny dense", "bfloat16", ["report"]]]))
     assert other_models["verdict"] == "skipped" and "different models" in other_models["reason"]
-    assert releases.decide({}, load("b", False))["verdict"] == "skipped"
+    assert gpu.releases_claim({}, load("b", False))["verdict"] == "skipped"
 
 
 def test_a_step_gets_what_is_left_of_the_budget():
@@ -406,7 +406,7 @@ def test_gpu_plan_prints_the_plan_without_cuda(capsys):
         assert needle in out, needle
     from helpers.offload import gpu
 
-    for cid in (*gpu.CUDA_CLAIMS, *gpu.DEVICE_CLAIMS, "offload.drift_only_without_ordering_edge"):
+    for cid in (*gpu.CUDA_CLAIMS, "offload.drift_only_without_ordering_edge"):
         line = next(l for l in out.splitlines() if l.strip().startswith(cid + ":"))
         if cid in gpu.BY_CONSTRUCTION:
             assert "can fail: no (by construction: " in line, line

@@ -1,5 +1,5 @@
-"""Kill tests for the GPU arms' decision logic (make mutants: helpers/offload/gpu_decide.py, states.py, calibrate.py,
-devicetiming.py) on hand-made tables and events: no model runs."""
+"""Kill tests for the GPU arms' decision logic (make mutants: helpers/offload/gpu_decide.py, states.py, calibrate.py
+with its copy timing) on hand-made tables and events: no model runs."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,7 +7,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from helpers.offload import calibrate, devicetiming
+from helpers.offload import calibrate
 from helpers.offload import gpu_decide as gd
 
 
@@ -36,7 +36,7 @@ class _Ev:
 
 
 def test_copy_times_pair_each_prefetch_with_its_copy_and_pending_reads():
-    times = devicetiming.CopyTimes(origin=_Ev(0.0))
+    times = calibrate.CopyTimes(origin=_Ev(0.0))
     times.begin("prefill")
     times.note("offload", 3, done=_Ev(5.0))
     times.note("update", 4, done=_Ev(9.0), read_ptrs=[111])
@@ -48,7 +48,7 @@ def test_copy_times_pair_each_prefetch_with_its_copy_and_pending_reads():
     assert (first.lead_ms, first.cross_forward, first.overwrote_pending_read) == (4.0, False, True)
     assert first.pending_read_of == ["prefill layer 4"] and first.reused_block_of == ["prefill layer 4"]
     assert (second.lead_ms, second.cross_forward, second.overwrote_pending_read) == (-15.0, True, False)
-    assert devicetiming.write_order(times) == {(0, 4): 1, (0, 3): 2, (1, 3): 3}
+    assert calibrate.write_order(times) == {(0, 4): 1, (0, 3): 2, (1, 3): 3}
 
 
 def test_narrow_models_from_contradicting_records():
@@ -169,8 +169,8 @@ def test_wrap_helpers_on_one_row_and_on_nothing():
 
 def test_copy_times_whole_rows(monkeypatch):
     clock = iter([10.0, 10.002, 10.004, 10.005, 10.007, 10.010, 10.011])
-    monkeypatch.setattr(devicetiming.time, "perf_counter", lambda: next(clock))
-    times = devicetiming.CopyTimes(origin=_Ev(1.0))
+    monkeypatch.setattr(calibrate.time, "perf_counter", lambda: next(clock))
+    times = calibrate.CopyTimes(origin=_Ev(1.0))
     times.begin("prefill")                                         # 10.0
     times.note("state write", 1, method="update_conv_state")      # 10.002
     times.note("update", 2, done=_Ev(3.0), read_ptrs=[])           # 10.004: read nothing (first call)
@@ -186,7 +186,7 @@ def test_copy_times_whole_rows(monkeypatch):
     assert rows[1]["reused_block_of"] == ["prefill layer 4"] and rows[1]["pending_read_of"] == []  # ends exactly at the start
     assert rows[1]["overwrote_pending_read"] is False and rows[1]["host_ms_since_forward_start"] == pytest.approx(10.0)
     assert times.rows[0]["host_ms"] == pytest.approx(2.0) and times.rows[0]["method"] == "update_conv_state"
-    assert devicetiming.write_order(times) == {(0, 1): 0, (0, 2): 1, (0, 4): 2, (0, 5): 3, (0, 6): 4}
+    assert calibrate.write_order(times) == {(0, 1): 0, (0, 2): 1, (0, 4): 2, (0, 5): 3, (0, 6): 4}
 
 
 def test_race_counts_keep_the_arms_order_and_columns():

@@ -65,23 +65,23 @@ def test_replay_takes_recorded_lag_zero_runs_and_the_floor(twins, twin_ids, monk
     fresh_report = replay.race_replay(model, x, 3, [0, 12], dtype, fix_lag=12, loops=("report",))
     sched = schedule.record_schedule(model, x, 3)
     report = ordering.record_loop(model, x, 3, "report", "tiny hybrid")
-    runs, floors = _counting(monkeypatch, replay, "replay_run"), _counting(monkeypatch, replay, "greedy_run")
+    runs, floors = _counting(monkeypatch, replay, "record_loop"), _counting(monkeypatch, replay, "greedy_run")
     reused = replay.race_replay(model, x, 3, [0, 12], dtype, fix_lag=12, recorded={"cpu": (sched.run, sched.streams)})
     reused_report = replay.race_replay(model, x, 3, [0, 12], dtype, fix_lag=12, loops=("report",),
                                        floor=(reused.reference, reused.again), recorded={"report": (report.run, report.log)})
     assert_frame_equal(reused.table(), fresh.table())
     assert_frame_equal(reused_report.table(), fresh_report.table())
     assert len(floors) == 2  # the first replay's offloading=False pair only
-    assert sorted(c[3] for c in runs) == [12, 12, 12, 12]  # lag 12 and its fix, per loop: lag 0 never rerun
+    assert sorted(c[6] for c in runs) == [12, 12, 12, 12]  # lag 12 and its fix, per loop: lag 0 never rerun
     assert reused.runs[0].log is sched.streams and reused_report.runs[0].run is report.run
 
 
 def test_replay_refuses_a_run_of_another_loop_or_length(twins, twin_ids) -> None:
     model, x = twins["tiny dense"], twin_ids["tiny dense"]
     cpu = ordering.record_loop(model, x, 3, "cpu", "tiny dense")
-    with pytest.raises(ValueError, match="recorded run is"):
+    with pytest.raises(ValueError, match="recorded is"):
         replay.race_replay(model, x, 3, [0], torch.float32, loops=("report",), recorded={"report": (cpu.run, cpu.log)})
-    with pytest.raises(ValueError, match="recorded run is"):
+    with pytest.raises(ValueError, match="recorded is"):
         replay.race_replay(model, x, 2, [0], torch.float32, recorded={"cpu": (cpu.run, cpu.log)})
     with pytest.raises(ValueError, match="floor runs"):
         replay.race_replay(model, x, 2, [0], torch.float32, floor=(cpu.run, cpu.run))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers.offload import replay as offload_replay
-from helpers.offload import standins, streams
+from helpers.offload import ordering, standins, streams
 
 
 def _copy_then_read(log: streams.StreamLog, reader: streams.RecStream, before_read=None) -> dict:
@@ -92,7 +92,7 @@ def replay(tiny, ids) -> offload_replay.Replay:
 
 
 def test_installed_release_reads_prefetched_kv_unordered(tiny, ids):
-    run = offload_replay.replay_run(tiny.model, ids, 3, lag=0)
+    run = ordering.record_loop(tiny.model, ids, 3, "cpu")
     prefetches = [r for r in run.log.reads() if r["reader"].startswith("prefetch")]
     assert prefetches and all(r["producing_stream"] == "default" and r["reading_stream"] != "default" for r in prefetches)
     unordered = run.log.unordered_reads()
@@ -105,7 +105,7 @@ def test_installed_release_reads_prefetched_kv_unordered(tiny, ids):
 
 
 def test_the_520_edge_orders_every_read_and_the_decision_says_not_reproduced(tiny, ids):
-    run = offload_replay.replay_run(tiny.model, ids, 3, lag=0, fix=True)
+    run = ordering.record_loop(tiny.model, ids, 3, "cpu", edge="5.20.0 edge")
     assert run.log.unordered_reads() == []
     decision = offload_replay.ordering_decision(run.log)
     assert not decision.holds and decision.evidence["prefetch_reads"] > 0

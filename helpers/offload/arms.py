@@ -29,8 +29,9 @@ from typing import Any, Iterator
 import torch
 
 from kvresume import compat
-from .devicetiming import CopyTimes, time_copies, write_order
+from .calibrate import CopyTimes, time_copies, write_order
 from .loops import GreedyRun, run_loop
+from .ordering import stream_hooks
 from .states import State, snapshot
 from .standins import recording_streams
 from .streams import StreamLog
@@ -88,13 +89,9 @@ def lag_site(model: torch.nn.Module) -> torch.nn.Module:
 @contextmanager
 def device_lag(model: torch.nn.Module, cycles: int) -> Iterator[None]:
     """`torch.cuda._sleep(cycles)` on the current (default) stream at the start of every forward's first decoder layer."""
-    site = lag_site(model) if cycles > 0 else None
-    handle = site.register_forward_pre_hook(lambda module, args: torch.cuda._sleep(int(cycles))) if site is not None else None
-    try:
+    sleep = lambda module, args: torch.cuda._sleep(int(cycles))  # noqa: E731
+    with lag_site(model).register_forward_pre_hook(sleep) if cycles > 0 else nullcontext():  # the handle removes it
         yield
-    finally:
-        if handle is not None:
-            handle.remove()
 
 
 def memory_counters(device: torch.device) -> dict[str, Any]:
@@ -103,10 +100,8 @@ def memory_counters(device: torch.device) -> dict[str, Any]:
         return {"device": "not CUDA: no allocator counters"}
     stats = torch.cuda.memory_stats(device)
     out: dict[str, Any] = {k: stats.get(k) for k in MEMORY_KEYS}
-    host = getattr(torch.cuda, "host_memory_stats", None)
-    if callable(host):
-        h = host()
-        out.update({f"host.{k}": h.get(k) for k in ("allocated_bytes.current", "reserved_bytes.current") if k in h})
+    h = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}  # the pinned pool
+    out.update({f"host.{k}": h[k] for k in ("allocated_bytes.current", "reserved_bytes.current") if k in h})
     return out
 
 
@@ -131,20 +126,14 @@ def poison_pinned_pool(sizes: list[int], dtype: torch.dtype, value: float = POIS
     per_size: dict[int, int] = {}
     counted = _grown() is not None
     for nbytes in sorted(set(sizes)):
-        n = 0
-        while n < (MAX_BLOCKS if counted else FIXED_BLOCKS):
+        for n in range(1, (MAX_BLOCKS if counted else FIXED_BLOCKS) + 1):
             before = _grown()
-            block = torch.empty(max(1, nbytes // elt), dtype=dtype, pin_memory=True)
-            block.fill_(value)
-            held.append(block)
-            n += 1
+            held.append(torch.empty(max(1, nbytes // elt), dtype=dtype, pin_memory=True).fill_(value))
             if counted and (_grown() or 0) > (before or 0):  # a new block: none of this size was left in the pool
                 break
         per_size[nbytes] = n
-    blocks = len(held)
-    del held
     how = "until torch.cuda.host_memory_stats()['num_host_alloc'] grew" if counted else f"{FIXED_BLOCKS} per size (no host_memory_stats)"
-    return {"poisoned": True, "value": value, "blocks": blocks, "per_size_bytes": per_size, "how": how}
+    return {"poisoned": True, "value": value, "blocks": len(held), "per_size_bytes": per_size, "how": how}
 
 
 def poison_before_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, pool: SimPool | None) -> dict[str, Any]:
@@ -174,9 +163,12 @@ class Arm:
 
 def _hooks(loop: str, log: StreamLog | None, times: CopyTimes | None, per_call: bool,
            states: list[State], calls: list[str]) -> dict[str, Any]:
+    kw = stream_hooks(loop, log) if log is not None else {}
+    logged = kw.get("before_call")
+
     def before(label: str) -> None:
-        if log is not None:
-            log.begin(label, host_synced=(loop == "cpu"))
+        if logged is not None:
+            logged(label)
         if times is not None:
             times.begin(label)
 
@@ -185,10 +177,7 @@ def _hooks(loop: str, log: StreamLog | None, times: CopyTimes | None, per_call: 
             states.append(snapshot(cache))
             calls.append(label)
 
-    kw: dict[str, Any] = {"before_call": before, "after_call": after}
-    if loop == "generate" and log is not None:
-        kw["on_host_wait"] = lambda label: log.synchronize(log.default_stream(), "generate()'s stop check read the device")
-    return kw
+    return {**kw, "before_call": before, "after_call": after}
 
 
 def run_arm(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, offloading: bool, cycles: int,

@@ -59,7 +59,8 @@ FINDING = Finding(
     decisions=(
         Decisions("helpers/offload/replay.py", ("ordering_decision", "replay_decision"), _KILL, also=("ordering_decision", "replay_decision")),
         Decisions("helpers/offload/gpu_decide.py", ("decide_*", "_arm", "drifts", "logit_drift", "state_drift", "race_counts", "narrow_models",
-                                                    "narrow_key", "_count", "explanations", "fix_everywhere", "report_keys"),
+                                                    "narrow_key", "_fixed_counts", "explanations", "fix_everywhere",
+                                                    "report_keys"),
                   _KILL, ("tests/test_kill_gpu.py",)),
         Decisions("helpers/offload/states.py", ("first_difference",), _KILL)),
     estimate_s=14.0,

@@ -7,11 +7,12 @@ with each fix edge (the 5.20.0 edge, which closes both hazards; a torch.Event pe
 the device probe says its wait holds; `record_stream` on prefetched K/V, reuse only); in the report's loop also
 offloading=True again and offloading=True with no injected lag. Every other arm runs under the same calibrated device
 lag (helpers.offload.calibrate, after warming the clocks), each offloading arm after the pinned pool is poisoned
-(helpers.offload.arms), with CUDA timing events around every copy (helpers.offload.devicetiming), so the race is
+(helpers.offload.arms), with CUDA timing events around every copy (helpers.offload.calibrate), so the race is
 observed on the device, not inferred from logits. The runs are in helpers.offload.gpu_run, the decisions in
 helpers.offload.gpu_decide. The plain module needs only torch, transformers, pandas and matplotlib and writes
 `<out>/gpu-arms.json` (and `<out>/arms.jsonl`, one line per arm as each loop's arms finish); `make gpu-check` runs it
-per release; the notebook calls `experiment` and `decisions`.
+per release and decides from two releases' results the claim that compares them (`releases_claim`); the notebook
+calls `experiment` and `decisions`.
 `simulate=True` (`--simulate`) runs the same code on CPU under the recording stand-ins: a simulation, never a GPU result.
 """
 from __future__ import annotations
@@ -27,9 +28,9 @@ import torch
 
 from kvresume import compat
 from . import gpu_decide as gd
-from .gpu_run import EVENT, MODELS, GpuExperiment, experiment, usable_dtypes  # noqa: F401 - the notebook's, tests'
+from .arms import OFF
+from .gpu_run import EVENT, MODELS, GpuExperiment, experiment, primary_key, usable_dtypes  # noqa: F401 - tests'
 from .loops import LOOPS, Decision, random_ids
-from .releases import lags
 from ..quotes import QUOTES
 
 # Once the lag is injected these hold by construction (never counted as the report's statements: helpers/quotes.py
@@ -53,8 +54,6 @@ GPU_DECIDES = {
     "offload.unlagged_run_drifts": ("whether a run with no injected lag drifts at all (logits; end state shown apart)",
                                     "offloading=True (unlagged), report loop, every model (64-layer included)"),
 }
-# decided from device timing / unlagged arms
-DEVICE_CLAIMS = ("offload.block_overwritten_under_pending_read", "offload.unlagged_run_drifts")
 
 
 def claim_type(cid: str) -> dict[str, Any]:
@@ -76,7 +75,7 @@ CLAIM_TEXT = {
     "offload.block_overwritten_under_pending_read": "On CUDA, device-timed: without a fix some prefetch copy writes a device block whose earlier read on the default stream has not finished (the allocator's reuse, seen from data_ptr and CUDA events), and none does with record_stream.",
     "offload.unlagged_run_drifts": "On CUDA with no injected lag, offloading=True in the report's loop drifts beyond the noise floor on some model (the 64-layer layout included where it ran); logits decide, end-state drift is shown apart.",
 }
-CUDA_CLAIMS = tuple(CLAIM_TEXT)  # DEVICE_CLAIMS (decided from device timing / unlagged arms) last
+CUDA_CLAIMS = tuple(CLAIM_TEXT)  # the two decided from device timing / unlagged arms last
 KIND_NOT_BEYOND = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
                    "offload.first_differing_tensor_is_attention_kv": "refutes"}
 CLAIM_KINDS = {cid: KIND_NOT_BEYOND.get(cid, "beyond") for cid in CUDA_CLAIMS}
@@ -177,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     models, ids_of = default_models(0, 2, args.seq_len, "cpu" if args.simulate else "cuda", tuple(args.models))
+    other = lags(json.loads(Path(args.lag_from).read_text())) if args.lag_from else None  # None: calibrate here
     ex = experiment(models, ids_of, tuple(args.dtypes), tuple(args.loops), args.n_steps, simulate=args.simulate,
-                    cycles_of=lag_from(args.lag_from), on_arms=arms_writer(out / ARMS_LOG))
+                    cycles_of=other, on_arms=arms_writer(out / ARMS_LOG))
     data = results_json(ex, time.perf_counter() - start)
     (out / "gpu-arms.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     for c in data["claims"]:
@@ -203,12 +203,57 @@ def arms_writer(path: Path) -> Any:
     return write
 
 
-def lag_from(path: str | None) -> dict[tuple[str, str], int] | None:
-    """(model, dtype) -> the sleep another run used (its gpu-arms.json calibration table); None: calibrate here."""
-    if not path or not Path(path).is_file():
-        return None
-    return lags(json.loads(Path(path).read_text())) or None
+# --- the claim that compares releases (`make gpu-check`): a pure function of two of this module's results (gpu-arms.json,
+# as loaded): the report's loop on the primary model and dtype, offloading=True beyond the noise floor measured in the
+# same run (logits) or a state tensor beyond its floor, on the release without the prefetch-stream ordering edge and
+# on the one with it (5.20.0). Not the same models or not the same lag: not like with like, skipped.
 
+RELEASE_CLAIM = "offload.drift_only_without_ordering_edge"
+RELEASE_KIND = "beyond"
+RELEASE_STATEMENT = ("On CUDA, with the same models and the same calibrated device lag, offloading=True drifts in the "
+                     "report's loop on the release without the prefetch-stream ordering edge and does not on the first "
+                     "release with it (5.20.0).")
+
+
+def release_drift(data: dict[str, Any], key: tuple[str, str, str]) -> bool | None:
+    """offloading=True beyond the floor at `key` (a step or a state tensor); None: that arm is not in the run."""
+    match = lambda r: (r["loop"], r["model"], r["dtype"]) == key and r["variant"] == OFF  # noqa: E731
+    steps = [r for r in data["tables"]["steps"] if match(r)]
+    if not steps:
+        return None
+    return any(bool(r["differs"]) for r in steps) or any(match(r) for r in data["tables"].get("states_differing") or [])
+
+
+def lags(data: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """(model, dtype) -> the sleep per forward the run used (cycles)."""
+    rows = data.get("tables", {}).get("calibration", [])
+    return {(r["model"], r["dtype"]): int(r["sleep_cycles_used"]) for r in rows}
+
+
+def releases_claim(without: dict[str, Any], with_edge: dict[str, Any]) -> dict[str, Any]:
+    """The claim's record (id, kind, verdict, reason, evidence) from the two releases' results ({}: not run)."""
+    out = {"id": RELEASE_CLAIM, "kind": RELEASE_KIND, "statement": RELEASE_STATEMENT}
+    missing = [r for r, d in (("without the edge", without), ("with the edge", with_edge)) if not d.get("tables")]
+    if missing:
+        return {**out, "verdict": "skipped", "reason": f"no GPU arms result for the release {' and '.join(missing)}", "evidence": {}}
+    key, lag_a, lag_b = primary_key(without), lags(without), lags(with_edge)
+    same_models = without["settings"].get("runs") == with_edge["settings"].get("runs")
+    common = sorted(set(lag_a) & set(lag_b))
+    same_lag = bool(common) and all(lag_a[k] == lag_b[k] for k in common)
+    ev = {"key": list(key), "release_without": without.get("release"), "release_with": with_edge.get("release"),
+          "same_models": same_models, "same_lag": same_lag,
+          "lag_cycles": {f"{m}/{d}": [lag_a[(m, d)], lag_b[(m, d)]] for m, d in common},
+          "drift_without_edge": release_drift(without, key), "drift_with_edge": release_drift(with_edge, key)}
+    simulated = without["settings"].get("simulated_on_cpu") or with_edge["settings"].get("simulated_on_cpu")
+    prefix = "[simulated on CPU] " if simulated else ""
+    unlike = [w for w, bad in (("different models", not same_models), ("different lag", not same_lag),
+                               ("the arm is missing", None in (ev["drift_without_edge"], ev["drift_with_edge"]))) if bad]
+    if unlike:
+        return {**out, "verdict": "skipped", "reason": prefix + "not like with like: " + ", ".join(unlike), "evidence": ev}
+    holds = bool(ev["drift_without_edge"]) and not ev["drift_with_edge"]
+    why = (f"{'/'.join(key)}: drift on {ev['release_without']} = {ev['drift_without_edge']}, on {ev['release_with']} = "
+           f"{ev['drift_with_edge']} (same models, same lag)")
+    return {**out, "verdict": "holds" if holds else "fails", "reason": prefix + why, "evidence": ev}
 
 if __name__ == "__main__":
     sys.exit(main())

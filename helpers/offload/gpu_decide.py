@@ -110,19 +110,24 @@ def decide_unlagged_drift(steps: Any, states: Any) -> Decision:
                     skipped=not rows)
 
 
+def _fixed_counts(counts: Any, column: str, edge: str, what: str, names: tuple[str, str], key: str,
+                  **extra: Any) -> Decision:
+    """Device-counted: some offloading=True prefetch copy `what` (`column` > 0), and none in the `edge` arm (which must
+    have run); the `edge` arm's count is evidence `key`."""
+    plain, fixed = counts[counts.variant == OFF], counts[counts.variant == variant_name(edge)]
+    n, fixed_n = int(plain[column].sum()), int(fixed[column].sum())
+    per_arm = {f"{r.loop}/{r.model}/{r.dtype}": int(getattr(r, column)) for r in plain.itertuples()}
+    why = (f"without a fix {n} of {int(plain.prefetches.sum())} prefetch copies {what} (per arm {per_arm}); with "
+           f"{edge} {fixed_n} of {int(fixed.prefetches.sum())}")
+    return Decision(n > 0 and len(fixed) > 0 and fixed_n == 0, {"per_arm": per_arm, key: fixed_n, **extra}, why,
+                    deciding={names[0]: n, names[1]: fixed_n}, skipped=len(plain) == 0)
+
+
 def decide_overwrote_pending_read(counts: Any) -> Decision:
     """`offload.block_overwritten_under_pending_read` (a GPU decides it): device-timed, some prefetch without a fix
     wrote a block whose earlier read had not finished, and none with record_stream (which keeps the block)."""
-    plain = counts[counts.variant == OFF]
-    kept = counts[counts.variant == variant_name("record_stream")]
-    over, kept_over = int(plain.overwrote_pending_read.sum()), int(kept.overwrote_pending_read.sum())
-    per_arm = {f"{r.loop}/{r.model}/{r.dtype}": int(r.overwrote_pending_read) for r in plain.itertuples()}
-    holds = over > 0 and len(kept) > 0 and kept_over == 0
-    why = (f"without a fix {over} prefetch copies overwrote a block under a pending read (per arm {per_arm}); "
-           f"with record_stream {kept_over}" + ("" if len(kept) else " (no record_stream arm ran)"))
-    return Decision(holds, {"per_arm": per_arm, "with_record_stream": kept_over}, why,
-                    deciding={"overwritten under a pending read": over, "same, with record_stream": kept_over},
-                    skipped=len(plain) == 0)
+    return _fixed_counts(counts, "overwrote_pending_read", "record_stream", "overwrote a block under a pending read",
+                         ("overwritten under a pending read", "same, with record_stream"), "with_record_stream")
 
 
 def decide_fix_removes_drift(steps: Any, states: Any, key: Key, edge: str) -> Decision:
@@ -183,16 +188,10 @@ def race_counts(timing: Any, resolution_ms: float = RESOLUTION_MS) -> Any:
 def decide_race_observed(counts: Any) -> Decision:
     """`offload.race_observed_on_device`: without a fix edge some prefetch started before its producing copy ended
     (device timestamps), and with the 5.20.0 edge none did (else the timing itself is not trustworthy)."""
-    plain = counts[counts.variant == OFF]
-    edged = counts[counts.variant == variant_name("5.20.0 edge")]
-    raced = int(plain.started_before_producer_done.sum())
-    edge_early = int(edged.started_before_producer_done.sum())
-    holds = raced > 0 and len(edged) > 0 and edge_early == 0
-    per_arm = {f"{r.loop}/{r.model}/{r.dtype}": int(r.started_before_producer_done) for r in plain.itertuples()}
-    why = (f"without a fix edge {raced} of {int(plain.prefetches.sum())} prefetch copies started before their producing "
-           f"copy ended (per arm {per_arm}); with the 5.20.0 edge {edge_early} of {int(edged.prefetches.sum())}")
-    return Decision(holds, {"per_arm": per_arm, "with_5_20_0_edge": edge_early, "resolution_ms": RESOLUTION_MS}, why,
-                    deciding={"prefetches started before their copy ended": raced, "same, with the 5.20.0 edge": edge_early})
+    return _fixed_counts(counts, "started_before_producer_done", "5.20.0 edge",
+                         "started before their producing copy ended", ("prefetches started before their copy ended",
+                                                                       "same, with the 5.20.0 edge"),
+                         "with_5_20_0_edge", resolution_ms=RESOLUTION_MS)
 
 
 def narrow_models(edges: Any) -> list[str]:
@@ -216,11 +215,6 @@ def narrow_key(primary: Key, edges: Any) -> Key:
     return (primary[0], primary[1] if primary[1] in narrow or not narrow else narrow[0], primary[2])
 
 
-def _count(counts: Any, key: Key, column: str, variant: str = OFF) -> int:
-    rows = _arm(counts, key, variant)
-    return int(rows[column].sum())  # an empty arm sums to 0
-
-
 def explanations(steps: Any, states: Any, counts: Any, model: str, dtype: str) -> list[dict[str, Any]]:
     """Each explanation's prediction on `model`/`dtype`, what the run showed, and whether it matched."""
     cpu, rep = ("cpu", model, dtype), ("report", model, dtype)
@@ -229,25 +223,25 @@ def explanations(steps: Any, states: Any, counts: Any, model: str, dtype: str) -
     attention_first = first is not None and first["kind"] == ATTENTION_KV
     event_fixes = {k: clean(steps, states, k, variant_name("offload event")) for k in (cpu, rep)}
     reuse_fixes = {k: clean(steps, states, k, variant_name("record_stream")) for k in (cpu, rep)}
+    same, over = (int(_arm(counts, cpu, OFF)[c].sum()) for c in ("same_forward", "overwrote_pending_read"))
+    earlier = int(_arm(counts, rep, OFF).earlier_forward.sum())  # an arm that did not run counts 0
     rows = [
         ("(a) host-buffer race within a forward (wrap)",
          "cpu loop: first offloaded layer differs at the prefill snapshot while prefill logits are bitwise equal; "
          "same-forward prefetches start before their copy ends; the offload-event arm is clean",
-         {"first": first, "prefill_logits_bitwise": prefill_bitwise, "same_forward_early": _count(counts, cpu, "same_forward"),
+         {"first": first, "prefill_logits_bitwise": prefill_bitwise, "same_forward_early": same,
           "offload_event_clean": event_fixes[cpu]},
-         attention_first and first["call"] == "prefill" and prefill_bitwise is True
-         and _count(counts, cpu, "same_forward") > 0 and event_fixes[cpu]),
+         attention_first and first["call"] == "prefill" and prefill_bitwise is True and same > 0 and event_fixes[cpu]),
         ("(b) host-buffer race across forwards (the report's loop)",
          "report loop: decode-1 prefetches of the prefill's buffers start before their copies end; the offload-event arm is clean",
-         {"earlier_forward_early": _count(counts, rep, "earlier_forward"), "offload_event_clean": event_fixes[rep]},
-         _count(counts, rep, "earlier_forward") > 0 and event_fixes[rep] and drifts(steps, states, rep, OFF)),
+         {"earlier_forward_early": earlier, "offload_event_clean": event_fixes[rep]},
+         earlier > 0 and event_fixes[rep] and drifts(steps, states, rep, OFF)),
         ("(c) reuse of a released prefetched block",
          "cpu loop: clean prefill snapshot, first offloaded layer differs at decode 1; a prefetch overwrites a block under a "
          "pending read; the record_stream arm is clean and the offload-event arm is not",
-         {"first": first, "overwrote_pending_read": _count(counts, cpu, "overwrote_pending_read"),
-          "record_stream_clean": reuse_fixes[cpu], "offload_event_clean": event_fixes[cpu]},
-         attention_first and first["call"] == "decode 1" and _count(counts, cpu, "overwrote_pending_read") > 0
-         and reuse_fixes[cpu] and not event_fixes[cpu]),
+         {"first": first, "overwrote_pending_read": over, "record_stream_clean": reuse_fixes[cpu],
+          "offload_event_clean": event_fixes[cpu]},
+         attention_first and first["call"] == "decode 1" and over > 0 and reuse_fixes[cpu] and not event_fixes[cpu]),
         ("(d) the report's hypothesis: linear-attention state does not round-trip",
          "the first differing tensor is a linear-attention conv/recurrent state",
          {"first": first}, first is not None and first["kind"] != ATTENTION_KV),

@@ -21,9 +21,8 @@ from .arms import AGAIN, BASE, FIXES, OFF, OFF_AGAIN, POISON, UNLAGGED, Arm, Sim
 from .calibrate import (busy_at_wrap, clamp_cycles, cycles_per_ms, event_wait_probe, gate_reason, host_ms_to_wrap,
                         sleep_plan, warm_clocks)
 from .loops import LOOPS
-from .releases import primary_key
 from .standins import recording_streams
-from .states import compare_logits, compare_states
+from .states import compare_logits, compare_states, tagged
 
 EVENT = "offload event"
 MODELS = ("tiny hybrid", "tiny dense", "report layout (64)")
@@ -56,6 +55,12 @@ def model_runs(models: tuple[str, ...], dtypes: tuple[str, ...],
     return out
 
 
+def primary_key(data: dict[str, Any]) -> tuple[str, str, str]:
+    """The report's loop, the first model, bfloat16 where it ran (the primary arm of a GPU experiment)."""
+    s = data["settings"]
+    return ("report", s["models"][0], "bfloat16" if "bfloat16" in s["dtypes"] else s["dtypes"][0])
+
+
 @dataclass
 class GpuExperiment:
     """Every arm's tables, the calibration per model and dtype, and the settings."""
@@ -70,14 +75,8 @@ class GpuExperiment:
     edges: Any = None
 
     def primary(self) -> gd.Key:
-        """The report's own arm: its loop, the hybrid, bfloat16 where it ran (releases.primary_key)."""
+        """The report's own arm: its loop, the hybrid, bfloat16 where it ran (primary_key)."""
         return primary_key({"settings": self.settings})
-
-
-def _tag(frame: Any, **cols: Any) -> Any:
-    for i, (k, v) in enumerate(cols.items()):
-        frame.insert(i, k, v)
-    return frame
 
 
 def calibrate(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, rate: float, simulate: bool,
@@ -109,9 +108,10 @@ def repeat_rows(arms: list[Arm], tags: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _compare(arms: list[Arm], dtype: torch.dtype, tags: dict[str, Any]) -> tuple[list[Any], list[Any], list[Any]]:
     base, again, tested = arms[0], arms[1], arms[2:]
-    steps = [_tag(compare_logits(base.run, again.run, a.run, dtype, a.name), **tags) for a in tested]
-    states = [_tag(compare_states(base.states, again.states, a.states, dtype, a.name, a.calls, a.order), **tags) for a in tested]
-    timing = [_tag(a.timing.copy(), **tags, variant=a.name) for a in tested if a.timing is not None and len(a.timing)]
+    steps = [tagged(compare_logits(base.run, again.run, a.run, dtype, a.name), **tags) for a in tested]
+    states = [tagged(compare_states(base.states, again.states, a.states, dtype, a.name, a.calls, a.order), **tags)
+              for a in tested]
+    timing = [tagged(a.timing.copy(), **tags, variant=a.name) for a in tested if a.timing is not None and len(a.timing)]
     return steps, states, timing
 
 
@@ -122,15 +122,10 @@ def arm_rows(steps: list[Any], states: list[Any], timing: list[Any], calibration
     import pandas as pd
 
     rec = lambda f: json.loads(f.to_json(orient="records", default_handler=str))  # noqa: E731 - NaN -> null
-    counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else None
-    out = []
-    for s, st in zip(steps, states):
-        variant = s.variant.iloc[0]
-        mine = None if counts is None else counts[counts.variant == variant]
-        out.append({**{k: s[k].iloc[0] for k in ("loop", "model", "dtype")}, "variant": variant, "steps": rec(s),
-                    "states_differing": rec(st[st.differs]), "race_counts": rec(mine) if mine is not None else [],
-                    "sleep_cycles_used": calibration["sleep_cycles_used"]})
-    return out
+    counts = gd.race_counts(pd.concat(timing, ignore_index=True)) if timing else pd.DataFrame(columns=gd.COUNT_COLUMNS)
+    return [{**{k: s[k].iloc[0] for k in ("loop", "model", "dtype", "variant")}, "steps": rec(s),
+             "states_differing": rec(st[st.differs]), "race_counts": rec(counts[counts.variant == s.variant.iloc[0]]),
+             "sleep_cycles_used": calibration["sleep_cycles_used"]} for s, st in zip(steps, states)]
 
 
 def usable_dtypes(dtypes: tuple[str, ...], device: torch.device) -> tuple[tuple[str, ...], dict[str, str]]:
@@ -172,12 +167,11 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
     gate = gate_reason(facts["probe"]) if facts["probe"] else ""
     fixes = tuple(f for f in fixes if not (f == EVENT and gate))
     steps, states, timing, calibration, memory, repeat = [], [], [], [], [], []
-    copies: dict[tuple[str, str], torch.nn.Module] = {}
     runs = model_runs(tuple(models), dtypes, tuple(loops))
     for name, dtype_name, run_loops in runs:
         dtype = getattr(torch, dtype_name)
         model = models[name]
-        m = model if next(model.parameters()).dtype == dtype else copies.setdefault((name, dtype_name), copy.deepcopy(model).to(dtype))
+        m = model if next(model.parameters()).dtype == dtype else copy.deepcopy(model).to(dtype)
         ids = ids_of[name]
         plan = calibrate(m, ids, n_steps, facts["rate"], simulate, pool)
         asked = int((cycles_of or {}).get((name, dtype_name), plan["sleep_cycles"] if cycles is None else cycles))
@@ -193,7 +187,7 @@ def experiment(models: dict[str, torch.nn.Module], ids_of: dict[str, torch.Tenso
             steps += s; states += st; timing += t
             memory += [{**tags, "variant": a.name, **a.memory, "stale_reads_served": a.stale_reads, "pool": a.poisoned,
                         **({"wrap": busy_at_wrap(a.timing)} if a.timing is not None else {})} for a in arms]
-        copies.pop((name, dtype_name), None)
+        del m  # a dtype copy is freed before the next model's
     ran = [m for m in models if any(r[0] == m for r in runs)]
     recorded = {m: models[m] for m in ran if m not in RESTRICTED}
     edges = edge_record(recorded, ids_of, n_steps) if fixes else None  # the report's layout: notebook 05's CPU record

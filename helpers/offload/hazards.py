@@ -57,21 +57,13 @@ def hazard_counts(record: LoopRecord) -> dict[str, Any]:
             "released_blocks": len(blocks)}
 
 
-def _check_recorded(recorded: LoopRecord, n_steps: int, name: str, loop: str) -> LoopRecord:
-    """`recorded` as edge "none" of this table: the same loop, model name and number of forward calls, no edge."""
-    have = (recorded.loop, recorded.model, recorded.edge, len(recorded.run.logits))
-    if have != (loop, name, "none", n_steps):
-        raise ValueError(f"recorded is (loop, model, edge, calls) {have}, not {(loop, name, 'none', n_steps)}")
-    return recorded
-
-
 def edge_table(model: Any, ids: Any, n_steps: int, name: str, edges: tuple[str, ...], loop: str = "report",
                recorded: LoopRecord | None = None) -> Any:
     """Which edge closes which hazard on the installed release (one record per edge); `recorded`: this loop's
     record without an edge on the same model, ids and steps (ordering.loops_by_models made it), used for "none"."""
     import pandas as pd
 
-    given = {"none": _check_recorded(recorded, n_steps, name, loop)} if recorded is not None else {}
+    given = {"none": recorded.check(loop=loop, model=name, edge="none", calls=n_steps)} if recorded is not None else {}
     rows = []
     for edge in edges:
         counts = hazard_counts(given[edge] if edge in given else record_loop(model, ids, n_steps, loop, name, edge))

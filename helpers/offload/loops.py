@@ -154,11 +154,10 @@ def generate_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int = 4, ca
         return _call_hooks(before_call, after_call, label, lambda: inner(*args, **kwargs))
 
     extra = {compat.generate_cache_kwarg(model): cache} if cache is not None else {}
-    attention_mask = torch.ones_like(ids)
     model.forward = forward
     try:
         with record_host_waits(lambda: calls["n"], on_host_wait) as waits:
-            out = model.generate(input_ids=ids, attention_mask=attention_mask,
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                  generation_config=greedy_config(n_steps), **extra)
     finally:
         del model.forward

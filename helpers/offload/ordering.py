@@ -25,7 +25,7 @@ PREFETCH = "prefetch copy (host->device)"
 
 @dataclass
 class LoopRecord:
-    """One loop on one model: the stream record, the run, and the model's depth."""
+    """One loop on one model: the stream record, the run, the model's depth, the fix edge and the replay's lag."""
 
     loop: str
     model: str
@@ -33,21 +33,49 @@ class LoopRecord:
     run: GreedyRun
     n_layers: int
     edge: str = "none"
+    lag: int = 0
+
+    @property
+    def fix(self) -> bool:
+        """Whether a fix edge was added (the race replay's 5.20.0 edge)."""
+        return self.edge != "none"
+
+    def stale(self) -> list[dict[str, Any]]:
+        """The reads served stale (the race replay)."""
+        return [r for r in self.log.reads() if r["served_stale"]]
+
+    def check(self, **expected: Any) -> "LoopRecord":
+        """This record, where its fields (and `calls`, its forward calls) are `expected`; else ValueError."""
+        have = {k: len(self.run.logits) if k == "calls" else getattr(self, k) for k in expected}
+        if have != expected:
+            raise ValueError(f"recorded is {have}, not {expected}")
+        return self
+
+
+def stream_hooks(loop: str, log: StreamLog) -> dict[str, Any]:
+    """run_loop's hooks that enter `loop`'s host waits into `log`: a default-stream synchronize before every `.cpu()`
+    call after the first, and one wherever generate()'s stop check read the device."""
+    kw: dict[str, Any] = {"before_call": lambda label: log.begin(label, host_synced=(loop == "cpu"))}
+    if loop == "generate":
+        kw["on_host_wait"] = lambda label: log.synchronize(log.default_stream(), "generate()'s stop check read the device")
+    return kw
 
 
 def record_loop(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, loop: str, name: str = "model",
-                edge: str = "none", lag: int | None = None) -> LoopRecord:
+                edge: str = "none", lag: int = 0) -> LoopRecord:
     """Run `loop` with `DynamicCache(config, offloading=True)` under the stand-ins, optionally with a fix edge and
-    (the race replay) stale reads served `lag` cache-update calls behind."""
+    (the race replay) stale reads served `lag` cache-update calls behind; the run keeps no cache."""
     with recording_streams() as log:
         cache = compat.dynamic_cache(model.config, offloading=True)
-        kw: dict[str, Any] = {"before_call": lambda label: log.begin(label, host_synced=(loop == "cpu"))}
-        if loop == "generate":
-            kw["on_host_wait"] = lambda label: log.synchronize(log.default_stream(), "generate()'s stop check read the device")
         with track(cache, log, lag=lag), EDGES[edge](cache):
-            run = run_loop(loop, model, ids, n_steps, cache=cache, **kw)
-    n_layers = int(compat.text_config(model.config).num_hidden_layers)
-    return LoopRecord(loop, name, log, run, n_layers, edge)
+            run = run_loop(loop, model, ids, n_steps, cache=cache, **stream_hooks(loop, log))
+    run.cache = None
+    return LoopRecord(loop, name, log, run, n_layers(model), edge, lag)
+
+
+def n_layers(model: torch.nn.Module) -> int:
+    """The model's decoder layers."""
+    return int(compat.text_config(model.config).num_hidden_layers)
 
 
 def prefetch_reads(record: LoopRecord) -> list[dict[str, Any]]:

@@ -15,36 +15,12 @@ from typing import Any
 import torch
 
 from .loops import Decision, GreedyRun, greedy_run
-from .ordering import record_loop
-from .states import compare_logits
+from .ordering import LoopRecord, n_layers, record_loop
+from .states import compare_logits, tagged
 from .streams import STALE_VALUE, StreamLog
 
 # transformers issue #48947, Qwen3.8-27B, bf16, batch 2 x 4096 random tokens
 REPORT_VALUES = {"prefill max |logit diff|": 0.0, "decode 1 max |logit diff|": 2.1171875}
-
-
-@dataclass
-class ReplayRun:
-    """One greedy run of the installed offloading path under the recording stand-ins."""
-
-    lag: int
-    fix: bool
-    run: GreedyRun
-    log: StreamLog
-    loop: str = "cpu"
-
-    def stale(self) -> list[dict[str, Any]]:
-        return [r for r in self.log.reads() if r["served_stale"]]
-
-
-def replay_run(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, lag: int = 0, fix: bool = False,
-               loop: str = "cpu") -> ReplayRun:
-    """`loop` ("cpu": the `.cpu()` loop, a host wait between calls; "report": none) with DynamicCache(offloading=True)
-    under the recording stand-ins (ordering.record_loop), stale reads served at `lag` (0: nothing stale); `fix`: with
-    the 5.20.0 ordering edge."""
-    record = record_loop(model, ids, n_steps, loop, edge="5.20.0 edge" if fix else "none", lag=lag)
-    record.run.cache = None
-    return ReplayRun(lag, fix, record.run, record.log, loop)
 
 
 def reads_table(log: StreamLog) -> Any:
@@ -78,12 +54,12 @@ def ordering_decision(log: StreamLog) -> Decision:
 
 @dataclass
 class Replay:
-    """The race replay: offloading=False twice (the floor), then the offloading path at each lag."""
+    """The race replay: offloading=False twice (the floor), then the offloading path at each lag (ordering.record_loop)."""
 
     reference: GreedyRun
     again: GreedyRun
     dtype: torch.dtype
-    runs: list[ReplayRun] = field(default_factory=list)
+    runs: list[LoopRecord] = field(default_factory=list)
 
     def table(self) -> Any:
         """Per lag (and fix) and step: max |logit diff| vs offloading=False, bitwise, beyond the floor (compare_logits)."""
@@ -91,24 +67,11 @@ class Replay:
 
         frames = []
         for rr in self.runs:
-            prefix = "" if rr.loop == "cpu" else f"{rr.loop} loop, "
-            variant = prefix + f"lag {rr.lag}" + (" + 5.20.0 edge" if rr.fix else "")
-            steps = compare_logits(self.reference, self.again, rr.run, self.dtype, variant)
-            steps.insert(1, "loop", rr.loop)
-            steps.insert(1, "lag", rr.lag)
-            steps.insert(2, "fix", rr.fix)
-            steps.insert(3, "stale_reads", len(rr.stale()))
-            steps.insert(4, "unordered_reads", len(rr.log.unordered_reads()))
-            frames.append(steps)
+            variant = ("" if rr.loop == "cpu" else f"{rr.loop} loop, ") + f"lag {rr.lag}" + " + 5.20.0 edge" * rr.fix
+            frames.append(tagged(compare_logits(self.reference, self.again, rr.run, self.dtype, variant), 1, lag=rr.lag,
+                                 fix=rr.fix, stale_reads=len(rr.stale()), unordered_reads=len(rr.log.unordered_reads()),
+                                 loop=rr.loop))
         return pd.concat(frames, ignore_index=True)
-
-
-def _recorded_run(recorded: tuple[GreedyRun, StreamLog], n_steps: int, loop: str) -> ReplayRun:
-    """An offloading run already recorded with no lag and no edge, as this replay's lag-0 run of `loop`."""
-    run, log = recorded
-    if (run.loop, len(run.logits)) != (loop, n_steps):
-        raise ValueError(f"recorded run is (loop, calls) {(run.loop, len(run.logits))}, not {(loop, n_steps)}")
-    return ReplayRun(0, False, run, log, loop)
 
 
 def race_replay(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, lags: list[int], dtype: torch.dtype,
@@ -124,11 +87,12 @@ def race_replay(model: torch.nn.Module, ids: torch.Tensor, n_steps: int, lags: l
     if floor is not None and {len(r.logits) for r in floor} != {n_steps}:
         raise ValueError(f"floor runs have {[len(r.logits) for r in floor]} calls, not {n_steps}")
     replay = Replay(*(floor or (greedy_run(model, ids, n_steps), greedy_run(model, ids, n_steps))), dtype)
-    recorded = recorded or {}
-    replay.runs = [_recorded_run(recorded[loop], n_steps, loop) if lag == 0 and loop in recorded
-                   else replay_run(model, ids, n_steps, lag, loop=loop) for loop in loops for lag in lags]
+    given = {loop: LoopRecord(run.loop, "model", log, run, n_layers(model)).check(loop=loop, calls=n_steps)
+             for loop, (run, log) in (recorded or {}).items()}
+    replay.runs = [given[loop] if lag == 0 and loop in given else
+                   record_loop(model, ids, n_steps, loop, "model", "none", lag) for loop in loops for lag in lags]
     if fix_lag is not None:
-        replay.runs += [replay_run(model, ids, n_steps, fix_lag, fix=True, loop=loop) for loop in loops]
+        replay.runs += [record_loop(model, ids, n_steps, loop, "model", "5.20.0 edge", fix_lag) for loop in loops]
     return replay
 
 

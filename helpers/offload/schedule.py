@@ -1,11 +1,9 @@
-"""DynamicCache offloading on a hybrid (linear-attention + full-attention) model: the report's greedy loop,
-the schedule recorder.
+"""DynamicCache offloading on a hybrid (linear-attention + full-attention) model: the schedule recorder.
 
-* `greedy_run`: the kit's `.cpu()` greedy loop (not the report's run(), see helpers.offload.loops) — a prefill (logits_to_keep=1), then greedy one-token decode steps.
-* `record_schedule` (everywhere): which cache layers the offloading path actually offloads and prefetches,
-  per forward call. The cache's own `offload`/`prefetch`/`update*` methods are wrapped on the instance (the
-  originals still run) under helpers.offload.streams' recording stand-ins for the CUDA stream API, and
-  helpers.offload.tracking.track enters every copy into the stream log (the ordering check).
+`record_schedule` (everywhere): which cache layers the offloading path actually offloads and prefetches, per forward
+call of the kit's `.cpu()` greedy loop (helpers.offload.loops.greedy_run). The cache's own `offload`/`prefetch`/
+`update*` methods are wrapped on the instance (the originals still run) under helpers.offload.streams' recording
+stand-ins for the CUDA stream API, and helpers.offload.tracking.track enters every copy into the stream log.
 
 The stream model and the race replay: helpers.offload.streams, helpers.offload.replay; the GPU experiment:
 helpers.offload.gpu; the installed source and the real path unpatched: helpers.offload.source; figures: helpers.offload.plots.

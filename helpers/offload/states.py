@@ -11,8 +11,10 @@ from typing import Any
 import torch
 
 from kvresume import compat
+from kvresume.layers import has_linear_state
 from ..compare import noise_floor
 from .loops import GreedyRun, step_table
+from .tracking import _kv
 
 ATTENTION_KV = "attention K/V"
 LINEAR_STATE = "linear conv/recurrent state"
@@ -21,16 +23,10 @@ State = dict[str, tuple[int, str, torch.Tensor]]
 
 def layer_states(i: int, layer: Any) -> State:
     """The state tensors cache layer `i` holds right now: its K/V, then its conv/recurrent states."""
-    keys, values = compat.layer_kv(layer) if getattr(layer, "is_initialized", False) else (None, None)
-    out: State = {f"layer {i} {name}": (i, ATTENTION_KV, tensor) for name, tensor in (("keys", keys), ("values", values))
-                  if isinstance(tensor, torch.Tensor) and tensor.numel() > 0}
-    for kind in ("conv_states", "recurrent_states"):
-        states = getattr(layer, kind, None)
-        flags = getattr(layer, f"is_{kind}_initialized", None)
-        items = states.items() if isinstance(states, dict) else enumerate(states or [])
-        for j, tensor in items:
-            ready = flags[j] if isinstance(flags, (dict, list)) else True
-            if ready and isinstance(tensor, torch.Tensor) and tensor.numel() > 0:
+    out: State = {f"layer {i} {name}": (i, ATTENTION_KV, t) for name, t in zip(("keys", "values"), _kv(layer))}
+    for kind in ("conv_states", "recurrent_states") if has_linear_state(layer) else ():
+        for j, tensor in getattr(layer, kind).items():
+            if tensor is not None and tensor.numel() > 0:
                 out[f"layer {i} {kind}[{j}]"] = (i, LINEAR_STATE, tensor)
     return out
 
@@ -47,6 +43,13 @@ def snapshot(cache: Any) -> State:
     return {k: (i, kind, t.detach().float().cpu().clone()) for k, (i, kind, t) in state_tensors(cache).items()}
 
 
+def tagged(frame: Any, at: int = 0, **cols: Any) -> Any:
+    """`frame` with the columns `cols` inserted in order from position `at` on."""
+    for i, (k, v) in enumerate(cols.items()):
+        frame.insert(at + i, k, v)
+    return frame
+
+
 def compare_logits(base: GreedyRun, again: GreedyRun, other: GreedyRun, dtype: torch.dtype, name: str) -> Any:
     """Per step: max |logit diff| of `other` vs offloading=False, the noise floor (the same run twice), matches/differs."""
     steps = step_table(base, other, noise=again)
@@ -54,8 +57,7 @@ def compare_logits(base: GreedyRun, again: GreedyRun, other: GreedyRun, dtype: t
     steps["noise_threshold"] = [f.threshold for f in floors]
     steps["matches"] = [f.matches(v) for f, v in zip(floors, steps.max_abs_diff)]
     steps["differs"] = [f.differs(v) for f, v in zip(floors, steps.max_abs_diff)]
-    steps.insert(0, "variant", name)
-    return steps
+    return tagged(steps, variant=name)
 
 
 def compare_states(base: list[State], again: list[State], other: list[State], dtype: torch.dtype, name: str,

@@ -125,11 +125,6 @@ class StreamLog:
         event.t = self.ready[stream.name] = self._tick(stream.name)
         self._note("record_event", stream.name, detail=f"event {event.ident}")
 
-    def ignored_wait(self, stream: "RecStream", event: "RecEvent") -> None:
-        """A wait that orders nothing: torch.Stream.wait_event on a torch.cuda.Event (see CUDA_EVENT above)."""
-        self._note("wait_event ignored", stream.name, detail=f"{stream.api}.wait_event({event.api} {event.ident}): "
-                   "waits on the event's unrecorded c10::Event")
-
     def host_wait(self, clock: Clock, what: str, why: str = "", until: float = 0.0) -> None:
         """The host blocks until work up to `clock` (modelled time `until`) is done: everything enqueued later is after it."""
         self.host = join(self.host, clock)
@@ -197,9 +192,6 @@ class RecStream:
     def __init__(self, log: StreamLog, name: str, api: str = CUDA_STREAM) -> None:
         self.log, self.name, self.api = log, name, api
 
-    def __repr__(self) -> str:
-        return f"<recorded stream {self.name}>"
-
     def __enter__(self) -> "RecStream":
         self.log.stack.append(self)
         return self
@@ -212,9 +204,11 @@ class RecStream:
         self.log.wait_stream(self, other)
 
     def wait_event(self, event: "RecEvent") -> None:
-        """torch.cuda.Stream: `event.wait(self)`, a real wait; torch.Stream: no wait on a torch.cuda.Event."""
+        """torch.cuda.Stream: `event.wait(self)`, a real wait; torch.Stream: no wait on a torch.cuda.Event, noted as
+        ignored (it waits on the event's unrecorded c10::Event, see CUDA_EVENT above)."""
         if self.api == TORCH_STREAM and event.api == CUDA_EVENT:
-            self.log.ignored_wait(self, event)
+            self.log._note("wait_event ignored", self.name, detail=f"{self.api}.wait_event({event.api} {event.ident}): "
+                           "waits on the event's unrecorded c10::Event")
         else:
             event.wait(self)
 

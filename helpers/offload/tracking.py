@@ -173,25 +173,20 @@ def offload_event_edge(cache: Any) -> Iterator[Any]:
         yield cache
 
 
-def _record_stream(tensor: torch.Tensor, stream: Any, layer: int) -> None:
-    """`tensor.record_stream(stream)`; under the recording stand-ins, entered into the stream log instead."""
-    log = getattr(stream, "log", None)
-    if isinstance(log, StreamLog):
-        log.record_stream(stream, layer, f"{device_buffer(layer)} used on {stream.name}")
-    else:
-        tensor.record_stream(stream)
-
-
 @contextmanager
 def record_stream_edge(cache: Any) -> Iterator[Any]:
     """Reuse-only fix arm: after each layer's prefetch, `keys/values.record_stream(default stream)`, so the
-    allocator does not reuse a prefetched block before the default stream's reads of it are done."""
+    allocator does not reuse a prefetched block before the default stream's reads of it are done (under the recording
+    stand-ins, entered into the stream log instead)."""
 
     def keep(idx: int, layer: Any) -> None:
         held = _kv(layer)
         default = torch.cuda.default_stream() if held else None
         for tensor in held:
-            _record_stream(tensor, default, idx)
+            if isinstance(getattr(default, "log", None), StreamLog):
+                default.log.record_stream(default, idx, f"{device_buffer(idx)} used on {default.name}")
+            else:
+                tensor.record_stream(default)
 
     with ExitStack() as undo:
         for idx, layer in enumerate(compat.cache_layers(cache)):

@@ -7,13 +7,14 @@ after the first with `--lag-from` the first's results: the same lag). Notebook 0
 cuda -p dtype float16`) follows where papermill imports. Every step has its own timeout (`--timeout`, and a whole
 `--budget`), so a hang loses that step only. Everything goes under one folder (`--out`, default outputs/gpu): the
 plan, each step's log, each release's results, and gpu-check.json with every release's verdicts, their seconds and
-the claim that compares releases (helpers.offload.releases). Without CUDA it says why in one line and exits 2
-before building or running anything.
+the claim that compares releases (helpers.offload.gpu.releases_claim). Without CUDA it says why in one line and
+exits 2 before building or running anything.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -40,26 +41,21 @@ Step = Callable[..., "int | str"]  # (python, out, timeout[, extra]): an exit st
 TIMED_OUT, MIN_STEP_S = 124, 10.0
 
 
-def _text(data: Any) -> str:
-    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
-
-
-def _call(cmd: list[str], out: Path | None, timeout: float, log: Path | None = None, **kw: Any) -> int:
-    """`cmd` from the checkout's root in a release python's environment; its exit status (124 on timeout). With
-    `log`, its output goes there (also when it timed out) and its last lines are printed."""
+def _call(cmd: list[str], out: Path | None, timeout: float, log: Path | None = None) -> int:
+    """`cmd` from the checkout's root in a release python's environment; its exit status (124 on timeout). Its output
+    and errors go to `log` as they come (kept when it timed out), whose last lines are then printed; without `log`, to
+    nowhere."""
     from ..matrix.envs import child_env
 
+    with open(log or os.devnull, "w") as f:
+        try:
+            rc = subprocess.run(cmd, cwd=str(repo_root()), env=child_env(out), timeout=timeout, stdout=f,
+                                stderr=subprocess.STDOUT).returncode
+        except subprocess.TimeoutExpired:
+            rc = TIMED_OUT
+            f.write(f"\n[gpu-check] timed out after {timeout:.0f} s\n")
     if log is not None:
-        kw.update(capture_output=True, text=True)
-    try:
-        done = subprocess.run(cmd, cwd=str(repo_root()), env=child_env(out), timeout=timeout, **kw)
-        rc, out_text, err = done.returncode, _text(getattr(done, "stdout", "")), _text(getattr(done, "stderr", ""))
-    except subprocess.TimeoutExpired as exc:
-        rc, out_text, err = TIMED_OUT, _text(exc.stdout) + f"\n[gpu-check] timed out after {timeout:.0f} s\n", _text(exc.stderr)
-    if log is not None:
-        log.write_text(out_text + ("\n--- stderr ---\n" + err if err else ""))
-        shown = (out_text if rc == 0 else out_text + err).strip().splitlines()[-12:]  # the error's tail where it failed
-        print("\n".join(f"  | {line}" for line in shown), flush=True)
+        print("\n".join(f"  | {line}" for line in log.read_text().strip().splitlines()[-12:]), flush=True)
     return rc
 
 
@@ -109,7 +105,7 @@ def simulated_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...
 
 
 def has_papermill(python: str) -> bool:
-    return _call([python, "-c", "import papermill"], None, 300, capture_output=True) == 0
+    return _call([python, "-c", "import papermill"], None, 300) == 0
 
 
 def run_flash(python: str, out: Path, timeout: float) -> int | str:
@@ -221,12 +217,12 @@ def cross_release(rows: list[dict[str, Any]], root: Path) -> dict[str, Any]:
     """The claim comparing the first release without the ordering edge with the first release with it."""
     from packaging.version import Version
 
-    from ...offload.releases import decide
+    from ...offload.gpu import releases_claim
 
     before = [r["release"] for r in rows if Version(r["release"]) < Version(EDGE_RELEASE)]
     load = lambda release: load_json(root / release / ARMS_FILE) if release else {}  # noqa: E731
     with_edge = EDGE_RELEASE if any(r["release"] == EDGE_RELEASE for r in rows) else None
-    return decide(load(before[0] if before else None), load(with_edge))
+    return releases_claim(load(before[0] if before else None), load(with_edge))
 
 
 def main(argv: list[str] | None = None, cuda: tuple[bool, str] | None = None, probe: Probe = torch_cuda,
