@@ -64,9 +64,11 @@ def current_position_ids(model: torch.nn.Module, prompt: Prompt) -> torch.Tensor
     return (torch.full((3, 1, 1), position, device=prompt.input_ids.device) + delta.view(1, -1, 1).to(prompt.input_ids.device))
 
 
-def generation_kwargs(variant: str, prompt: Prompt, position_ids: torch.Tensor) -> dict[str, Any]:
-    """The keyword arguments of one of GENERATION_VARIANTS (neither, position_only, mask_only, both)."""
-    given = {"attention_mask": prompt.attention_mask, "position_ids": position_ids}
+def generation_kwargs(variant: str, prompt: Prompt, position_ids: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> dict[str, Any]:
+    """The keyword arguments of one of GENERATION_VARIANTS (neither, position_only, mask_only, both); `mask`: the full
+    mask (the prompt's when not given)."""
+    given = {"attention_mask": prompt.attention_mask if mask is None else mask, "position_ids": position_ids}
     return {name: given[name] for name in GENERATION_VARIANTS[variant]}
 
 

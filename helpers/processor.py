@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from kvresume.compat import image_processor_class
+from transformers import AutoProcessor, AutoTokenizer
+from transformers.image_utils import load_image
+from transformers.processing_utils import ProcessorMixin
 
 
 @dataclass
@@ -72,8 +74,6 @@ class TokenizerImageProcessor:
 
 
 def _load_image(image: Any) -> Any:
-    from transformers.image_utils import load_image
-
     return image if not isinstance(image, str) else load_image(image)
 
 
@@ -82,8 +82,6 @@ def fallback_processor(model_id: str, revision: str | None = None,
     """Tokenizer + chat template + torchvision-free image processor, each read by transformers from the checkpoint's
     files (the image processor settings from processor_config.json or preprocessor_config.json, the chat template
     from chat_template.jinja, chat_template.json or processor_config.json, else the tokenizer's)."""
-    from transformers import AutoTokenizer
-    from transformers.processing_utils import ProcessorMixin
 
     tokenizer = AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
     image_processor = image_processor_class().from_pretrained(model_id, revision=revision)
@@ -96,8 +94,6 @@ def fallback_processor(model_id: str, revision: str | None = None,
 
 def load_processor(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Any, str]:
     """(processor, which path built it): AutoProcessor where it loads, else the fallback with the reason."""
-    from transformers import AutoProcessor
-
     try:
         return AutoProcessor.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code), "AutoProcessor"
     except Exception as exc:  # noqa: BLE001 - any failure of the full processor sends us to the fallback

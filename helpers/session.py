@@ -8,6 +8,9 @@ import re
 import time
 from typing import Any
 
+import pandas as pd
+from transformers.utils import logging as hf_logging
+
 from .models import ModelBundle, load, public_model_id
 from .results import Results, environment
 
@@ -52,8 +55,6 @@ def _report_timing(**values: float) -> None:
 
 def show_environment(res: Results) -> Any:
     """The environment block as a one-column DataFrame."""
-    import pandas as pd
-
     return pd.DataFrame({"value": res.env}).rename_axis("environment")
 
 
@@ -89,8 +90,6 @@ _CAPTURE = WarningCapture()
 
 def capture_warnings(res: Results | None) -> WarningCapture:
     """Install the capture once (on transformers' root logger and its handlers) and point it at `res`."""
-    from transformers.utils import logging as hf_logging
-
     root = hf_logging.get_logger()  # the library's root logger, "transformers"
     targets = [root, *root.handlers]
     for target in targets:
