@@ -1,11 +1,13 @@
 """Notebook start-up: declare the claims, write the results file, load the model, show the environment."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import time
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -46,11 +48,8 @@ def _report_timing(**values: float) -> None:
     """Tell the runner (KVKIT_TIMINGS_FILE, set only by it) when start-up began and what the model cost."""
     path = os.environ.get("KVKIT_TIMINGS_FILE")
     if path:
-        try:
-            with open(path, "w") as fh:
-                json.dump({k: round(v, 3) for k, v in values.items()}, fh)
-        except OSError:
-            pass  # timings are a benchmark aid, never a reason to fail a notebook
+        with contextlib.suppress(OSError):  # timings are a benchmark aid, never a reason to fail a notebook
+            Path(path).write_text(json.dumps({k: round(v, 3) for k, v in values.items()}))
 
 
 def show_environment(res: Results) -> Any:
@@ -73,10 +72,8 @@ class WarningCapture(logging.Filter):
         self.pending: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or not record.name.startswith("transformers"):
-            return True
         message = record.getMessage()
-        if not FALLBACK.search(message):
+        if record.levelno < logging.WARNING or not record.name.startswith("transformers") or not FALLBACK.search(message):
             return True
         if self.results is not None:
             self.results.warn(message)
@@ -91,8 +88,7 @@ _CAPTURE = WarningCapture()
 def capture_warnings(res: Results | None) -> WarningCapture:
     """Install the capture once (on transformers' root logger and its handlers) and point it at `res`."""
     root = hf_logging.get_logger()  # the library's root logger, "transformers"
-    targets = [root, *root.handlers]
-    for target in targets:
+    for target in (root, *root.handlers):
         if _CAPTURE not in target.filters:
             target.addFilter(_CAPTURE)
     _CAPTURE.results = res

@@ -197,15 +197,3 @@ def spans(positions: list[int]) -> str:
     runs = [[p for _, p in run] for _, run in itertools.groupby(enumerate(positions), lambda ip: ip[1] - ip[0])]
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
-
-def step_row(name: str, step: Step, original: Step | None, reference: torch.Tensor) -> dict[str, Any]:
-    """One table row: result, what reached the model, and max |diff| vs the original and the full forward."""
-    c = step.call
-    return {"step": name, "result": "worked" if step.ok else f"failed ({step.error_type})",
-            "input_ids_shape": c.get("input_ids_shape"), "attention_mask_shape": c.get("attention_mask_shape"),
-            "position_ids": c.get("position_ids"), "cache_position": c.get("cache_position"),
-            "rotary_position": c.get("rotary_position"), "past_length": c.get("past_length"),
-            "vs_original": diff(step, original) if original is not None else None,
-            "vs_full_forward": float(logit_metrics(reference, step.logits)["max_abs_diff"]) if step.ok else None,
-            "top1_equal_full_forward": bool(logit_metrics(reference, step.logits)["top1_equal"]) if step.ok else None,
-            "stage": step.stage, "error": step.error[:120]}

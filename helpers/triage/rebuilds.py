@@ -154,27 +154,26 @@ def builtin(name: str, sink: int = 4, window: int = 16) -> RebuildFn:
 
 
 def _import_target(spec: str) -> Any:
+    """What 'path/to/file.py:function' or 'package.module:function' names; RebuildError (one line) otherwise."""
     where, _, attr = spec.rpartition(":")
     if not where or not attr:
         raise RebuildError(f"rebuild {spec!r}: expected a built-in ({', '.join(BUILTINS)}), "
                            "'path/to/file.py:function' or 'package.module:function'")
+    head, name, path = f"rebuild {shown(spec)!r}", repr(shown(where + ":")[:-1]), resolve(where)
+    if where.endswith(".py") and not path.is_file():
+        raise RebuildError(f"{head}: file {name} does not exist "
+                           "(relative paths are tried from the working directory, then the kit checkout)")
     try:
         if where.endswith(".py"):
-            path = resolve(where)
-            if not path.is_file():
-                raise RebuildError(f"rebuild {shown(spec)!r}: file {shown(where + ':')[:-1]!r} does not exist "
-                                   "(relative paths are tried from the working directory, then the kit checkout)")
             mod_spec = importlib.util.spec_from_file_location(f"kvkit_rebuild_{path.stem}", path)
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
         else:
             module = importlib.import_module(where)
-    except RebuildError:
-        raise
     except Exception as exc:  # noqa: BLE001 - one line instead of a traceback
-        raise RebuildError(f"rebuild {shown(spec)!r}: cannot import {shown(where + ':')[:-1]!r}: {_one_line(exc)}") from None
+        raise RebuildError(f"{head}: cannot import {name}: {_one_line(exc)}") from None
     if not hasattr(module, attr):
-        raise RebuildError(f"rebuild {shown(spec)!r}: {shown(where + ':')[:-1]!r} has no attribute {attr!r}")
+        raise RebuildError(f"{head}: {name} has no attribute {attr!r}")
     return getattr(module, attr)
 
 
