@@ -141,9 +141,7 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     kind = slot_verdict(matched)
     fixes = repairs.run_all(base, rebuilt.cache, {"full": steps[FULL], "resumed": resumed}, applied.state_after, fresh,
                             resume_on, kind)
-    delta = rope_offset(base)
-    extra = {"positions_include_rope_deltas": delta if delta is not None else "no (text positions)",
-             "generate_args": RESUME_ARGS if rebuilt.resume else FULL,
+    extra = {"generate_args": RESUME_ARGS if rebuilt.resume else FULL,
              "generate_position": resumed.call.get("rotary_position"),
              "logical_position": explicit.call.get("rotary_position"),
              "explicit_vs_generate": diff(explicit, resumed),
