@@ -20,6 +20,7 @@ from kvresume.compat import image_processor_class
 from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer, LlamaForCausalLM,
                           Qwen3_5ForCausalLM)
 
+from .pipeline.run.params import DTYPE_ALIASES
 from .processor import load_processor
 
 TINY_VL = "tiny-qwen3-vl"
@@ -101,8 +102,6 @@ def local_folder_revision(folder: str) -> str:
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """'float16' / 'fp16' / torch.float16 -> torch.float16."""
-    from .pipeline.run.params import DTYPE_ALIASES
-
     if isinstance(dtype, torch.dtype):
         return dtype
     value = getattr(torch, DTYPE_ALIASES.get(dtype, dtype), None)

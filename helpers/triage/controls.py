@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 
 from kvresume import compat
 from ..capture import describe_call
@@ -117,8 +118,7 @@ def full_mask(prompt: Resume, physical_length: int) -> torch.Tensor:
     mask = prompt.attention_mask
     if physical_length == prompt.processed:
         return mask
-    suffix = mask[:, prompt.processed:]
-    return torch.cat([torch.ones(mask.shape[0], physical_length, dtype=mask.dtype, device=mask.device), suffix], dim=1)
+    return F.pad(mask[:, prompt.processed:], (physical_length, 0), value=1)
 
 
 def full_kwargs(prompt: Resume, cache: Any) -> dict[str, torch.Tensor]:
