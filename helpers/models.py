@@ -65,8 +65,6 @@ class ModelBundle:
 
     def fresh_instance(self) -> torch.nn.Module:
         """A second model instance with the same weights and no model-side state from earlier calls."""
-        if self.build is None:
-            raise RuntimeError("this bundle has no builder for a fresh instance")
         return self.build()
 
     def environment(self) -> dict[str, Any]:

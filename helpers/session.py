@@ -69,16 +69,14 @@ class WarningCapture(logging.Filter):
     def __init__(self) -> None:
         super().__init__("transformers")
         self.results: Results | None = None
-        self.pending: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        if record.levelno < logging.WARNING or not record.name.startswith("transformers") or not FALLBACK.search(message):
+        if self.results is None or record.levelno < logging.WARNING or not record.name.startswith("transformers"):
             return True
-        if self.results is not None:
-            self.results.warn(message)
-        else:
-            self.pending.append(message)
+        if not FALLBACK.search(message):
+            return True
+        self.results.warn(message)
         return False
 
 
@@ -86,14 +84,11 @@ _CAPTURE = WarningCapture()
 
 
 def capture_warnings(res: Results | None) -> WarningCapture:
-    """Install the capture once (on transformers' root logger and its handlers) and point it at `res`."""
+    """Install the capture once (on transformers' root logger and its handlers) and point it at `res` (None: the
+    warnings print as before)."""
     root = hf_logging.get_logger()  # the library's root logger, "transformers"
     for target in (root, *root.handlers):
         if _CAPTURE not in target.filters:
             target.addFilter(_CAPTURE)
     _CAPTURE.results = res
-    if res is not None:
-        for message in _CAPTURE.pending:
-            res.warn(message)
-        _CAPTURE.pending.clear()
     return _CAPTURE

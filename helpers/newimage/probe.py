@@ -9,7 +9,7 @@ from typing import Any, Iterator
 import torch
 
 from kvresume import compat
-from ..capture import describe_call, hooked, shape_of
+from ..continuation import describe_call, hooked, shape_of
 from ..rope import as_list as flat
 
 

@@ -18,9 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from kvresume import compat
-from ..capture import describe_call
 from ..compare import logit_metrics
-from ..continuation import GENERATION_VARIANTS, generation_kwargs
+from ..continuation import GENERATION_VARIANTS, describe_call, generation_kwargs
 from .patterns import Resume, mask_positions
 from kvresume import layers
 
