@@ -6,6 +6,7 @@ the kit and its tests build comes from here) and real checkpoints.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
@@ -168,11 +169,6 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _is_cached(model_id: str, revision: str | None) -> bool:
-    hit = try_to_load_from_cache(model_id, "config.json", revision=revision)
-    return isinstance(hit, str)
-
-
 def _unavailable(model_id: str, why: str) -> ModelUnavailableError:
     tiny = ", ".join(f"'{name}'" for name in TINY_MODELS)
     return ModelUnavailableError(
@@ -184,7 +180,8 @@ def _unavailable(model_id: str, why: str) -> ModelUnavailableError:
 def pretrained_model(model_id: str, revision: str | None, dtype: torch.dtype, attn_implementation: str,
                      device: str, trust_remote_code: bool = False) -> torch.nn.Module:
     """A real checkpoint (image-text-to-text where its config has a vision part), or ModelUnavailableError."""
-    if not os.path.isdir(model_id) and not _is_cached(model_id, revision) and not hub_reachable():
+    if not (os.path.isdir(model_id) or isinstance(try_to_load_from_cache(model_id, "config.json", revision=revision), str)
+            or hub_reachable()):
         raise _unavailable(model_id, "the model hub is not reachable from this machine and it is not in the local cache")
     try:
         config = AutoConfig.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
@@ -230,10 +227,8 @@ def load(model_id: str = TINY_VL, revision: str | None = None, dtype: str | torc
     if model_id.startswith("tiny-"):
         raise _unavailable(model_id, "no tiny model of that name")
     torch.manual_seed(seed)
-
-    def build_real() -> torch.nn.Module:
-        return pretrained_model(model_id, revision, torch_dtype, attn_implementation, device, trust_remote_code)
-
+    build_real = functools.partial(pretrained_model, model_id, revision, torch_dtype, attn_implementation, device,
+                                   trust_remote_code)
     model = build_real()
     is_multimodal = hasattr(model.config, "vision_config")
     processor, tokenizer, path = text_side(model_id, revision, is_multimodal, trust_remote_code)
