@@ -36,10 +36,8 @@ class TokenizerImageProcessor:
         if len(pieces) - 1 != len(image_grid_thw):
             raise ValueError(f"{len(pieces) - 1} image tokens in the prompt but {len(image_grid_thw)} images")
         merge_length = int(self.image_processor.merge_size) ** 2
-        out = pieces[0]
-        for grid, piece in zip(image_grid_thw, pieces[1:]):
-            out += self.image_token * (int(grid.prod()) // merge_length) + piece
-        return out
+        tokens = [self.image_token * (int(grid.prod()) // merge_length) for grid in image_grid_thw]
+        return "".join(piece + token for piece, token in zip(pieces, tokens + [""]))
 
     def __call__(self, text: str, images: list[Any] | None = None, return_tensors: str = "pt",
                  add_special_tokens: bool = True) -> dict[str, torch.Tensor]:
