@@ -14,7 +14,7 @@ from typing import Any
 from ..compare import NoiseFloor
 from .facts import (ArgSet, Controls, LayerState, Repair, ResumeState, SlotLayer, consistent,  # noqa: F401 - re-exported
                     identical, metadata_differs, model_state_differs, slot_kind, slot_layers, slot_verdict)
-from .walk import LEAVES, NODES, QUESTIONS, REPAIR_LEAF, choose_branch  # noqa: F401 - re-exported
+from .walk import NODES, QUESTIONS, REPAIR_LEAF, choose_branch  # noqa: F401 - re-exported
 
 # What each leaf of the tree means.
 MEANING = {
@@ -37,6 +37,7 @@ MEANING = {
     "reconstruction_copy": "the reconstruction/copy path changed the K/V values",
     "unexplained": "a hidden state or a generation branch that tells the objects apart",
 }
+LEAVES = tuple(MEANING)  # every leaf the walk can name, in the tree's order
 
 # One line per leaf: what the reporter does next (the repair the kit ran and measured, where there is one; its
 # measured number is printed under the tree).
