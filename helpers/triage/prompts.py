@@ -17,11 +17,9 @@ import torch
 from ..inputs import TINY_TEXT_AFTER, TINY_TEXT_BEFORE, Prompt, build_prompt
 from ..models import ModelBundle
 from ..pipeline.paths import repo_root
+from ..pipeline.run.params import RESERVED_GENERATE  # generate() arguments the controls set themselves
 
 BYTE_OFFSET = 10  # byte b -> token id 10 + b: clear of the first ids, below every tiny vocabulary (2048)
-# generate() arguments the controls set themselves (the argument sets and the one-step greedy contract)
-RESERVED_GENERATE = ("input_ids", "attention_mask", "position_ids", "past_key_values", "max_new_tokens",
-                     "return_dict_in_generate", "output_logits", "generation_config")
 
 
 def resolve(path: str) -> Path:
