@@ -46,16 +46,16 @@ def build_variants(prefill_cache: Any, model_config: Any) -> dict[str, Variant]:
 
 
 def describe(cache: Any) -> dict[str, Any]:
-    """Layer count, layer classes, reported length and K/V shapes of a cache."""
+    """Layer count, layer classes, reported length, K/V shapes and dtypes of a cache (each kind listed once)."""
     layers = compat.cache_layers(cache)
     shapes = [tuple(None if t is None else tuple(t.shape) for t in compat.layer_kv(layer)) for layer in layers]
     return {
-        "cache_class": type(cache).__name__,
         "n_layers": len(layers),
-        "layer_classes": sorted({type(layer).__name__ for layer in layers}),
+        "layer_classes": ", ".join(sorted({type(layer).__name__ for layer in layers})),
         "seq_length": int(cache.get_seq_length()),
-        "kv_shapes": sorted({str(s) for s in shapes}),
-        "kv_dtype": sorted({str(compat.layer_kv(layer)[0].dtype) for layer in layers if compat.layer_kv(layer)[0] is not None}),
+        "kv_shapes": "; ".join(sorted({str(s) for s in shapes})),
+        "kv_dtype": ", ".join(sorted({str(compat.layer_kv(layer)[0].dtype) for layer in layers
+                                      if compat.layer_kv(layer)[0] is not None})),
     }
 
 
