@@ -29,14 +29,11 @@ STATIC_ROOM = 4  # static caches hold the sequence plus this many slots
 
 @dataclass
 class Resume(Prompt):
-    """A prompt split for a resume: columns [:split] are in the prefix cache, [split:] is the unprocessed suffix."""
+    """A prompt split for a resume: columns [:processed] are in the prefix cache, [processed:] is the unprocessed
+    suffix."""
 
-    split: int = -1
+    processed: int = 0
     positions_from_mask: bool = False  # text model with padding: positions follow the mask (as generate() computes them)
-
-    @property
-    def processed(self) -> int:
-        return self.split if self.split >= 0 else self.length + self.split
 
     @property
     def last_token(self) -> torch.Tensor:
@@ -151,8 +148,7 @@ def _batched(bundle: ModelBundle, prompt: Prompt, cache_class: str) -> Case:
     ids = torch.tensor([row, [pad] * (len(row) - len(short)) + short], device=device)
     mask = torch.tensor([[1] * len(row), [0] * (len(row) - len(short)) + [1] * len(short)], device=device)
     resume = Resume(ids, mask, {}, ids.shape[1] - 1, True)  # text rows: positions follow the mask, as in generate()
-    if compat.rope_state_owner(model) is not None:
-        compat.set_rope_state(model, None)  # a text-only batch carries no multimodal position state
+    compat.put_rope_state(model, None)  # a text-only batch carries no multimodal position state
     notes = {"rows": 2, "row_lengths": [len(row), len(short)], "left_padding": [0, len(row) - len(short)],
              "pad_token_id": pad, "text_only": True}
     return Case("batched", cache_class, resume, prefix_cache(model, resume, cache_class), notes)
