@@ -114,7 +114,7 @@ GENERATION_VARIANTS = {"neither": (), "position_only": ("position_ids",), "mask_
 class Outcome:
     """What one continuation did: its first-step logits, or the error it raised, where, and its first call.
 
-    `stage`: where the error was raised relative to the first model call (BEFORE_MODEL_CALL, IN_FIRST_CALL, AFTER_FIRST_CALL);
+    `stage`: where the error was raised relative to the first model call (BEFORE_MODEL_CALL, IN_FIRST_CALL, ...);
     `rotary_position_shapes`: the position ids the text rotary embedding received during that call.
     """
 

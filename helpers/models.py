@@ -18,8 +18,8 @@ import torch
 from huggingface_hub import try_to_load_from_cache
 from kvresume import testing
 from kvresume.compat import image_processor_class
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer, LlamaForCausalLM,
-                          Qwen3_5ForCausalLM)
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer,
+                          LlamaForCausalLM, Qwen3_5ForCausalLM)
 
 from .pipeline.run.params import DTYPE_ALIASES
 from .processor import load_processor
@@ -180,8 +180,8 @@ def _unavailable(model_id: str, why: str) -> ModelUnavailableError:
 def pretrained_model(model_id: str, revision: str | None, dtype: torch.dtype, attn_implementation: str,
                      device: str, trust_remote_code: bool = False) -> torch.nn.Module:
     """A real checkpoint (image-text-to-text where its config has a vision part), or ModelUnavailableError."""
-    if not (os.path.isdir(model_id) or isinstance(try_to_load_from_cache(model_id, "config.json", revision=revision), str)
-            or hub_reachable()):
+    if not (os.path.isdir(model_id)
+            or isinstance(try_to_load_from_cache(model_id, "config.json", revision=revision), str) or hub_reachable()):
         raise _unavailable(model_id, "the model hub is not reachable from this machine and it is not in the local cache")
     try:
         config = AutoConfig.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)

@@ -61,7 +61,7 @@ def _rebuild(cache: Any, model: torch.nn.Module, transform: Any = None) -> Any:
     """`helpers.regress.rebuilds.layer_aware`: K/V `update()`d (through `transform`), sliding layers' processed length
     and linear layers' conv/recurrent states carried through transformers' own layer classes."""
     _check_layers(cache)
-    if isinstance(cache, StaticCache):  # a StaticCache in, a StaticCache of the same size out (through its filled slots)
+    if isinstance(cache, StaticCache):  # a StaticCache in, a StaticCache of that size out (through its filled slots)
         size = int(compat.cache_layers(cache)[0].max_cache_len)
         return patterns.as_static(_rebuild(patterns.as_dynamic(cache, model.config), model, transform), model.config, size)
     return family.layer_aware(cache, model.config, transform) if transform else family.layer_aware(cache, model.config)
@@ -136,7 +136,8 @@ def reused_no_copy(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
     question, 2 new tokens) ran on this very cache object, so it holds 5 slots of that request after the prefix
     (a StaticCache: as many as its free slots allow)."""
     n = int(cache.get_seq_length())
-    room = int(compat.cache_layers(cache)[0].max_cache_len) - n if isinstance(cache, StaticCache) else len(QUESTION_IDS) + 1
+    static = isinstance(cache, StaticCache)
+    room = int(compat.cache_layers(cache)[0].max_cache_len) - n if static else len(QUESTION_IDS) + 1
     question = torch.tensor([QUESTION_IDS[:max(room - 1, 1)]], device=prompt.input_ids.device)
     ids = torch.cat([prompt.input_ids[:, :n], question.expand(prompt.input_ids.shape[0], -1)], dim=1)
     mask = torch.cat([prompt.attention_mask[:, :n], torch.ones_like(ids[:, n:])], dim=1)

@@ -67,7 +67,8 @@ def instance_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
     rows = []
     for name, t in results.items():
         rows.append({"rebuild": name, "instance": "same instance", **step_row(t.steps[FULL], None, base.reference)})
-        rows += [{"rebuild": name, "instance": k, **step_row(s, t.steps[FULL], base.reference)} for k, s in t.fresh.items()]
+        rows += [{"rebuild": name, "instance": k, **step_row(s, t.steps[FULL], base.reference)}
+                 for k, s in t.fresh.items()]
     cols = ["result", "rotary_position", "vs_original", "vs_full_forward", "top1_equal_full_forward"]
     return pd.DataFrame(rows).set_index(["rebuild", "instance"])[cols].rename(columns={"vs_original": "vs_same_instance"})
 

@@ -186,9 +186,7 @@ def per_layer_outcome(c: Controls, full: ArgSet) -> str:
     """'error', 'silent_difference' or 'no_difference' of generate() (full mask) from the per-layer cache."""
     if not full.rebuilt_ok:
         return "error"
-    if full.max_abs_diff is not None and c.floor.differs(full.max_abs_diff):
-        return "silent_difference"
-    return "no_difference"
+    return "silent_difference" if c.floor.differs(full.max_abs_diff) else "no_difference"  # None: never differs
 
 
 def decide_per_layer(c: Controls, full: ArgSet, mechanism: dict[str, Any]) -> tuple[bool, str, dict[str, Any], dict[str, Any]]:
@@ -218,8 +216,7 @@ def backend_outcome(o: dict[str, Any], floor: NoiseFloor) -> str:
     """'error' (raised inside attention), 'error_elsewhere', 'silent_difference' or 'no_difference' for one backend."""
     if not o["ok"]:
         return "error" if "attention" in (o.get("stage") or "") else "error_elsewhere"
-    d = o.get("max_abs_diff_vs_original")
-    return "silent_difference" if d is not None and floor.differs(d) else "no_difference"
+    return "silent_difference" if floor.differs(o.get("max_abs_diff_vs_original")) else "no_difference"
 
 
 def decide_per_layer_backends(outcomes: dict[str, dict[str, Any]], floor: NoiseFloor,
