@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import matplotlib.pyplot as plt
-from matplotlib.patches import Rectangle
 
 from .pipeline.paths import output_dir
 
@@ -214,6 +213,8 @@ def status_grid_figure(rows: Sequence[str], cols: Sequence[str], status: Sequenc
                        text: Sequence[Sequence[str]], title: str, caption: str | None = None) -> Any:
     """A rows x cols grid of coloured cells (status: worked/equal green, failed/differs red, not run grey),
     each annotated with `text` (e.g. the first call's input_ids/mask shapes): a source's own pass/fail table."""
+    from matplotlib.patches import Rectangle
+
     fig, ax = plt.subplots(figsize=(2.3 * len(cols) + 2.2, 0.9 * len(rows) + 1.6))
     for i, _ in enumerate(rows):
         for j, _ in enumerate(cols):
