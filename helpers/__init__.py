@@ -11,5 +11,3 @@ from pathlib import Path
 # PYTHONPATH alone (gpu-check, the release venvs) finds the package beside it. Nothing is imported here.
 if importlib.util.find_spec("kvresume") is None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "packages" / "kvresume"))
-
-__version__ = "0.1.0"

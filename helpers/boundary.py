@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from . import caches
 
@@ -51,8 +52,7 @@ class Run:
 
 
 def _double_calls(model: torch.nn.Module, prompt: Prompt, cache: Any, positions: torch.Tensor) -> dict[tuple[str, str], Outcome]:
-    mask = torch.ones(prompt.attention_mask.shape[0], prompt.length + 1, dtype=prompt.attention_mask.dtype,
-                      device=prompt.attention_mask.device)  # L cached + 1 re-fed
+    mask = F.pad(prompt.attention_mask, (0, 1), value=1)  # L cached + 1 re-fed
     token = prompt.last_token
     return {
         ("generate", "no mask"): generate_first_step(model, token, copy.deepcopy(cache)),
@@ -109,8 +109,7 @@ def refeed_rate(model: torch.nn.Module, prompts: list[Prompt]) -> dict[str, Any]
     changed, cosines = 0, []
     for prompt in prompts:
         reference, cache = prefill(model, prompt, end=None)
-        mask = torch.ones(prompt.attention_mask.shape[0], prompt.length + 1, dtype=prompt.attention_mask.dtype,
-                          device=prompt.attention_mask.device)
+        mask = F.pad(prompt.attention_mask, (0, 1), value=1)
         out = generate_first_step(model, prompt.last_token, cache, attention_mask=mask)
         if not out.ok:
             continue

@@ -46,16 +46,16 @@ def build_variants(prefill_cache: Any, model_config: Any) -> dict[str, Variant]:
 
 
 def describe(cache: Any) -> dict[str, Any]:
-    """Layer count, layer classes, reported length and K/V shapes of a cache."""
+    """Layer count, layer classes, reported length, K/V shapes and dtypes of a cache (each kind listed once)."""
     layers = compat.cache_layers(cache)
     shapes = [tuple(None if t is None else tuple(t.shape) for t in compat.layer_kv(layer)) for layer in layers]
     return {
-        "cache_class": type(cache).__name__,
         "n_layers": len(layers),
-        "layer_classes": sorted({type(layer).__name__ for layer in layers}),
+        "layer_classes": ", ".join(sorted({type(layer).__name__ for layer in layers})),
         "seq_length": int(cache.get_seq_length()),
-        "kv_shapes": sorted({str(s) for s in shapes}),
-        "kv_dtype": sorted({str(compat.layer_kv(layer)[0].dtype) for layer in layers if compat.layer_kv(layer)[0] is not None}),
+        "kv_shapes": "; ".join(sorted({str(s) for s in shapes})),
+        "kv_dtype": ", ".join(sorted({str(compat.layer_kv(layer)[0].dtype) for layer in layers
+                                      if compat.layer_kv(layer)[0] is not None})),
     }
 
 
@@ -75,21 +75,15 @@ def fresh_copy(variant: Variant) -> Any:
     return copy.deepcopy(variant.cache)
 
 
-def _storage_spans(cache: Any) -> list[tuple[int, int]]:
-    """(start, end) byte addresses of the storage behind every K/V tensor of a cache."""
-    spans = []
-    for layer in compat.cache_layers(cache):
-        for tensor in compat.layer_kv(layer):
-            if tensor is not None:
-                storage = tensor.untyped_storage()
-                spans.append((storage.data_ptr(), storage.data_ptr() + storage.nbytes()))
-    return spans
+def _storages(cache: Any) -> set[int]:
+    """Addresses of the (non-empty) storages behind the K/V tensors of a cache: a view shares its base's storage."""
+    return {t.untyped_storage().data_ptr() for layer in compat.cache_layers(cache) for t in compat.layer_kv(layer)
+            if t is not None and t.untyped_storage().nbytes()}
 
 
 def shares_storage(a: Any, b: Any) -> bool:
-    """Whether any K/V tensor of `a` lives in memory that overlaps any K/V tensor of `b` (aliasing).
+    """Whether any K/V tensor of `a` lives in a storage that holds a K/V tensor of `b` (aliasing).
 
     Equality of a rebuilt cache with its original means nothing if they share storage.
     """
-    spans_b = _storage_spans(b)
-    return any(start < end_b and start_b < end for start, end in _storage_spans(a) for start_b, end_b in spans_b)
+    return bool(_storages(a) & _storages(b))

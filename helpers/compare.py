@@ -101,14 +101,12 @@ class NoiseFloor:
         return out
 
 
-def dtype_eps(dtype: torch.dtype | str) -> float:
-    """Machine epsilon of a floating dtype (float32 for anything unknown)."""
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype.replace("torch.", ""), torch.float32)
+def dtype_eps(dtype: torch.dtype) -> float:
+    """Machine epsilon of a floating dtype (float32's for any other)."""
     return float(torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps)
 
 
-def ulp(scale: float, dtype: torch.dtype | str) -> float:
+def ulp(scale: float, dtype: torch.dtype) -> float:
     """One unit in the last place of `dtype` at magnitude `scale` (eps x the power of two at or below it)."""
     if not scale or not math.isfinite(scale):
         return 0.0

@@ -10,6 +10,9 @@ import functools
 from typing import Any
 
 import torch
+from kvresume.compat import text_config
+
+from .models import build_tiny_hybrid
 
 
 def _layer_types(n_layers: int, linear: bool) -> list[str]:
@@ -30,8 +33,6 @@ LAYOUTS = {
 
 def build_layout(layout: str, seed: int = 0, attn_implementation: str = "sdpa") -> torch.nn.Module:
     """A seeded `Qwen3_5ForCausalLM` with one of `LAYOUTS` and the tiny sizes, in eval mode."""
-    from .models import build_tiny_hybrid
-
     return build_tiny_hybrid(seed, attn_implementation, LAYOUTS[layout]())
 
 
@@ -48,8 +49,6 @@ def layout_models(seed: int = 0, built: dict[str, torch.nn.Module] | None = None
 
 def layer_types(config: Any) -> list[str]:
     """The decoder's `layer_types` (text config of a multimodal config); `full_attention` everywhere if absent."""
-    from kvresume.compat import text_config
-
     text = text_config(config)
     types = getattr(text, "layer_types", None)
     return list(types) if types is not None else ["full_attention"] * int(text.num_hidden_layers)

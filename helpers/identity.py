@@ -20,10 +20,7 @@ def metadata_table(variants: dict[str, Variant], reference: Any) -> pd.DataFrame
         if v.cache is None:
             rows.append({"variant": v.name, "how": v.how, "available": False, "note": v.unavailable})
             continue
-        info = describe(v.cache)
-        rows.append({"variant": v.name, "how": v.how, "available": True, "n_layers": info["n_layers"],
-                     "layer_classes": ", ".join(info["layer_classes"]), "seq_length": info["seq_length"],
-                     "kv_shapes": "; ".join(info["kv_shapes"]), "kv_dtype": ", ".join(info["kv_dtype"]),
+        rows.append({"variant": v.name, "how": v.how, "available": True, **describe(v.cache),
                      "kv_bitwise_equal": kv_bitwise_equal(v.cache, reference),
                      "shares_storage": shares_storage(v.cache, reference), "note": ""})
     return pd.DataFrame(rows).set_index("variant")

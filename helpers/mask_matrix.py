@@ -1,6 +1,6 @@
 """Finding 2: the cache-variant x generation-variant matrix and what the first model call receives.
 
-The failure claims are decided from what was captured (helpers.capture), not from the error text:
+The failure claims are decided from what was captured (helpers.continuation), not from the error text:
 a run "fails as the source describes" only when its first model call got zero input tokens with a
 non-empty cache and the exception was raised inside that call; the forward() quirk only when the
 positions the rotary embedding received cover the full mask instead of the one new token.
@@ -12,10 +12,9 @@ from typing import Any
 import pandas as pd
 import torch
 
-from .capture import IN_FIRST_CALL
 from .caches import fresh_copy
 from .compare import Decision, NoiseFloor, logit_metrics
-from .continuation import Outcome, forward_step, generate_first_step
+from .continuation import IN_FIRST_CALL, Outcome, forward_step, generate_first_step
 
 # The source's first model calls (Qwen3-VL-2B, transformers 5.14.1): cached prefix 81, full length 82.
 SOURCE_DROPPED = {"first_call_input_ids": [1, 0], "first_call_attention_mask": [1, 1], "past_length": 81}

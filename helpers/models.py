@@ -6,6 +6,7 @@ the kit and its tests build comes from here) and real checkpoints.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import socket
@@ -14,6 +15,14 @@ from typing import Any, Callable
 from urllib.parse import urlparse
 
 import torch
+from huggingface_hub import try_to_load_from_cache
+from kvresume import testing
+from kvresume.compat import image_processor_class
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer,
+                          LlamaForCausalLM, Qwen3_5ForCausalLM)
+
+from .pipeline.run.params import DTYPE_ALIASES
+from .processor import load_processor
 
 TINY_VL = "tiny-qwen3-vl"
 TINY_HYBRID = "tiny-qwen3.5-hybrid"
@@ -57,8 +66,6 @@ class ModelBundle:
 
     def fresh_instance(self) -> torch.nn.Module:
         """A second model instance with the same weights and no model-side state from earlier calls."""
-        if self.build is None:
-            raise RuntimeError("this bundle has no builder for a fresh instance")
         return self.build()
 
     def environment(self) -> dict[str, Any]:
@@ -94,21 +101,12 @@ def local_folder_revision(folder: str) -> str:
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     """'float16' / 'fp16' / torch.float16 -> torch.float16."""
-    from .pipeline.run.params import DTYPE_ALIASES
-
     if isinstance(dtype, torch.dtype):
         return dtype
     value = getattr(torch, DTYPE_ALIASES.get(dtype, dtype), None)
     if not isinstance(value, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}")
     return value
-
-
-def resolve_device(device: str) -> str:
-    """'auto' -> cuda when available, else cpu."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
 
 
 def _seeded(seed: int, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
@@ -118,8 +116,6 @@ def _seeded(seed: int, make: Callable[[], torch.nn.Module]) -> torch.nn.Module:
 
 def tiny_image_processor() -> Any:
     """The real Qwen-VL image processor class, constructed locally with Qwen3-VL's patch settings."""
-    from kvresume.compat import image_processor_class
-
     return image_processor_class()(patch_size=16, temporal_patch_size=2, merge_size=2,
                                    image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
 
@@ -127,8 +123,6 @@ def tiny_image_processor() -> Any:
 def build_tiny_qwen3(seed: int = 0, attn_implementation: str = "sdpa", sliding_window: int | None = None) -> torch.nn.Module:
     """kvresume.testing's seeded tiny text-only Qwen3 (hidden 64, 4 layers, vocabulary 2048): dense, or with
     `sliding_window` (SLIDING_WINDOW) sliding/full layers interleaved (transformers builds `DynamicSlidingWindowLayer`s)."""
-    from kvresume import testing
-
     if sliding_window not in (None, SLIDING_WINDOW):
         raise ValueError(f"the tiny sliding Qwen3 has window {SLIDING_WINDOW}")
     return testing.build("dense" if sliding_window is None else "sliding", attn_implementation, seed)
@@ -137,9 +131,6 @@ def build_tiny_qwen3(seed: int = 0, attn_implementation: str = "sdpa", sliding_w
 def build_tiny_hybrid(seed: int = 0, attn_implementation: str = "sdpa", layer_types: list[str] | None = None) -> torch.nn.Module:
     """The seeded tiny Qwen3.5 hybrid of kvresume.testing (8 layers, 3 linear : 1 full, hidden 64) with a context of
     8192; `layer_types` (its length sets the depth) replaces the 3:1 pattern (helpers.hybrid.LAYOUTS)."""
-    from kvresume import testing
-    from transformers import Qwen3_5ForCausalLM
-
     layout = {} if layer_types is None else {"layer_types": list(layer_types), "num_hidden_layers": len(layer_types)}
     config = testing.text_config("hybrid", attn_implementation, max_position_embeddings=8192, **layout)
     return _seeded(seed, lambda: Qwen3_5ForCausalLM(config))
@@ -147,34 +138,22 @@ def build_tiny_hybrid(seed: int = 0, attn_implementation: str = "sdpa", layer_ty
 
 def tiny_llama(seed: int = 0, attn: str = "sdpa", layers: int = 2) -> torch.nn.Module:
     """The seeded tiny Llama of kvresume.testing with padding id 0 (notebook 08)."""
-    from kvresume import testing
-    from transformers import LlamaForCausalLM
-
     config = testing.llama_config(attn, num_hidden_layers=layers, pad_token_id=0)
     return _seeded(seed, lambda: LlamaForCausalLM(config))
 
 
 def tiny_bart(seed: int = 0, attn: str = "sdpa") -> torch.nn.Module:
     """The seeded tiny encoder-decoder (BART, 2 + 2 layers) of kvresume.testing."""
-    from kvresume import testing
-
     return testing.build("bart", attn, seed)
 
 
 # The tiny defaults: kvresume.testing's model of each kind (the seeded weights), the hybrid with an 8192 context.
 TINY_MODELS: dict[str, Callable[[int, str], torch.nn.Module]] = {
-    TINY_VL: lambda seed, attn: _library("multimodal", attn, seed),
+    TINY_VL: lambda seed, attn: testing.build("multimodal", attn, seed),
     TINY_HYBRID: lambda seed, attn: build_tiny_hybrid(seed, attn),
-    TINY_DENSE: lambda seed, attn: _library("dense", attn, seed),
-    TINY_SLIDING: lambda seed, attn: _library("sliding", attn, seed),
+    TINY_DENSE: lambda seed, attn: testing.build("dense", attn, seed),
+    TINY_SLIDING: lambda seed, attn: testing.build("sliding", attn, seed),
 }
-
-
-def _library(kind: str, attn: str, seed: int) -> torch.nn.Module:
-    """kvresume.testing's seeded tiny model of `kind`."""
-    from kvresume import testing
-
-    return testing.build(kind, attn, seed)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -190,13 +169,6 @@ def hub_reachable(timeout: float = 3.0) -> bool:
         return False
 
 
-def _is_cached(model_id: str, revision: str | None) -> bool:
-    from huggingface_hub import try_to_load_from_cache
-
-    hit = try_to_load_from_cache(model_id, "config.json", revision=revision)
-    return isinstance(hit, str)
-
-
 def _unavailable(model_id: str, why: str) -> ModelUnavailableError:
     tiny = ", ".join(f"'{name}'" for name in TINY_MODELS)
     return ModelUnavailableError(
@@ -208,9 +180,8 @@ def _unavailable(model_id: str, why: str) -> ModelUnavailableError:
 def pretrained_model(model_id: str, revision: str | None, dtype: torch.dtype, attn_implementation: str,
                      device: str, trust_remote_code: bool = False) -> torch.nn.Module:
     """A real checkpoint (image-text-to-text where its config has a vision part), or ModelUnavailableError."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
-
-    if not os.path.isdir(model_id) and not _is_cached(model_id, revision) and not hub_reachable():
+    if not (os.path.isdir(model_id)
+            or isinstance(try_to_load_from_cache(model_id, "config.json", revision=revision), str) or hub_reachable()):
         raise _unavailable(model_id, "the model hub is not reachable from this machine and it is not in the local cache")
     try:
         config = AutoConfig.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
@@ -225,10 +196,6 @@ def pretrained_model(model_id: str, revision: str | None, dtype: torch.dtype, at
 def text_side(model_id: str, revision: str | None, is_multimodal: bool,
               trust_remote_code: bool = False) -> tuple[Any, Any, str]:
     """(processor, tokenizer, which path built them) of a real checkpoint."""
-    from transformers import AutoTokenizer
-
-    from .processor import load_processor
-
     if os.path.isdir(model_id) and not any(os.path.exists(os.path.join(model_id, f)) for f in TOKENIZER_FILES):
         # A local directory saved without tokenizer files (as in the tests) gets synthetic token ids.
         why = "none: no tokenizer files (synthetic token ids"
@@ -246,7 +213,9 @@ def load(model_id: str = TINY_VL, revision: str | None = None, dtype: str | torc
          attn_implementation: str = "sdpa", device: str = "cpu", seed: int = 0,
          trust_remote_code: bool = False) -> ModelBundle:
     """Load a tiny default or a real checkpoint into a ModelBundle."""
-    torch_dtype, device = resolve_dtype(dtype), resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     if model_id in TINY_MODELS:
         def build() -> torch.nn.Module:
             return TINY_MODELS[model_id](seed, attn_implementation).to(device=device, dtype=torch_dtype).eval()
@@ -258,10 +227,8 @@ def load(model_id: str = TINY_VL, revision: str | None = None, dtype: str | torc
     if model_id.startswith("tiny-"):
         raise _unavailable(model_id, "no tiny model of that name")
     torch.manual_seed(seed)
-
-    def build_real() -> torch.nn.Module:
-        return pretrained_model(model_id, revision, torch_dtype, attn_implementation, device, trust_remote_code)
-
+    build_real = functools.partial(pretrained_model, model_id, revision, torch_dtype, attn_implementation, device,
+                                   trust_remote_code)
     model = build_real()
     is_multimodal = hasattr(model.config, "vision_config")
     processor, tokenizer, path = text_side(model_id, revision, is_multimodal, trust_remote_code)

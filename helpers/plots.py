@@ -62,14 +62,9 @@ def threshold_line(ax: Any, value: float | None, label: str = "noise threshold")
             ha="left", va="center", fontsize=7, color=THRESHOLD_STYLE["color"])
 
 
-def clamp_nonneg(values: Sequence[Any]) -> list[float | None]:
-    """Values below 0 raised to 0 (1 - cosine of two equal vectors can come out as -1e-7 in float rounding)."""
-    return [None if v is None else max(0.0, v) for v in _finite(values)]
-
-
 def one_minus(values: Sequence[Any]) -> list[float | None]:
-    """1 - x for each value (e.g. cosine), clamped at 0."""
-    return clamp_nonneg([None if v is None else 1.0 - v for v in _finite(values)])
+    """1 - x for each value (e.g. cosine), clamped at 0 (1 - cosine of two equal vectors can come out as -1e-7)."""
+    return [None if v is None else max(0.0, 1.0 - v) for v in _finite(values)]
 
 
 def run_caption(model_id: str | None = None, dtype: str | None = None, device: str | None = None,
@@ -115,12 +110,6 @@ def finish(fig: Any, stem: str, name: str) -> Path:
     plt.show()
     plt.close(fig)
     return path
-
-
-def panels(series: dict[str, Sequence[float]], draw: Callable[[Any, str, Sequence[float]], None], title: str,
-           stem: str, name: str) -> Path:
-    """One panel per metric, each drawn by `draw(ax, metric, values)`; saved, shown and closed."""
-    return finish(figure(series, draw, title), stem, name)
 
 
 def _fit_linear(ax: Any, values: list[float]) -> None:

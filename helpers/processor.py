@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
 from kvresume.compat import image_processor_class
+from transformers import AutoProcessor, AutoTokenizer
+from transformers.image_utils import load_image
+from transformers.processing_utils import ProcessorMixin
 
 
 @dataclass
@@ -34,10 +36,8 @@ class TokenizerImageProcessor:
         if len(pieces) - 1 != len(image_grid_thw):
             raise ValueError(f"{len(pieces) - 1} image tokens in the prompt but {len(image_grid_thw)} images")
         merge_length = int(self.image_processor.merge_size) ** 2
-        out = pieces[0]
-        for grid, piece in zip(image_grid_thw, pieces[1:]):
-            out += self.image_token * (int(grid.prod()) // merge_length) + piece
-        return out
+        tokens = [self.image_token * (int(grid.prod()) // merge_length) for grid in image_grid_thw]
+        return "".join(piece + token for piece, token in zip(pieces, tokens + [""]))
 
     def __call__(self, text: str, images: list[Any] | None = None, return_tensors: str = "pt",
                  add_special_tokens: bool = True) -> dict[str, torch.Tensor]:
@@ -72,8 +72,6 @@ class TokenizerImageProcessor:
 
 
 def _load_image(image: Any) -> Any:
-    from transformers.image_utils import load_image
-
     return image if not isinstance(image, str) else load_image(image)
 
 
@@ -82,8 +80,6 @@ def fallback_processor(model_id: str, revision: str | None = None,
     """Tokenizer + chat template + torchvision-free image processor, each read by transformers from the checkpoint's
     files (the image processor settings from processor_config.json or preprocessor_config.json, the chat template
     from chat_template.jinja, chat_template.json or processor_config.json, else the tokenizer's)."""
-    from transformers import AutoTokenizer
-    from transformers.processing_utils import ProcessorMixin
 
     tokenizer = AutoTokenizer.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code)
     image_processor = image_processor_class().from_pretrained(model_id, revision=revision)
@@ -96,8 +92,6 @@ def fallback_processor(model_id: str, revision: str | None = None,
 
 def load_processor(model_id: str, revision: str | None = None, trust_remote_code: bool = False) -> tuple[Any, str]:
     """(processor, which path built it): AutoProcessor where it loads, else the fallback with the reason."""
-    from transformers import AutoProcessor
-
     try:
         return AutoProcessor.from_pretrained(model_id, revision=revision, trust_remote_code=trust_remote_code), "AutoProcessor"
     except Exception as exc:  # noqa: BLE001 - any failure of the full processor sends us to the fallback

@@ -16,7 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+import pandas as pd
 import torch
+import transformers
 
 from .pipeline.paths import output_dir
 from .quotes import quote_for
@@ -89,8 +91,6 @@ def to_jsonable(value: Any) -> Any:
 
 def environment(bundle: Any | None = None, **extra: Any) -> dict[str, Any]:
     """Versions, device and model identity that produced a run."""
-    import transformers
-
     env: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -217,8 +217,6 @@ class Results:
 
     def table(self) -> Any:
         """The claims as a pandas DataFrame, for the notebook's verdict cell."""
-        import pandas as pd
-
         return pd.DataFrame([{"claim": c.id, "kind": c.kind, "verdict": c.verdict, "reason": c.reason}
                              for c in self.claims.values()])
 

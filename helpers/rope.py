@@ -9,9 +9,8 @@ puts the previous value back afterwards.
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import pandas as pd
 import torch
@@ -34,21 +33,15 @@ def as_list(value: torch.Tensor | None) -> list | None:
     return None if value is None else value.detach().cpu().flatten().tolist()
 
 
-@contextmanager
-def state_set_to(model: torch.nn.Module, value: torch.Tensor | None) -> Iterator[None]:
-    """Temporarily set the model-side position state; the previous value is put back afterwards."""
+def continue_with_state(model: torch.nn.Module, prompt: Prompt, cache: Any, value: torch.Tensor | None) -> Outcome:
+    """generate() one step from a copy of `cache` with the full mask, the model-side state set to `value` (the
+    previous state is put back afterwards)."""
     before = compat.get_rope_state(model)
     compat.set_rope_state(model, value)
     try:
-        yield
+        return generate_first_step(model, prompt.last_token, copy.deepcopy(cache), attention_mask=prompt.attention_mask)
     finally:
         compat.set_rope_state(model, before)
-
-
-def continue_with_state(model: torch.nn.Module, prompt: Prompt, cache: Any, value: torch.Tensor | None) -> Outcome:
-    """generate() one step from a copy of `cache` with the full mask, the model-side state set to `value`."""
-    with state_set_to(model, value):
-        return generate_first_step(model, prompt.last_token, copy.deepcopy(cache), attention_mask=prompt.attention_mask)
 
 
 def state_variants(saved: torch.Tensor) -> dict[str, torch.Tensor | None]:

@@ -1,12 +1,17 @@
 """Notebook start-up: declare the claims, write the results file, load the model, show the environment."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import time
+from pathlib import Path
 from typing import Any
+
+import pandas as pd
+from transformers.utils import logging as hf_logging
 
 from .models import ModelBundle, load, public_model_id
 from .results import Results, environment
@@ -43,17 +48,12 @@ def _report_timing(**values: float) -> None:
     """Tell the runner (KVKIT_TIMINGS_FILE, set only by it) when start-up began and what the model cost."""
     path = os.environ.get("KVKIT_TIMINGS_FILE")
     if path:
-        try:
-            with open(path, "w") as fh:
-                json.dump({k: round(v, 3) for k, v in values.items()}, fh)
-        except OSError:
-            pass  # timings are a benchmark aid, never a reason to fail a notebook
+        with contextlib.suppress(OSError):  # timings are a benchmark aid, never a reason to fail a notebook
+            Path(path).write_text(json.dumps({k: round(v, 3) for k, v in values.items()}))
 
 
 def show_environment(res: Results) -> Any:
     """The environment block as a one-column DataFrame."""
-    import pandas as pd
-
     return pd.DataFrame({"value": res.env}).rename_axis("environment")
 
 
@@ -69,18 +69,14 @@ class WarningCapture(logging.Filter):
     def __init__(self) -> None:
         super().__init__("transformers")
         self.results: Results | None = None
-        self.pending: list[str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or not record.name.startswith("transformers"):
-            return True
         message = record.getMessage()
+        if self.results is None or record.levelno < logging.WARNING or not record.name.startswith("transformers"):
+            return True
         if not FALLBACK.search(message):
             return True
-        if self.results is not None:
-            self.results.warn(message)
-        else:
-            self.pending.append(message)
+        self.results.warn(message)
         return False
 
 
@@ -88,17 +84,11 @@ _CAPTURE = WarningCapture()
 
 
 def capture_warnings(res: Results | None) -> WarningCapture:
-    """Install the capture once (on transformers' root logger and its handlers) and point it at `res`."""
-    from transformers.utils import logging as hf_logging
-
+    """Install the capture once (on transformers' root logger and its handlers) and point it at `res` (None: the
+    warnings print as before)."""
     root = hf_logging.get_logger()  # the library's root logger, "transformers"
-    targets = [root, *root.handlers]
-    for target in targets:
+    for target in (root, *root.handlers):
         if _CAPTURE not in target.filters:
             target.addFilter(_CAPTURE)
     _CAPTURE.results = res
-    if res is not None:
-        for message in _CAPTURE.pending:
-            res.warn(message)
-        _CAPTURE.pending.clear()
     return _CAPTURE

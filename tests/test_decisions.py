@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from helpers import boundary, compare, findings, identity, mask_matrix, rope
-from helpers.capture import AFTER_FIRST_CALL, BEFORE_MODEL_CALL, IN_FIRST_CALL
+from helpers.continuation import AFTER_FIRST_CALL, BEFORE_MODEL_CALL, IN_FIRST_CALL
 from helpers.continuation import Outcome
 
 FLOOR = compare.NoiseFloor(measured=1e-3, resolution=5e-4, margin=4.0, dtype="float16", scale=1.0, what="test")

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 from helpers import caches, compare, continuation, mask_matrix, models, results
 
 from kvresume import compat
-from helpers.capture import IN_FIRST_CALL, trace
+from helpers.continuation import IN_FIRST_CALL, trace
 
 
 def test_tiny_model_is_deterministic_and_sized_as_the_seed(bundle, prompt):

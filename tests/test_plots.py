@@ -39,7 +39,6 @@ def test_line_plots_take_thresholds_and_captions():
 
 def test_one_minus_cosine_is_clamped_at_zero():
     assert plots.one_minus([1.0000001, 0.75, None, float("nan")]) == [0.0, 0.25, None, None]
-    assert plots.clamp_nonneg([-1e-7, 2.0]) == [0.0, 2.0]
 
 
 def test_captions_name_simulation_stand_ins_and_random_weights():

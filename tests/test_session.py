@@ -39,11 +39,3 @@ def test_fallback_warnings_go_to_the_results_not_to_stderr(tmp_path, capsys):
         session.capture_warnings(None)
         hf_logging.get_logger().removeHandler(seen)
 
-
-def test_a_warning_before_the_results_exist_is_kept_for_them(tmp_path):
-    session.capture_warnings(None)
-    hf_logging.get_logger("transformers.x").warning("fast path is not available, falling back")
-    res = Results("00_x", {"a": "s"}, env={}, path=tmp_path / "r.json")
-    session.capture_warnings(res)
-    session.capture_warnings(None)
-    assert res.warnings == ["fast path is not available, falling back"]

@@ -59,7 +59,7 @@ def test_a_resume_state_is_what_makes_generate_continue_at_the_processed_length(
     assert out.resume and out.processed_length == 81
     stream = rebuilds.apply(rebuilds.load("streaming"), "streaming", prefix_cache, bundle.model, prompt)
     assert not stream.resume and stream.processed_length == 81  # the built-in says its kept positions, nothing more
-    assert not rebuilds.as_rebuilt({"past_key_values": prefix_cache}, bundle.model).resume
+    assert not rebuilds.as_rebuilt({"past_key_values": prefix_cache}).resume
 
 
 @pytest.mark.parametrize("pattern", ["new_turn", "continue_generate", "prompt_reuse", "batched"])

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from kvresume import compat
-from ..capture import describe_call, hooked, shape_of
+from ..continuation import describe_call, hooked, shape_of
 from ..compare import NoiseFloor, logit_metrics
 from ..continuation import Outcome, generate_first_step
 from ..rope import as_list as flat

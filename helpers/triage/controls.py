@@ -15,14 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 
 from kvresume import compat
-from ..capture import describe_call
 from ..compare import logit_metrics
+from ..continuation import GENERATION_VARIANTS, describe_call, generation_kwargs
 from .patterns import Resume, mask_positions
 from kvresume import layers
 
-ARG_SETS = ("neither", "position_only", "mask_only", "both")  # the seed's generation variants
+ARG_SETS = tuple(GENERATION_VARIANTS)  # the seed's generation variants
 FULL = "mask_only"  # the argument set of the working path: the full mask = physical length + suffix
 
 
@@ -36,12 +37,6 @@ class Step:
     error_type: str = ""
     error: str = ""
     stage: str = ""
-
-
-def _text_modules(model: torch.nn.Module, suffix: str) -> list[tuple[str, torch.nn.Module]]:
-    """Modules of the language model whose name ends with `suffix` (the vision tower is left out)."""
-    return [(n, m) for n, m in model.named_modules()
-            if n.endswith(suffix) and not any(v in n for v in ("visual", "vision"))]
 
 
 def _last_position(pos: Any) -> int | None:
@@ -58,8 +53,7 @@ def _values(value: Any) -> list | None:
 @contextmanager
 def watch(model: torch.nn.Module) -> Iterator[dict[str, Any]]:
     """Record the first model call, the first rotary positions, and per-layer attention masks of that call."""
-    rec: dict[str, Any] = {"attention_masks": [], "layers_entered": []}
-    handles = []
+    rec: dict[str, Any] = {"attention_masks": [], "layers_run": 0}
 
     def top(_m: torch.nn.Module, _a: tuple, kwargs: dict[str, Any]) -> None:
         if "input_ids_shape" not in rec:
@@ -75,17 +69,18 @@ def watch(model: torch.nn.Module) -> Iterator[dict[str, Any]]:
 
     def attention(index: int) -> Callable[..., None]:
         def hook(_m: torch.nn.Module, _a: tuple, kwargs: dict[str, Any]) -> None:
-            rec["layers_entered"].append(index)
+            rec["layers_run"], rec["last_layer"] = rec["layers_run"] + 1, index
             if len(rec["attention_masks"]) <= index:
                 mask = kwargs.get("attention_mask")
                 rec["attention_masks"].append(list(mask.shape) if isinstance(mask, torch.Tensor) else None)
         return hook
 
-    handles.append(model.register_forward_pre_hook(top, with_kwargs=True))
-    for _, mod in _text_modules(model, "rotary_emb")[:1]:
-        handles.append(mod.register_forward_pre_hook(rotary, with_kwargs=True))
-    for i, (_, mod) in enumerate(_text_modules(model, ".self_attn")):
-        handles.append(mod.register_forward_pre_hook(attention(i), with_kwargs=True))
+    attentions = [m for n, m in model.named_modules()
+                  if n.endswith(".self_attn") and not any(v in n for v in ("visual", "vision"))]
+    rope = compat.rotary_embedding(model)
+    handles = [model.register_forward_pre_hook(top, with_kwargs=True),
+               *([rope.register_forward_pre_hook(rotary, with_kwargs=True)] if rope is not None else []),
+               *(mod.register_forward_pre_hook(attention(i), with_kwargs=True) for i, mod in enumerate(attentions))]
     try:
         yield rec
     finally:
@@ -109,17 +104,11 @@ def run_step(model: torch.nn.Module, call: Callable[[], torch.Tensor]) -> Step:
         try:
             logits = call()
         except Exception as exc:  # noqa: BLE001 - a failing continuation is a measurement
-            rec["error_layer"] = rec["layers_entered"][-1] if rec["layers_entered"] else None
+            rec["error_layer"] = rec.pop("last_layer", None)
             text = str(exc).strip().splitlines()
-            return Step(False, None, _clean(rec), type(exc).__name__, (text[0] if text else "")[:300], _stage(exc))
-    return Step(True, logits, _clean(rec))
-
-
-def _clean(rec: dict[str, Any]) -> dict[str, Any]:
-    out = dict(rec)
-    entered = out.pop("layers_entered")
-    out["layers_run"] = len(entered)
-    return out
+            return Step(False, None, rec, type(exc).__name__, (text[0] if text else "")[:300], _stage(exc))
+    rec.pop("last_layer", None)
+    return Step(True, logits, rec)
 
 
 def full_mask(prompt: Resume, physical_length: int) -> torch.Tensor:
@@ -128,8 +117,12 @@ def full_mask(prompt: Resume, physical_length: int) -> torch.Tensor:
     mask = prompt.attention_mask
     if physical_length == prompt.processed:
         return mask
-    suffix = mask[:, prompt.processed:]
-    return torch.cat([torch.ones(mask.shape[0], physical_length, dtype=mask.dtype, device=mask.device), suffix], dim=1)
+    return F.pad(mask[:, prompt.processed:], (physical_length, 0), value=1)
+
+
+def full_kwargs(prompt: Resume, cache: Any) -> dict[str, torch.Tensor]:
+    """generate()'s full mask for a resume from `cache` (its stored slots + the suffix), as keyword arguments."""
+    return {"attention_mask": full_mask(prompt, int(cache.get_seq_length()))}
 
 
 def logical_positions(model: torch.nn.Module, prompt: Resume, processed_length: int) -> torch.Tensor:
@@ -146,9 +139,7 @@ def logical_positions(model: torch.nn.Module, prompt: Resume, processed_length: 
 
 def arg_kwargs(name: str, prompt: Resume, physical_length: int, positions: torch.Tensor) -> dict[str, Any]:
     """The seed's argument sets for a cache holding `physical_length` slots (identical rule for every cache)."""
-    mask = full_mask(prompt, physical_length)
-    return {"neither": {}, "position_only": {"position_ids": positions}, "mask_only": {"attention_mask": mask},
-            "both": {"attention_mask": mask, "position_ids": positions}}[name]
+    return generation_kwargs(name, prompt, positions, full_mask(prompt, physical_length))
 
 
 # The one-step greedy contract every control's generate() keeps; a reporter's generate_kwargs go on top.
@@ -205,15 +196,3 @@ def spans(positions: list[int]) -> str:
     runs = [[p for _, p in run] for _, run in itertools.groupby(enumerate(positions), lambda ip: ip[1] - ip[0])]
     return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs)
 
-
-def step_row(name: str, step: Step, original: Step | None, reference: torch.Tensor) -> dict[str, Any]:
-    """One table row: result, what reached the model, and max |diff| vs the original and the full forward."""
-    c = step.call
-    return {"step": name, "result": "worked" if step.ok else f"failed ({step.error_type})",
-            "input_ids_shape": c.get("input_ids_shape"), "attention_mask_shape": c.get("attention_mask_shape"),
-            "position_ids": c.get("position_ids"), "cache_position": c.get("cache_position"),
-            "rotary_position": c.get("rotary_position"), "past_length": c.get("past_length"),
-            "vs_original": diff(step, original) if original is not None else None,
-            "vs_full_forward": float(logit_metrics(reference, step.logits)["max_abs_diff"]) if step.ok else None,
-            "top1_equal_full_forward": bool(logit_metrics(reference, step.logits)["top1_equal"]) if step.ok else None,
-            "stage": step.stage, "error": step.error[:120]}

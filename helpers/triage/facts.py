@@ -124,17 +124,12 @@ def identical(c: Controls) -> tuple[bool, dict[str, Any]]:
 
 # --- control 0's questions (the table's differing cells) ----------------------------------------
 
-def _pairs(c: Controls) -> list[tuple[LayerState, LayerState]]:
-    if c.original_state is None or c.rebuilt_state is None:
-        return []
-    return list(zip(c.original_state.layers, c.rebuilt_state.layers))
-
-
 def metadata_differs(c: Controls) -> list[int]:
     """Layers whose class, is_initialized, or reported length against stored slots differ from the original's."""
     def offset(s: LayerState) -> int | None:
         return None if s.stored is None or s.reported is None else s.reported - s.stored
-    return [i for i, (o, r) in enumerate(_pairs(c))
+    pairs = zip(c.original_state.layers, c.rebuilt_state.layers) if c.original_state and c.rebuilt_state else []
+    return [i for i, (o, r) in enumerate(pairs)
             if o.cls != r.cls or o.initialized != r.initialized or offset(o) != offset(r)]
 
 

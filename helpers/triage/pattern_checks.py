@@ -16,7 +16,7 @@ import torch
 
 from kvresume import compat
 from ..continuation import prefill
-from .controls import FULL, Step, diff, full_mask, generate_step
+from .controls import FULL, Step, diff, full_kwargs, generate_step
 from .run import Baseline, Triaged
 
 
@@ -41,15 +41,13 @@ def reuse_rows(base: Baseline, results: dict[str, Triaged]) -> list[dict[str, An
     reference_b, _ = prefill(model, second, end=None)
     rows = []
     for name, (cache, first) in _caches(base, results).items():
-        physical = int(cache.get_seq_length())
         compat.put_rope_state(model, base.saved_state)
-        b = generate_step(model, second, cache, extra, attention_mask=full_mask(second, physical))
+        b = generate_step(model, second, cache, extra, **full_kwargs(second, cache))
         shared = copy.deepcopy(cache)
         compat.put_rope_state(model, base.saved_state)
-        generate_step(model, base.prompt, shared, extra, copy_cache=False, attention_mask=full_mask(base.prompt, physical))
+        generate_step(model, base.prompt, shared, extra, copy_cache=False, **full_kwargs(base.prompt, shared))
         compat.put_rope_state(model, base.saved_state)
-        reused = generate_step(model, second, shared, extra, copy_cache=False,
-                               attention_mask=full_mask(second, int(shared.get_seq_length())))
+        reused = generate_step(model, second, shared, extra, copy_cache=False, **full_kwargs(second, shared))
         rows += [_row(base, name, "suffix A, deep copy", first, base.reference),
                  _row(base, name, "suffix B, deep copy", b, reference_b),
                  _row(base, name, "suffix B after A on the same object (no deepcopy)", reused, reference_b)]

@@ -29,14 +29,11 @@ STATIC_ROOM = 4  # static caches hold the sequence plus this many slots
 
 @dataclass
 class Resume(Prompt):
-    """A prompt split for a resume: columns [:split] are in the prefix cache, [split:] is the unprocessed suffix."""
+    """A prompt split for a resume: columns [:processed] are in the prefix cache, [processed:] is the unprocessed
+    suffix."""
 
-    split: int = -1
+    processed: int = 0
     positions_from_mask: bool = False  # text model with padding: positions follow the mask (as generate() computes them)
-
-    @property
-    def processed(self) -> int:
-        return self.split if self.split >= 0 else self.length + self.split
 
     @property
     def last_token(self) -> torch.Tensor:
@@ -107,8 +104,9 @@ def _append(prompt: Prompt, ids: list[int] | torch.Tensor) -> Prompt:
                   torch.cat([prompt.attention_mask, torch.ones_like(extra)], dim=1), mm)
 
 
-def resume_of(prompt: Prompt, split: int, mask_positions_: bool = False) -> Resume:
-    return Resume(prompt.input_ids, prompt.attention_mask, dict(prompt.mm_kwargs), split, mask_positions_)
+def resume_of(prompt: Prompt, split: int) -> Resume:
+    """`prompt` as a resume whose first `split` columns are in the prefix cache."""
+    return Resume(prompt.input_ids, prompt.attention_mask, dict(prompt.mm_kwargs), split)
 
 
 def _special_ids(model: torch.nn.Module) -> list[int]:
@@ -150,8 +148,7 @@ def _batched(bundle: ModelBundle, prompt: Prompt, cache_class: str) -> Case:
     ids = torch.tensor([row, [pad] * (len(row) - len(short)) + short], device=device)
     mask = torch.tensor([[1] * len(row), [0] * (len(row) - len(short)) + [1] * len(short)], device=device)
     resume = Resume(ids, mask, {}, ids.shape[1] - 1, True)  # text rows: positions follow the mask, as in generate()
-    if compat.rope_state_owner(model) is not None:
-        compat.set_rope_state(model, None)  # a text-only batch carries no multimodal position state
+    compat.put_rope_state(model, None)  # a text-only batch carries no multimodal position state
     notes = {"rows": 2, "row_lengths": [len(row), len(short)], "left_padding": [0, len(row) - len(short)],
              "pad_token_id": pad, "text_only": True}
     return Case("batched", cache_class, resume, prefix_cache(model, resume, cache_class), notes)
@@ -162,26 +159,22 @@ def build(bundle: ModelBundle, prompt: Prompt, pattern: str, cache_class: str, o
     if pattern not in PATTERNS or cache_class not in CACHE_CLASSES:
         raise ValueError(f"pattern {pattern!r}, cache_class {cache_class!r}; valid: {', '.join(PATTERNS)} and "
                          f"{', '.join(CACHE_CLASSES)}")
-    model = bundle.model
-    if pattern == "one_token":
-        resume = resume_of(prompt, prompt.length - 1)
-        return Case(pattern, cache_class, resume, prefix_cache(model, resume, cache_class), {})
+    if pattern == "continue_generate":
+        return _continue_generate(bundle, prompt, cache_class, options)
+    if pattern == "batched":
+        return _batched(bundle, prompt, cache_class)
+    resume, notes, second = resume_of(prompt, prompt.length - 1), {}, None  # one_token
     if pattern == "new_turn":
         turn = _ids(bundle, SECOND_TURN)
         resume = resume_of(_append(prompt, turn), prompt.length)
         notes = {"second_turn": SECOND_TURN, "second_turn_tokens": len(turn)}
-        return Case(pattern, cache_class, resume, prefix_cache(model, resume, cache_class), notes)
     if pattern == "prompt_reuse":
-        resume = resume_of(prompt, prompt.length - 1)
         other = _ids(bundle, OTHER_SUFFIX)
         head = Prompt(prompt.input_ids[:, :-1], prompt.attention_mask[:, :-1],
                       {k: (v[:, :-1] if k == "mm_token_type_ids" else v) for k, v in prompt.mm_kwargs.items()})
         second = resume_of(_append(head, other), prompt.length - 1)
         notes = {"suffix_a_tokens": 1, "suffix_b": OTHER_SUFFIX, "suffix_b_tokens": len(other)}
-        return Case(pattern, cache_class, resume, prefix_cache(model, resume, cache_class), notes, second)
-    if pattern == "continue_generate":
-        return _continue_generate(bundle, prompt, cache_class, options)
-    return _batched(bundle, prompt, cache_class)
+    return Case(pattern, cache_class, resume, prefix_cache(bundle.model, resume, cache_class), notes, second)
 
 
 def facts(case: Case) -> dict[str, Any]:
@@ -191,10 +184,6 @@ def facts(case: Case) -> dict[str, Any]:
             "batch": int(r.input_ids.shape[0]), "sequence_length": r.length, "processed_length": r.processed,
             "suffix_length": int(r.last_token.shape[1]), "prefix_cache_length": int(case.prefix_cache.get_seq_length()),
             **case.notes}
-
-
-def is_static(cache: Any) -> bool:
-    return isinstance(cache, StaticCache)
 
 
 def as_dynamic(cache: Any, config: Any) -> Any:

@@ -14,14 +14,12 @@ from typing import Any
 
 import torch
 
-from ..inputs import Prompt, build_prompt
+from ..inputs import TINY_TEXT_AFTER, TINY_TEXT_BEFORE, Prompt, build_prompt
 from ..models import ModelBundle
 from ..pipeline.paths import repo_root
+from ..pipeline.run.params import RESERVED_GENERATE  # generate() arguments the controls set themselves
 
 BYTE_OFFSET = 10  # byte b -> token id 10 + b: clear of the first ids, below every tiny vocabulary (2048)
-# generate() arguments the controls set themselves (the argument sets and the one-step greedy contract)
-RESERVED_GENERATE = ("input_ids", "attention_mask", "position_ids", "past_key_values", "max_new_tokens",
-                     "return_dict_in_generate", "output_logits", "generation_config")
 
 
 def resolve(path: str) -> Path:
@@ -49,15 +47,12 @@ def byte_ids(text: str) -> list[int]:
 
 def _tiny_with_image(bundle: ModelBundle, text_ids: list[int]) -> Prompt:
     """The tiny Qwen3-VL's synthetic image block, then the text's ids."""
-    base = build_prompt(bundle)  # the image block sits between 12 and 20 synthetic text ids
-    ids = base.input_ids[0].tolist()
-    image_id = bundle.model.config.image_token_id
-    end = max(i for i, t in enumerate(ids) if t == image_id) + 2  # through vision_end
-    start = ids.index(image_id) - 1  # vision_start
-    new = torch.tensor([ids[start:end] + text_ids], device=base.input_ids.device)
+    base = build_prompt(bundle)  # TINY_TEXT_BEFORE synthetic text ids, the image block, TINY_TEXT_AFTER more
+    block = base.input_ids[:, TINY_TEXT_BEFORE:base.length - TINY_TEXT_AFTER]  # vision start, image tokens, vision end
+    new = torch.cat([block, torch.tensor([text_ids], device=block.device)], dim=1)
     mm = dict(base.mm_kwargs)
     if "mm_token_type_ids" in mm:
-        mm["mm_token_type_ids"] = (new == image_id).long()
+        mm["mm_token_type_ids"] = (new == bundle.model.config.image_token_id).long()
     return Prompt(new, torch.ones_like(new), mm)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from transformers import StaticCache
 
 from kvresume import compat
 from kvresume.ledger import attach_ledger, stored_ledger
@@ -60,7 +61,7 @@ def _rebuild(cache: Any, model: torch.nn.Module, transform: Any = None) -> Any:
     """`helpers.regress.rebuilds.layer_aware`: K/V `update()`d (through `transform`), sliding layers' processed length
     and linear layers' conv/recurrent states carried through transformers' own layer classes."""
     _check_layers(cache)
-    if patterns.is_static(cache):  # a StaticCache in, a StaticCache of the same size out (through its filled slots)
+    if isinstance(cache, StaticCache):  # a StaticCache in, a StaticCache of that size out (through its filled slots)
         size = int(compat.cache_layers(cache)[0].max_cache_len)
         return patterns.as_static(_rebuild(patterns.as_dynamic(cache, model.config), model, transform), model.config, size)
     return family.layer_aware(cache, model.config, transform) if transform else family.layer_aware(cache, model.config)
@@ -93,9 +94,7 @@ def streaming(cache: Any, model: torch.nn.Module, prompt: Any, sink: int = 4, wi
 def layer_windows(n_layers: int, window: int) -> list[int]:
     """PyramidKV-style budgets: layer 0 keeps `window`, the last layer a quarter of it, linear in between."""
     low = max(1, window // 4)
-    if n_layers == 1:
-        return [window]
-    return [round(window - (window - low) * i / (n_layers - 1)) for i in range(n_layers)]
+    return [round(window - (window - low) * i / max(n_layers - 1, 1)) for i in range(n_layers)]
 
 
 def per_layer(cache: Any, model: torch.nn.Module, prompt: Any, sink: int = 4, window: int = 16) -> Rebuilt:
@@ -137,7 +136,8 @@ def reused_no_copy(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
     question, 2 new tokens) ran on this very cache object, so it holds 5 slots of that request after the prefix
     (a StaticCache: as many as its free slots allow)."""
     n = int(cache.get_seq_length())
-    room = int(compat.cache_layers(cache)[0].max_cache_len) - n if patterns.is_static(cache) else len(QUESTION_IDS) + 1
+    static = isinstance(cache, StaticCache)
+    room = int(compat.cache_layers(cache)[0].max_cache_len) - n if static else len(QUESTION_IDS) + 1
     question = torch.tensor([QUESTION_IDS[:max(room - 1, 1)]], device=prompt.input_ids.device)
     ids = torch.cat([prompt.input_ids[:, :n], question.expand(prompt.input_ids.shape[0], -1)], dim=1)
     mask = torch.cat([prompt.attention_mask[:, :n], torch.ones_like(ids[:, n:])], dim=1)
@@ -148,39 +148,33 @@ def reused_no_copy(cache: Any, model: torch.nn.Module, prompt: Any) -> Any:
 
 def builtin(name: str, sink: int = 4, window: int = 16) -> RebuildFn:
     """A built-in rebuild by name (streaming and per_layer get the notebook's S and W)."""
-    table: dict[str, RebuildFn] = {
-        "identity": identity, "int8": int8,
-        "streaming": functools.partial(streaming, sink=sink, window=window),
-        "per_layer": functools.partial(per_layer, sink=sink, window=window),
-        "crop_short": crop_short, "reused_no_copy": reused_no_copy,
-    }
-    if name not in table:
+    if name not in BUILTINS:
         raise RebuildError(f"rebuild {name!r}: no built-in of that name (built-ins: {', '.join(BUILTINS)})")
-    return table[name]
+    fn = globals()[name]
+    return functools.partial(fn, sink=sink, window=window) if name in ("streaming", "per_layer") else fn
 
 
 def _import_target(spec: str) -> Any:
+    """What 'path/to/file.py:function' or 'package.module:function' names; RebuildError (one line) otherwise."""
     where, _, attr = spec.rpartition(":")
     if not where or not attr:
         raise RebuildError(f"rebuild {spec!r}: expected a built-in ({', '.join(BUILTINS)}), "
                            "'path/to/file.py:function' or 'package.module:function'")
+    head, name, path = f"rebuild {shown(spec)!r}", repr(shown(where + ":")[:-1]), resolve(where)
+    if where.endswith(".py") and not path.is_file():
+        raise RebuildError(f"{head}: file {name} does not exist "
+                           "(relative paths are tried from the working directory, then the kit checkout)")
     try:
         if where.endswith(".py"):
-            path = resolve(where)
-            if not path.is_file():
-                raise RebuildError(f"rebuild {shown(spec)!r}: file {shown(where + ':')[:-1]!r} does not exist "
-                                   "(relative paths are tried from the working directory, then the kit checkout)")
             mod_spec = importlib.util.spec_from_file_location(f"kvkit_rebuild_{path.stem}", path)
             module = importlib.util.module_from_spec(mod_spec)
             mod_spec.loader.exec_module(module)  # type: ignore[union-attr]
         else:
             module = importlib.import_module(where)
-    except RebuildError:
-        raise
     except Exception as exc:  # noqa: BLE001 - one line instead of a traceback
-        raise RebuildError(f"rebuild {shown(spec)!r}: cannot import {shown(where + ':')[:-1]!r}: {_one_line(exc)}") from None
+        raise RebuildError(f"{head}: cannot import {name}: {_one_line(exc)}") from None
     if not hasattr(module, attr):
-        raise RebuildError(f"rebuild {shown(spec)!r}: {shown(where + ':')[:-1]!r} has no attribute {attr!r}")
+        raise RebuildError(f"{head}: {name} has no attribute {attr!r}")
     return getattr(module, attr)
 
 
@@ -207,18 +201,13 @@ def load(spec: str, sink: int = 4, window: int = 16) -> RebuildFn:
     return fn
 
 
-def selection(rebuild: str) -> list[str]:
-    """'all' -> the four built-ins; otherwise the one spec (the identity control always runs beside it)."""
-    return list(BUILTINS) if rebuild == "all" else [rebuild]
-
-
 def label(spec: str) -> str:
     """A short name for tables and the results file: built-in name, else the function's name."""
     return spec if ":" not in spec else spec.rpartition(":")[2]
 
 
-def as_rebuilt(result: Any, model: torch.nn.Module) -> Rebuilt:
-    """Whatever a rebuild returned -> Rebuilt (a cache, a Rebuilt, or a resume state: a dict holding a cache)."""
+def as_rebuilt(result: Any, spec: str = "") -> Rebuilt:
+    """Whatever rebuild `spec` returned -> Rebuilt (a cache, a Rebuilt, or a resume state: a dict holding a cache)."""
     if isinstance(result, Rebuilt):
         return result
     if isinstance(result, dict) and result.get("past_key_values") is not None:
@@ -226,8 +215,8 @@ def as_rebuilt(result: Any, model: torch.nn.Module) -> Rebuilt:
         return Rebuilt(result["past_key_values"], None if length is None else int(length), resume=length is not None)
     if hasattr(result, "get_seq_length") and hasattr(result, "layers"):
         return Rebuilt(result)
-    raise RebuildError(f"the rebuild returned {type(result).__name__}; expected a cache (with .layers) "
-                       "or a resume state carrying one")
+    raise RebuildError(f"rebuild {spec!r}: the rebuild returned {type(result).__name__}; expected a cache (with "
+                       ".layers) or a resume state carrying one")
 
 
 def apply(fn: RebuildFn, spec: str, cache: Any, model: torch.nn.Module, prompt: Any) -> Rebuilt:
@@ -236,10 +225,7 @@ def apply(fn: RebuildFn, spec: str, cache: Any, model: torch.nn.Module, prompt: 
         result = fn(copy.deepcopy(cache), model, prompt)
     except Exception as exc:  # noqa: BLE001 - the reporter's function failed: say so in one line
         raise RebuildError(f"rebuild {spec!r} raised {_one_line(exc)}") from None
-    try:
-        return as_rebuilt(result, model)
-    except RebuildError as exc:
-        raise RebuildError(f"rebuild {spec!r}: {exc}") from None
+    return as_rebuilt(result, spec)
 
 
 def shown(spec: str) -> str:

@@ -17,7 +17,7 @@ from kvresume import compat
 from ..compare import NoiseFloor, logit_metrics
 from kvresume import layers
 from ..regress import rebuilds as family
-from .controls import Step, diff, full_mask, generate_step, logical_positions
+from .controls import Step, diff, full_kwargs, generate_step, logical_positions
 from .facts import Repair
 from .state import stored_slots
 from .slots import compare
@@ -68,11 +68,11 @@ def run_all(base: Any, cache: Any, unrepaired: dict[str, Step], state_after: tor
     the slot comparison's verdict (a short prefix gets the re-feed, extra slots the crop)."""
     model, prompt, ref, kw = base.model, base.prompt, base.reference, base.generate_kwargs
     out = {FULL_MASK: as_repair(FULL_MASK, unrepaired["full"], ref)}
-    mask = {"attention_mask": full_mask(prompt, int(cache.get_seq_length()))}
+    mask = full_kwargs(prompt, cache)
 
     def repair(name: str, fixed: Any, against: str = "full", **kwargs: Any) -> None:
         """generate() from `fixed` (the full mask sized to it unless given); then the rebuild's state put back."""
-        kwargs = kwargs or {"attention_mask": full_mask(prompt, int(fixed.get_seq_length()))}
+        kwargs = kwargs or full_kwargs(prompt, fixed)
         out[name] = as_repair(name, generate_step(model, prompt, fixed, kw, **kwargs), ref, unrepaired[against])
         compat.put_rope_state(model, state_after)
 

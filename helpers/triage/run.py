@@ -20,7 +20,8 @@ from ..inputs import Prompt
 from kvresume import layers
 from .facts import ArgSet, Controls, slot_verdict
 from .walk import choose_branch
-from .controls import ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_mask, generate_step, logical_positions
+from .controls import (ARG_SETS, FULL, Step, arg_set_steps, diff, explicit_step, full_kwargs, generate_step,
+                       logical_positions)
 
 
 @dataclass
@@ -86,7 +87,7 @@ def _fresh_steps(base: Baseline, cache: Any) -> dict[str, Step]:
     """Control 4: the rebuilt cache on a fresh instance, without and with the saved model-side state."""
     if base.fresh is None:
         return {}
-    mask = {"attention_mask": full_mask(base.prompt, int(cache.get_seq_length()))}
+    mask = full_kwargs(base.prompt, cache)
     compat.put_rope_state(base.fresh, None)
     bare = generate_step(base.fresh, base.prompt, cache, base.generate_kwargs, **mask)
     compat.put_rope_state(base.fresh, base.saved_state)
@@ -140,9 +141,7 @@ def run(base: Baseline, applied: Applied, identity: Triaged | None = None, resum
     kind = slot_verdict(matched)
     fixes = repairs.run_all(base, rebuilt.cache, {"full": steps[FULL], "resumed": resumed}, applied.state_after, fresh,
                             resume_on, kind)
-    delta = rope_offset(base)
-    extra = {"positions_include_rope_deltas": delta if delta is not None else "no (text positions)",
-             "generate_args": RESUME_ARGS if rebuilt.resume else FULL,
+    extra = {"generate_args": RESUME_ARGS if rebuilt.resume else FULL,
              "generate_position": resumed.call.get("rotary_position"),
              "logical_position": explicit.call.get("rotary_position"),
              "explicit_vs_generate": diff(explicit, resumed),
@@ -177,27 +176,20 @@ def resume_step(base: Baseline, rebuilt: rebuilds.Rebuilt, steps: dict[str, Step
         return steps[FULL]
     positions = logical_positions(base.model, base.prompt, logical)
     return generate_step(base.model, base.prompt, rebuilt.cache, base.generate_kwargs, position_ids=positions,
-                         **_full(base.prompt, rebuilt.cache))
-
-
-def _full(prompt: Prompt, cache: Any) -> dict[str, Any]:
-    return {"attention_mask": full_mask(prompt, int(cache.get_seq_length()))}
+                         **full_kwargs(base.prompt, rebuilt.cache))
 
 
 def triage_all(base: Baseline, applied: dict[str, Applied], resume_on: str = "same_instance") -> dict[str, Triaged]:
     """The identity control first (control 5), then every other rebuild against it."""
     ident = run(base, applied["identity"], None, resume_on)
-    out = {"identity": ident}
-    for name, a in applied.items():
-        if name != "identity":
-            out[name] = run(base, a, ident, resume_on)
-    return out
+    others = {name: run(base, a, ident, resume_on) for name, a in applied.items() if name != "identity"}
+    return {"identity": ident, **others}
 
 
 def load_specs(rebuild: str, sink: int, window: int) -> dict[str, rebuilds.RebuildFn]:
     """The identity control plus the selected rebuild(s), by label; RebuildError (one line) if one cannot be loaded."""
     specs = {"identity": rebuilds.load("identity")}
-    for spec in rebuilds.selection(rebuild):
+    for spec in rebuilds.BUILTINS if rebuild == "all" else [rebuild]:
         specs[rebuilds.label(spec)] = rebuilds.load(spec, sink, window)
     return specs
 
@@ -220,9 +212,11 @@ def backend_outcomes(base: Baseline, t: Triaged, backends: tuple[str, ...] = ("s
     for backend in backends:
         with attention_kernel(model, backend):
             compat.put_rope_state(model, base.saved_state)
-            original = generate_step(model, base.prompt, base.prefix_cache, base.generate_kwargs, **_full(base.prompt, base.prefix_cache))
+            original = generate_step(model, base.prompt, base.prefix_cache, base.generate_kwargs,
+                                     **full_kwargs(base.prompt, base.prefix_cache))
             compat.put_rope_state(model, base.saved_state)
-            rebuilt = generate_step(model, base.prompt, t.rebuilt.cache, base.generate_kwargs, **_full(base.prompt, t.rebuilt.cache))
+            rebuilt = generate_step(model, base.prompt, t.rebuilt.cache, base.generate_kwargs,
+                                    **full_kwargs(base.prompt, t.rebuilt.cache))
         compat.put_rope_state(model, base.saved_state)
         out[backend] = {"ok": rebuilt.ok, "error_type": rebuilt.error_type, "stage": rebuilt.stage, "error": rebuilt.error[:200],
                         "error_layer": rebuilt.call.get("error_layer"), "original_ok": original.ok,

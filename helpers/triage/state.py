@@ -23,13 +23,10 @@ def stored_slots(layer: Any) -> int | None:
 
 
 def layer_states(cache: Any) -> list[LayerState]:
-    """Per layer: class, stored K/V slots, reported length, is_initialized."""
-    out = []
-    for layer in compat.cache_layers(cache):
-        init = getattr(layer, "is_initialized", None)
-        out.append(LayerState(type(layer).__name__, stored_slots(layer), layers.layer_length(layer),
-                              None if init is None else bool(init)))
-    return out
+    """Per layer: class, stored K/V slots, reported length, is_initialized (None: the class has none)."""
+    return [LayerState(type(layer).__name__, stored_slots(layer), layers.layer_length(layer),
+                       None if getattr(layer, "is_initialized", None) is None else bool(layer.is_initialized))
+            for layer in compat.cache_layers(cache)]
 
 
 def measure(cache: Any, processed: int, suffix: int, call: dict[str, Any], explicit_call: dict[str, Any],

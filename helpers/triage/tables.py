@@ -5,13 +5,24 @@ from typing import Any
 
 import pandas as pd
 
+import torch
+
 from .. import plots
+from ..compare import logit_metrics
 from .tree import ArgSet, slot_kind
-from .controls import ARG_SETS, FULL, Step, diff, step_row
+from .controls import ARG_SETS, FULL, Step, diff
 from .run import Baseline, Triaged, rope_offset
 
-STEP_COLUMNS = ["result", "input_ids_shape", "attention_mask_shape", "position_ids", "cache_position", "rotary_position",
-                "past_length", "vs_original", "vs_full_forward", "top1_equal_full_forward", "stage", "error"]
+
+def step_row(step: Step, original: Step | None, reference: torch.Tensor) -> dict[str, Any]:
+    """One table row: result, what reached the model, and max |diff| vs the original and the full forward."""
+    c, m = step.call, logit_metrics(reference, step.logits) if step.ok else {}
+    return {"result": "worked" if step.ok else f"failed ({step.error_type})",
+            "input_ids_shape": c.get("input_ids_shape"), "attention_mask_shape": c.get("attention_mask_shape"),
+            "position_ids": c.get("position_ids"), "cache_position": c.get("cache_position"),
+            "rotary_position": c.get("rotary_position"), "past_length": c.get("past_length"),
+            "vs_original": diff(step, original), "vs_full_forward": m.get("max_abs_diff"),
+            "top1_equal_full_forward": m.get("top1_equal"), "stage": step.stage, "error": step.error[:120]}
 
 
 def slot_table(results: dict[str, Triaged]) -> pd.DataFrame:
@@ -22,10 +33,9 @@ def slot_table(results: dict[str, Triaged]) -> pd.DataFrame:
 
 def first_step_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
     """Control 2: first-step logits per argument set, original and every rebuild, with the captured first call."""
-    rows = [{"cache": "original", "args": n, **step_row(n, base.original[n], None, base.reference)} for n in ARG_SETS]
-    for name, t in results.items():
-        rows += [{"cache": name, "args": n, **step_row(n, t.steps[n], base.original[n], base.reference)} for n in ARG_SETS]
-    return pd.DataFrame(rows).set_index(["cache", "args"])[STEP_COLUMNS]
+    caches = {"original": (base.original, {}), **{name: (t.steps, base.original) for name, t in results.items()}}
+    return pd.DataFrame([{"cache": c, "args": n, **step_row(steps[n], against.get(n), base.reference)}
+                         for c, (steps, against) in caches.items() for n in ARG_SETS]).set_index(["cache", "args"])
 
 
 def positions_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
@@ -56,8 +66,9 @@ def instance_table(base: Baseline, results: dict[str, Triaged]) -> pd.DataFrame:
     """Control 4: same instance vs fresh instance, without and with the model-side state restored."""
     rows = []
     for name, t in results.items():
-        rows.append({"rebuild": name, "instance": "same instance", **step_row("same", t.steps[FULL], None, base.reference)})
-        rows += [{"rebuild": name, "instance": k, **step_row(k, s, t.steps[FULL], base.reference)} for k, s in t.fresh.items()]
+        rows.append({"rebuild": name, "instance": "same instance", **step_row(t.steps[FULL], None, base.reference)})
+        rows += [{"rebuild": name, "instance": k, **step_row(s, t.steps[FULL], base.reference)}
+                 for k, s in t.fresh.items()]
     cols = ["result", "rotary_position", "vs_original", "vs_full_forward", "top1_equal_full_forward"]
     return pd.DataFrame(rows).set_index(["rebuild", "instance"])[cols].rename(columns={"vs_original": "vs_same_instance"})
 

@@ -12,11 +12,6 @@ from typing import Any
 from .facts import (CHANGED, COMPRESSION, Controls, Repair, consistent, identical, metadata_differs, model_state_differs,
                     slot_layers, slot_verdict)
 
-LEAVES = ("no_defect", "resume_contract", "model_side_state", "cache_metadata", "prefix_short", "extra_slots",
-          "compression_positions",
-          "compression_positions_and_loss", "compression_information_loss", "compression_unresolved",
-          "reconstruction_copy", "unexplained")
-
 # repair names, in the order the walk tries them, and the leaf each one names when it restores
 FULL_MASK, SAVED_STATE, REREGISTER, REFEED, CROP, AT_PROCESSED = (
     "full_mask", "saved_state", "reregister_via_update", "refeed_whole_ids", "crop_to_processed", "continue_at_processed_length")
