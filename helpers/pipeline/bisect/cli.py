@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from . import report as bisect_report
 from . import source as bisect_source
 from .search import Interrupted, Probe, Search, find_changes
+from ...findings import of
 from ..matrix.envs import child_env
 from ..matrix.facts import notebook_facts
 from ..matrix.report import DEFAULT_RELEASES
@@ -63,19 +64,12 @@ def span(releases: Sequence[str], good: str, bad: str) -> list[str]:
     return [r for r in releases if Version(good) <= Version(r) <= Version(bad)]
 
 
-def claim_ids(notebook: Path) -> list[str]:
-    """The claim ids a notebook declares (its CLAIMS dict)."""
-    text = "".join("".join(c.get("source") or "") for c in json.loads(notebook.read_text())["cells"])
-    block = re.search(r"CLAIMS\s*=\s*\{(.*?)\n\}", text, re.S)
-    return re.findall(r'^\s*"([\w.]+)"\s*:', block.group(1), re.M) if block else []
-
-
 def check_target(notebook: Path, claim: str | None, key: str | None) -> None:
     """Refused unless exactly one of claim and key is given, a claim the notebook declares or a value name."""
     if bool(claim) == bool(key):
         raise Refused("give exactly one of CLAIM=<claim id> (a verdict) or KEY=<recorded value name>")
     if claim:
-        ids = claim_ids(notebook)
+        ids = list(of(notebook).claims)
         if claim not in ids:
             raise Refused(f"CLAIM={claim} is not a claim of {notebook.stem}; valid: {', '.join(ids)}")
     elif not re.fullmatch(r"[\w.\[\]]+", key or ""):

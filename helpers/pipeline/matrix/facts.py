@@ -59,24 +59,17 @@ def differences(per_release: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 def group_differences(items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
     """Rows of a list (`m[0].x`, `m[1].x`, ...) that differ in the same way become one entry
     `m[0,1,...].x`; order of first appearance is kept."""
-    groups: dict[tuple[str, str], list[tuple[list[str], dict[str, Any]]]] = {}
+    groups: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
     for key, values in items:
-        pattern = re.sub(r"\[\d+\]", "[*]", key)
         sig = json.dumps({r: ("\0absent" if v is _ABSENT else v) for r, v in values.items()}, sort_keys=True, default=str)
-        groups.setdefault((pattern, sig), []).append((re.findall(r"\[(\d+)\]", key), values))
+        groups.setdefault((re.sub(r"\[\d+\]", "[*]", key), sig), []).append((key, values))
     out = []
     for (pattern, _), members in groups.items():
-        if len(members) == 1:
-            idx = members[0][0]
-            key = pattern
-            for i in idx:
-                key = key.replace("[*]", f"[{i}]", 1)
-        else:
-            key = pattern
-            for pos in range(pattern.count("[*]")):
-                seen = list(dict.fromkeys(m[0][pos] for m in members))
-                label = ",".join(seen) if len(seen) <= 6 else f"{seen[0]}…{seen[-1]} ({len(seen)})"
-                key = key.replace("[*]", f"[{label}]", 1)
+        key = pattern if len(members) > 1 else members[0][0]
+        for pos in range(pattern.count("[*]") if len(members) > 1 else 0):
+            seen = list(dict.fromkeys(re.findall(r"\[(\d+)\]", m[0])[pos] for m in members))
+            label = ",".join(seen) if len(seen) <= 6 else f"{seen[0]}…{seen[-1]} ({len(seen)})"
+            key = key.replace("[*]", f"[{label}]", 1)
         out.append((key, members[0][1]))
     return out
 

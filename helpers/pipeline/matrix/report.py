@@ -1,18 +1,17 @@
-"""outputs/matrix.md: the run, "What changed" (diff), the releases, every verdict, every difference."""
+"""outputs/matrix.md: the run, "What changed" and "Changes by kind of value" (kinds), the releases, every verdict,
+every difference."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Sequence
 
 from .envs import pinned_release
-from .diff import change_section
-from .kinds import detail_section
+from .kinds import change_section, detail_section
 from .facts import differences, distinct_texts, group_differences
 from ..paths import output_dir
-from ..report.records import RUN_STATUS
 from ..report.summary import commit_text, truncate
 from ..report.paste import VERDICT_MARK, cell, fmt_compact
-from ..report.records import load_json, load_run
+from ..report.records import RUN_STATUS, load_json
 from ..report.scrub import scrub
 
 DEFAULT_RELEASES = (  # the default matrix (the Makefile's RELEASES)
@@ -28,7 +27,7 @@ def _load_release(out_base: Path, release: str) -> tuple[dict[str, Any], dict[st
 
 def _matrix_run(out_base: Path) -> list[str]:
     """The matrix's run record (outputs/matrix/run.json, written by the runner) in one line; loud unless complete."""
-    run = load_run(out_base / "matrix")
+    run = load_json(out_base / "matrix" / "run.json")
     if not run:
         return []
     status = run.get("status") or "unknown"

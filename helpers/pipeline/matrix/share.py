@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .envs import pinned_release
 from .report import DEFAULT_RELEASES
-from ..report.records import RELEASES_FILE  # its reader: report.records.load_releases
+from ..report.records import RELEASES_FILE  # read by report.first_screen
 
 KNOWN_NEWEST = DEFAULT_RELEASES[-1]  # the newest release the kit knows: the default matrix's last
 

@@ -15,7 +15,7 @@ from .asks import Claims, lines_for
 from .claims_md import all_claims
 from .fit import Part, clauses, drop_asides, fit, fit_clauses
 from .paste import code, code_refs
-from .records import RUN_STATUS, load_releases, load_results, load_run
+from .records import RELEASES_FILE, RUN_STATUS, load_json, load_results
 from .sources import SOURCES, Source
 from .statements import source_key
 from .verdict_line import count_line, count_parts
@@ -35,7 +35,7 @@ def release_rows(out: Path, run: dict[str, Any], current: list[dict[str, Any]]) 
     `make share`'s releases.json only its pinned and newest) and the sentence naming them."""
     mine = sorted({str((r.get("environment") or {}).get("transformers")) for r in current} - {"None"})
     rows = {rel: current for rel in mine}
-    matrix_run, share = load_run(out / "matrix"), load_releases(out)
+    matrix_run, share = load_json(out / "matrix" / "run.json"), load_json(out / RELEASES_FILE)
     same = bool(run.get("kit_commit")) and matrix_run.get("kit_commit") == run.get("kit_commit")
     found = {d.name: load_results(d) for d in sorted((out / "matrix").glob("*/")) if (d / "results").is_dir()} if same else {}
     wanted = {share.get("pinned"), share.get("newest")} if share else set(found)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..paths import output_dir
 from .asks import lines_for
@@ -136,14 +136,11 @@ def render_html(notebook: Path, dest_dir: Path, results: dict[str, Any] | None =
     return path
 
 
-def write_html(out: Path | None = None, stems: Iterable[str] | None = None) -> tuple[list[Path], list[str]]:
+def write_html(out: Path | None = None, stems: list[str] | None = None) -> tuple[list[Path], list[str]]:
     """Render every executed notebook in notebooks/ to html/; returns (written, errors)."""
     out = Path(out) if out else output_dir()
-    wanted = set(stems) if stems is not None else None
     written, errors = [], []
-    for nb in sorted((out / "notebooks").glob("*.ipynb")):
-        if wanted is not None and nb.stem not in wanted:
-            continue
+    for nb in sorted(nb for nb in (out / "notebooks").glob("*.ipynb") if stems is None or nb.stem in stems):
         try:
             written.append(render_html(nb, out / "html", load_json(out / "results" / f"{nb.stem}.json")))
         except Exception as exc:  # noqa: BLE001 - one unreadable notebook must not stop the others

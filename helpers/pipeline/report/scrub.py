@@ -11,20 +11,15 @@ from pathlib import Path
 from ..paths import output_dir, repo_root
 
 
-def _inside(path: Path, parent: Path) -> bool:
-    """Whether `path` is `parent` or below it (links resolved)."""
-    return path.resolve().is_relative_to(parent.resolve())
-
-
 def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
     """(absolute path, placeholder) pairs for this machine, most specific first."""
     out = Path(out) if out else output_dir()
     root = repo_root()
     pairs = [(root, "."), (Path.home(), "~"), (Path(tempfile.gettempdir()), "{tmp}"), (Path("/tmp"), "{tmp}"),
              (Path(sysconfig.get_paths()["stdlib"]), "{python-lib}")]
-    if not _inside(Path(sys.prefix), root):  # the kit's own .venv reads better as ./.venv
+    if not Path(sys.prefix).resolve().is_relative_to(root.resolve()):  # the kit's own .venv reads better as ./.venv
         pairs.append((Path(sys.prefix), "{python-env}"))
-    if not _inside(out, root):
+    if not out.resolve().is_relative_to(root.resolve()):
         pairs.insert(0, (out, "{outputs}"))
     found: dict[str, str] = {}
     for path, label in pairs:

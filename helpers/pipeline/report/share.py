@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..paths import output_dir
-from .records import load_results, load_run, load_timings, run_id_of, split_by_run
+from .records import load_json, load_results, run_id_of, split_by_run
 from .scrub import scrub_file
 
 ARCHIVE = "share.zip"
@@ -22,9 +22,9 @@ def _of(stem: str, stems: set[str] | None) -> bool:
 def share_members(out: Path, stems: Iterable[str] | None = None) -> list[str]:
     """The paths (relative to `out`) the archive holds, for the notebooks in `stems` (all when None)."""
     wanted = set(stems) if stems is not None else None
-    run_id = load_run(out).get("run_id")
+    run_id = load_json(out / "run.json").get("run_id")
     names = [n for n in ("SUMMARY.md", "run.json") if (out / n).is_file()]
-    if (out / "timings.json").is_file() and (run_id is None or run_id_of(load_timings(out)) == run_id):
+    if (out / "timings.json").is_file() and (run_id is None or run_id_of(load_json(out / "timings.json")) == run_id):
         names.append("timings.json")  # never another run's timings
     for folder, pattern in (("html", "*.html"), ("figures", "*.png"), ("results", "*.json")):
         names += [f"{folder}/{p.name}" for p in sorted((out / folder).glob(pattern)) if _of(p.stem, wanted)]
@@ -48,7 +48,7 @@ def write_share(out: Path | None = None, stems: Iterable[str] | None = None) -> 
 
 def current_stems(out: Path) -> set[str] | None:
     """The notebooks whose results belong to the run in run.json (None when there is no run record: all)."""
-    run = load_run(out)
+    run = load_json(out / "run.json")
     return {r["notebook"] for r in split_by_run(load_results(out), run.get("run_id"))[0]} if run else None
 
 

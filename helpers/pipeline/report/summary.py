@@ -19,7 +19,7 @@ from .first_screen import first_screen
 from .statements import statements as source_statements
 from .paste import MAX_CHARS, cell, code, code_refs, fmt_scalar, one_line
 from ..paths import output_dir
-from .records import RUN_STATUS, env_keys, load_results, load_run, load_timings, run_id_of, split_by_run
+from .records import RUN_STATUS, env_keys, load_json, load_results, run_id_of, split_by_run
 from .scrub import scrub, scrub_outputs
 from .share import ARCHIVE, current_stems, share_members, write_share
 
@@ -181,7 +181,7 @@ def build_summary(out: Path | None = None) -> str:
     """The SUMMARY.md text for the run named in run.json under `out` (default outputs/): the first screen (verdicts,
     releases, repros), then everything else in <details> sections."""
     out = Path(out) if out else output_dir()
-    run, timings = load_run(out), load_timings(out)
+    run, timings = load_json(out / "run.json"), load_json(out / "timings.json")
     current, others = split_by_run(load_results(out), run.get("run_id"))
     claims = all_claims(current)
     counts = kind_counts(claims)

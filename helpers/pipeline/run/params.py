@@ -48,18 +48,13 @@ def parameters_source(path: Path) -> str:
 
 def declared(path: Path) -> dict[str, Any]:
     """{name: default} of the notebook's cell tagged `parameters` (NOT_LITERAL where it is computed)."""
-    tree = ast.parse(parameters_source(path))
     out: dict[str, Any] = {}
-    for node in tree.body:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    for node in ast.parse(parameters_source(path)).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):  # every cell's form: name = value
             try:
-                value = ast.literal_eval(node.value) if node.value is not None else None
+                out[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:
-                value = NOT_LITERAL
-            for target in targets:
-                if isinstance(target, ast.Name):
-                    out[target.id] = value
+                out[node.targets[0].id] = NOT_LITERAL
     return out
 
 

@@ -40,16 +40,14 @@ def new_run_id() -> str:
 
 def git_state() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the kit checkout; (None, None) outside git. Dirty ignores untracked files."""
-    root = repo_root()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if commit.returncode != 0:
-            return None, None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                capture_output=True, text=True, timeout=10)
-        return commit.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
+    try:  # porcelain v2: a '# branch.oid <commit>' header, then one line per changed tracked file
+        res = subprocess.run(["git", "status", "--porcelain=v2", "--branch", "--untracked-files=no"], cwd=repo_root(),
+                             capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None, None
+    lines = res.stdout.splitlines() if res.returncode == 0 else []
+    commit = next((ln.split()[2] for ln in lines if ln.startswith("# branch.oid ") and "(initial)" not in ln), None)
+    return (commit, any(not ln.startswith("#") for ln in lines)) if commit else (None, None)
 
 
 def _version(name: str) -> str | None:

@@ -3,13 +3,13 @@ the start order (longest first, from the last run's timings.json), the floor tim
 HTML pages rendered in the runner by one warm exporter while the kernels run."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
 from .execute import failure_line
+from ..report.records import load_json
 
 # The kernels' OpenMP threads sleep rather than spin while they wait (the thread count, and so every number,
 # is unchanged): with two kernels (and anything else) on two cores, spinning threads steal the core the other
@@ -25,15 +25,11 @@ def child_env(**extra: str) -> dict[str, str]:
 def expected_seconds(paths: list[Path], timings: Path | None) -> dict[str, float]:
     """Each notebook's expected time: its `seconds` in the last run's timings.json where that names it
     (and it finished ok), else its finding's estimate_s, else (a notebook no finding declares: tests') 5 s."""
-    last: dict[str, float] = {}
-    try:
-        for row in json.loads(timings.read_text()).get("notebooks") or [] if timings else []:
-            if row.get("ok") and isinstance(row.get("seconds"), (int, float)):
-                last[row["notebook"]] = float(row["seconds"])
-    except (OSError, ValueError, AttributeError):
-        last = {}
     from ...findings import found
 
+    rows = (load_json(timings) if timings else {}).get("notebooks") or []
+    last = {row["notebook"]: float(row["seconds"]) for row in rows
+            if row.get("ok") and isinstance(row.get("seconds"), (int, float))}
     static = {f.number: f.estimate_s for f in found()}
     return {nb.stem: last.get(nb.stem, static.get(nb.stem.split("_")[0], 5.0)) for nb in paths}
 
