@@ -83,7 +83,6 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
     lines += ["## Verdicts", "", "Rows marked **Δ** have a verdict that differs between releases.", "",
               "| Δ | notebook | claim | " + " | ".join(heads) + " |",
               "|---|---|---|" + "---|" * len(heads)]
-    changed = []
     for (nb, cid), verdicts in rows.items():
         cells = []
         for rel in releases:
@@ -95,18 +94,10 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
             else:
                 cells.append("no result" if nb not in res else "claim absent")
         differs = len({c for c in cells if c != "not installed"}) > 1
-        if differs:
-            changed.append((nb, cid, cells))
         lines.append(f"| {'**Δ**' if differs else ''} | {cell(nb)} | `{cell(cid)}` | " + " | ".join(cells) + " |")
     if not rows:
         lines.append("| | — | no results | " + " | ".join("—" for _ in releases) + " |")
     lines.append("")
-
-    if changed:
-        lines += ["### Verdicts that change", ""]
-        for nb, cid, cells in changed:
-            lines.append(f"- `{cid}` ({nb}): " + " → ".join(f"{h}: {c}" for h, c in zip(heads, cells)))
-        lines.append("")
 
     lines += ["## Differences", "",
               "Evidence, measurements and environment values (besides the transformers version) that are "

@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..paths import output_dir
-
 # How a run record's status reads in SUMMARY.md and matrix.md.
 RUN_STATUS = {"complete": "✅ complete", "running": "⏳ still running (or stopped without saying so)",
               "interrupted": "⚠️ **INTERRUPTED**", "failed": "❌ **FAILED**"}
@@ -33,9 +31,8 @@ def load_json(path: Path) -> dict[str, Any]:
 RELEASES_FILE = "releases.json"  # `make share`'s pinned and newest release (matrix.share); a run-all removes it
 
 
-def load_results(out: Path | None = None) -> list[dict[str, Any]]:
-    """Every results/*.json under `out` (default outputs/), sorted by notebook (an unreadable one without claims)."""
-    out = Path(out) if out else output_dir()
+def load_results(out: Path) -> list[dict[str, Any]]:
+    """Every results/*.json under `out`, sorted by notebook (an unreadable one without claims)."""
     return [{"notebook": path.stem, **load_json(path)} for path in sorted((out / "results").glob("*.json"))]
 
 

@@ -51,9 +51,8 @@ def scrub_file(path: Path | str, out: Path | None = None) -> bool:
     return clean != text
 
 
-def scrub_outputs(out: Path | None = None) -> list[Path]:
+def scrub_outputs(out: Path) -> list[Path]:
     """Scrub run.json, timings.json, SUMMARY.md, results/*.json, html/*.html and the executed notebooks under `out`."""
-    out = Path(out) if out else output_dir()
     paths = [out / "run.json", out / "timings.json", out / "SUMMARY.md", *sorted((out / "results").glob("*.json")),
              *sorted((out / "html").glob("*.html")), *sorted((out / "notebooks").glob("*.ipynb"))]
     return [p for p in paths if p.is_file() and scrub_file(p, out)]

@@ -7,7 +7,6 @@ import zipfile
 from pathlib import Path
 from typing import Iterable
 
-from ..paths import output_dir
 from .records import load_json, load_results, run_id_of, split_by_run
 from .scrub import scrub_file
 
@@ -31,9 +30,8 @@ def share_members(out: Path, stems: Iterable[str] | None = None) -> list[str]:
     return names
 
 
-def write_share(out: Path | None = None, stems: Iterable[str] | None = None) -> Path:
+def write_share(out: Path, stems: Iterable[str] | None = None) -> Path:
     """Write outputs/share.zip (deflated, fixed timestamps) and return its path."""
-    out = Path(out) if out else output_dir()
     path = out / ARCHIVE
     tmp = path.with_name(path.name + ".tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
@@ -52,8 +50,7 @@ def current_stems(out: Path) -> set[str] | None:
     return {r["notebook"] for r in split_by_run(load_results(out), run.get("run_id"))[0]} if run else None
 
 
-def finish_timings(out: Path | None = None) -> Path | None:
+def finish_timings(out: Path) -> Path | None:
     """After the runner writes timings.json (after SUMMARY.md): scrub it and refresh share.zip to include it."""
-    out = Path(out) if out else output_dir()
     scrub_file(out / "timings.json", out)
     return write_share(out, current_stems(out)) if (out / ARCHIVE).exists() else None

@@ -177,10 +177,9 @@ def details(summary: str, body: list[str]) -> list[str]:
     return ["<details><summary>" + summary + "</summary>", "", *body, "</details>", ""] if body else []
 
 
-def build_summary(out: Path | None = None) -> str:
-    """The SUMMARY.md text for the run named in run.json under `out` (default outputs/): the first screen (verdicts,
-    releases, repros), then everything else in <details> sections."""
-    out = Path(out) if out else output_dir()
+def build_summary(out: Path) -> str:
+    """The SUMMARY.md text for the run named in run.json under `out`: the first screen (verdicts, releases, repros),
+    then everything else in <details> sections."""
     run, timings = load_json(out / "run.json"), load_json(out / "timings.json")
     current, others = split_by_run(load_results(out), run.get("run_id"))
     claims = all_claims(current)
