@@ -9,6 +9,7 @@ machines without network.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -182,15 +183,13 @@ def _build_env(release: str, env: ReleaseEnv, log, modules: Sequence[str] = NOTE
     shared = shared_site_packages()
     stamp = path / STAMP
     if stamp.exists() and python.exists():
-        try:
+        with contextlib.suppress(Exception):  # a broken environment is rebuilt
             recorded = json.loads(stamp.read_text())
             versions = _probe(str(python), modules) if recorded.get("shared") == shared else {}
             if versions and not _check_probe(release, versions):
                 _link_jupyter_data(path)
                 env.python, env.reused, env.installed, env.versions = str(python), True, recorded["installed"], versions
                 return
-        except Exception:  # noqa: BLE001 - a broken environment is rebuilt
-            pass
     log(f"[matrix] creating {path} for transformers {release}", flush=True)
     shutil.rmtree(path, ignore_errors=True)
     res = _run([sys.executable, "-m", "venv", "--without-pip", str(path)])

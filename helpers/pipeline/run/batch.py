@@ -2,6 +2,7 @@
 kernels; Ctrl-C or SIGTERM stops it within seconds; run.json, results, timings.json and SUMMARY.md."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -80,27 +81,23 @@ class Run:
             self.zygote.wait()
 
     def _start(self, path: Path) -> _Job:
+        """The notebook's worker, forked by the warm process once it has imported everything (stdout and stderr
+        to its log), else (before that, or if it cannot) started fresh; its kernel is forked from it either way."""
         result_file, log_file = self.tmp / f"{path.stem}.json", self.tmp / f"{path.stem}.log"
         env = child_env(**self.record.env_vars(), **self.warm, KVKIT_OUTPUT_DIR=str(self.out))
         began = time.time()
         cmd = [sys.executable, "-m", "helpers.pipeline.run", "_exec", str(path), "--out-json", str(result_file),
                "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began)]
-        with open(log_file, "wb") as log:
-            proc = self._fork(cmd, env, log.fileno()) if self.warm_s is not None else None
+        with open(log_file, "wb") as log, open(os.devnull, "rb") as null:
+            proc: Forked | subprocess.Popen | None = None
+            with contextlib.suppress(OSError, ValueError):
+                if self.warm_s is not None:
+                    proc = Forked(self.warm["KVKIT_ZYGOTE"], {"argv": cmd[4:], "cwd": str(repo_root()), "env": env},
+                                  [null.fileno(), log.fileno(), log.fileno()])
             if proc is None:
                 proc = subprocess.Popen(cmd, cwd=str(repo_root()), env=env, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
         return _Job(path, proc, time.perf_counter(), result_file, log_file)
-
-    def _fork(self, cmd: list[str], env: dict[str, str], log: int) -> Forked | None:
-        """`cmd`'s worker forked by the warm process (stdout and stderr to `log`); None if it cannot. Until the
-        warm process has imported everything, workers start fresh (their kernels are still forked from it)."""
-        try:
-            with open(os.devnull, "rb") as null:
-                return Forked(self.warm["KVKIT_ZYGOTE"], {"argv": cmd[4:], "cwd": str(repo_root()), "env": env},
-                              [null.fileno(), log, log])
-        except (OSError, ValueError):
-            return None
 
     def _finish(self, job: _Job) -> RunResult:
         seconds = round(time.perf_counter() - job.began, 2)

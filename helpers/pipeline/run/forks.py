@@ -3,6 +3,7 @@ Unix socket (the request's stdio, cwd and environment handed over), says the chi
 code. A client going away ends its child; the server's parent going away ends them all."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -48,10 +49,8 @@ def _run_child(child: Child, conn: socket.socket, request: dict[str, Any], fds: 
         code = 1
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):
                 stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
     os._exit(code)
 
 
@@ -117,10 +116,8 @@ class _Server:
         for fd in fds:
             os.close(fd)
         self.conns[pid] = conn
-        try:
+        with contextlib.suppress(OSError):  # the client is gone: so is its child (at the next pass of the loop)
             conn.sendall(f"{pid}\n".encode())
-        except OSError:  # the client is gone: so is its child (at the next pass of the loop)
-            pass
         fd = _pidfd(pid)
         if fd is not None:
             self.pidfds[fd] = pid
@@ -139,10 +136,8 @@ class _Server:
                 os.close(fd)
             conn = self.conns.pop(pid, None)
             if conn is not None:
-                try:
+                with contextlib.suppress(OSError):
                     conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
-                except OSError:
-                    pass
                 conn.close()
 
     def loop(self) -> NoReturn:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import repo_root
+from .params import cuda_status
 
 NB_STATUSES = ("ok", "failed", "interrupted", "not_started")
 RUN_STATUSES = ("running", "complete", "interrupted", "failed")
@@ -31,11 +32,6 @@ RUN_ALL_OUTPUTS = ("results", "notebooks", "html", "figures", "resume_state", "S
 def utc_now() -> str:
     """ISO 8601 UTC to the second, e.g. 2026-12-02T20:37:13Z."""
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def new_run_id() -> str:
-    """A sortable, unique run id: UTC time plus four hex digits."""
-    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
 
 
 def git_state() -> tuple[str | None, bool | None]:
@@ -57,16 +53,6 @@ def _version(name: str) -> str | None:
         return None
 
 
-def environment() -> dict[str, Any]:
-    """Versions and platform, read without importing torch or transformers (the notebooks' own results
-    files hold the environment each of them ran with)."""
-    from .params import cuda_status
-
-    return {"python": platform.python_version(), "torch": _version("torch"), "transformers": _version("transformers"),
-            "platform": platform.platform(),
-            "cuda_available": cuda_status()[0]}
-
-
 class RunRecord:
     """outputs/run.json of one run, rewritten after every change."""
 
@@ -74,12 +60,17 @@ class RunRecord:
                  notebooks: dict[str, dict[str, Any]]) -> None:
         commit, dirty = git_state()
         self.path = Path(out) / "run.json"
-        self.data: dict[str, Any] = {
-            "run_id": new_run_id(), "command": command, "started": utc_now(), "finished": None,
-            "status": "running", "kit_commit": commit, "kit_dirty": dirty, "parameters": parameters,
+        self.data: dict[str, Any] = {  # the id: sortable and unique, UTC time plus four hex digits
+            "run_id": f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}", "command": command,
+            "started": utc_now(), "finished": None, "status": "running", "kit_commit": commit, "kit_dirty": dirty,
+            "parameters": parameters,
             "notebooks": {stem: {"status": "not_started", "seconds": None, "error": None, "parameters": p}
                           for stem, p in notebooks.items()},
-            "environment": environment(),
+            # versions and platform, read without importing torch or transformers (the notebooks' own results
+            # files hold the environment each of them ran with)
+            "environment": {"python": platform.python_version(), "torch": _version("torch"),
+                            "transformers": _version("transformers"), "platform": platform.platform(),
+                            "cuda_available": cuda_status()[0]},
         }
         if os.environ.get("KVKIT_MATRIX_RUN_ID") and command != "matrix":
             self.data["matrix_run_id"] = os.environ["KVKIT_MATRIX_RUN_ID"]  # one release of that matrix run

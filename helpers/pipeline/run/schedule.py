@@ -3,6 +3,7 @@ the start order (longest first, from the last run's timings.json), the floor tim
 HTML pages rendered in the runner by one warm exporter while the kernels run."""
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -63,15 +64,13 @@ class HtmlRenderer:
         self.jobs.put((stem, phases))
 
     def _work(self) -> None:
-        try:  # load the exporter's templates while the first kernels start (a page's first render pays it)
+        with contextlib.suppress(Exception):  # the exporter's templates, loaded as the kernels start (or by page 1)
             import nbformat
 
             from ..report import html, summary  # noqa: F401 - environment_markdown's import (torch, via results)
 
             html._exporter().from_notebook_node(nbformat.v4.new_notebook(cells=[
                 nbformat.v4.new_markdown_cell("# warm"), nbformat.v4.new_code_cell("1")]))
-        except Exception:  # noqa: BLE001 - the first page then pays it (and reports any real error)
-            pass
         while (job := self.jobs.get()) is not None:
             stem, phases = job
             start = time.perf_counter()
