@@ -61,19 +61,15 @@ def to_markdown(data: dict[str, Any]) -> str:
     if data["status"] == "interrupted":
         lines += ["> ⚠️ **Interrupted**: what was measured before the stop is kept below.", ""]
     lines += ["## Result", ""]
-    search_lines = data.get("summary") or []
-    lines += search_lines + [""]
+    lines += [*(data.get("summary") or []), ""]
     for change in data["changes"]:
         a, b = change["last_same"], change["first_different"]
         lines += [f"## Source diff {a} → {b}", ""]
         diffs = change["source_diff"]
-        moved = {n: d for n, d in diffs.items() if d["status"] != "same"}
         unchanged = [n for n, d in diffs.items() if d["status"] == "same"]
         if not diffs:
             lines += ["No source diff was recorded (the functions are named by the notebook's finding, helpers.findings).", ""]
-        for name, d in moved.items():
-            if d["status"] == "unreadable":
-                continue
+        for name, d in ((n, d) for n, d in diffs.items() if d["status"] not in ("same", "unreadable")):
             quote = d.get("quote") or changed_lines(d["diff"])
             lines += [f"### `{name}` ({d['status']})", ""] + [f"    {q}" for q in quote] + ["", "```diff", d["diff"].rstrip(), "```", ""]
         if unchanged:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,7 @@ def _recorded(command: str, paths: list[Path], pairs: list[list[str]] | None, jo
     run = Run(command, paths, per_notebook, given, jobs)
     signum = run.execute(report=report)
     if signum is not None:
-        nbs = run.record.data["notebooks"].values()
-        counts = {s: sum(1 for n in nbs if n["status"] == s) for s in rec.NB_STATUSES}
+        counts = Counter(n["status"] for n in run.record.data["notebooks"].values())
         print(f"interrupted: {counts['ok'] + counts['failed']} finished, {counts['interrupted']} interrupted, "
               f"{counts['not_started']} not started; run.json and SUMMARY.md say so", file=sys.stderr)
         return 128 + signum

@@ -98,13 +98,9 @@ class _Server:
         # clears pending signals after a fork): the server's SIGTERM must not be lost, so it is held until then.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         try:
-            pid = os.fork()
-        except OSError:  # no child: the client reads no pid (and starts its own process)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            for fd in fds:
-                os.close(fd)
-            conn.close()
-            return
+            pid: int | None = os.fork()
+        except OSError:
+            pid = None
         if pid == 0:
             self.server.close()
             for other in self.conns.values():
@@ -115,6 +111,9 @@ class _Server:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in fds:
             os.close(fd)
+        if pid is None:  # no child: the client reads no pid (and starts its own process)
+            conn.close()
+            return
         self.conns[pid] = conn
         with contextlib.suppress(OSError):  # the client is gone: so is its child (at the next pass of the loop)
             conn.sendall(f"{pid}\n".encode())

@@ -99,12 +99,10 @@ def _kernel_main(argv: list[str]) -> int:
     if path and os.path.exists(path):
         from .forks import Forked
 
-        try:
+        with contextlib.suppress(OSError, ValueError):
             request = {"connection_file": os.path.abspath(conn_file), "cwd": os.getcwd(), "env": dict(os.environ)}
             forked = Forked(path, request, [0, 1, 2])
             kernel.append(forked.pid)
-        except (OSError, ValueError):
-            forked = None
     if forked is None:
         os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", conn_file])
     return forked.wait()
