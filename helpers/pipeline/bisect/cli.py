@@ -79,10 +79,8 @@ def check_target(notebook: Path, claim: str | None, key: str | None) -> None:
 def value_of(data: dict[str, Any], claim: str | None, key: str | None) -> tuple[bool, Any, str]:
     """(found, value, why not) from one results file: a claim's verdict, or every recorded path ending in KEY."""
     if claim:
-        for c in data.get("claims", []):
-            if c.get("id") == claim:
-                return True, c.get("verdict"), ""
-        return False, None, f"claim {claim} not in the results"
+        found = next((c for c in data.get("claims", []) if c.get("id") == claim), None)
+        return (True, found.get("verdict"), "") if found else (False, None, f"claim {claim} not in the results")
     facts = notebook_facts(data)
     hits = {k: v for k, v in facts.items() if k == key or k.endswith("." + key)}
     if not hits:

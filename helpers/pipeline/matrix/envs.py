@@ -83,9 +83,7 @@ def wheels_dir() -> Path:
 def wheel_args(release: str) -> list[str]:
     """pip's options to install `release` offline from wheels/ when it holds that transformers wheel, else none."""
     folder = wheels_dir()
-    if any(folder.glob(f"transformers-{release}-*.whl")):
-        return ["--no-index", "--find-links", str(folder)]
-    return []
+    return ["--no-index", "--find-links", str(folder)] if any(folder.glob(f"transformers-{release}-*.whl")) else []
 
 
 def shared_site_packages() -> list[str]:

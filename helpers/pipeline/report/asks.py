@@ -43,11 +43,8 @@ def joined(values: dict[str, str]) -> str:
 
 def bisect_record(out: Path, notebook: str, claim: str) -> dict[str, Any]:
     """The bisect this kit ran for the claim (outputs/bisect/<nb>-<claim>.json), {} where none ran."""
-    for path in sorted((out / "bisect").glob(f"{notebook}*-{claim}.json")):
-        data = load_json(path)
-        if data.get("status") == "complete" and data.get("changes"):
-            return data
-    return {}
+    found = (load_json(path) for path in sorted((out / "bisect").glob(f"{notebook}*-{claim}.json")))
+    return next((data for data in found if data.get("status") == "complete" and data.get("changes")), {})
 
 
 def first_change(out: Path, notebook: str, claim: str, releases: list[str], differs: bool, prefer: str = "") -> str:

@@ -21,11 +21,8 @@ def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
         pairs.append((Path(sys.prefix), "{python-env}"))
     if not out.resolve().is_relative_to(root.resolve()):
         pairs.insert(0, (out, "{outputs}"))
-    found: dict[str, str] = {}
-    for path, label in pairs:
-        for variant in {str(path), str(path.resolve())}:
-            if variant.count("/") >= 1 and len(variant) > 1 and variant not in found:
-                found[variant] = label
+    found = {variant: label for path, label in reversed(pairs) for variant in (str(path), str(path.resolve()))
+             if variant.count("/") >= 1 and len(variant) > 1}  # reversed: the first pair naming a path wins
     return sorted(found.items(), key=lambda kv: -len(kv[0]))
 
 

@@ -19,7 +19,6 @@ from . import params as params_mod
 from . import record as rec
 from .execute import RunResult, failure_line, notebooks
 from ..paths import output_dir, repo_root
-from ..report.records import load_json
 from .procs import Stop, _alive, descendants, stop_processes
 from .schedule import HtmlRenderer, child_env, expected_seconds, floor_seconds, longest_first
 from .forks import Forked
@@ -166,18 +165,11 @@ class Run:
                 self.record.notebook(nb.stem, "not_started", None, "not started: the run was interrupted")
             failed = any(not r.ok for r in self.results.values())
             status = "interrupted" if stop.signum is not None else "failed" if failed else "complete"
-            self.record.finish(status, self._kernel_environment())
+            self.record.finish(status)
             report_s = self._write_summary() if report else None
             self._write_timings(time.perf_counter() - started, notebooks_s, report_s)
             shutil.rmtree(self.tmp, ignore_errors=True)
             return stop.signum
-
-    def _kernel_environment(self) -> dict[str, Any] | None:
-        for stem in self.results:
-            data = load_json(self.out / "results" / f"{stem}.json")
-            if (data.get("run") or {}).get("run_id") == self.record.run_id and data.get("environment"):
-                return data["environment"]
-        return None
 
     def _write_summary(self) -> float:
         start = time.perf_counter()
@@ -185,8 +177,7 @@ class Run:
             from ..report import summary
 
             path = summary.write_summary(self.out)
-            print(f"summary: {path.relative_to(self.out.parent) if path.is_relative_to(self.out.parent) else path}",
-                  flush=True)
+            print(f"summary: {path.relative_to(self.out.parent)}", flush=True)  # outputs/SUMMARY.md
         except Exception as exc:  # noqa: BLE001 - the run record is already written
             print(f"summary failed: {failure_line(exc)}", file=sys.stderr)
         return round(time.perf_counter() - start, 2)

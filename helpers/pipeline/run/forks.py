@@ -9,7 +9,9 @@ import os
 import select
 import signal
 import socket
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from .procs import _alive, _kill
@@ -37,8 +39,6 @@ def _become(conn: socket.socket, request: dict[str, Any], fds: list[int], mask: 
 
 def _run_child(child: Child, conn: socket.socket, request: dict[str, Any], fds: list[int],
                mask: set[int]) -> NoReturn:
-    import sys
-
     code = 1
     try:
         _become(conn, request, fds, mask)
@@ -164,8 +164,6 @@ class _Server:
 def serve(path: str, child: Child, ready: Callable[[], None] | None = None) -> NoReturn:
     """Listen on `path`, run `ready` (the imports), touch PATH.ready, then fork `child` per request until
     SIGTERM; a client that goes away, or the parent's exit, sends its child SIGTERM."""
-    from pathlib import Path
-
     server = _Server(path, child)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -95,12 +95,10 @@ class RunRecord:
                                             **({"retried": retried} if retried else {}))
         self.write()
 
-    def finish(self, status: str, environment: dict[str, Any] | None = None) -> None:
-        """Close the record: final status, finish time and (if known) the environment the kernels reported."""
+    def finish(self, status: str) -> None:
+        """Close the record: final status and finish time (each results file holds the environment its kernel saw)."""
         assert status in RUN_STATUSES, status
         self.data.update(status=status, finished=utc_now())
-        if environment:
-            self.data["environment"].update({k: environment[k] for k in self.data["environment"] if k in environment})
         self.write()
 
     def write(self) -> Path:
