@@ -12,15 +12,10 @@ from ..report.paste import fmt_compact
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts (and lists of dicts) as dotted keys; other lists stay whole values."""
     if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, sub in value.items():
-            out.update(flatten(sub, f"{prefix}.{key}" if prefix else str(key)))
-        return out
+        return {k: v for key, sub in value.items()
+                for k, v in flatten(sub, f"{prefix}.{key}" if prefix else str(key)).items()}
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        out = {}
-        for i, sub in enumerate(value):
-            out.update(flatten(sub, f"{prefix}[{i}]"))
-        return out
+        return {k: v for i, sub in enumerate(value) for k, v in flatten(sub, f"{prefix}[{i}]").items()}
     return {prefix: value}
 
 

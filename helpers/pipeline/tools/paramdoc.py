@@ -50,10 +50,7 @@ def render(root: Path | None = None) -> str:
     root = root or repo_root()
     out = [HEAD]
     for path in sorted((root / "notebooks").glob("*.ipynb")):
-        rows = parameter_rows(path)
-        if not rows:
-            continue
-        out += [f"## {path.stem}", "", "| parameter | default | what it is |", "|---|---|---|"]
-        out += [f"| `{name}` | {code(default)} | {cell(note)} |" for name, default, note in rows]
-        out.append("")
+        if rows := parameter_rows(path):
+            out += [f"## {path.stem}", "", "| parameter | default | what it is |", "|---|---|---|",
+                    *[f"| `{name}` | {code(default)} | {cell(note)} |" for name, default, note in rows], ""]
     return "\n".join(out)
