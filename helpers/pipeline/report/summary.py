@@ -60,7 +60,7 @@ def run_section(run: dict[str, Any], notebooks: int, timings: dict[str, Any]) ->
     lines = [f"**Run {code(run.get('run_id'))}** · {code(run.get('command', '?'))} · {RUN_STATUS.get(status, cell(status))}", ""]
     if status != "complete":
         nbs = run.get("notebooks") or {}
-        done = sum(1 for n in nbs.values() if (n or {}).get("status") == "ok")
+        done = sum(1 for n in nbs.values() if n.get("status") == "ok")
         what = {"interrupted": "was interrupted before it finished", "failed": "failed",
                 "running": "has no finish time: it is still running or was killed"}.get(status, f"ended with status {status!r}")
         after = ("the failed notebooks' claims are `error`; the other notebooks' verdicts stand" if status == "failed"
@@ -95,7 +95,6 @@ def notebook_runs(run: dict[str, Any]) -> list[str]:
         return []
     lines = ["## Notebooks in this run", "", "| notebook | status | seconds | parameters |", "|---|---|---|---|"]
     for nb, info in sorted(nbs.items()):
-        info = info or {}
         status = NB_STATUS.get(info.get("status"), cell(info.get("status")))
         if info.get("error") and info["error"] != info.get("status"):
             status += f": {info['error']}"
