@@ -18,9 +18,8 @@ from .paste import code, code_refs
 from .records import RELEASES_FILE, RUN_STATUS, load_json, load_results
 from .sources import SOURCES, Source
 from .statements import source_key
-from .verdict_line import count_line, count_parts
+from .verdict_line import count_parts
 
-__all__ = ["count_line", "first_screen"]
 FIRST_SCREEN_CHARS = 4000
 ROOM_FOR = 2  # sources the screen has room for beyond today's, each within its own allowance
 NAME_CHARS = 32  # a source's short name

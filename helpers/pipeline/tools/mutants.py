@@ -56,12 +56,8 @@ class Scope:
 
     def patterns(self) -> list[str]:
         """mutmut mutant-name globs for the scoped functions."""
-        out = []
-        for f in self.functions:
-            cls, _, meth = f.rpartition(".")
-            name = f"x{CLASS_SEP}{cls}{CLASS_SEP}{meth}" if cls else f"x_{f}"
-            out.append(f"{self.dotted}.{name}__mutmut_*")
-        return out
+        mangled = [f"x{CLASS_SEP}{f.replace('.', CLASS_SEP)}" if "." in f else f"x_{f}" for f in self.functions]
+        return [f"{self.dotted}.{name}__mutmut_*" for name in mangled]
 
     def covers(self, mutant: str) -> bool:
         return any(fnmatch.fnmatchcase(mutant, p) for p in self.patterns())
