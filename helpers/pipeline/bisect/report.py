@@ -30,11 +30,9 @@ def summary(search: Search, what: str) -> list[str]:
             return ["Fewer than two releases gave a value: nothing to compare."]
         return [f"{what} is the same on the first and the last release that ran (a change and its reversal "
                 "between them would not be seen)."]
-    lines = []
-    for last, first in search.changes:
-        old, new = search.probes[last].value, search.probes[first].value
-        lines.append(f"- **{first}** is the first release where {what} differs from {last}: "
-                     f"`{cell(shown(old))}` → `{cell(shown(new))}`")
+    lines = [f"- **{first}** is the first release where {what} differs from {last}: "
+             f"`{cell(shown(search.probes[last].value))}` → `{cell(shown(search.probes[first].value))}`"
+             for last, first in search.changes]
     if len(search.changes) > 1:
         lines.append(f"- the value is not monotonic: it changes {len(search.changes)} times")
     return lines

@@ -31,22 +31,20 @@ def notebook_facts(data: dict[str, Any]) -> dict[str, Any]:
 _ABSENT = object()
 
 
+def _sig(value: Any) -> str:
+    """A value as releases compare it: its JSON (keys sorted), or a mark that it is absent."""
+    return "\0absent" if value is _ABSENT else json.dumps(value, sort_keys=True, default=str)
+
+
 def differences(per_release: dict[str, dict[str, dict[str, Any]]]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """notebook -> [(key, {release: value})] for every key whose value is not the same in every
     release that ran that notebook (a key missing in one release counts as a difference)."""
     notebooks = sorted({nb for res in per_release.values() for nb in res})
     diffs: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for nb in notebooks:
+    for nb in notebooks:  # one release alone differs from none
         facts = {rel: notebook_facts(res[nb]) for rel, res in per_release.items() if nb in res}
-        if len(facts) < 2:
-            continue
-        keys = list(dict.fromkeys(k for f in facts.values() for k in f))
-        rows = []
-        for key in keys:
-            values = {rel: f.get(key, _ABSENT) for rel, f in facts.items()}
-            if len({json.dumps(v, sort_keys=True, default=str) if v is not _ABSENT else "\0absent" for v in values.values()}) > 1:
-                rows.append((key, values))
-        if rows:
+        table = {key: {rel: f.get(key, _ABSENT) for rel, f in facts.items()} for f in facts.values() for key in f}
+        if rows := [(key, values) for key, values in table.items() if len(set(map(_sig, values.values()))) > 1]:
             diffs[nb] = rows
     return diffs
 
@@ -54,10 +52,9 @@ def differences(per_release: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 def group_differences(items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
     """Rows of a list (`m[0].x`, `m[1].x`, ...) that differ in the same way become one entry
     `m[0,1,...].x`; order of first appearance is kept."""
-    groups: dict[tuple[str, str], list[tuple[str, dict[str, Any]]]] = {}
+    groups: dict[tuple[str, tuple[str, ...]], list[tuple[str, dict[str, Any]]]] = {}
     for key, values in items:
-        sig = json.dumps({r: ("\0absent" if v is _ABSENT else v) for r, v in values.items()}, sort_keys=True, default=str)
-        groups.setdefault((re.sub(r"\[\d+\]", "[*]", key), sig), []).append((key, values))
+        groups.setdefault((re.sub(r"\[\d+\]", "[*]", key), tuple(map(_sig, values.values()))), []).append((key, values))
     out = []
     for (pattern, _), members in groups.items():
         key = pattern if len(members) > 1 else members[0][0]

@@ -9,7 +9,8 @@ import json
 import re
 from typing import Any, Iterator, Sequence
 
-from .facts import _ABSENT, KINDS, LARGE_FLOAT, _leaf, classify, differences, distinct_texts, group_differences, relative_size
+from .facts import (_ABSENT, KINDS, LARGE_FLOAT, _leaf, _sig, classify, differences, distinct_texts, group_differences,
+                    relative_size)
 from ..report.paste import VERDICT_MARK, cell, fmt_compact
 
 
@@ -26,7 +27,7 @@ def _incomplete(ran: dict[str, dict[str, Any]]) -> dict[str, set[str]]:
 def _not_recorded(values: dict[str, Any], stopped: set[str]) -> bool:
     """Absent only where the notebook stopped early, and the same wherever it was recorded."""
     absent = {rel for rel, v in values.items() if v is _ABSENT}
-    present = {json.dumps(v, sort_keys=True, default=str) for v in values.values() if v is not _ABSENT}
+    present = {_sig(v) for v in values.values() if v is not _ABSENT}
     return bool(absent) and absent <= stopped and len(present) <= 1
 
 

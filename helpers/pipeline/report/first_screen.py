@@ -40,10 +40,8 @@ def release_rows(out: Path, run: dict[str, Any], current: list[dict[str, Any]]) 
     wanted = {share.get("pinned"), share.get("newest")} if share else set(found)
     rows.update({rel: res for rel, res in found.items() if res and rel in wanted and rel not in rows})
     ordered = dict(sorted(rows.items(), key=lambda kv: Version(kv[0])))
-    names = []
-    for rel in ordered:
-        tags = [t for t, ok in (("pinned", rel == share.get("pinned")), ("newest", rel == share.get("newest"))) if ok]
-        names.append(f"**{rel}**" + (f" ({', '.join(tags)})" if tags else ""))
+    tags = {rel: ", ".join(t for t in ("pinned", "newest") if share.get(t) == rel) for rel in ordered}
+    names = [f"**{rel}**" + (f" ({tags[rel]})" if tags[rel] else "") for rel in ordered]
     if share:
         how = ("newest on the package index when it ran" if share.get("resolved") == "package index"
                else str(share.get("resolved")))
@@ -133,11 +131,9 @@ def _sources(rows: dict[str, list[dict[str, Any]]]) -> list[tuple[Source, dict[s
     """Every source with claims on some release (SOURCES order), with its claims per release."""
     by_release = {rel: all_claims(res) for rel, res in rows.items()}
     keys = {source_key(nb, c) for claims in by_release.values() for nb, c in claims}
-    out = []
-    for key in sorted(keys, key=list(SOURCES).index):  # a source none declares is refused here
-        mine = {rel: [(nb, c) for nb, c in claims if source_key(nb, c) == key] for rel, claims in by_release.items()}
-        out.append((SOURCES[key], {rel: cl for rel, cl in mine.items() if cl}))
-    return out
+    return [(SOURCES[key], {rel: mine for rel, claims in by_release.items()
+                            if (mine := [(nb, c) for nb, c in claims if source_key(nb, c) == key])})
+            for key in sorted(keys, key=list(SOURCES).index)]  # a source none declares is refused here
 
 
 def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]],

@@ -47,15 +47,11 @@ def strip_remote(html: str) -> str:
 def static_widgets(nb: Any) -> int:
     """Replace every widget view output by a static line naming it; drop the widget state. Returns the count."""
     nb.metadata.pop("widgets", None)
-    n = 0
-    for c in nb.cells:
-        for output in c.get("outputs", []):
-            data = output.get("data") or {}
-            if WIDGET_MIME in data:
-                output["data"] = {"text/plain": f"[{widget_value(data.get('text/plain', ''))}: interactive only when "
-                                                "the notebook is opened in Jupyter]"}
-                n += 1
-    return n
+    widgets = [out for c in nb.cells for out in c.get("outputs", []) if WIDGET_MIME in (out.get("data") or {})]
+    for out in widgets:
+        out["data"] = {"text/plain": f"[{widget_value(out['data'].get('text/plain', ''))}: interactive only when "
+                                     "the notebook is opened in Jupyter]"}
+    return len(widgets)
 
 
 _CONTROL = re.compile(r"\b(\w+(?:Slider|Text|Dropdown|Checkbox|ToggleButton)\w*)\(([^()]*)\)")

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,9 +54,6 @@ class HtmlRenderer:
     start-up, and is rendered while the other core still runs notebooks. `html_s` joins the notebook's phases."""
 
     def __init__(self, out: Path) -> None:
-        import queue
-        import threading
-
         self.out, self.errors = out, []
         self.jobs: "queue.Queue[tuple[str, dict[str, float]] | None]" = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="kvkit-html", daemon=True)

@@ -37,12 +37,10 @@ def parameter_rows(path: Path) -> list[tuple[str, str, str]]:
     source = parameters_source(path)
     comments = {t.start[0]: t.string.lstrip("# ").strip()
                 for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT}
-    rows = []
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            rows.append((node.targets[0].id, ast.get_source_segment(source, node.value) or "",
-                         comments.get(node.lineno) or COMMON.get(node.targets[0].id, "")))
-    return rows
+    return [(node.targets[0].id, ast.get_source_segment(source, node.value) or "",
+             comments.get(node.lineno) or COMMON.get(node.targets[0].id, ""))
+            for node in ast.parse(source).body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)]
 
 
 def render(root: Path | None = None) -> str:
