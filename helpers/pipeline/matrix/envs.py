@@ -96,8 +96,7 @@ def shared_site_packages() -> list[str]:
 def _tail(text: str, n: int = 300) -> str:
     """What a failed command said, in one short line: pip's last `ERROR:` line, else its last error lines."""
     lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
-    pip_errors = [ln.strip() for ln in lines if ln.lstrip().startswith("ERROR:")]
-    if pip_errors:
+    if pip_errors := [ln.strip() for ln in lines if ln.lstrip().startswith("ERROR:")]:
         return pip_errors[-1][:n]
     errors = [ln for ln in lines if "ERROR" in ln or "Error" in ln]
     return " ".join((errors or lines)[-2:])[-n:]

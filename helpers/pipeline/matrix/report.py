@@ -73,8 +73,7 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
         where = "—"
         if info.get("python"):
             where = ("reused " if info.get("reused") else "built ") + f"`{cell(Path(info['python']).parent.parent.name)}`"
-            extra = [i for i in info.get("installed", []) if not i.startswith("transformers==")]
-            if extra:
+            if extra := [i for i in info.get("installed", []) if not i.startswith("transformers==")]:
                 where += " + " + ", ".join(f"`{cell(i)}`" for i in extra)
         run = f"{fmt_compact(info.get('run_seconds'))} s" if info.get("run_seconds") is not None else "—"
         lines.append(f"| {head} | {cell(status)} | {cell(vers)} | {where} | {run} |")

@@ -50,8 +50,7 @@ def bisect_record(out: Path, notebook: str, claim: str) -> dict[str, Any]:
 def first_change(out: Path, notebook: str, claim: str, releases: list[str], differs: bool, prefer: str = "") -> str:
     """'first changed in 5.20.0 (after 5.19.0): `+ line`' from a bisect record; else the command that finds it
     where the claim differs between the releases measured; '' where it does not."""
-    data = bisect_record(out, notebook, claim)
-    if data:
+    if data := bisect_record(out, notebook, claim):
         change = data["changes"][0]
         line = ""
         diffs = sorted((change.get("source_diff") or {}).items(), key=lambda kv: prefer not in kv[0] if prefer else 0)

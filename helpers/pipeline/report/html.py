@@ -77,8 +77,7 @@ def environment_markdown(results: dict[str, Any], source: str) -> str:
              f"Run `{run['run_id']}`, started {run.get('started') or '?'}, kit commit {commit_text(run)}"
              if run.get("run_id") else "Not run by the kit's runner (no run id).", "", "| | |", "|---|---|",
              *[f"| {k} | `{one_line(env.get(k))[:120]}` |" for k in env_keys([env])]]
-    warnings = results.get("warnings") or []
-    if warnings:
+    if warnings := results.get("warnings"):
         lines += ["", "transformers warnings captured during the run (kept out of the cells below):", "",
                   *[f"- `{one_line(w).replace('`', chr(39))}`" for w in warnings]]
     return "\n".join(lines)

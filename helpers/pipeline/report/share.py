@@ -14,10 +14,6 @@ ARCHIVE = "share.zip"
 _FIXED_TIME = (2000, 1, 1, 0, 0, 0)
 
 
-def _of(stem: str, stems: set[str] | None) -> bool:
-    return stems is None or any(stem == s or stem.startswith(s + "-") for s in stems)
-
-
 def share_members(out: Path, stems: Iterable[str] | None = None) -> list[str]:
     """The paths (relative to `out`) the archive holds, for the notebooks in `stems` (all when None)."""
     wanted = set(stems) if stems is not None else None
@@ -26,7 +22,8 @@ def share_members(out: Path, stems: Iterable[str] | None = None) -> list[str]:
     if (out / "timings.json").is_file() and (run_id is None or run_id_of(load_json(out / "timings.json")) == run_id):
         names.append("timings.json")  # never another run's timings
     for folder, pattern in (("html", "*.html"), ("figures", "*.png"), ("results", "*.json")):
-        names += [f"{folder}/{p.name}" for p in sorted((out / folder).glob(pattern)) if _of(p.stem, wanted)]
+        names += [f"{folder}/{p.name}" for p in sorted((out / folder).glob(pattern))  # a figure: <stem>-<name>.png
+                  if wanted is None or p.stem.split("-", 1)[0] in wanted]
     return names
 
 

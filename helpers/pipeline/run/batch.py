@@ -184,8 +184,8 @@ class Run:
 
     def _write_timings(self, total: float, notebooks_s: float, report_s: float | None) -> None:
         rows = [self.results[nb.stem] for nb in self.paths if nb.stem in self.results]
-        keys = sorted({k for r in rows for k in r.phases})
-        summed = {k: round(sum(r.phases.get(k, 0.0) for r in rows), 2) for k in keys}
+        summed = {k: round(sum(r.phases.get(k, 0.0) for r in rows), 2)
+                  for k in sorted({k for r in rows for k in r.phases})}
         cores = min(self.jobs, os.cpu_count() or 1)
         floor = floor_seconds(self.warm_s, summed, cores)
         timings = {

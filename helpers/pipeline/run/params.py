@@ -24,7 +24,6 @@ MINIMUMS: dict[str, tuple[int, str]] = {
 }
 DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
 DTYPES = ("float32", "float16", "bfloat16", "float64")
-DEVICES = ("cpu", "auto", "cuda", "cuda:<index>")
 NOT_LITERAL = object()  # a default the cell computes (e.g. list(range(...))): any value is accepted
 # generate_kwargs: what the controls set themselves (refused), and generate()'s own arguments beside GenerationConfig's
 RESERVED_GENERATE = ("input_ids", "attention_mask", "position_ids", "past_key_values", "max_new_tokens",
@@ -115,13 +114,11 @@ def _check_generate_kwargs(value: Any, where: str) -> None:
                                  """pass an object, e.g. -p generate_kwargs '{"use_cache": true}'""") from None
     if not isinstance(value, dict):
         raise ParameterError(f"generate_kwargs={value!r}{where} must be a JSON object of generate() arguments")
-    clash = sorted(set(value) & set(RESERVED_GENERATE))
-    if clash:
+    if clash := sorted(set(value) & set(RESERVED_GENERATE)):
         raise ParameterError(f"generate_kwargs{where} may not set {', '.join(clash)}: the controls set them "
                              "(the argument sets and one greedy step)")
     known = generation_config_names()
-    unknown = sorted(k for k in value if known and k not in known and k not in GENERATE_ARGUMENTS)
-    if unknown:
+    if unknown := sorted(k for k in value if known and k not in known and k not in GENERATE_ARGUMENTS):
         raise ParameterError(f"generate_kwargs{where}: unknown generate() argument(s) {', '.join(map(repr, unknown))} "
                              "(neither a GenerationConfig field nor a generate() argument of this transformers)")
 
@@ -162,7 +159,7 @@ def _check_value(name: str, value: Any, default: Any, where: str) -> None:
         return
     if name == "device":
         if not isinstance(value, str) or not re.fullmatch(r"cpu|auto|cuda(:\d+)?", value):
-            raise ParameterError(f"unknown device {value!r}; valid: {', '.join(DEVICES)}")
+            raise ParameterError(f"unknown device {value!r}; valid: cpu, auto, cuda, cuda:<index>")
         if value.startswith("cuda"):
             ok, why = cuda_status()
             if not ok:

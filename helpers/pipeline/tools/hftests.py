@@ -147,11 +147,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def summary(base: dict[str, Any], tracked: dict[str, Any]) -> dict[str, Any]:
     """Counts of both runs, tests tracking breaks (fail tracked, pass plain) and false alarms by check."""
-    def counts(run: dict[str, Any]) -> dict[str, int]:
-        return dict(Counter(run["outcomes"].values()))
     broken = sorted(t for t, o in tracked["outcomes"].items() if o == "failed" and base["outcomes"].get(t) == "passed")
     errors = tracked.get("errors", {})
-    return {"tests_run": len(tracked["outcomes"]), "without_tracking": counts(base), "with_tracking": counts(tracked),
+    return {"tests_run": len(tracked["outcomes"]), "without_tracking": dict(Counter(base["outcomes"].values())),
+            "with_tracking": dict(Counter(tracked["outcomes"].values())),
             "broken_by_tracking": broken, "broken_errors": {t: errors.get(t, "?") for t in broken},
             "refusals": len(tracked["refusals"]),
             "false_alarms": len(tracked["false_alarms"]),
