@@ -92,10 +92,9 @@ def cuda_status() -> tuple[bool, str]:
 def attention_implementations() -> list[str]:
     """"eager" plus the names registered in transformers' AttentionInterface, read from its source."""
     text = _package_file("transformers", "modeling_utils.py")
-    body = text[text.find("class AttentionInterface"):]
-    start = body.find("_global_mapping = {")
-    mapping = body[start:body.find("}", start)] if start >= 0 else ""
-    return ["eager", *dict.fromkeys(re.findall(r"""^\s*["']([^"']+)["']\s*:""", mapping, re.MULTILINE))]
+    found = re.search(r"class AttentionInterface\b.*?_global_mapping = \{([^}]*)\}", text, re.S)
+    names = re.findall(r"""^\s*["']([^"']+)["']\s*:""", found[1] if found else "", re.MULTILINE)
+    return ["eager", *dict.fromkeys(names)]
 
 
 def generation_config_names() -> list[str]:
