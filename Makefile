@@ -68,9 +68,8 @@ run: env ## one notebook as its own recorded run: NB=02 [ARGS="-p NAME VALUE ...
 	@test -n "$(NB)" || (echo "usage: make run NB=02 [ARGS='-p model_id ...']" && exit 2)
 	$(PY) -m helpers.pipeline.run run $(NB) $(ARGS)
 
-# report: rebuild outputs/SUMMARY.md and outputs/html/ from what is on disk.
+# report: rebuild outputs/html/, outputs/SUMMARY.md and share.zip from what is on disk.
 report: env ## rebuild outputs/SUMMARY.md, outputs/html/ and outputs/share.zip from what is on disk
-	$(PY) -m helpers.pipeline.run html
 	$(PY) -m helpers.pipeline.run report
 
 # matrix: every notebook (NB="01" restricts it) on each release in RELEASES, each in .venv-tf/<release>

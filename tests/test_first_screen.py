@@ -14,7 +14,7 @@ import pytest
 
 from helpers import boundary, findings, quotes
 from helpers.pipeline.paths import repo_root
-from helpers.pipeline.report import first_screen, sources, statements, summary
+from helpers.pipeline.report import first_screen, sources, statements, summary, verdict_line
 
 ROOT = repo_root()
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -192,21 +192,21 @@ def test_own_checks_leave_out_citing_and_undecided_claims():
 
 def test_not_tested_statements_say_why_and_are_not_in_the_tested_count():
     skipped = [("05_x", {"id": "offload.prefill_identical", "kind": "reproduces", "verdict": "skipped", "reason": NEEDS_CUDA})]
-    line = first_screen.count_line({"5.17.0": skipped})
+    line = verdict_line.count_line({"5.17.0": skipped})
     assert line == "1 not tested here (needs CUDA)", line  # by construction under the GPU check's lag, not run here
     ran = [("05_x", {**skipped[0][1], "verdict": "reproduced", "reason": "lagged"})]
-    assert first_screen.count_line({"5.17.0": ran}).startswith("apart: `offload.prefill_identical` by construction"), \
+    assert verdict_line.count_line({"5.17.0": ran}).startswith("apart: `offload.prefill_identical` by construction"), \
         "measured: listed apart, named by its claim where its value is too long to say whole"
     rate = ("04_x", {"id": "boundary.double_processing_top1_changed", "kind": "reproduces", "verdict": "skipped",
                      "reason": boundary.by_chance("boundary.double_processing_top1_changed",
                                                   {"ran": 40, "top1_changed": 12, "top1_changed_rate": 0.3})})
-    line = first_screen.count_line({"5.17.0": [rate]})
+    line = verdict_line.count_line({"5.17.0": [rate]})
     assert "top-1 changed on 12 of 40 prompts (30%): a tiny random-weight model decides it by chance, the real 2B checkpoint decides it)" in line
     assert "reproduced" not in line
     cos = ("04_x", {"id": "boundary.double_processing_cosine", "kind": "reproduces", "verdict": "skipped",
                     "reason": boundary.by_chance("boundary.double_processing_cosine",
                                                  {"ran": 40, "cosine_min": 0.97, "cosine_max": 0.99, "cosine_median": 0.98})})
-    both = first_screen.count_line({"5.17.0": [rate, cos]})  # one shared reason said once, after both measurements
+    both = verdict_line.count_line({"5.17.0": [rate, cos]})  # one shared reason said once, after both measurements
     assert both.count("the real 2B checkpoint decides it") == 1 and "12 of 40 prompts (30%); cosine 0.970-0.990" in both, both
 
 

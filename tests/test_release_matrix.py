@@ -82,9 +82,10 @@ def test_change_section_leads_with_verdicts_then_behaviour_then_collapsed_floats
     text = matrix_report.build_matrix(tmp_path, ["5.17.0", "5.24.0"])
     section = text[text.index("## What changed between releases"): text.index("## Releases")]
     assert text.index("## What changed between releases") < text.index("## Releases") < text.index("## Differences")
-    verdicts = text[text.index("### Verdicts that change"): text.index("## Differences")]
-    assert "`matrix.mask_only_works` (02_mask): 5.17.0 (pinned): ✅ reproduced → 5.24.0: ❌ not_reproduced" in verdicts
-    assert "first_call_drops_suffix" not in verdicts and "### Verdicts\n" not in section
+    verdicts = text[text.index("## Verdicts"): text.index("## Differences")]
+    assert "| **Δ** | 02_mask | `matrix.mask_only_works` | ✅ reproduced | ❌ not_reproduced |" in verdicts
+    assert "|  | 02_mask | `matrix.first_call_drops_suffix` |" in verdicts and "### Verdicts\n" not in section
+    assert "`matrix.mask_only_works` ✅ reproduced → ❌ not_reproduced" in section
 
     behaviour = section[section.index("### Behaviour"): section.index("### Float differences")].splitlines()
     lines = [ln for ln in behaviour if ln.startswith("- ")]

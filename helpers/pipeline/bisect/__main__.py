@@ -4,8 +4,4 @@ import sys
 from .cli import main
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # before the bisect's own handlers were in place: nothing was installed or run
-        print("interrupted before the bisect started", file=sys.stderr)
-        sys.exit(130)
+    sys.exit(main())

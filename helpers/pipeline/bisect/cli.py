@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from . import report as bisect_report
 from . import source as bisect_source
 from .search import Interrupted, Probe, Search, find_changes
+from ...findings import of
 from ..matrix.envs import child_env
 from ..matrix.facts import notebook_facts
 from ..matrix.report import DEFAULT_RELEASES
@@ -63,19 +64,12 @@ def span(releases: Sequence[str], good: str, bad: str) -> list[str]:
     return [r for r in releases if Version(good) <= Version(r) <= Version(bad)]
 
 
-def claim_ids(notebook: Path) -> list[str]:
-    """The claim ids a notebook declares (its CLAIMS dict)."""
-    text = "".join("".join(c.get("source") or "") for c in json.loads(notebook.read_text())["cells"])
-    block = re.search(r"CLAIMS\s*=\s*\{(.*?)\n\}", text, re.S)
-    return re.findall(r'^\s*"([\w.]+)"\s*:', block.group(1), re.M) if block else []
-
-
 def check_target(notebook: Path, claim: str | None, key: str | None) -> None:
     """Refused unless exactly one of claim and key is given, a claim the notebook declares or a value name."""
     if bool(claim) == bool(key):
         raise Refused("give exactly one of CLAIM=<claim id> (a verdict) or KEY=<recorded value name>")
     if claim:
-        ids = claim_ids(notebook)
+        ids = list(of(notebook).claims)
         if claim not in ids:
             raise Refused(f"CLAIM={claim} is not a claim of {notebook.stem}; valid: {', '.join(ids)}")
     elif not re.fullmatch(r"[\w.\[\]]+", key or ""):
@@ -85,10 +79,8 @@ def check_target(notebook: Path, claim: str | None, key: str | None) -> None:
 def value_of(data: dict[str, Any], claim: str | None, key: str | None) -> tuple[bool, Any, str]:
     """(found, value, why not) from one results file: a claim's verdict, or every recorded path ending in KEY."""
     if claim:
-        for c in data.get("claims", []):
-            if c.get("id") == claim:
-                return True, c.get("verdict"), ""
-        return False, None, f"claim {claim} not in the results"
+        found = next((c for c in data.get("claims", []) if c.get("id") == claim), None)
+        return (True, found.get("verdict"), "") if found else (False, None, f"claim {claim} not in the results")
     facts = notebook_facts(data)
     hits = {k: v for k, v in facts.items() if k == key or k.endswith("." + key)}
     if not hits:

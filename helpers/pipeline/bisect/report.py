@@ -30,11 +30,9 @@ def summary(search: Search, what: str) -> list[str]:
             return ["Fewer than two releases gave a value: nothing to compare."]
         return [f"{what} is the same on the first and the last release that ran (a change and its reversal "
                 "between them would not be seen)."]
-    lines = []
-    for last, first in search.changes:
-        old, new = search.probes[last].value, search.probes[first].value
-        lines.append(f"- **{first}** is the first release where {what} differs from {last}: "
-                     f"`{cell(shown(old))}` → `{cell(shown(new))}`")
+    lines = [f"- **{first}** is the first release where {what} differs from {last}: "
+             f"`{cell(shown(search.probes[last].value))}` → `{cell(shown(search.probes[first].value))}`"
+             for last, first in search.changes]
     if len(search.changes) > 1:
         lines.append(f"- the value is not monotonic: it changes {len(search.changes)} times")
     return lines
@@ -61,19 +59,15 @@ def to_markdown(data: dict[str, Any]) -> str:
     if data["status"] == "interrupted":
         lines += ["> ⚠️ **Interrupted**: what was measured before the stop is kept below.", ""]
     lines += ["## Result", ""]
-    search_lines = data.get("summary") or []
-    lines += search_lines + [""]
+    lines += [*(data.get("summary") or []), ""]
     for change in data["changes"]:
         a, b = change["last_same"], change["first_different"]
         lines += [f"## Source diff {a} → {b}", ""]
         diffs = change["source_diff"]
-        moved = {n: d for n, d in diffs.items() if d["status"] != "same"}
         unchanged = [n for n, d in diffs.items() if d["status"] == "same"]
         if not diffs:
             lines += ["No source diff was recorded (the functions are named by the notebook's finding, helpers.findings).", ""]
-        for name, d in moved.items():
-            if d["status"] == "unreadable":
-                continue
+        for name, d in ((n, d) for n, d in diffs.items() if d["status"] not in ("same", "unreadable")):
             quote = d.get("quote") or changed_lines(d["diff"])
             lines += [f"### `{name}` ({d['status']})", ""] + [f"    {q}" for q in quote] + ["", "```diff", d["diff"].rstrip(), "```", ""]
         if unchanged:

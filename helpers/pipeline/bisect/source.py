@@ -51,17 +51,9 @@ def split_focus(names: Sequence[str]) -> tuple[list[str], dict[str, str]]:
 
 def focus_hunks(diff: str, word: str) -> str:
     """The unified diff with only the hunks whose added or removed lines mention `word` (headers kept)."""
-    head, hunks, current = [], [], None
-    for line in diff.splitlines(keepends=True):
-        if line.startswith("@@"):
-            current = [line]
-            hunks.append(current)
-        elif current is None:
-            head.append(line)
-        else:
-            current.append(line)
-    kept = [h for h in hunks if any(ln[:1] in "+-" and word in ln for ln in h[1:])]
-    return "".join(head + [ln for h in kept for ln in h]) if kept else ""
+    head, *hunks = re.split(r"(?m)^(?=@@)", diff)
+    kept = [h for h in hunks if any(ln[:1] in "+-" and word in ln for ln in h.splitlines()[1:])]
+    return head + "".join(kept) if kept else ""
 
 
 def read_sources(python: str, names: Sequence[str], env: dict[str, str] | None = None,
@@ -75,26 +67,17 @@ def read_sources(python: str, names: Sequence[str], env: dict[str, str] | None =
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def _lines(source: Any) -> list[str]:
-    return source.splitlines(keepends=True) if isinstance(source, str) else []
-
-
 def diff_sources(old: dict[str, Any], new: dict[str, Any], old_release: str, new_release: str,
                  context: int = 3, focus: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """{name: {"status": same | changed | added | removed | unreadable, "diff": unified diff text}}."""
     out: dict[str, dict[str, Any]] = {}
     for name in dict.fromkeys([*old, *new]):
         a, b = old.get(name), new.get(name)
-        if isinstance(a, str) and isinstance(b, str):
-            status = "same" if a == b else "changed"
-        elif isinstance(b, str):
-            status = "added"
-        elif isinstance(a, str):
-            status = "removed"
-        else:
-            status = "unreadable"
+        status = {(True, True): "same" if a == b else "changed", (False, True): "added", (True, False): "removed",
+                  (False, False): "unreadable"}[isinstance(a, str), isinstance(b, str)]
+        lines = [x.splitlines(keepends=True) if isinstance(x, str) else [] for x in (a, b)]
         text = "" if status in ("same", "unreadable") else "".join(difflib.unified_diff(
-            _lines(a), _lines(b), f"{old_release}/{name}", f"{new_release}/{name}", n=context))
+            *lines, f"{old_release}/{name}", f"{new_release}/{name}", n=context))
         if name in (focus or {}) and text:
             text = focus_hunks(text, focus[name])
             if not text:  # changed, but nowhere near what the notebook measures

@@ -1,2 +1,2 @@
 """Every notebook on several transformers releases: release environments (envs), the runner (run), what differs
-(facts, diff, kinds) and matrix.md (report). Called by `make matrix` through run/cli, and by bisect/ and tools/gpu_check."""
+(facts, kinds) and matrix.md (report). Called by `make matrix` through run/cli, and by bisect/ and tools/gpu_check."""

@@ -9,6 +9,7 @@ machines without network.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -82,9 +83,7 @@ def wheels_dir() -> Path:
 def wheel_args(release: str) -> list[str]:
     """pip's options to install `release` offline from wheels/ when it holds that transformers wheel, else none."""
     folder = wheels_dir()
-    if any(folder.glob(f"transformers-{release}-*.whl")):
-        return ["--no-index", "--find-links", str(folder)]
-    return []
+    return ["--no-index", "--find-links", str(folder)] if any(folder.glob(f"transformers-{release}-*.whl")) else []
 
 
 def shared_site_packages() -> list[str]:
@@ -97,8 +96,7 @@ def shared_site_packages() -> list[str]:
 def _tail(text: str, n: int = 300) -> str:
     """What a failed command said, in one short line: pip's last `ERROR:` line, else its last error lines."""
     lines = [ln for ln in (text or "").strip().splitlines() if ln.strip()]
-    pip_errors = [ln.strip() for ln in lines if ln.lstrip().startswith("ERROR:")]
-    if pip_errors:
+    if pip_errors := [ln.strip() for ln in lines if ln.lstrip().startswith("ERROR:")]:
         return pip_errors[-1][:n]
     errors = [ln for ln in lines if "ERROR" in ln or "Error" in ln]
     return " ".join((errors or lines)[-2:])[-n:]
@@ -182,15 +180,13 @@ def _build_env(release: str, env: ReleaseEnv, log, modules: Sequence[str] = NOTE
     shared = shared_site_packages()
     stamp = path / STAMP
     if stamp.exists() and python.exists():
-        try:
+        with contextlib.suppress(Exception):  # a broken environment is rebuilt
             recorded = json.loads(stamp.read_text())
             versions = _probe(str(python), modules) if recorded.get("shared") == shared else {}
             if versions and not _check_probe(release, versions):
                 _link_jupyter_data(path)
                 env.python, env.reused, env.installed, env.versions = str(python), True, recorded["installed"], versions
                 return
-        except Exception:  # noqa: BLE001 - a broken environment is rebuilt
-            pass
     log(f"[matrix] creating {path} for transformers {release}", flush=True)
     shutil.rmtree(path, ignore_errors=True)
     res = _run([sys.executable, "-m", "venv", "--without-pip", str(path)])

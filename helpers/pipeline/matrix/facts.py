@@ -12,15 +12,10 @@ from ..report.paste import fmt_compact
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts (and lists of dicts) as dotted keys; other lists stay whole values."""
     if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, sub in value.items():
-            out.update(flatten(sub, f"{prefix}.{key}" if prefix else str(key)))
-        return out
+        return {k: v for key, sub in value.items()
+                for k, v in flatten(sub, f"{prefix}.{key}" if prefix else str(key)).items()}
     if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-        out = {}
-        for i, sub in enumerate(value):
-            out.update(flatten(sub, f"{prefix}[{i}]"))
-        return out
+        return {k: v for i, sub in enumerate(value) for k, v in flatten(sub, f"{prefix}[{i}]").items()}
     return {prefix: value}
 
 
@@ -36,22 +31,20 @@ def notebook_facts(data: dict[str, Any]) -> dict[str, Any]:
 _ABSENT = object()
 
 
+def _sig(value: Any) -> str:
+    """A value as releases compare it: its JSON (keys sorted), or a mark that it is absent."""
+    return "\0absent" if value is _ABSENT else json.dumps(value, sort_keys=True, default=str)
+
+
 def differences(per_release: dict[str, dict[str, dict[str, Any]]]) -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """notebook -> [(key, {release: value})] for every key whose value is not the same in every
     release that ran that notebook (a key missing in one release counts as a difference)."""
     notebooks = sorted({nb for res in per_release.values() for nb in res})
     diffs: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for nb in notebooks:
+    for nb in notebooks:  # one release alone differs from none
         facts = {rel: notebook_facts(res[nb]) for rel, res in per_release.items() if nb in res}
-        if len(facts) < 2:
-            continue
-        keys = list(dict.fromkeys(k for f in facts.values() for k in f))
-        rows = []
-        for key in keys:
-            values = {rel: f.get(key, _ABSENT) for rel, f in facts.items()}
-            if len({json.dumps(v, sort_keys=True, default=str) if v is not _ABSENT else "\0absent" for v in values.values()}) > 1:
-                rows.append((key, values))
-        if rows:
+        table = {key: {rel: f.get(key, _ABSENT) for rel, f in facts.items()} for f in facts.values() for key in f}
+        if rows := [(key, values) for key, values in table.items() if len(set(map(_sig, values.values()))) > 1]:
             diffs[nb] = rows
     return diffs
 
@@ -59,24 +52,16 @@ def differences(per_release: dict[str, dict[str, dict[str, Any]]]) -> dict[str, 
 def group_differences(items: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
     """Rows of a list (`m[0].x`, `m[1].x`, ...) that differ in the same way become one entry
     `m[0,1,...].x`; order of first appearance is kept."""
-    groups: dict[tuple[str, str], list[tuple[list[str], dict[str, Any]]]] = {}
+    groups: dict[tuple[str, tuple[str, ...]], list[tuple[str, dict[str, Any]]]] = {}
     for key, values in items:
-        pattern = re.sub(r"\[\d+\]", "[*]", key)
-        sig = json.dumps({r: ("\0absent" if v is _ABSENT else v) for r, v in values.items()}, sort_keys=True, default=str)
-        groups.setdefault((pattern, sig), []).append((re.findall(r"\[(\d+)\]", key), values))
+        groups.setdefault((re.sub(r"\[\d+\]", "[*]", key), tuple(map(_sig, values.values()))), []).append((key, values))
     out = []
     for (pattern, _), members in groups.items():
-        if len(members) == 1:
-            idx = members[0][0]
-            key = pattern
-            for i in idx:
-                key = key.replace("[*]", f"[{i}]", 1)
-        else:
-            key = pattern
-            for pos in range(pattern.count("[*]")):
-                seen = list(dict.fromkeys(m[0][pos] for m in members))
-                label = ",".join(seen) if len(seen) <= 6 else f"{seen[0]}…{seen[-1]} ({len(seen)})"
-                key = key.replace("[*]", f"[{label}]", 1)
+        key = pattern if len(members) > 1 else members[0][0]
+        for pos in range(pattern.count("[*]") if len(members) > 1 else 0):
+            seen = list(dict.fromkeys(re.findall(r"\[(\d+)\]", m[0])[pos] for m in members))
+            label = ",".join(seen) if len(seen) <= 6 else f"{seen[0]}…{seen[-1]} ({len(seen)})"
+            key = key.replace("[*]", f"[{label}]", 1)
         out.append((key, members[0][1]))
     return out
 

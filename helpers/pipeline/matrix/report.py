@@ -1,18 +1,17 @@
-"""outputs/matrix.md: the run, "What changed" (diff), the releases, every verdict, every difference."""
+"""outputs/matrix.md: the run, "What changed" and "Changes by kind of value" (kinds), the releases, every verdict,
+every difference."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Sequence
 
 from .envs import pinned_release
-from .diff import change_section
-from .kinds import detail_section
+from .kinds import change_section, detail_section
 from .facts import differences, distinct_texts, group_differences
 from ..paths import output_dir
-from ..report.records import RUN_STATUS
 from ..report.summary import commit_text, truncate
 from ..report.paste import VERDICT_MARK, cell, fmt_compact
-from ..report.records import load_json, load_run
+from ..report.records import RUN_STATUS, load_json
 from ..report.scrub import scrub
 
 DEFAULT_RELEASES = (  # the default matrix (the Makefile's RELEASES)
@@ -28,7 +27,7 @@ def _load_release(out_base: Path, release: str) -> tuple[dict[str, Any], dict[st
 
 def _matrix_run(out_base: Path) -> list[str]:
     """The matrix's run record (outputs/matrix/run.json, written by the runner) in one line; loud unless complete."""
-    run = load_run(out_base / "matrix")
+    run = load_json(out_base / "matrix" / "run.json")
     if not run:
         return []
     status = run.get("status") or "unknown"
@@ -74,8 +73,7 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
         where = "—"
         if info.get("python"):
             where = ("reused " if info.get("reused") else "built ") + f"`{cell(Path(info['python']).parent.parent.name)}`"
-            extra = [i for i in info.get("installed", []) if not i.startswith("transformers==")]
-            if extra:
+            if extra := [i for i in info.get("installed", []) if not i.startswith("transformers==")]:
                 where += " + " + ", ".join(f"`{cell(i)}`" for i in extra)
         run = f"{fmt_compact(info.get('run_seconds'))} s" if info.get("run_seconds") is not None else "—"
         lines.append(f"| {head} | {cell(status)} | {cell(vers)} | {where} | {run} |")
@@ -84,7 +82,6 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
     lines += ["## Verdicts", "", "Rows marked **Δ** have a verdict that differs between releases.", "",
               "| Δ | notebook | claim | " + " | ".join(heads) + " |",
               "|---|---|---|" + "---|" * len(heads)]
-    changed = []
     for (nb, cid), verdicts in rows.items():
         cells = []
         for rel in releases:
@@ -96,18 +93,10 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
             else:
                 cells.append("no result" if nb not in res else "claim absent")
         differs = len({c for c in cells if c != "not installed"}) > 1
-        if differs:
-            changed.append((nb, cid, cells))
         lines.append(f"| {'**Δ**' if differs else ''} | {cell(nb)} | `{cell(cid)}` | " + " | ".join(cells) + " |")
     if not rows:
         lines.append("| | — | no results | " + " | ".join("—" for _ in releases) + " |")
     lines.append("")
-
-    if changed:
-        lines += ["### Verdicts that change", ""]
-        for nb, cid, cells in changed:
-            lines.append(f"- `{cid}` ({nb}): " + " → ".join(f"{h}: {c}" for h, c in zip(heads, cells)))
-        lines.append("")
 
     lines += ["## Differences", "",
               "Evidence, measurements and environment values (besides the transformers version) that are "

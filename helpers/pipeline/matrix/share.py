@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from .envs import pinned_release
 from .report import DEFAULT_RELEASES
-from ..report.records import RELEASES_FILE  # its reader: report.records.load_releases
+from ..report.records import RELEASES_FILE, load_results  # releases.json: read by report.first_screen
 
 KNOWN_NEWEST = DEFAULT_RELEASES[-1]  # the newest release the kit knows: the default matrix's last
 
@@ -33,12 +33,10 @@ def resolve(lister: Callable[[], list[str]] | None = None) -> dict[str, Any]:
 
 
 def _verdict(results: Path, prefix: str, claim: str) -> str | None:
-    from ..report.records import load_results
-
-    for data in load_results(results):
-        if str(data.get("notebook", "")).startswith(prefix):
-            return next((c.get("verdict") for c in data.get("claims") or [] if c.get("id") == claim), None)
-    return None
+    """The claim's verdict in the results of the notebook whose name starts with `prefix`, None where it has none."""
+    claims = [c for data in load_results(results) if data["notebook"].startswith(prefix)
+              for c in data.get("claims") or []]
+    return next((c.get("verdict") for c in claims if c.get("id") == claim), None)
 
 
 def changed(out: Path, info: dict[str, Any]) -> list[tuple[str, str]]:

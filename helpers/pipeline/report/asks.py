@@ -43,18 +43,14 @@ def joined(values: dict[str, str]) -> str:
 
 def bisect_record(out: Path, notebook: str, claim: str) -> dict[str, Any]:
     """The bisect this kit ran for the claim (outputs/bisect/<nb>-<claim>.json), {} where none ran."""
-    for path in sorted((out / "bisect").glob(f"{notebook}*-{claim}.json")):
-        data = load_json(path)
-        if data.get("status") == "complete" and data.get("changes"):
-            return data
-    return {}
+    found = (load_json(path) for path in sorted((out / "bisect").glob(f"{notebook}*-{claim}.json")))
+    return next((data for data in found if data.get("status") == "complete" and data.get("changes")), {})
 
 
 def first_change(out: Path, notebook: str, claim: str, releases: list[str], differs: bool, prefer: str = "") -> str:
     """'first changed in 5.20.0 (after 5.19.0): `+ line`' from a bisect record; else the command that finds it
     where the claim differs between the releases measured; '' where it does not."""
-    data = bisect_record(out, notebook, claim)
-    if data:
+    if data := bisect_record(out, notebook, claim):
         change = data["changes"][0]
         line = ""
         diffs = sorted((change.get("source_diff") or {}).items(), key=lambda kv: prefer not in kv[0] if prefer else 0)

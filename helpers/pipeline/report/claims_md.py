@@ -50,7 +50,7 @@ def counts_table(counts: dict[str, dict[str, int]]) -> list[str]:
     lines = ["| kind | what it is | holds | does not hold | skipped | error |", "|---|---|---|---|---|---|"]
     for kind in list(KINDS) + sorted(set(counts) - set(KINDS)):
         got = counts.get(kind, {})
-        if not got and kind not in ("reproduces",):
+        if not got and kind != "reproduces":
             continue
         yes, no = KINDS.get(kind, ("?", "?"))
         other = f" + {got['other']} with a verdict foreign to the kind" if got.get("other") else ""
@@ -198,10 +198,8 @@ def statements(claims: list[tuple[str, dict[str, Any]]], title: str) -> list[str
 
 def by_source(results: list[dict[str, Any]]) -> list[tuple[Source, list[dict[str, Any]]]]:
     """The results grouped by the source their notebook answers, in SOURCES order."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in results:
-        groups.setdefault(source_of(r["notebook"]).key, []).append(r)
-    return [(SOURCES[k], groups[k]) for k in SOURCES if k in groups]
+    return [(src, mine) for key, src in SOURCES.items()
+            if (mine := [r for r in results if source_of(r["notebook"]).key == key])]
 
 
 def environment_checks(results: list[dict[str, Any]]) -> list[str]:

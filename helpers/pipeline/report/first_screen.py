@@ -15,12 +15,11 @@ from .asks import Claims, lines_for
 from .claims_md import all_claims
 from .fit import Part, clauses, drop_asides, fit, fit_clauses
 from .paste import code, code_refs
-from .records import RUN_STATUS, load_releases, load_results, load_run
+from .records import RELEASES_FILE, RUN_STATUS, load_json, load_results
 from .sources import SOURCES, Source
 from .statements import source_key
-from .verdict_line import count_line, count_parts
+from .verdict_line import count_parts
 
-__all__ = ["count_line", "first_screen"]
 FIRST_SCREEN_CHARS = 4000
 ROOM_FOR = 2  # sources the screen has room for beyond today's, each within its own allowance
 NAME_CHARS = 32  # a source's short name
@@ -35,16 +34,14 @@ def release_rows(out: Path, run: dict[str, Any], current: list[dict[str, Any]]) 
     `make share`'s releases.json only its pinned and newest) and the sentence naming them."""
     mine = sorted({str((r.get("environment") or {}).get("transformers")) for r in current} - {"None"})
     rows = {rel: current for rel in mine}
-    matrix_run, share = load_run(out / "matrix"), load_releases(out)
+    matrix_run, share = load_json(out / "matrix" / "run.json"), load_json(out / RELEASES_FILE)
     same = bool(run.get("kit_commit")) and matrix_run.get("kit_commit") == run.get("kit_commit")
     found = {d.name: load_results(d) for d in sorted((out / "matrix").glob("*/")) if (d / "results").is_dir()} if same else {}
     wanted = {share.get("pinned"), share.get("newest")} if share else set(found)
     rows.update({rel: res for rel, res in found.items() if res and rel in wanted and rel not in rows})
     ordered = dict(sorted(rows.items(), key=lambda kv: Version(kv[0])))
-    names = []
-    for rel in ordered:
-        tags = [t for t, ok in (("pinned", rel == share.get("pinned")), ("newest", rel == share.get("newest"))) if ok]
-        names.append(f"**{rel}**" + (f" ({', '.join(tags)})" if tags else ""))
+    tags = {rel: ", ".join(t for t in ("pinned", "newest") if share.get(t) == rel) for rel in ordered}
+    names = [f"**{rel}**" + (f" ({tags[rel]})" if tags[rel] else "") for rel in ordered]
     if share:
         how = ("newest on the package index when it ran" if share.get("resolved") == "package index"
                else str(share.get("resolved")))
@@ -134,11 +131,9 @@ def _sources(rows: dict[str, list[dict[str, Any]]]) -> list[tuple[Source, dict[s
     """Every source with claims on some release (SOURCES order), with its claims per release."""
     by_release = {rel: all_claims(res) for rel, res in rows.items()}
     keys = {source_key(nb, c) for claims in by_release.values() for nb, c in claims}
-    out = []
-    for key in sorted(keys, key=list(SOURCES).index):  # a source none declares is refused here
-        mine = {rel: [(nb, c) for nb, c in claims if source_key(nb, c) == key] for rel, claims in by_release.items()}
-        out.append((SOURCES[key], {rel: cl for rel, cl in mine.items() if cl}))
-    return out
+    return [(SOURCES[key], {rel: mine for rel, claims in by_release.items()
+                            if (mine := [(nb, c) for nb, c in claims if source_key(nb, c) == key])})
+            for key in sorted(keys, key=list(SOURCES).index)]  # a source none declares is refused here
 
 
 def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]],

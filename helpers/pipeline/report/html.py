@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..paths import output_dir
 from .asks import lines_for
@@ -47,15 +47,11 @@ def strip_remote(html: str) -> str:
 def static_widgets(nb: Any) -> int:
     """Replace every widget view output by a static line naming it; drop the widget state. Returns the count."""
     nb.metadata.pop("widgets", None)
-    n = 0
-    for c in nb.cells:
-        for output in c.get("outputs", []):
-            data = output.get("data") or {}
-            if WIDGET_MIME in data:
-                output["data"] = {"text/plain": f"[{widget_value(data.get('text/plain', ''))}: interactive only when "
-                                                "the notebook is opened in Jupyter]"}
-                n += 1
-    return n
+    widgets = [out for c in nb.cells for out in c.get("outputs", []) if WIDGET_MIME in (out.get("data") or {})]
+    for out in widgets:
+        out["data"] = {"text/plain": f"[{widget_value(out['data'].get('text/plain', ''))}: interactive only when "
+                                     "the notebook is opened in Jupyter]"}
+    return len(widgets)
 
 
 _CONTROL = re.compile(r"\b(\w+(?:Slider|Text|Dropdown|Checkbox|ToggleButton)\w*)\(([^()]*)\)")
@@ -81,8 +77,7 @@ def environment_markdown(results: dict[str, Any], source: str) -> str:
              f"Run `{run['run_id']}`, started {run.get('started') or '?'}, kit commit {commit_text(run)}"
              if run.get("run_id") else "Not run by the kit's runner (no run id).", "", "| | |", "|---|---|",
              *[f"| {k} | `{one_line(env.get(k))[:120]}` |" for k in env_keys([env])]]
-    warnings = results.get("warnings") or []
-    if warnings:
+    if warnings := results.get("warnings"):
         lines += ["", "transformers warnings captured during the run (kept out of the cells below):", "",
                   *[f"- `{one_line(w).replace('`', chr(39))}`" for w in warnings]]
     return "\n".join(lines)
@@ -136,14 +131,11 @@ def render_html(notebook: Path, dest_dir: Path, results: dict[str, Any] | None =
     return path
 
 
-def write_html(out: Path | None = None, stems: Iterable[str] | None = None) -> tuple[list[Path], list[str]]:
+def write_html(out: Path | None = None, stems: list[str] | None = None) -> tuple[list[Path], list[str]]:
     """Render every executed notebook in notebooks/ to html/; returns (written, errors)."""
     out = Path(out) if out else output_dir()
-    wanted = set(stems) if stems is not None else None
     written, errors = [], []
-    for nb in sorted((out / "notebooks").glob("*.ipynb")):
-        if wanted is not None and nb.stem not in wanted:
-            continue
+    for nb in sorted(nb for nb in (out / "notebooks").glob("*.ipynb") if stems is None or nb.stem in stems):
         try:
             written.append(render_html(nb, out / "html", load_json(out / "results" / f"{nb.stem}.json")))
         except Exception as exc:  # noqa: BLE001 - one unreadable notebook must not stop the others

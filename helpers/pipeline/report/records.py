@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..paths import output_dir
-
 # How a run record's status reads in SUMMARY.md and matrix.md.
 RUN_STATUS = {"complete": "✅ complete", "running": "⏳ still running (or stopped without saying so)",
               "interrupted": "⚠️ **INTERRUPTED**", "failed": "❌ **FAILED**"}
@@ -30,27 +28,12 @@ def load_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-RELEASES_FILE = "releases.json"  # `make share`'s pinned and newest release (helpers.pipeline.matrix.share)
+RELEASES_FILE = "releases.json"  # `make share`'s pinned and newest release (matrix.share); a run-all removes it
 
 
-def load_releases(out: Path | None = None) -> dict[str, Any]:
-    """outputs/releases.json as `make share` wrote it ({} after a plain run-all, which removes it)."""
-    return load_json((Path(out) if out else output_dir()) / RELEASES_FILE)
-
-
-def load_results(out: Path | None = None) -> list[dict[str, Any]]:
-    """Every results/*.json under `out` (default outputs/), sorted by notebook (an unreadable one without claims)."""
-    out = Path(out) if out else output_dir()
+def load_results(out: Path) -> list[dict[str, Any]]:
+    """Every results/*.json under `out`, sorted by notebook (an unreadable one without claims)."""
     return [{"notebook": path.stem, **load_json(path)} for path in sorted((out / "results").glob("*.json"))]
-
-
-def load_timings(out: Path | None = None) -> dict[str, Any]:
-    return load_json((Path(out) if out else output_dir()) / "timings.json")
-
-
-def load_run(out: Path | None = None) -> dict[str, Any]:
-    """outputs/run.json (the runner's record of the last run), {} when there is none."""
-    return load_json((Path(out) if out else output_dir()) / "run.json")
 
 
 def run_id_of(data: dict[str, Any]) -> str | None:
@@ -64,7 +47,6 @@ def split_by_run(results: list[dict[str, Any]], run_id: str | None) -> tuple[lis
     """(results of run `run_id`, {other run id or None: their results}); no run id -> nothing is current."""
     current = [r for r in results if run_id and run_id_of(r) == run_id]
     others: dict[str | None, list[dict[str, Any]]] = {}
-    for r in results:
-        if not (run_id and run_id_of(r) == run_id):
-            others.setdefault(run_id_of(r), []).append(r)
+    for r in (r for r in results if r not in current):
+        others.setdefault(run_id_of(r), []).append(r)
     return current, others

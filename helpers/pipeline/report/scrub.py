@@ -11,26 +11,18 @@ from pathlib import Path
 from ..paths import output_dir, repo_root
 
 
-def _inside(path: Path, parent: Path) -> bool:
-    """Whether `path` is `parent` or below it (links resolved)."""
-    return path.resolve().is_relative_to(parent.resolve())
-
-
 def machine_paths(out: Path | None = None) -> list[tuple[str, str]]:
     """(absolute path, placeholder) pairs for this machine, most specific first."""
     out = Path(out) if out else output_dir()
     root = repo_root()
     pairs = [(root, "."), (Path.home(), "~"), (Path(tempfile.gettempdir()), "{tmp}"), (Path("/tmp"), "{tmp}"),
              (Path(sysconfig.get_paths()["stdlib"]), "{python-lib}")]
-    if not _inside(Path(sys.prefix), root):  # the kit's own .venv reads better as ./.venv
+    if not Path(sys.prefix).resolve().is_relative_to(root.resolve()):  # the kit's own .venv reads better as ./.venv
         pairs.append((Path(sys.prefix), "{python-env}"))
-    if not _inside(out, root):
+    if not out.resolve().is_relative_to(root.resolve()):
         pairs.insert(0, (out, "{outputs}"))
-    found: dict[str, str] = {}
-    for path, label in pairs:
-        for variant in {str(path), str(path.resolve())}:
-            if variant.count("/") >= 1 and len(variant) > 1 and variant not in found:
-                found[variant] = label
+    found = {variant: label for path, label in reversed(pairs) for variant in (str(path), str(path.resolve()))
+             if variant.count("/") >= 1 and len(variant) > 1}  # reversed: the first pair naming a path wins
     return sorted(found.items(), key=lambda kv: -len(kv[0]))
 
 
@@ -56,9 +48,8 @@ def scrub_file(path: Path | str, out: Path | None = None) -> bool:
     return clean != text
 
 
-def scrub_outputs(out: Path | None = None) -> list[Path]:
+def scrub_outputs(out: Path) -> list[Path]:
     """Scrub run.json, timings.json, SUMMARY.md, results/*.json, html/*.html and the executed notebooks under `out`."""
-    out = Path(out) if out else output_dir()
     paths = [out / "run.json", out / "timings.json", out / "SUMMARY.md", *sorted((out / "results").glob("*.json")),
              *sorted((out / "html").glob("*.html")), *sorted((out / "notebooks").glob("*.ipynb"))]
     return [p for p in paths if p.is_file() and scrub_file(p, out)]

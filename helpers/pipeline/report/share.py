@@ -7,33 +7,28 @@ import zipfile
 from pathlib import Path
 from typing import Iterable
 
-from ..paths import output_dir
-from .records import load_results, load_run, load_timings, run_id_of, split_by_run
+from .records import load_json, load_results, run_id_of, split_by_run
 from .scrub import scrub_file
 
 ARCHIVE = "share.zip"
 _FIXED_TIME = (2000, 1, 1, 0, 0, 0)
 
 
-def _of(stem: str, stems: set[str] | None) -> bool:
-    return stems is None or any(stem == s or stem.startswith(s + "-") for s in stems)
-
-
 def share_members(out: Path, stems: Iterable[str] | None = None) -> list[str]:
     """The paths (relative to `out`) the archive holds, for the notebooks in `stems` (all when None)."""
     wanted = set(stems) if stems is not None else None
-    run_id = load_run(out).get("run_id")
+    run_id = load_json(out / "run.json").get("run_id")
     names = [n for n in ("SUMMARY.md", "run.json") if (out / n).is_file()]
-    if (out / "timings.json").is_file() and (run_id is None or run_id_of(load_timings(out)) == run_id):
+    if (out / "timings.json").is_file() and (run_id is None or run_id_of(load_json(out / "timings.json")) == run_id):
         names.append("timings.json")  # never another run's timings
     for folder, pattern in (("html", "*.html"), ("figures", "*.png"), ("results", "*.json")):
-        names += [f"{folder}/{p.name}" for p in sorted((out / folder).glob(pattern)) if _of(p.stem, wanted)]
+        names += [f"{folder}/{p.name}" for p in sorted((out / folder).glob(pattern))  # a figure: <stem>-<name>.png
+                  if wanted is None or p.stem.split("-", 1)[0] in wanted]
     return names
 
 
-def write_share(out: Path | None = None, stems: Iterable[str] | None = None) -> Path:
+def write_share(out: Path, stems: Iterable[str] | None = None) -> Path:
     """Write outputs/share.zip (deflated, fixed timestamps) and return its path."""
-    out = Path(out) if out else output_dir()
     path = out / ARCHIVE
     tmp = path.with_name(path.name + ".tmp")
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as zf:
@@ -48,12 +43,11 @@ def write_share(out: Path | None = None, stems: Iterable[str] | None = None) -> 
 
 def current_stems(out: Path) -> set[str] | None:
     """The notebooks whose results belong to the run in run.json (None when there is no run record: all)."""
-    run = load_run(out)
+    run = load_json(out / "run.json")
     return {r["notebook"] for r in split_by_run(load_results(out), run.get("run_id"))[0]} if run else None
 
 
-def finish_timings(out: Path | None = None) -> Path | None:
+def finish_timings(out: Path) -> Path | None:
     """After the runner writes timings.json (after SUMMARY.md): scrub it and refresh share.zip to include it."""
-    out = Path(out) if out else output_dir()
     scrub_file(out / "timings.json", out)
     return write_share(out, current_stems(out)) if (out / ARCHIVE).exists() else None

@@ -91,15 +91,10 @@ def run_setup(envs: list[dict[str, Any]]) -> dict[str, str]:
 
 def setup_rows(source: Source, envs: list[dict[str, Any]]) -> tuple[list[tuple[str, str, str, str]], str]:
     """(rows of what, source, this run, same?) and one sentence stating the gap."""
-    mine = run_setup(envs)
-    rows, gaps = [], []
-    for key in ("release", "dtype", "device", "model"):
-        theirs = source.setup.get(key, "?")
-        ours = mine.get(key, "?")
-        same = theirs.split(" ")[0] == ours.split(" ")[0]
-        rows.append((key, theirs, ours, "same" if same else "differs"))
-        if not same:
-            gaps.append(f"{key} {ours} instead of {theirs}")
+    pairs = [(key, source.setup.get(key, "?"), ours) for key, ours in run_setup(envs).items()]
+    rows = [(key, theirs, ours, "same" if theirs.split(" ")[0] == ours.split(" ")[0] else "differs")
+            for key, theirs, ours in pairs]
+    gaps = [f"{key} {ours} instead of {theirs}" for key, theirs, ours, same in rows if same == "differs"]
     gap = ("Gap: " + "; ".join(gaps) + ". Raw max |diff| is not comparable across it; top-1, top-5 "
            "overlap, cosine, ratios and the pass/fail pattern are.") if gaps else \
         "No gap in release, dtype, device or model."

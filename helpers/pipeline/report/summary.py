@@ -19,7 +19,7 @@ from .first_screen import first_screen
 from .statements import statements as source_statements
 from .paste import MAX_CHARS, cell, code, code_refs, fmt_scalar, one_line
 from ..paths import output_dir
-from .records import RUN_STATUS, env_keys, load_results, load_run, load_timings, run_id_of, split_by_run
+from .records import RUN_STATUS, env_keys, load_json, load_results, run_id_of, split_by_run
 from .scrub import scrub, scrub_outputs
 from .share import ARCHIVE, current_stems, share_members, write_share
 
@@ -60,7 +60,7 @@ def run_section(run: dict[str, Any], notebooks: int, timings: dict[str, Any]) ->
     lines = [f"**Run {code(run.get('run_id'))}** · {code(run.get('command', '?'))} · {RUN_STATUS.get(status, cell(status))}", ""]
     if status != "complete":
         nbs = run.get("notebooks") or {}
-        done = sum(1 for n in nbs.values() if (n or {}).get("status") == "ok")
+        done = sum(1 for n in nbs.values() if n.get("status") == "ok")
         what = {"interrupted": "was interrupted before it finished", "failed": "failed",
                 "running": "has no finish time: it is still running or was killed"}.get(status, f"ended with status {status!r}")
         after = ("the failed notebooks' claims are `error`; the other notebooks' verdicts stand" if status == "failed"
@@ -95,7 +95,6 @@ def notebook_runs(run: dict[str, Any]) -> list[str]:
         return []
     lines = ["## Notebooks in this run", "", "| notebook | status | seconds | parameters |", "|---|---|---|---|"]
     for nb, info in sorted(nbs.items()):
-        info = info or {}
         status = NB_STATUS.get(info.get("status"), cell(info.get("status")))
         if info.get("error") and info["error"] != info.get("status"):
             status += f": {info['error']}"
@@ -177,11 +176,10 @@ def details(summary: str, body: list[str]) -> list[str]:
     return ["<details><summary>" + summary + "</summary>", "", *body, "</details>", ""] if body else []
 
 
-def build_summary(out: Path | None = None) -> str:
-    """The SUMMARY.md text for the run named in run.json under `out` (default outputs/): the first screen (verdicts,
-    releases, repros), then everything else in <details> sections."""
-    out = Path(out) if out else output_dir()
-    run, timings = load_run(out), load_timings(out)
+def build_summary(out: Path) -> str:
+    """The SUMMARY.md text for the run named in run.json under `out`: the first screen (verdicts, releases, repros),
+    then everything else in <details> sections."""
+    run, timings = load_json(out / "run.json"), load_json(out / "timings.json")
     current, others = split_by_run(load_results(out), run.get("run_id"))
     claims = all_claims(current)
     counts = kind_counts(claims)

@@ -1,4 +1,4 @@
-"""`python -m helpers.pipeline.run run-all | run NB | report | html | matrix`: the kit's command line (cli.main)."""
+"""`python -m helpers.pipeline.run run-all | run NB | report | share | matrix`: the kit's command line (cli.main)."""
 import sys
 
 if __name__ == "__main__" and sys.argv[1:2] == ["_kernel"]:  # the kernel stub needs warm.py only
@@ -9,8 +9,4 @@ if __name__ == "__main__" and sys.argv[1:2] == ["_kernel"]:  # the kernel stub n
 from .cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:  # before the run's own handlers were in place: nothing had started
-        print("interrupted before the run started", file=sys.stderr)
-        sys.exit(130)
+    sys.exit(main())

@@ -2,6 +2,7 @@
 kernels; Ctrl-C or SIGTERM stops it within seconds; run.json, results, timings.json and SUMMARY.md."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -18,7 +19,6 @@ from . import params as params_mod
 from . import record as rec
 from .execute import RunResult, failure_line, notebooks
 from ..paths import output_dir, repo_root
-from ..report.records import load_json
 from .procs import Stop, _alive, descendants, stop_processes
 from .schedule import HtmlRenderer, child_env, expected_seconds, floor_seconds, longest_first
 from .forks import Forked
@@ -80,27 +80,23 @@ class Run:
             self.zygote.wait()
 
     def _start(self, path: Path) -> _Job:
+        """The notebook's worker, forked by the warm process once it has imported everything (stdout and stderr
+        to its log), else (before that, or if it cannot) started fresh; its kernel is forked from it either way."""
         result_file, log_file = self.tmp / f"{path.stem}.json", self.tmp / f"{path.stem}.log"
         env = child_env(**self.record.env_vars(), **self.warm, KVKIT_OUTPUT_DIR=str(self.out))
         began = time.time()
         cmd = [sys.executable, "-m", "helpers.pipeline.run", "_exec", str(path), "--out-json", str(result_file),
                "--params", json.dumps(self.per_notebook.get(path.stem, {})), "--began", str(began)]
-        with open(log_file, "wb") as log:
-            proc = self._fork(cmd, env, log.fileno()) if self.warm_s is not None else None
+        with open(log_file, "wb") as log, open(os.devnull, "rb") as null:
+            proc: Forked | subprocess.Popen | None = None
+            with contextlib.suppress(OSError, ValueError):
+                if self.warm_s is not None:
+                    proc = Forked(self.warm["KVKIT_ZYGOTE"], {"argv": cmd[4:], "cwd": str(repo_root()), "env": env},
+                                  [null.fileno(), log.fileno(), log.fileno()])
             if proc is None:
                 proc = subprocess.Popen(cmd, cwd=str(repo_root()), env=env, stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, start_new_session=True)
         return _Job(path, proc, time.perf_counter(), result_file, log_file)
-
-    def _fork(self, cmd: list[str], env: dict[str, str], log: int) -> Forked | None:
-        """`cmd`'s worker forked by the warm process (stdout and stderr to `log`); None if it cannot. Until the
-        warm process has imported everything, workers start fresh (their kernels are still forked from it)."""
-        try:
-            with open(os.devnull, "rb") as null:
-                return Forked(self.warm["KVKIT_ZYGOTE"], {"argv": cmd[4:], "cwd": str(repo_root()), "env": env},
-                              [null.fileno(), log, log])
-        except (OSError, ValueError):
-            return None
 
     def _finish(self, job: _Job) -> RunResult:
         seconds = round(time.perf_counter() - job.began, 2)
@@ -169,18 +165,11 @@ class Run:
                 self.record.notebook(nb.stem, "not_started", None, "not started: the run was interrupted")
             failed = any(not r.ok for r in self.results.values())
             status = "interrupted" if stop.signum is not None else "failed" if failed else "complete"
-            self.record.finish(status, self._kernel_environment())
+            self.record.finish(status)
             report_s = self._write_summary() if report else None
             self._write_timings(time.perf_counter() - started, notebooks_s, report_s)
             shutil.rmtree(self.tmp, ignore_errors=True)
             return stop.signum
-
-    def _kernel_environment(self) -> dict[str, Any] | None:
-        for stem in self.results:
-            data = load_json(self.out / "results" / f"{stem}.json")
-            if (data.get("run") or {}).get("run_id") == self.record.run_id and data.get("environment"):
-                return data["environment"]
-        return None
 
     def _write_summary(self) -> float:
         start = time.perf_counter()
@@ -188,16 +177,15 @@ class Run:
             from ..report import summary
 
             path = summary.write_summary(self.out)
-            print(f"summary: {path.relative_to(self.out.parent) if path.is_relative_to(self.out.parent) else path}",
-                  flush=True)
+            print(f"summary: {path.relative_to(self.out.parent)}", flush=True)  # outputs/SUMMARY.md
         except Exception as exc:  # noqa: BLE001 - the run record is already written
             print(f"summary failed: {failure_line(exc)}", file=sys.stderr)
         return round(time.perf_counter() - start, 2)
 
     def _write_timings(self, total: float, notebooks_s: float, report_s: float | None) -> None:
         rows = [self.results[nb.stem] for nb in self.paths if nb.stem in self.results]
-        keys = sorted({k for r in rows for k in r.phases})
-        summed = {k: round(sum(r.phases.get(k, 0.0) for r in rows), 2) for k in keys}
+        summed = {k: round(sum(r.phases.get(k, 0.0) for r in rows), 2)
+                  for k in sorted({k for r in rows for k in r.phases})}
         cores = min(self.jobs, os.cpu_count() or 1)
         floor = floor_seconds(self.warm_s, summed, cores)
         timings = {

@@ -1,5 +1,5 @@
 """The command line of the headless notebook runs: `run-all` (parallel, timed, never stops at a failure), `run` (one notebook),
-`report` (outputs/SUMMARY.md), `html` (outputs/html/) and `matrix` (every notebook on several
+`report` (outputs/html/, SUMMARY.md, share.zip) and `matrix` (every notebook on several
 transformers releases: outputs/matrix/<release>/ and outputs/matrix.md).
 
 Every run-all / run / matrix is one recorded run (outputs/run.json, see record.py). A run-all first
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,7 @@ def _recorded(command: str, paths: list[Path], pairs: list[list[str]] | None, jo
     run = Run(command, paths, per_notebook, given, jobs)
     signum = run.execute(report=report)
     if signum is not None:
-        nbs = run.record.data["notebooks"].values()
-        counts = {s: sum(1 for n in nbs if n["status"] == s) for s in rec.NB_STATUSES}
+        counts = Counter(n["status"] for n in run.record.data["notebooks"].values())
         print(f"interrupted: {counts['ok'] + counts['failed']} finished, {counts['interrupted']} interrupted, "
               f"{counts['not_started']} not started; run.json and SUMMARY.md say so", file=sys.stderr)
         return 128 + signum
@@ -102,7 +102,6 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
 def _share(jobs: int | None) -> int:
     """`make share`: the run-all on the pinned release, the newest release through the matrix runner, the report."""
     from ..matrix import share
-    from ..report import html, summary
 
     info = share.resolve()
     print(f"share: pinned {info['pinned']}, newest {info['newest']} ({info['resolved']})", flush=True)
@@ -111,11 +110,19 @@ def _share(jobs: int | None) -> int:
     if info["newest"] != info["pinned"]:
         rc = _matrix([info["newest"]], None, jobs) or rc
         share.bisect_changed(output_dir(), info)  # the first release where a key claim changed, with the source diff
-    html.write_html()  # again, now that every notebook's results are there: each page's ask reads its source's
-    path = summary.write_summary()
-    print(f"{path.name} ({len(path.read_text()):,} chars; first screen "
-          f"{len(summary.first_screen_of(path.read_text())):,})")
-    return rc
+    return _report() or rc  # the pages again, now that every notebook's results are there (each ask reads them all)
+
+
+def _report() -> int:
+    """outputs/html/, then SUMMARY.md and share.zip, from what is on disk; 1 where a page could not be rendered."""
+    from ..report import html, summary
+
+    written, errors = html.write_html()
+    print("".join(f"html/{path.name}\n" for path in written), end="")
+    print("".join(f"{err}\n" for err in errors), end="", file=sys.stderr)
+    text = summary.write_summary().read_text()
+    print(f"SUMMARY.md ({len(text):,} chars; first screen {len(summary.first_screen_of(text)):,})")
+    return 1 if errors else 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -134,8 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     one = sub.add_parser("run", parents=[report, param],
                          help="execute one notebook (its outputs replace its earlier ones), then SUMMARY.md")
     one.add_argument("notebook")
-    sub.add_parser("report", help="write outputs/SUMMARY.md from the results on disk")
-    sub.add_parser("html", help="render outputs/notebooks/*.ipynb to self-contained outputs/html/*.html")
+    sub.add_parser("report", help="render outputs/html/, then write SUMMARY.md and share.zip, from what is on disk")
     sub.add_parser("share", parents=[jobs],
                    help="run-all on the pinned release, the newest release via the matrix, SUMMARY.md")
     p_mx = sub.add_parser("matrix", parents=[jobs, some], help="run the notebooks on several transformers releases")
@@ -153,18 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return children[argv[0]](argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "report":
-        from ..report import summary
-
-        path = summary.write_summary()
-        print(f"{path.name} ({len(path.read_text()):,} chars)")
-        return 0
-    if args.command == "html":
-        from ..report import html
-
-        written, errors = html.write_html()
-        print("".join(f"html/{path.name}\n" for path in written), end="")
-        print("".join(f"{err}\n" for err in errors), end="", file=sys.stderr)
-        return 1 if errors else 0
+        return _report()
     if args.command == "matrix":
         from ..matrix import report as matrix_report
 

@@ -73,11 +73,6 @@ def failure_line(exc: BaseException) -> str:
     return f"{name}: {first}"[:300] if first else name
 
 
-def _stamp(value: str | None) -> float | None:
-    """papermill's ISO time of a cell (None for a cell that never ran) as a Unix time."""
-    return datetime.fromisoformat(value).timestamp() if value else None
-
-
 def phases(executed: Path, began: float, session: dict[str, float] | None) -> dict[str, float]:
     """Where one notebook's time went, from papermill's cell timings and session.start's report:
     kernel_start_s (until the first cell), imports_s (setup cell until session.start), model_build_s,
@@ -87,7 +82,8 @@ def phases(executed: Path, began: float, session: dict[str, float] | None) -> di
     except (OSError, ValueError, KeyError):
         return {}
     times = [((c.get("metadata") or {}).get("papermill") or {}) for c in cells]
-    starts = [_stamp(t.get("start_time")) for t in times]
+    starts = [datetime.fromisoformat(t["start_time"]).timestamp() if t.get("start_time") else None  # None: never ran
+              for t in times]
     durations = [float(t.get("duration") or 0.0) for t in times]
     first = next((s for s in starts if s), None)
     out = {"kernel_start_s": round(first - began, 2)} if first else {}

@@ -3,12 +3,15 @@ Unix socket (the request's stdio, cwd and environment handed over), says the chi
 code. A client going away ends its child; the server's parent going away ends them all."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import signal
 import socket
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, NoReturn
 
 from .procs import _alive, _kill
@@ -36,8 +39,6 @@ def _become(conn: socket.socket, request: dict[str, Any], fds: list[int], mask: 
 
 def _run_child(child: Child, conn: socket.socket, request: dict[str, Any], fds: list[int],
                mask: set[int]) -> NoReturn:
-    import sys
-
     code = 1
     try:
         _become(conn, request, fds, mask)
@@ -48,10 +49,8 @@ def _run_child(child: Child, conn: socket.socket, request: dict[str, Any], fds: 
         code = 1
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):
                 stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
     os._exit(code)
 
 
@@ -99,13 +98,9 @@ class _Server:
         # clears pending signals after a fork): the server's SIGTERM must not be lost, so it is held until then.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
         try:
-            pid = os.fork()
-        except OSError:  # no child: the client reads no pid (and starts its own process)
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            for fd in fds:
-                os.close(fd)
-            conn.close()
-            return
+            pid: int | None = os.fork()
+        except OSError:
+            pid = None
         if pid == 0:
             self.server.close()
             for other in self.conns.values():
@@ -116,11 +111,12 @@ class _Server:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for fd in fds:
             os.close(fd)
+        if pid is None:  # no child: the client reads no pid (and starts its own process)
+            conn.close()
+            return
         self.conns[pid] = conn
-        try:
+        with contextlib.suppress(OSError):  # the client is gone: so is its child (at the next pass of the loop)
             conn.sendall(f"{pid}\n".encode())
-        except OSError:  # the client is gone: so is its child (at the next pass of the loop)
-            pass
         fd = _pidfd(pid)
         if fd is not None:
             self.pidfds[fd] = pid
@@ -139,10 +135,8 @@ class _Server:
                 os.close(fd)
             conn = self.conns.pop(pid, None)
             if conn is not None:
-                try:
+                with contextlib.suppress(OSError):
                     conn.sendall(f"exit {os.waitstatus_to_exitcode(status)}\n".encode())
-                except OSError:
-                    pass
                 conn.close()
 
     def loop(self) -> NoReturn:
@@ -170,8 +164,6 @@ class _Server:
 def serve(path: str, child: Child, ready: Callable[[], None] | None = None) -> NoReturn:
     """Listen on `path`, run `ready` (the imports), touch PATH.ready, then fork `child` per request until
     SIGTERM; a client that goes away, or the parent's exit, sends its child SIGTERM."""
-    from pathlib import Path
-
     server = _Server(path, child)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -24,7 +24,6 @@ MINIMUMS: dict[str, tuple[int, str]] = {
 }
 DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
 DTYPES = ("float32", "float16", "bfloat16", "float64")
-DEVICES = ("cpu", "auto", "cuda", "cuda:<index>")
 NOT_LITERAL = object()  # a default the cell computes (e.g. list(range(...))): any value is accepted
 # generate_kwargs: what the controls set themselves (refused), and generate()'s own arguments beside GenerationConfig's
 RESERVED_GENERATE = ("input_ids", "attention_mask", "position_ids", "past_key_values", "max_new_tokens",
@@ -48,18 +47,13 @@ def parameters_source(path: Path) -> str:
 
 def declared(path: Path) -> dict[str, Any]:
     """{name: default} of the notebook's cell tagged `parameters` (NOT_LITERAL where it is computed)."""
-    tree = ast.parse(parameters_source(path))
     out: dict[str, Any] = {}
-    for node in tree.body:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    for node in ast.parse(parameters_source(path)).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):  # every cell's form: name = value
             try:
-                value = ast.literal_eval(node.value) if node.value is not None else None
+                out[node.targets[0].id] = ast.literal_eval(node.value)
             except ValueError:
-                value = NOT_LITERAL
-            for target in targets:
-                if isinstance(target, ast.Name):
-                    out[target.id] = value
+                out[node.targets[0].id] = NOT_LITERAL
     return out
 
 
@@ -98,10 +92,9 @@ def cuda_status() -> tuple[bool, str]:
 def attention_implementations() -> list[str]:
     """"eager" plus the names registered in transformers' AttentionInterface, read from its source."""
     text = _package_file("transformers", "modeling_utils.py")
-    body = text[text.find("class AttentionInterface"):]
-    start = body.find("_global_mapping = {")
-    mapping = body[start:body.find("}", start)] if start >= 0 else ""
-    return ["eager", *dict.fromkeys(re.findall(r"""^\s*["']([^"']+)["']\s*:""", mapping, re.MULTILINE))]
+    found = re.search(r"class AttentionInterface\b.*?_global_mapping = \{([^}]*)\}", text, re.S)
+    names = re.findall(r"""^\s*["']([^"']+)["']\s*:""", found[1] if found else "", re.MULTILINE)
+    return ["eager", *dict.fromkeys(names)]
 
 
 def generation_config_names() -> list[str]:
@@ -120,13 +113,11 @@ def _check_generate_kwargs(value: Any, where: str) -> None:
                                  """pass an object, e.g. -p generate_kwargs '{"use_cache": true}'""") from None
     if not isinstance(value, dict):
         raise ParameterError(f"generate_kwargs={value!r}{where} must be a JSON object of generate() arguments")
-    clash = sorted(set(value) & set(RESERVED_GENERATE))
-    if clash:
+    if clash := sorted(set(value) & set(RESERVED_GENERATE)):
         raise ParameterError(f"generate_kwargs{where} may not set {', '.join(clash)}: the controls set them "
                              "(the argument sets and one greedy step)")
     known = generation_config_names()
-    unknown = sorted(k for k in value if known and k not in known and k not in GENERATE_ARGUMENTS)
-    if unknown:
+    if unknown := sorted(k for k in value if known and k not in known and k not in GENERATE_ARGUMENTS):
         raise ParameterError(f"generate_kwargs{where}: unknown generate() argument(s) {', '.join(map(repr, unknown))} "
                              "(neither a GenerationConfig field nor a generate() argument of this transformers)")
 
@@ -167,7 +158,7 @@ def _check_value(name: str, value: Any, default: Any, where: str) -> None:
         return
     if name == "device":
         if not isinstance(value, str) or not re.fullmatch(r"cpu|auto|cuda(:\d+)?", value):
-            raise ParameterError(f"unknown device {value!r}; valid: {', '.join(DEVICES)}")
+            raise ParameterError(f"unknown device {value!r}; valid: cpu, auto, cuda, cuda:<index>")
         if value.startswith("cuda"):
             ok, why = cuda_status()
             if not ok:

@@ -2,6 +2,7 @@
 and the SIGINT/SIGTERM handler that only notes the signal (the run loops act on it)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -21,10 +22,8 @@ def descendants(pid: int) -> list[int]:
 def _kill(pids: list[int], sig: int) -> None:
     """Send `sig` to each process (to its group where it leads one); the ones gone already are passed over."""
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, sig) if os.getpgid(pid) == pid else os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def _alive(pid: int) -> bool:
@@ -64,11 +63,9 @@ class Stop:
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> "Stop":
-        try:
+        with contextlib.suppress(ValueError):  # not the main thread: no handlers, no interrupts
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, self._note)
-        except ValueError:  # not the main thread: no handlers, no interrupts
-            pass
         return self
 
     def _note(self, signum: int, _frame: Any) -> None:
@@ -79,10 +76,8 @@ class Stop:
         if self.forward:
             import psutil
             for child in psutil.Process().children():
-                try:
+                with contextlib.suppress(psutil.Error):
                     child.send_signal(signum)
-                except psutil.Error:
-                    pass
 
     def __exit__(self, *exc: Any) -> None:
         for sig, old in self._old.items():

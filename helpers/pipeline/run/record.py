@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import repo_root
+from .params import cuda_status
 
 NB_STATUSES = ("ok", "failed", "interrupted", "not_started")
 RUN_STATUSES = ("running", "complete", "interrupted", "failed")
@@ -33,23 +34,16 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def new_run_id() -> str:
-    """A sortable, unique run id: UTC time plus four hex digits."""
-    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
-
-
 def git_state() -> tuple[str | None, bool | None]:
     """(commit, dirty) of the kit checkout; (None, None) outside git. Dirty ignores untracked files."""
-    root = repo_root()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if commit.returncode != 0:
-            return None, None
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                                capture_output=True, text=True, timeout=10)
-        return commit.stdout.strip(), bool(status.stdout.strip()) if status.returncode == 0 else None
+    try:  # porcelain v2: a '# branch.oid <commit>' header, then one line per changed tracked file
+        res = subprocess.run(["git", "status", "--porcelain=v2", "--branch", "--untracked-files=no"], cwd=repo_root(),
+                             capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None, None
+    lines = res.stdout.splitlines() if res.returncode == 0 else []
+    commit = next((ln.split()[2] for ln in lines if ln.startswith("# branch.oid ") and "(initial)" not in ln), None)
+    return (commit, any(not ln.startswith("#") for ln in lines)) if commit else (None, None)
 
 
 def _version(name: str) -> str | None:
@@ -59,16 +53,6 @@ def _version(name: str) -> str | None:
         return None
 
 
-def environment() -> dict[str, Any]:
-    """Versions and platform, read without importing torch or transformers (the notebooks' own results
-    files hold the environment each of them ran with)."""
-    from .params import cuda_status
-
-    return {"python": platform.python_version(), "torch": _version("torch"), "transformers": _version("transformers"),
-            "platform": platform.platform(),
-            "cuda_available": cuda_status()[0]}
-
-
 class RunRecord:
     """outputs/run.json of one run, rewritten after every change."""
 
@@ -76,12 +60,17 @@ class RunRecord:
                  notebooks: dict[str, dict[str, Any]]) -> None:
         commit, dirty = git_state()
         self.path = Path(out) / "run.json"
-        self.data: dict[str, Any] = {
-            "run_id": new_run_id(), "command": command, "started": utc_now(), "finished": None,
-            "status": "running", "kit_commit": commit, "kit_dirty": dirty, "parameters": parameters,
+        self.data: dict[str, Any] = {  # the id: sortable and unique, UTC time plus four hex digits
+            "run_id": f"{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}", "command": command,
+            "started": utc_now(), "finished": None, "status": "running", "kit_commit": commit, "kit_dirty": dirty,
+            "parameters": parameters,
             "notebooks": {stem: {"status": "not_started", "seconds": None, "error": None, "parameters": p}
                           for stem, p in notebooks.items()},
-            "environment": environment(),
+            # versions and platform, read without importing torch or transformers (the notebooks' own results
+            # files hold the environment each of them ran with)
+            "environment": {"python": platform.python_version(), "torch": _version("torch"),
+                            "transformers": _version("transformers"), "platform": platform.platform(),
+                            "cuda_available": cuda_status()[0]},
         }
         if os.environ.get("KVKIT_MATRIX_RUN_ID") and command != "matrix":
             self.data["matrix_run_id"] = os.environ["KVKIT_MATRIX_RUN_ID"]  # one release of that matrix run
@@ -106,12 +95,10 @@ class RunRecord:
                                             **({"retried": retried} if retried else {}))
         self.write()
 
-    def finish(self, status: str, environment: dict[str, Any] | None = None) -> None:
-        """Close the record: final status, finish time and (if known) the environment the kernels reported."""
+    def finish(self, status: str) -> None:
+        """Close the record: final status and finish time (each results file holds the environment its kernel saw)."""
         assert status in RUN_STATUSES, status
         self.data.update(status=status, finished=utc_now())
-        if environment:
-            self.data["environment"].update({k: environment[k] for k in self.data["environment"] if k in environment})
         self.write()
 
     def write(self) -> Path:

@@ -3,13 +3,16 @@ the start order (longest first, from the last run's timings.json), the floor tim
 HTML pages rendered in the runner by one warm exporter while the kernels run."""
 from __future__ import annotations
 
-import json
+import contextlib
 import os
+import queue
 import sys
+import threading
 import time
 from pathlib import Path
 
 from .execute import failure_line
+from ..report.records import load_json
 
 # The kernels' OpenMP threads sleep rather than spin while they wait (the thread count, and so every number,
 # is unchanged): with two kernels (and anything else) on two cores, spinning threads steal the core the other
@@ -25,15 +28,11 @@ def child_env(**extra: str) -> dict[str, str]:
 def expected_seconds(paths: list[Path], timings: Path | None) -> dict[str, float]:
     """Each notebook's expected time: its `seconds` in the last run's timings.json where that names it
     (and it finished ok), else its finding's estimate_s, else (a notebook no finding declares: tests') 5 s."""
-    last: dict[str, float] = {}
-    try:
-        for row in json.loads(timings.read_text()).get("notebooks") or [] if timings else []:
-            if row.get("ok") and isinstance(row.get("seconds"), (int, float)):
-                last[row["notebook"]] = float(row["seconds"])
-    except (OSError, ValueError, AttributeError):
-        last = {}
     from ...findings import found
 
+    rows = (load_json(timings) if timings else {}).get("notebooks") or []
+    last = {row["notebook"]: float(row["seconds"]) for row in rows
+            if row.get("ok") and isinstance(row.get("seconds"), (int, float))}
     static = {f.number: f.estimate_s for f in found()}
     return {nb.stem: last.get(nb.stem, static.get(nb.stem.split("_")[0], 5.0)) for nb in paths}
 
@@ -55,9 +54,6 @@ class HtmlRenderer:
     start-up, and is rendered while the other core still runs notebooks. `html_s` joins the notebook's phases."""
 
     def __init__(self, out: Path) -> None:
-        import queue
-        import threading
-
         self.out, self.errors = out, []
         self.jobs: "queue.Queue[tuple[str, dict[str, float]] | None]" = queue.Queue()
         self.thread = threading.Thread(target=self._work, name="kvkit-html", daemon=True)
@@ -67,15 +63,13 @@ class HtmlRenderer:
         self.jobs.put((stem, phases))
 
     def _work(self) -> None:
-        try:  # load the exporter's templates while the first kernels start (a page's first render pays it)
+        with contextlib.suppress(Exception):  # the exporter's templates, loaded as the kernels start (or by page 1)
             import nbformat
 
             from ..report import html, summary  # noqa: F401 - environment_markdown's import (torch, via results)
 
             html._exporter().from_notebook_node(nbformat.v4.new_notebook(cells=[
                 nbformat.v4.new_markdown_cell("# warm"), nbformat.v4.new_code_cell("1")]))
-        except Exception:  # noqa: BLE001 - the first page then pays it (and reports any real error)
-            pass
         while (job := self.jobs.get()) is not None:
             stem, phases = job
             start = time.perf_counter()

@@ -2,6 +2,7 @@
 and its kernel are forked from it (see the comment below). KVKIT_WARM_KERNELS=0 starts plain processes instead."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -52,13 +53,9 @@ def _warm_imports() -> None:
     names = [*WARM_MODULES, *(f"helpers.{m.name}" for m in pkgutil.iter_modules(helpers.__path__))]
     with warnings.catch_warnings():  # the filters themselves are left as a fresh kernel has them
         warnings.simplefilter("ignore")
-        for name in names:
-            if name.startswith(WARM_SKIP):
-                continue
-            try:
+        for name in (n for n in names if not n.startswith(WARM_SKIP)):
+            with contextlib.suppress(Exception):  # a module the kernel will import (and report) itself
                 importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - a module the kernel will import (and report) itself
-                pass
     KernelProvisionerFactory.instance()  # reads the provisioners' entry points once
     if notebooks():
         nbformat.writes(nbformat.read(str(notebooks()[0]), as_version=4))
@@ -102,12 +99,10 @@ def _kernel_main(argv: list[str]) -> int:
     if path and os.path.exists(path):
         from .forks import Forked
 
-        try:
+        with contextlib.suppress(OSError, ValueError):
             request = {"connection_file": os.path.abspath(conn_file), "cwd": os.getcwd(), "env": dict(os.environ)}
             forked = Forked(path, request, [0, 1, 2])
             kernel.append(forked.pid)
-        except (OSError, ValueError):
-            forked = None
     if forked is None:
         os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", conn_file])
     return forked.wait()

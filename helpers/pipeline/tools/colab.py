@@ -1,11 +1,12 @@
 """The Colab cell (every notebook's first code cell) and README's Colab badges, rendered from the one
 repository address in pyproject.toml's `[project.urls] Repository`; README's notebook table, rendered from the
-findings' declarations (helpers.findings).
+findings' declarations (helpers.findings); docs/parameters.md (tools.paramdoc).
 
     python -m helpers.pipeline.tools.colab --write notebooks/*.ipynb README.md   # rewrite those, nothing else
-    python -m helpers.pipeline.tools.colab --check notebooks/*.ipynb README.md   # exit 1 naming what differs
+    python -m helpers.pipeline.tools.colab --check notebooks/*.ipynb README.md docs/parameters.md   # exit 1 if stale
 
-`--write` replaces only a notebook's first code cell, README's notebook table and its Colab badge links; it is idempotent.
+`--write` replaces only a notebook's first code cell, README's notebook table and its Colab badge links, and the whole
+parameters page; it is idempotent.
 """
 from __future__ import annotations
 
@@ -100,8 +101,12 @@ def render_readme(text: str, repo: str | None = None) -> str:
 
 
 def render(path: Path, repo: str | None = None) -> str:
-    """What `path` (a notebook or README.md) should hold."""
+    """What `path` (a notebook, README.md or docs/parameters.md) should hold."""
+    from . import paramdoc
+
     text = path.read_text(encoding="utf-8")
+    if path.name == paramdoc.PAGE.name:
+        return paramdoc.render()
     return render_notebook(text, repo) if path.suffix == ".ipynb" else render_readme(text, repo)
 
 

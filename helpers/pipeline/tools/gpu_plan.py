@@ -73,11 +73,9 @@ def plan(releases: list[str], step_timeout: float = STEP_TIMEOUT, n_steps: int =
 def plan_lines(p: dict[str, Any]) -> list[str]:
     """The plan as text, one fact a line."""
     lines = [f"gpu-plan: releases {', '.join(p['releases'])} (the ordering edge from {EDGE_RELEASE}), each in its own environment"]
-    for model, layout in p["layouts"].items():
-        lines.append(f"  model {model}: {layout['layers']} layers, {layout['linear_attention']} linear_attention / "
-                     f"{layout['full_attention']} full_attention")
-    for run in p["runs"]:
-        lines.append(f"  run {run['model']} {run['dtype']}: loops {', '.join(run['loops'])}")
+    lines += [f"  model {model}: {layout['layers']} layers, {layout['linear_attention']} linear_attention / "
+              f"{layout['full_attention']} full_attention" for model, layout in p["layouts"].items()]
+    lines += [f"  run {run['model']} {run['dtype']}: loops {', '.join(run['loops'])}" for run in p["runs"]]
     lags = {(a["loop"], a["arm"]): a["lag"] for a in p["arms"]}  # an arm's lag is the same on every model
     lines += [f"  arm [{loop}] {arm}: {'unlagged' if lag == 'unlagged' else 'lag calibrated'}" for (loop, arm), lag in lags.items()]
     lines += [f"  pool poisoning: {p['pool_poisoning']}", f"  event probe: {p['event_probe']}",
@@ -87,10 +85,9 @@ def plan_lines(p: dict[str, Any]) -> list[str]:
               f"(estimate: {p['assumptions']})",
               "  then the cross-release claim: drift without the ordering edge, none with it (same models, same lag)",
               "  claims:"]
-    for c in p.get("claims", []):
-        lines.append(f"    {c['id']}: " + (f"can fail: yes; decides {c['decides']}; fed by {c['fed_by']}" if c["can_fail"]
-                                              else f"can fail: no (by construction: {c['by_construction']})"))
-    return lines
+    return lines + [f"    {c['id']}: can fail: yes; decides {c['decides']}; fed by {c['fed_by']}" if c["can_fail"]
+                    else f"    {c['id']}: can fail: no (by construction: {c['by_construction']})"
+                    for c in p.get("claims", [])]
 
 
 def main(argv: list[str] | None = None) -> int:

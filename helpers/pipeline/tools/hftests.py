@@ -7,6 +7,7 @@ helpers.pipeline.tools.hftests BASE.json TRACKED.json SUMMARY.json` compares a p
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import sys
 from collections import Counter
@@ -32,15 +33,9 @@ class _XdistSpecs:
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
-    """Declare pytest_configure_node when xdist is not loaded, so a plugin that implements it still validates."""
-    if pluginmanager.is_blocked("xdist") or _no_xdist():
+    """Declare pytest_configure_node when xdist is blocked or not installed, so a plugin implementing it validates."""
+    if pluginmanager.is_blocked("xdist") or importlib.util.find_spec("xdist") is None:
         pluginmanager.add_hookspecs(_XdistSpecs)
-
-
-def _no_xdist() -> bool:
-    """True when pytest-xdist is not installed."""
-    import importlib.util
-    return importlib.util.find_spec("xdist") is None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -145,20 +140,17 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """Write this run's record."""
-    record = {**STATE, "tracked": session.config.getoption("--hf-track"), "resume_calls": dict(STATE["resume_calls"])}
-    record.pop("test")
-    record.pop("files")
-    record.pop("inside", None)
+    record = {**{k: v for k, v in STATE.items() if k not in ("test", "files", "inside")},
+              "tracked": session.config.getoption("--hf-track"), "resume_calls": dict(STATE["resume_calls"])}
     Path(session.config.getoption("--hf-json")).write_text(json.dumps(record, indent=1))
 
 
 def summary(base: dict[str, Any], tracked: dict[str, Any]) -> dict[str, Any]:
     """Counts of both runs, tests tracking breaks (fail tracked, pass plain) and false alarms by check."""
-    def counts(run: dict[str, Any]) -> dict[str, int]:
-        return dict(Counter(run["outcomes"].values()))
     broken = sorted(t for t, o in tracked["outcomes"].items() if o == "failed" and base["outcomes"].get(t) == "passed")
     errors = tracked.get("errors", {})
-    return {"tests_run": len(tracked["outcomes"]), "without_tracking": counts(base), "with_tracking": counts(tracked),
+    return {"tests_run": len(tracked["outcomes"]), "without_tracking": dict(Counter(base["outcomes"].values())),
+            "with_tracking": dict(Counter(tracked["outcomes"].values())),
             "broken_by_tracking": broken, "broken_errors": {t: errors.get(t, "?") for t in broken},
             "refusals": len(tracked["refusals"]),
             "false_alarms": len(tracked["false_alarms"]),

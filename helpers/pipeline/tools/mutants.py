@@ -56,12 +56,8 @@ class Scope:
 
     def patterns(self) -> list[str]:
         """mutmut mutant-name globs for the scoped functions."""
-        out = []
-        for f in self.functions:
-            cls, _, meth = f.rpartition(".")
-            name = f"x{CLASS_SEP}{cls}{CLASS_SEP}{meth}" if cls else f"x_{f}"
-            out.append(f"{self.dotted}.{name}__mutmut_*")
-        return out
+        mangled = [f"x{CLASS_SEP}{f.replace('.', CLASS_SEP)}" if "." in f else f"x_{f}" for f in self.functions]
+        return [f"{self.dotted}.{name}__mutmut_*" for name in mangled]
 
     def covers(self, mutant: str) -> bool:
         return any(fnmatch.fnmatchcase(mutant, p) for p in self.patterns())
@@ -161,12 +157,12 @@ def prepare(root: Path, work: Path, scope: list[Scope]) -> None:
     (work / "setup.cfg").write_text(mutmut_config(scope))
 
 
-def run_mutmut(work: Path, scope: list[Scope], children: int) -> int:
+def run_mutmut(work: Path, scope: list[Scope]) -> int:
     """`mutmut run` on the scoped functions' mutants in `work`; mutmut's own exit status."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MUTANT_UNDER_TEST")}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", KVKIT_OUTPUT_DIR=str(work / "kit-outputs"))
     mutmut = Path(sys.executable).with_name("mutmut")
-    cmd = [str(mutmut), "run", "--max-children", str(children), *[p for s in scope for p in s.patterns()]]
+    cmd = [str(mutmut), "run", "--max-children", "1", *[p for s in scope for p in s.patterns()]]
     return subprocess.run(cmd, cwd=work, env=env).returncode
 
 
@@ -236,18 +232,15 @@ def select(names: list[str] | None) -> list[Scope]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help="restrict to scoped modules whose path contains these")
-    parser.add_argument("--children", type=int, default=1, help="mutmut worker processes (default 1)")
-    parser.add_argument("--report-only", action="store_true", help="report the last run without running mutmut")
     args = parser.parse_args(argv)
     scope, root = select(args.modules), repo_root()
     work = root / "outputs" / "mutants" / "work"
     start = time.monotonic()
-    if not args.report_only:
-        prepare(root, work, scope)
-        rc = run_mutmut(work, scope, args.children)
-        if rc != 0:
-            print(f"mutmut run exited {rc}", file=sys.stderr)
-            return rc
+    prepare(root, work, scope)
+    rc = run_mutmut(work, scope)
+    if rc != 0:
+        print(f"mutmut run exited {rc}", file=sys.stderr)
+        return rc
     ok, rows = report(work, scope)
     elapsed = time.monotonic() - start
     (work.parent / "kill_ratios.json").write_text(json.dumps({"modules": rows, "seconds": round(elapsed)}, indent=2) + "\n")

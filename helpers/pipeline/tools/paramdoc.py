@@ -1,15 +1,9 @@
 """docs/parameters.md: every notebook's `parameters` cell as a table (name, default, the cell's own comment),
-rendered from the notebooks so the page cannot fall behind them.
-
-    python -m helpers.pipeline.tools.paramdoc --write   # rewrite docs/parameters.md
-    python -m helpers.pipeline.tools.paramdoc --check   # exit 1 when it differs from the notebooks
-"""
+rendered from the notebooks so the page cannot fall behind them (written and checked by tools.colab)."""
 from __future__ import annotations
 
-import argparse
 import ast
 import io
-import sys
 import tokenize
 from pathlib import Path
 
@@ -20,7 +14,7 @@ from ..run.params import parameters_source
 PAGE = Path("docs") / "parameters.md"
 HEAD = """# Notebook parameters
 
-Every notebook's `parameters` cell, rendered from the notebooks (`python -m helpers.pipeline.tools.paramdoc --write`).
+Every notebook's `parameters` cell (`python -m helpers.pipeline.tools.colab --write docs/parameters.md`).
 Pass any of them as `make run NB=.. ARGS="-p NAME VALUE"` (or `make run-all ARGS=...`: a parameter only some
 notebooks declare goes only to those); values are checked before any kernel starts
 ([running.md](running.md)). In Colab, edit the `parameters` cell itself.
@@ -43,12 +37,10 @@ def parameter_rows(path: Path) -> list[tuple[str, str, str]]:
     source = parameters_source(path)
     comments = {t.start[0]: t.string.lstrip("# ").strip()
                 for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT}
-    rows = []
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            rows.append((node.targets[0].id, ast.get_source_segment(source, node.value) or "",
-                         comments.get(node.lineno) or COMMON.get(node.targets[0].id, "")))
-    return rows
+    return [(node.targets[0].id, ast.get_source_segment(source, node.value) or "",
+             comments.get(node.lineno) or COMMON.get(node.targets[0].id, ""))
+            for node in ast.parse(source).body
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)]
 
 
 def render(root: Path | None = None) -> str:
@@ -56,32 +48,7 @@ def render(root: Path | None = None) -> str:
     root = root or repo_root()
     out = [HEAD]
     for path in sorted((root / "notebooks").glob("*.ipynb")):
-        rows = parameter_rows(path)
-        if not rows:
-            continue
-        out += [f"## {path.stem}", "", "| parameter | default | what it is |", "|---|---|---|"]
-        out += [f"| `{name}` | {code(default)} | {cell(note)} |" for name, default, note in rows]
-        out.append("")
+        if rows := parameter_rows(path):
+            out += [f"## {path.stem}", "", "| parameter | default | what it is |", "|---|---|---|",
+                    *[f"| `{name}` | {code(default)} | {cell(note)} |" for name, default, note in rows], ""]
     return "\n".join(out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """--write or --check docs/parameters.md."""
-    ap = argparse.ArgumentParser(prog="python -m helpers.pipeline.tools.paramdoc", description=__doc__.split("\n\n")[0])
-    mode = ap.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true")
-    mode.add_argument("--check", action="store_true")
-    args = ap.parse_args(argv)
-    path, wanted = repo_root() / PAGE, render()
-    if args.write:
-        path.write_text(wanted, encoding="utf-8")
-        return 0
-    same = path.exists() and path.read_text(encoding="utf-8") == wanted
-    if not same:
-        print(f"{PAGE} differs from the notebooks' parameters cells: python -m helpers.pipeline.tools.paramdoc --write",
-              file=sys.stderr)
-    return 0 if same else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
