@@ -32,3 +32,23 @@ def test_write_replaces_only_the_text_between_the_markers(tmp_path: Path):
     doc.write_text(f"head\n{bench.BEGIN}\nold\n{bench.END}\ntail\n")
     bench.write(["new"], doc)
     assert doc.read_text() == f"head\n{bench.BEGIN}\nnew\n{bench.END}\ntail\n"
+
+
+def test_the_instruction_count_is_read_from_cachegrinds_summary():
+    assert bench.refs("==7== \n==7== I   refs:      20,057,150,352\n") == 20_057_150_352
+
+
+def test_instructions_per_token_is_the_long_runs_extra_count_over_the_new_tokens(monkeypatch):
+    fake = {(False, 1): 100, (False, 11): 1100, (True, 1): 150, (True, 11): 1170}
+    monkeypatch.setattr(bench.shutil, "which", lambda _: "/usr/bin/valgrind")
+    monkeypatch.setattr(bench, "counted", lambda index, tracked, n: fake[tracked, n])
+    assert bench.instructions(0, 10) == {False: 100.0, True: 102.0}
+
+
+def test_without_valgrind_the_count_says_why(monkeypatch):
+    monkeypatch.setattr(bench.shutil, "which", lambda _: None)
+    assert bench.instructions(0, 10).startswith("not counted: no valgrind")
+
+
+def test_the_counted_child_runs_the_tracked_generate():
+    bench.child("0,1,2")  # what valgrind counts: the tiny model, tracked, 2 new tokens after a warm-up

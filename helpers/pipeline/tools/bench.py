@@ -1,13 +1,12 @@
 """`make bench`: what tracking costs. Per-token decode time of greedy generate() with the model tracked vs untracked
 (kvresume.track), on the tiny seeded model and a ~64M-parameter random Qwen3 (hidden 512, 10 layers), NEW new
 tokens, interleaved pairs of runs in this one process (31 on the tiny model, 11 on the other; on one CPU thread: this
-thread's CPU time, so what the scheduler gives other processes on a shared CPU is not counted; else wall time), the
-overhead being the median of the pairs' ratios with its 95% interval (a drift of the machine's speed between pairs
-cancels in each ratio; garbage collected before each run, so one arm's garbage is not collected in the other's run);
-and the peak extra memory
-of one resume() call (CUDA: measured by the allocator, tracked resume() minus untracked generate() on the same cache;
-CPU: the ledger's bytes and its read's largest temporary, computed from shapes). `--write` puts the table into
-docs/performance.md between its bench markers."""
+thread's CPU time, else wall time), the overhead being the median of the pairs' ratios with its 95% interval (garbage
+collected before each run); on a shared CPU that interval is often wider than the effect, so the same generate() is
+also counted in instructions per token under valgrind's cachegrind (`instructions`: the same count on every run,
+whatever the load); and the peak extra memory of one resume() call (CUDA: measured by the allocator, tracked resume()
+minus untracked generate() on the same cache; CPU: the ledger's bytes and its read's largest temporary, computed from
+shapes). `--write` puts the table into docs/performance.md between its bench markers."""
 from __future__ import annotations
 
 import argparse
@@ -15,14 +14,21 @@ import copy
 import gc
 import math
 import os
+import re
+import shutil
 import statistics
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-DOC = Path(__file__).resolve().parents[3] / "docs" / "performance.md"
+ROOT = Path(__file__).resolve().parents[3]
+DOC = ROOT / "docs" / "performance.md"
+START = 1  # the short counted run's new tokens: (I(START + new) - I(START)) / new is what the `new` decode steps cost
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
@@ -54,6 +60,42 @@ def overhead(times: dict[bool, list[float]]) -> tuple[float, float, float]:
         tail, k = tail + math.comb(n, k) / 2 ** n, k + 1
     low, high = ratios[max(k - 1, 0)], ratios[min(n - k, n - 1)]
     return tuple(100 * (r - 1) for r in (statistics.median(ratios), low, high))
+
+
+def instructions(index: int, new: int) -> dict[bool, float] | str:
+    """Instructions per decoded token of greedy generate() on bench model `index`, untracked (False) and tracked
+    (True): (I(START + new tokens) - I(START)) / new of each arm, counted by valgrind's cachegrind in four processes
+    (PYTHONHASHSEED=0: a count does not depend on the machine's load); a string: why not counted."""
+    if shutil.which("valgrind") is None:
+        return "not counted: no valgrind (apt-get install valgrind)"
+    jobs = [(tracked, n) for tracked in (False, True) for n in (START, START + new)]
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        counts = dict(zip(jobs, pool.map(lambda job: counted(index, *job), jobs)))
+    return {t: (counts[t, START + new] - counts[t, START]) / new for t in (False, True)}
+
+
+def counted(index: int, tracked: bool, new: int) -> int:
+    """Instructions of one process that builds bench model `index`, warms up and runs one generate() of `new` tokens."""
+    cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", sys.executable, "-m",
+           "helpers.pipeline.tools.bench", "--child", f"{index},{int(tracked)},{new}"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": "0"})
+    return refs(done.stderr)
+
+
+def refs(report: str) -> int:
+    """cachegrind's instruction count (`I refs`) from its summary."""
+    return int(re.search(r"I\s+refs:\s+([\d,]+)", report).group(1).replace(",", ""))
+
+
+def child(spec: str) -> None:
+    """`--child INDEX,TRACKED,NEW`: what `counted` counts (one thread, the bench's prompt, an 8-token warm-up)."""
+    index, tracked, new = map(int, spec.split(","))
+    torch.set_num_threads(1)
+    m = list(models().values())[index][0]()
+    prompt = torch.randint(10, 2000, (1, 32), generator=torch.Generator().manual_seed(0))
+    decode_seconds(m, prompt, 8, bool(tracked))
+    decode_seconds(m, prompt, new, bool(tracked))
 
 
 def sync(device: torch.device) -> None:
@@ -135,7 +177,7 @@ def resume_memory(m: torch.nn.Module, prompt: torch.Tensor, new: int) -> str:
             f"{(tracked - untracked) / 2**20:+.2f} MiB; ledger {ledger_bytes / 1024:.1f} KiB")
 
 
-def table(device: torch.device, new: int, runs: int | None) -> list[str]:
+def table(device: torch.device, new: int, runs: int | None, count_them: bool = True) -> list[str]:
     """The bench as markdown lines."""
     import transformers
 
@@ -147,8 +189,9 @@ def table(device: torch.device, new: int, runs: int | None) -> list[str]:
              f"[its 95% interval]), "
              f"{'thread CPU time' if clock(device) is time.thread_time else 'wall time'} (`make bench`).", "",
              "| model | parameters | pairs | untracked ms/token (median) | tracked ms/token (median) | overhead [95%] | "
-             "overhead (min) | one resume(): extra memory |", "|---|---|---|---|---|---|---|---|"]
-    for label, (make, pairs) in models().items():
+             "instructions/token: untracked, tracked | overhead (instructions) | one resume(): extra memory |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for index, (label, (make, pairs)) in enumerate(models().items()):
         m = make().to(device)
         if device.type == "cuda":
             m = m.to(torch.bfloat16)
@@ -157,9 +200,11 @@ def table(device: torch.device, new: int, runs: int | None) -> list[str]:
         plain, tracked = statistics.median(times[False]), statistics.median(times[True])
         mid, low, high = overhead(times)
         params = sum(p.numel() for p in m.parameters()) / 1e6
+        count = instructions(index, new) if count_them and device.type == "cpu" else "not counted (--no-count, or CUDA)"
+        counts = count if isinstance(count, str) else f"{count[False] / 1e6:.3f}M, {count[True] / 1e6:.3f}M"
+        extra = "" if isinstance(count, str) else f"{100 * (count[True] / count[False] - 1):+.2f}%"
         lines.append(f"| {label} | {params:.1f}M | {runs or pairs} | {plain:.3f} | {tracked:.3f} | {mid:+.1f}% "
-                     f"[{low:+.1f}, {high:+.1f}] | {100 * (min(times[True]) / min(times[False]) - 1):+.1f}% | "
-                     f"{resume_memory(m, prompt, new)} |")
+                     f"[{low:+.1f}, {high:+.1f}] | {counts} | {extra} | {resume_memory(m, prompt, new)} |")
         print(lines[-1], flush=True)
     return lines
 
@@ -177,10 +222,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: no OpenMP spinning on a shared CPU)")
     parser.add_argument("--write", action="store_true", help="put the table into docs/performance.md")
+    parser.add_argument("--count", action=argparse.BooleanOptionalAction, default=True,
+                        help="instructions per token under valgrind (CPU; four processes a model)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        return child(args.child)
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    lines = table(torch.device(args.device), args.new, args.runs)
+    lines = table(torch.device(args.device), args.new, args.runs, args.count)
     print("\n".join(lines))
     if args.write:
         write(lines)
