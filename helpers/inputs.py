@@ -60,21 +60,25 @@ def synthetic_image(size: int = 224) -> Image.Image:
     return Image.fromarray(arr)
 
 
+def tiny_image_ids(bundle: ModelBundle, grid: torch.Tensor, before: int, after: int, seed: int) -> torch.Tensor:
+    """Seeded text ids, an image block as long as `grid` makes it, text ids: a tiny model's prompt (no tokenizer)."""
+    cfg = bundle.model.config
+    n_image = int(grid.prod()) // (cfg.vision_config.spatial_merge_size ** 2)
+    text_vocab = min(TINY_VL_TOKENS.values()) - 100  # synthetic text ids stay clear of the special ids
+    gen = torch.Generator().manual_seed(seed)
+    head = torch.randint(10, text_vocab, (1, before), generator=gen)
+    tail = torch.randint(10, text_vocab, (1, after), generator=gen)
+    image_block = torch.tensor([[cfg.vision_start_token_id] + [cfg.image_token_id] * n_image + [cfg.vision_end_token_id]])
+    return torch.cat([head, image_block, tail], dim=1)
+
+
 def _tiny_multimodal(bundle: ModelBundle, image: Image.Image, seed: int) -> Prompt:
     pixels = bundle.processor(images=[image], return_tensors="pt")
     grid = pixels["image_grid_thw"]
-    merge = bundle.model.config.vision_config.spatial_merge_size
-    n_image = int(grid.prod()) // (merge * merge)
-    cfg = bundle.model.config
-    text_vocab = min(TINY_VL_TOKENS.values()) - 100  # synthetic text ids stay clear of the special ids
-    gen = torch.Generator().manual_seed(seed)
-    before = torch.randint(10, text_vocab, (1, TINY_TEXT_BEFORE), generator=gen)
-    after = torch.randint(10, text_vocab, (1, TINY_TEXT_AFTER), generator=gen)
-    image_block = torch.tensor([[cfg.vision_start_token_id] + [cfg.image_token_id] * n_image + [cfg.vision_end_token_id]])
-    ids = torch.cat([before, image_block, after], dim=1)
+    ids = tiny_image_ids(bundle, grid, TINY_TEXT_BEFORE, TINY_TEXT_AFTER, seed)
     mm = {"pixel_values": pixels["pixel_values"], "image_grid_thw": grid}
     if accepts_mm_token_type_ids(bundle.model):
-        mm["mm_token_type_ids"] = (ids == cfg.image_token_id).long()
+        mm["mm_token_type_ids"] = (ids == bundle.model.config.image_token_id).long()
     return Prompt(ids, torch.ones_like(ids), mm)
 
 

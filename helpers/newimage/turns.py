@@ -11,8 +11,8 @@ from transformers import image_utils
 from kvresume import compat
 from ..compare import noise_floor as floor_of
 from ..continuation import generate_first_step, other_attention_logits, prefill
-from ..inputs import Prompt, build_prompt, synthetic_image
-from ..models import TINY_VL_TOKENS, ModelBundle
+from ..inputs import Prompt, build_prompt, synthetic_image, tiny_image_ids
+from ..models import ModelBundle
 
 # Turn 2 of the tiny default: 8 text tokens, vision start, image B's tokens, vision end, 14 text tokens
 # (49 tokens with a 160x160 image: 5x5 merged patches = 25 image tokens).
@@ -80,16 +80,6 @@ class TwoTurns:
             {"mm_token_type_ids": self.types(full)} if self.takes_types else {})))
 
 
-def _tiny_turn2(bundle: ModelBundle, n_image: int, seed: int) -> torch.Tensor:
-    cfg = bundle.model.config
-    text_vocab = min(TINY_VL_TOKENS.values()) - 100
-    gen = torch.Generator().manual_seed(seed + 1)
-    before = torch.randint(10, text_vocab, (1, TURN2_TEXT_BEFORE), generator=gen)
-    after = torch.randint(10, text_vocab, (1, TURN2_TEXT_AFTER), generator=gen)
-    block = torch.tensor([[cfg.vision_start_token_id] + [cfg.image_token_id] * n_image + [cfg.vision_end_token_id]])
-    return torch.cat([before, block, after], dim=1)
-
-
 def build(bundle: ModelBundle, seed: int = 0, image_a: int = 224, image_b: int = 160,
           text: str = TURN2_TEXT, picture_a: Any = None, picture_b: Any = None) -> TwoTurns:
     """Turn 1 = the kit's prompt with image A, turn 2 = text, image B, text. The images are synthetic test cards of
@@ -100,8 +90,7 @@ def build(bundle: ModelBundle, seed: int = 0, image_a: int = 224, image_b: int =
     picture = synthetic_image(image_b).transpose(0) if picture_b is None else image_utils.load_image(picture_b)
     if bundle.tokenizer is None:
         pixels = bundle.processor(images=[picture], return_tensors="pt")
-        merge = bundle.model.config.vision_config.spatial_merge_size
-        ids = _tiny_turn2(bundle, int(pixels["image_grid_thw"].prod()) // (merge * merge), seed)
+        ids = tiny_image_ids(bundle, pixels["image_grid_thw"], TURN2_TEXT_BEFORE, TURN2_TEXT_AFTER, seed + 1)
     else:  # turn 2 as the checkpoint's chat template renders a follow-up user message (image + text) after turn 1
         message = {"role": "user", "content": [{"type": "image", "image": picture}, {"type": "text", "text": text}]}
         pixels = bundle.processor.apply_chat_template([message], tokenize=True, add_generation_prompt=True,
