@@ -142,11 +142,6 @@ def tiny_llama(seed: int = 0, attn: str = "sdpa", layers: int = 2) -> torch.nn.M
     return _seeded(seed, lambda: LlamaForCausalLM(config))
 
 
-def tiny_bart(seed: int = 0, attn: str = "sdpa") -> torch.nn.Module:
-    """The seeded tiny encoder-decoder (BART, 2 + 2 layers) of kvresume.testing."""
-    return testing.build("bart", attn, seed)
-
-
 # The tiny defaults: kvresume.testing's model of each kind (the seeded weights), the hybrid with an 8192 context.
 TINY_MODELS: dict[str, Callable[[int, str], torch.nn.Module]] = {
     TINY_VL: lambda seed, attn: testing.build("multimodal", attn, seed),

@@ -66,13 +66,9 @@ class TokenizerImageProcessor:
                   for block in message["content"] if block.get("type") == "image"
                   for key in ("image", "url", "path") if key in block]
         bos = self.tokenizer.bos_token
-        out = self(text, [_load_image(i) for i in images], return_tensors,
+        out = self(text, [load_image(i) if isinstance(i, str) else i for i in images], return_tensors,
                    add_special_tokens=not (bos is not None and text.startswith(bos)))
         return out if return_dict else out["input_ids"]
-
-
-def _load_image(image: Any) -> Any:
-    return image if not isinstance(image, str) else load_image(image)
 
 
 def fallback_processor(model_id: str, revision: str | None = None,

@@ -7,7 +7,8 @@ construction, how; an `environment` claim quotes nothing. helpers.results attach
 of a results file, and SUMMARY.md shows it beside the verdict. Two claims quoting the same text test one
 statement: it is counted once. A claim whose number another claim's measurement decides (`cites`) and a value
 fixed by construction (`by_construction`) are listed apart, never counted as reproduced. Each finding's declaration
-(helpers.findings) holds its claims' quotes; QUOTES is all of them. Passages several findings quote are named here.
+(helpers.findings) holds its claims' quotes; findings.quotes() is all of them. Passages several findings quote are
+named here.
 """
 from __future__ import annotations
 
@@ -54,15 +55,6 @@ VALIDATION = ("detect a non-empty cache combined with a short suffix and an atte
               "then raise a useful error or warning instead of silently slicing to an empty input.")
 HYBRID = "- sliding/hybrid caches;"
 IDENTITY = "- original cache versus identity-rebuilt cache;"
-
-
-def __getattr__(name: str) -> Any:
-    """QUOTES: every declared claim's quote (helpers.findings), read when asked for."""
-    if name == "QUOTES":
-        from .findings import quotes
-
-        return quotes()
-    raise AttributeError(name)
 
 
 def quote_for(claim_id: str) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from helpers.api import blind, experiments, shapes
 from kvresume import call as api_call, guard
 from helpers.continuation import greedy_config
 from helpers.regress import checks, families, rebuilds
-from kvresume import layers
+from kvresume import layers, testing
 
 
 @pytest.fixture(scope="module")
@@ -310,7 +310,7 @@ def test_a_hybrid_cache_without_linear_state_raises_and_with_it_passes(runs):
 
 
 def test_an_encoder_decoder_continuation_reads_the_decoder_side():
-    model = models.tiny_bart()
+    model = testing.build("bart")
     cells = {s.shape: s for s in shapes.bart_shapes()}
     good = cells["encoder-decoder: decoder_input_ids = sequences + decoder mask"]
     check_resume_inputs(model, good.inputs, past_key_values=good.cache, **good.kwargs)  # the encoder's 4-column mask is not read

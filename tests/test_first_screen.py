@@ -38,7 +38,7 @@ def fake_run(out: Path, release: str = "5.17.0", run_id: str = "20261205T000000Z
              tiny: bool = True) -> None:
     """Results of every registered claim, as a run of the whole kit on the tiny CPU defaults would leave them."""
     by_nb: dict[str, list[dict]] = {}
-    for cid, q in quotes.QUOTES.items():
+    for cid, q in findings.quotes().items():
         kind = KIND_OF_ROLE[q.role]
         v, why = verdict(cid, kind)
         by_nb.setdefault(PREFIX[cid.split(".")[0]], []).append(
@@ -174,14 +174,14 @@ def test_a_value_fixed_by_construction_is_listed_apart_never_reproduced():
     c = statements.count(statements.statements([built, _c("r.other", "reproduced", text="x")]))
     assert [len(c.tested), len(c.reproduced), len(c.by_construction)] == [1, 1, 1]
     assert statements.count(statements.statements([built])).reproduced == []
-    assert quotes.QUOTES["rope.state_outside_kv"].by_construction, "the prompt fixes -42"
+    assert findings.quotes()["rope.state_outside_kv"].by_construction, "the prompt fixes -42"
 
 
 def test_the_registry_cites_what_one_measurement_decides():
-    assert quotes.QUOTES["matrix.first_call_drops_suffix"].cites == "matrix.neither_fails"
-    assert quotes.QUOTES["rope.fresh_instance_diverges"].cites == "rope.missing_state_diverges_more_than_off_by_one"
-    for cid, q in quotes.QUOTES.items():
-        assert not q.cites or (q.cites in quotes.QUOTES and not quotes.QUOTES[q.cites].cites), cid  # one hop, registered
+    assert findings.quotes()["matrix.first_call_drops_suffix"].cites == "matrix.neither_fails"
+    assert findings.quotes()["rope.fresh_instance_diverges"].cites == "rope.missing_state_diverges_more_than_off_by_one"
+    for cid, q in findings.quotes().items():
+        assert not q.cites or (q.cites in findings.quotes() and not findings.quotes()[q.cites].cites), cid  # one hop, registered
 
 
 def test_own_checks_leave_out_citing_and_undecided_claims():

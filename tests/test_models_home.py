@@ -23,8 +23,7 @@ def same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 
 @pytest.mark.parametrize("kind,kit", [("dense", lambda: models.build_tiny_qwen3(0)),
                                       ("sliding", lambda: models.build_tiny_qwen3(0, sliding_window=models.SLIDING_WINDOW)),
-                                      ("assistant", lambda: models.build_tiny_qwen3(1)),
-                                      ("bart", lambda: models.tiny_bart(0))])
+                                      ("assistant", lambda: models.build_tiny_qwen3(1))])
 def test_the_kits_default_is_the_librarys_model(kind, kit):
     assert same(kit(), testing.build(kind))
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import boundary, identity, mask_matrix, quotes, rope
+from helpers import boundary, findings, identity, mask_matrix, quotes, rope
 from helpers.pipeline.paths import repo_root
 from helpers.results import Results
 
@@ -41,14 +41,14 @@ def declared() -> dict[str, str]:
 def test_every_declared_claim_has_a_quote_of_its_kinds_role_and_no_entry_is_stale():
     claims = declared()
     assert len(claims) >= 50
-    missing = sorted(set(claims) - set(quotes.QUOTES))
+    missing = sorted(set(claims) - set(findings.quotes()))
     assert not missing, f"claims without a quote in their finding's declaration (helpers/findings.py): {missing}"
-    assert not sorted(set(quotes.QUOTES) - set(claims)), "entries for claims no notebook declares"
-    wrong = {cid: (kind, quotes.QUOTES[cid].role) for cid, kind in claims.items() if quotes.QUOTES[cid].role != quotes.ROLES[kind]}
+    assert not sorted(set(findings.quotes()) - set(claims)), "entries for claims no notebook declares"
+    wrong = {cid: (kind, findings.quotes()[cid].role) for cid, kind in claims.items() if findings.quotes()[cid].role != quotes.ROLES[kind]}
     assert not wrong, f"role does not match the claim's kind: {wrong}"
     for cid, kind in claims.items():
         if kind != "environment":
-            assert quotes.QUOTES[cid].text and quotes.QUOTES[cid].source in SEED_FILES, cid
+            assert findings.quotes()[cid].text and findings.quotes()[cid].source in SEED_FILES, cid
 
 
 def seeds_or_skip(seeds: Path, ci: bool) -> None:
@@ -69,7 +69,7 @@ def _ci() -> bool:
 def test_every_quote_is_verbatim_in_its_source():
     seeds_or_skip(SEEDS, _ci())
     texts = {key: quotes.normalized((SEEDS / name).read_text()) for key, name in SEED_FILES.items()}
-    bad = {cid: q.text for cid, q in quotes.QUOTES.items() if q.text and q.text not in texts[q.source]}
+    bad = {cid: q.text for cid, q in findings.quotes().items() if q.text and q.text not in texts[q.source]}
     assert not bad, f"not verbatim in the source: {bad}"
 
 
@@ -100,7 +100,7 @@ def _number_texts(value) -> list[str]:
     ("boundary.double_processing_diverges", boundary.SOURCE_DOUBLE),
     ("boundary.double_processing_cosine", {"cosine": boundary.SOURCE_COSINE})])
 def test_source_values_come_from_the_quote(claim_id, values):
-    text = quotes.QUOTES[claim_id].text
+    text = findings.quotes()[claim_id].text
     for key, value in values.items():
         for number in _number_texts(value):
             assert number in text, f"{claim_id}: source value {key}={number} is not in its quote {text!r}"

@@ -18,11 +18,10 @@ from typing import Any, Callable, Iterator
 import torch
 from transformers import StaticCache
 
-from kvresume import compat
+from kvresume import compat, testing
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import attention_kernel, current_position_ids, greedy_config, other_attention_logits, prefill
 from ..inputs import Prompt
-from ..models import tiny_bart
 from ..regress.families import left_pad
 from .cells import Cell, _generate, _step, run_cell
 from kvresume.checks import ResumeInputError
@@ -148,7 +147,7 @@ def _padded(model: torch.nn.Module, gen: torch.Generator) -> Shape:
 def bart_shapes(seed: int = 0, prepare: Callable[[torch.nn.Module], Any] | None = None) -> list[Shape]:
     """A tiny BART: encoder ids and mask of 4 columns, decoder_input_ids = its 8 sequences beside a decoder cache of 7,
     with a decoder mask over them (valid) and without one (generate() then feeds all 8)."""
-    model = tiny_bart(seed)
+    model = testing.build("bart", "sdpa", seed)
     if prepare is not None:  # e.g. kvresume.track
         prepare(model)
     gen = torch.Generator().manual_seed(seed + 3)

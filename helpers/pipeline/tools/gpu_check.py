@@ -99,11 +99,6 @@ SIMULATED_SIZE = ("--seq-len", "8", "--n-steps", "3", "--models", "tiny hybrid",
                   "--dtypes", "bfloat16")
 
 
-def simulated_arms(python: str, out: Path, timeout: float, extra: tuple[str, ...] = ()) -> int:
-    """run_arms with --simulate and small inputs: the arms on CPU under stand-ins (tests only)."""
-    return run_arms(python, out, timeout, (*extra, *SIMULATED_SIZE, "--simulate"))
-
-
 def has_papermill(python: str) -> bool:
     return _call([python, "-c", "import papermill"], None, 300) == 0
 
@@ -238,7 +233,8 @@ def main(argv: list[str] | None = None, cuda: tuple[bool, str] | None = None, pr
                         help="tests only: no CUDA refusal, the arms with --simulate (CPU stand-ins), no flash step")
     args = parser.parse_args(argv)
     if args.simulate:
-        cuda, probe, run = (True, ""), lambda python: SIMULATED, simulated_arms
+        cuda, probe = (True, ""), lambda python: SIMULATED
+        run = lambda py, out, t, extra=(): run_arms(py, out, t, (*extra, *SIMULATED_SIZE, "--simulate"))  # noqa: E731
         flash = lambda *a: "skipped: simulated run (notebook 07's flash step needs CUDA)"  # noqa: E731
     why = refusal(cuda, probe)
     if why:
