@@ -74,7 +74,7 @@ def run_all(model: torch.nn.Module, prompt: Prompt) -> tuple[torch.Tensor, list[
     positions = current_position_ids(model, prompt)  # position of prompt[-1] in the full forward pass
     runs = [Run("valid split", "original", "generate", "full mask (L)",
                 generate_first_step(model, prompt.last_token, copy.deepcopy(prefix_cache), attention_mask=prompt.attention_mask))]
-    rebuilt = caches.rebuild_by_update(full_cache, compat.text_config(model.config))
+    rebuilt = compat.cache_from_pairs(compat.kv_pairs(full_cache), compat.text_config(model.config))
     for name, cache in (("original", full_cache), ("rebuilt_update", rebuilt)):
         for (call, args), out in _double_calls(model, prompt, cache, positions).items():
             runs.append(Run("double processing", name, call, args, out))

@@ -5,8 +5,6 @@ import copy
 from dataclasses import dataclass
 from typing import Any
 
-from transformers import DynamicCache
-
 from kvresume import compat
 from kvresume.compat import cache_from_pairs, kv_pairs
 from .compare import tensors_bitwise_equal
@@ -22,20 +20,16 @@ class Variant:
     unavailable: str | None = None
 
 
-def rebuild_by_update(cache: Any, config: Any | None = None) -> DynamicCache:
-    """`update()` each layer's K/V (cloned) into a new DynamicCache (config-aware when config is given)."""
-    return cache_from_pairs(kv_pairs(cache), config)
-
-
 def build_variants(prefill_cache: Any, model_config: Any) -> dict[str, Variant]:
     """The source's four variants: A original deep copy, B update() into DynamicCache(),
     C update() into DynamicCache(config=text_config), D the tensor-data constructor."""
     text_config = compat.text_config(model_config)
     variants = {
         "original": Variant("original", "copy.deepcopy(prefill_cache)", copy.deepcopy(prefill_cache)),
-        "rebuilt_update": Variant("rebuilt_update", "DynamicCache() + update() per layer", rebuild_by_update(prefill_cache)),
+        "rebuilt_update": Variant("rebuilt_update", "DynamicCache() + update() per layer",
+                                  cache_from_pairs(kv_pairs(prefill_cache))),
         "rebuilt_config": Variant("rebuilt_config", "DynamicCache(config=text_config) + update() per layer",
-                                  rebuild_by_update(prefill_cache, text_config)),
+                                  cache_from_pairs(kv_pairs(prefill_cache), text_config)),
     }
     how = "DynamicCache(ddp_cache_data=kv_pairs, config=text_config)"
     try:

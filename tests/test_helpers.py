@@ -57,11 +57,11 @@ def test_kv_pairs_are_copies(prefix_cache):
     keys, _ = compat.layer_kv(compat.cache_layers(prefix_cache)[0])
     assert pairs[0][0].data_ptr() != keys.data_ptr()
     pairs[0][0].add_(1)
-    assert not caches.kv_bitwise_equal(caches.rebuild_by_update(prefix_cache), DynamicCache())
+    assert not caches.kv_bitwise_equal(compat.cache_from_pairs(compat.kv_pairs(prefix_cache)), DynamicCache())
 
 
 def test_bitwise_equality_detects_a_single_changed_value(prefix_cache):
-    rebuilt = caches.rebuild_by_update(prefix_cache)
+    rebuilt = compat.cache_from_pairs(compat.kv_pairs(prefix_cache))
     assert caches.kv_bitwise_equal(rebuilt, prefix_cache)
     keys, _ = compat.layer_kv(compat.cache_layers(rebuilt)[-1])
     keys[0, 0, -1, 0] += 1e-3
@@ -106,8 +106,8 @@ def test_forward_quirk_captures_the_positions_it_computed(bundle, prompt, prefix
 
 
 def test_rebuilt_caches_do_not_alias_the_original(prefix_cache):
-    assert not caches.shares_storage(caches.rebuild_by_update(prefix_cache), prefix_cache)
-    aliased = caches.rebuild_by_update(prefix_cache)  # update() concatenates, so alias by hand
+    assert not caches.shares_storage(compat.cache_from_pairs(compat.kv_pairs(prefix_cache)), prefix_cache)
+    aliased = compat.cache_from_pairs(compat.kv_pairs(prefix_cache))  # update() concatenates, so alias by hand
     for mine, theirs in zip(compat.cache_layers(aliased), compat.cache_layers(prefix_cache)):
         mine.keys, mine.values = theirs.keys[:, :, 1:], theirs.values  # a view into the original's storage
     assert caches.shares_storage(aliased, prefix_cache)

@@ -44,8 +44,8 @@ def test_round_trip_keeps_a_none_state(state, tmp_path):
 
 
 def test_restore_into_a_fresh_instance_matches_the_same_instance(bundle, prompt, prefix_cache, state, tmp_path):
-    reference = continuation.generate_first_step(bundle.model, prompt.last_token, caches.rebuild_by_update(prefix_cache),
-                                                 attention_mask=prompt.attention_mask)
+    rebuilt = compat.cache_from_pairs(compat.kv_pairs(prefix_cache))
+    reference = continuation.generate_first_step(bundle.model, prompt.last_token, rebuilt, attention_mask=prompt.attention_mask)
     fresh = bundle.fresh_instance()
     assert compat.get_rope_state(fresh) is None
     cache = resume.restore(fresh, resume.round_trip(state, tmp_path))

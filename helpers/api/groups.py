@@ -71,7 +71,8 @@ def group_04(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     floor = noise_floor(reference, valid, dtype, what="valid split vs full forward")
     _, full_cache = prefill(model, prompt, end=None)
     _, prefix = prefill(model, prompt)  # the model-side state of the valid split's prefill, as 04 leaves it
-    cache_of = {"original": full_cache, "rebuilt_update": caches.rebuild_by_update(full_cache, compat.text_config(model.config))}
+    rebuilt = compat.cache_from_pairs(compat.kv_pairs(full_cache), compat.text_config(model.config))
+    cache_of = {"original": full_cache, "rebuilt_update": rebuilt}
     positions, state = current_position_ids(model, prompt), _state(model)
     cells = []
     for r in runs:
