@@ -40,16 +40,12 @@ def start(notebook: str, claims: dict[str, str], model_id: str, revision: str | 
         raise
     res.env = environment(bundle)
     res.write()
-    _report_timing(entered=entered, results_s=built - entered, model_build_s=time.time() - built)
-    return res, bundle
-
-
-def _report_timing(**values: float) -> None:
-    """Tell the runner (KVKIT_TIMINGS_FILE, set only by it) when start-up began and what the model cost."""
-    path = os.environ.get("KVKIT_TIMINGS_FILE")
-    if path:
+    # tell the runner (KVKIT_TIMINGS_FILE, set only by it) when start-up began and what the model cost
+    timings = {"entered": entered, "results_s": built - entered, "model_build_s": time.time() - built}
+    if path := os.environ.get("KVKIT_TIMINGS_FILE"):
         with contextlib.suppress(OSError):  # timings are a benchmark aid, never a reason to fail a notebook
-            Path(path).write_text(json.dumps({k: round(v, 3) for k, v in values.items()}))
+            Path(path).write_text(json.dumps({k: round(v, 3) for k, v in timings.items()}))
+    return res, bundle
 
 
 def show_environment(res: Results) -> Any:

@@ -211,12 +211,10 @@ def measure(family: Family, flash: tuple[bool, str]) -> Measured:
     vs("fresh_instance", run.generate(run.cache, model=family.bundle.fresh_instance(), restore=False, **full),
        what="same instance, same cache and arguments")
     vs("eager_vs_sdpa", eager, what=f"generate(full mask) with {current}")
-    ok, why = flash
-    if ok:
-        flash_run = run.with_backend("flash_attention_2", run.cache)
-        vs("flash_attention_2", flash_run, what=f"generate(full mask) with {current}")
+    if flash[0]:
+        vs("flash_attention_2", run.with_backend("flash_attention_2", run.cache), what=f"generate(full mask) with {current}")
     else:
-        cells["flash_attention_2"] = Cell(name, "flash_attention_2", "skipped", None, "", why)
+        cells["flash_attention_2"] = Cell(name, "flash_attention_2", "skipped", None, "", flash[1])
     if family.padded:
         extra["padded"] = padded_masks(run, ref, floor)
     return Measured(family, floor, cells, extra)
