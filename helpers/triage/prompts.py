@@ -16,28 +16,9 @@ import torch
 
 from ..inputs import TINY_TEXT_AFTER, TINY_TEXT_BEFORE, Prompt, build_prompt
 from ..models import ModelBundle
-from ..pipeline.paths import repo_root
-from ..pipeline.run.params import RESERVED_GENERATE  # generate() arguments the controls set themselves
+from ..pipeline.run.params import RESERVED_GENERATE, read_ids  # RESERVED: generate() arguments the controls set
 
 BYTE_OFFSET = 10  # byte b -> token id 10 + b: clear of the first ids, below every tiny vocabulary (2048)
-
-
-def resolve(path: str) -> Path:
-    """A relative path from the working directory, else from the kit checkout (as for a rebuild's file)."""
-    p = Path(path).expanduser()
-    return p if p.is_file() or p.is_absolute() else repo_root() / p
-
-
-def read_ids(path: str) -> list[int]:
-    """Token ids from a JSON file: a list of ints, [[...]] (batch 1) or {"input_ids": ...}; ValueError otherwise."""
-    data = json.loads(resolve(path).read_text())
-    if isinstance(data, dict):
-        data = data.get("input_ids")
-    if isinstance(data, list) and len(data) == 1 and isinstance(data[0], list):
-        data = data[0]
-    if not (isinstance(data, list) and len(data) >= 2 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in data)):
-        raise ValueError("expected a JSON list of at least 2 non-negative token ids (or {\"input_ids\": [...]})")
-    return data
 
 
 def byte_ids(text: str) -> list[int]:

@@ -28,7 +28,7 @@ from transformers import StaticCache
 from kvresume import compat
 from kvresume.ledger import attach_ledger, stored_ledger
 from . import patterns
-from .prompts import resolve
+from ..pipeline.run.params import resolve
 from kvresume import layers
 from ..regress import rebuilds as family
 

@@ -122,31 +122,42 @@ def _check_generate_kwargs(value: Any, where: str) -> None:
                              "(neither a GenerationConfig field nor a generate() argument of this transformers)")
 
 
-def _check_prompt_ids(value: Any, where: str) -> None:
-    """A JSON file (tried from the working directory, then the kit checkout) holding at least 2 token ids."""
-    if value in ("", None):
-        return
-    if not isinstance(value, str):
-        raise ParameterError(f"prompt_ids={value!r}{where} must be the path of a JSON file of token ids")
+def resolve(path: str) -> Path:
+    """A relative path from the working directory, else from the kit checkout (as for a rebuild's file)."""
     from ..paths import repo_root
 
-    path = Path(value).expanduser()
-    path = path if path.is_file() or path.is_absolute() else repo_root() / path
-    if not path.is_file():
-        raise ParameterError(f"prompt_ids{where}: file {Path(value).name!r} does not exist "
-                             "(relative paths are tried from the working directory, then the kit checkout)")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ParameterError(f"prompt_ids{where}: {path.name} is not valid JSON ({exc})") from None
+    p = Path(path).expanduser()
+    return p if p.is_file() or p.is_absolute() else repo_root() / p
+
+
+def read_ids(path: str) -> list[int]:
+    """Token ids from a JSON file: a list of ints, [[...]] (batch 1) or {"input_ids": ...}; ValueError otherwise."""
+    data = json.loads(resolve(path).read_text())
     if isinstance(data, dict):
         data = data.get("input_ids")
     if isinstance(data, list) and len(data) == 1 and isinstance(data[0], list):
         data = data[0]
     if not (isinstance(data, list) and len(data) >= 2
             and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in data)):
-        raise ParameterError(f"prompt_ids{where}: {path.name} must hold a JSON list of at least 2 non-negative token ids "
-                             """(or {"input_ids": [...]})""")
+        raise ValueError("expected a JSON list of at least 2 non-negative token ids (or {\"input_ids\": [...]})")
+    return data
+
+
+def _check_prompt_ids(value: Any, where: str) -> None:
+    """A JSON file (tried from the working directory, then the kit checkout) holding at least 2 token ids."""
+    if value in ("", None):
+        return
+    if not isinstance(value, str):
+        raise ParameterError(f"prompt_ids={value!r}{where} must be the path of a JSON file of token ids")
+    if not resolve(value).is_file():
+        raise ParameterError(f"prompt_ids{where}: file {Path(value).name!r} does not exist "
+                             "(relative paths are tried from the working directory, then the kit checkout)")
+    try:
+        read_ids(value)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ParameterError(f"prompt_ids{where}: {Path(value).name} is not valid JSON ({exc})") from None
+    except ValueError as exc:
+        raise ParameterError(f"prompt_ids{where}: {Path(value).name}: {exc}") from None
 
 
 def _check_value(name: str, value: Any, default: Any, where: str) -> None:
