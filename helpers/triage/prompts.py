@@ -16,7 +16,7 @@ import torch
 
 from ..inputs import TINY_TEXT_AFTER, TINY_TEXT_BEFORE, Prompt, build_prompt
 from ..models import ModelBundle
-from ..pipeline.run.params import RESERVED_GENERATE, read_ids  # RESERVED: generate() arguments the controls set
+from ..pipeline.run.params import check_generate_kwargs, read_ids
 
 BYTE_OFFSET = 10  # byte b -> token id 10 + b: clear of the first ids, below every tiny vocabulary (2048)
 
@@ -72,15 +72,10 @@ def build(bundle: ModelBundle, prompt_text: str, prompt_ids: str, seed: int) -> 
 
 
 def generate_options(value: Any) -> dict[str, Any]:
-    """generate_kwargs as a dict (a JSON text is parsed); ValueError for anything the controls cannot pass on."""
-    if isinstance(value, str):
-        value = json.loads(value) if value.strip() else {}
-    if not isinstance(value, dict):
-        raise ValueError(f"generate_kwargs must be a JSON object, got {type(value).__name__}")
-    clash = sorted(set(value) & set(RESERVED_GENERATE))
-    if clash:
-        raise ValueError(f"generate_kwargs may not set {clash}: the controls set them (argument sets, one greedy step)")
-    return value
+    """generate_kwargs as a dict (a JSON text is parsed); the runner's check (a ValueError) for anything the controls
+    cannot pass on."""
+    check_generate_kwargs(value)
+    return json.loads(value) if isinstance(value, str) else value
 
 
 def record(prompt_text: str, prompt_ids: str, how: str, ids: torch.Tensor) -> dict[str, Any]:

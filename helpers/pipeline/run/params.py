@@ -103,7 +103,7 @@ def generation_config_names() -> list[str]:
     return sorted(set(re.findall(r"""kwargs\.pop\(\s*["'](\w+)["']""", text)))
 
 
-def _check_generate_kwargs(value: Any, where: str) -> None:
+def check_generate_kwargs(value: Any, where: str = "") -> None:
     """A JSON object of generate() arguments the controls do not set themselves."""
     if isinstance(value, str):
         try:
@@ -181,7 +181,7 @@ def _check_value(name: str, value: Any, default: Any, where: str) -> None:
         if not (isinstance(value, str) and (value in known or "/" in value)):  # "org/repo": a Hub kernel
             raise ParameterError(f"unknown attn_implementation {value!r}; transformers knows: {', '.join(known)}")
         return
-    own = {"generate_kwargs": _check_generate_kwargs, "prompt_ids": _check_prompt_ids}
+    own = {"generate_kwargs": check_generate_kwargs, "prompt_ids": _check_prompt_ids}
     if name in own:
         return own[name](value, where)
     if name == "trust_remote_code" and value is not False:
