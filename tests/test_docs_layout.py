@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from helpers import quotes
+from helpers import findings
 from helpers.pipeline.paths import repo_root
 
 ROOT = repo_root()
@@ -46,7 +46,7 @@ def test_every_notebook_has_a_page_listing_exactly_its_claims():
     index = (ROOT / "docs" / "notebooks.md").read_text(encoding="utf-8")
     assert all(f"(notebooks/{s}.md)" in index for s in stems), "docs/notebooks.md links every page"
     listed = {cid: stem for stem, text in pages.items() for cid in re.findall(r"^\| `([\w.]+)` \|", text, flags=re.M)}
-    assert sorted(listed) == sorted(quotes.QUOTES), "a page lists a claim that is not registered, or misses one"
+    assert sorted(listed) == sorted(findings.quotes()), "a page lists a claim that is not registered, or misses one"
     for stem, text in pages.items():
         assert len({cid.split(".")[0] for cid, s in listed.items() if s == stem}) == 1, stem
         assert "## How to read" in text, stem

@@ -126,7 +126,7 @@ def test_a_scratch_finding_appears_in_every_derived_list(scratch):
     from helpers.pipeline.tools import colab, mutants
 
     assert len(FILES) <= 10
-    assert quotes.QUOTES["scratch.holds"].text == quotes.SLICED and quotes.quote_for("scratch.holds")
+    assert findings.quotes()["scratch.holds"].text == quotes.SLICED and quotes.quote_for("scratch.holds")
     assert sources.source_of("99_scratch").key == "control" and findings.writer("control") is asks.control
     assert ("99", "scratch.holds") in findings.bisect_claims()
     assert bisect_source.relevant("99_scratch") == ("transformers.cache_utils.Cache.update",)
