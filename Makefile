@@ -131,9 +131,10 @@ UPSTREAM_RELEASES ?=
 upstream-tests: env ## write outputs/upstream/test_resume_contract.py (standalone) and run it (UPSTREAM_RELEASES= adds releases)
 	$(PY) -m helpers.api.upstream $(if $(UPSTREAM_RELEASES),--releases $(UPSTREAM_RELEASES))
 
-# bench: what kvresume.track costs: ms per decoded token tracked vs untracked (the tiny model and a ~64M random Qwen3,
-# 256 new tokens, median of 11 interleaved runs in one process) and one resume()'s extra memory; the table goes into
-# docs/performance.md ("Tracking cost"). BENCH_ARGS="--runs 9 --new 128 --device cuda" changes it.
+# bench: what kvresume.track costs per decoded token, tracked vs untracked (the tiny model and a ~64M random Qwen3,
+# 256 new tokens): ms (median of interleaved pairs' ratios, 31/11 pairs, with its 95% interval) and instructions under
+# valgrind's cachegrind (apt-get install valgrind; the same count whatever the load), and one resume()'s extra memory;
+# into docs/performance.md ("Tracking cost"). BENCH_ARGS="--runs 9 --new 128 --no-count --device cuda" changes it.
 BENCH_ARGS ?=
 bench: env ## tracking cost per decoded token (tracked vs untracked) and one resume()'s memory, into docs/performance.md
 	$(PY) -m helpers.pipeline.tools.bench --write $(BENCH_ARGS)

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from kvresume.testing import build
+
 from helpers.pipeline.tools import bench
 
 
@@ -41,14 +43,16 @@ def test_the_instruction_count_is_read_from_cachegrinds_summary():
 def test_instructions_per_token_is_the_long_runs_extra_count_over_the_new_tokens(monkeypatch):
     fake = {(False, 1): 100, (False, 11): 1100, (True, 1): 150, (True, 11): 1170}
     monkeypatch.setattr(bench.shutil, "which", lambda _: "/usr/bin/valgrind")
-    monkeypatch.setattr(bench, "counted", lambda index, tracked, n: fake[tracked, n])
-    assert bench.instructions(0, 10) == {False: 100.0, True: 102.0}
+    monkeypatch.setattr(bench, "counted", lambda folder, tracked, n: fake[tracked, n])
+    assert bench.instructions(build("dense"), 10) == {False: 100.0, True: 102.0}
 
 
 def test_without_valgrind_the_count_says_why(monkeypatch):
     monkeypatch.setattr(bench.shutil, "which", lambda _: None)
-    assert bench.instructions(0, 10).startswith("not counted: no valgrind")
+    assert bench.instructions(build("dense"), 10).startswith("not counted: no valgrind")
 
 
-def test_the_counted_child_runs_the_tracked_generate():
-    bench.child("0,1,2")  # what valgrind counts: the tiny model, tracked, 2 new tokens after a warm-up
+def test_the_counted_child_loads_the_saved_model_and_runs_the_tracked_generate(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(bench.gc, "freeze", lambda: None)  # not this test process's heap
+    build("dense").save_pretrained(tmp_path)
+    bench.child(f"1,2,{tmp_path}")  # what valgrind counts: the saved model, tracked, 2 new tokens after a warm-up

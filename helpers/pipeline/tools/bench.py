@@ -2,11 +2,11 @@
 (kvresume.track), on the tiny seeded model and a ~64M-parameter random Qwen3 (hidden 512, 10 layers), NEW new
 tokens, interleaved pairs of runs in this one process (31 on the tiny model, 11 on the other; on one CPU thread: this
 thread's CPU time, else wall time), the overhead being the median of the pairs' ratios with its 95% interval (garbage
-collected before each run); on a shared CPU that interval is often wider than the effect, so the same generate() is
-also counted in instructions per token under valgrind's cachegrind (`instructions`: the same count on every run,
-whatever the load); and the peak extra memory of one resume() call (CUDA: measured by the allocator, tracked resume()
-minus untracked generate() on the same cache; CPU: the ledger's bytes and its read's largest temporary, computed from
-shapes). `--write` puts the table into docs/performance.md between its bench markers."""
+collected before each run, the heap before the runs frozen: gc.freeze); on a shared CPU that interval is often wider
+than the effect, so the same generate() is also counted in instructions per token under valgrind's cachegrind
+(`instructions`: not slowed by the machine's load); and the peak extra memory of one resume() call (CUDA: measured by
+the allocator, tracked resume() minus untracked generate() on the same cache; CPU: the ledger's bytes and its read's
+largest temporary, computed from shapes). `--write` puts the table into docs/performance.md between its markers."""
 from __future__ import annotations
 
 import argparse
@@ -19,6 +19,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -62,22 +63,24 @@ def overhead(times: dict[bool, list[float]]) -> tuple[float, float, float]:
     return tuple(100 * (r - 1) for r in (statistics.median(ratios), low, high))
 
 
-def instructions(index: int, new: int) -> dict[bool, float] | str:
-    """Instructions per decoded token of greedy generate() on bench model `index`, untracked (False) and tracked
-    (True): (I(START + new tokens) - I(START)) / new of each arm, counted by valgrind's cachegrind in four processes
-    (PYTHONHASHSEED=0: a count does not depend on the machine's load); a string: why not counted."""
+def instructions(m: torch.nn.Module, new: int) -> dict[bool, float] | str:
+    """Instructions per decoded token of greedy generate() on `m`, untracked (False) and tracked (True):
+    (I(START + new tokens) - I(START)) / new of each arm, counted by valgrind's cachegrind in four processes that load
+    `m` saved (PYTHONHASHSEED=0: a count does not depend on the machine's load); a string: why not counted."""
     if shutil.which("valgrind") is None:
         return "not counted: no valgrind (apt-get install valgrind)"
     jobs = [(tracked, n) for tracked in (False, True) for n in (START, START + new)]
-    with ThreadPoolExecutor(os.cpu_count()) as pool:
-        counts = dict(zip(jobs, pool.map(lambda job: counted(index, *job), jobs)))
+    with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(os.cpu_count()) as pool:
+        m.save_pretrained(folder)
+        counts = dict(zip(jobs, pool.map(lambda job: counted(folder, *job), jobs)))
     return {t: (counts[t, START + new] - counts[t, START]) / new for t in (False, True)}
 
 
-def counted(index: int, tracked: bool, new: int) -> int:
-    """Instructions of one process that builds bench model `index`, warms up and runs one generate() of `new` tokens."""
+def counted(folder: str, tracked: bool, new: int) -> int:
+    """Instructions of one process that loads the model saved in `folder`, warms up and runs one generate() of `new`
+    tokens."""
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", sys.executable, "-m",
-           "helpers.pipeline.tools.bench", "--child", f"{index},{int(tracked)},{new}"]
+           "helpers.pipeline.tools.bench", "--child", f"{int(tracked)},{new},{folder}"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True,
                           env={**os.environ, "PYTHONHASHSEED": "0"})
     return refs(done.stderr)
@@ -89,13 +92,16 @@ def refs(report: str) -> int:
 
 
 def child(spec: str) -> None:
-    """`--child INDEX,TRACKED,NEW`: what `counted` counts (one thread, the bench's prompt, an 8-token warm-up)."""
-    index, tracked, new = map(int, spec.split(","))
+    """`--child TRACKED,NEW,FOLDER`: what `counted` counts (one thread, the bench's prompt, an 8-token warm-up)."""
+    import transformers
+
+    tracked, new, folder = spec.split(",", 2)
     torch.set_num_threads(1)
-    m = list(models().values())[index][0]()
+    m = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     prompt = torch.randint(10, 2000, (1, 32), generator=torch.Generator().manual_seed(0))
-    decode_seconds(m, prompt, 8, bool(tracked))
-    decode_seconds(m, prompt, new, bool(tracked))
+    decode_seconds(m, prompt, 8, tracked == "1")
+    gc.freeze()  # a full collection's walk over torch's and transformers' objects is not what is counted
+    decode_seconds(m, prompt, int(new), tracked == "1")
 
 
 def sync(device: torch.device) -> None:
@@ -134,6 +140,7 @@ def per_token(m: torch.nn.Module, prompt: torch.Tensor, new: int, runs: int) -> 
     warm-up."""
     decode_seconds(m, prompt, 8, False)
     decode_seconds(m, prompt, 8, True)
+    gc.freeze()  # the heap before the runs: a full collection's walk over it is not what is measured
     times: dict[bool, list[float]] = {False: [], True: []}
     for i in range(runs):
         for tracked in ((False, True) if i % 2 == 0 else (True, False)):
@@ -188,10 +195,11 @@ def table(device: torch.device, new: int, runs: int | None, count_them: bool = T
              f"interleaved pairs of runs in one process (overhead: the median of the pairs' ratios, "
              f"[its 95% interval]), "
              f"{'thread CPU time' if clock(device) is time.thread_time else 'wall time'} (`make bench`).", "",
-             "| model | parameters | pairs | untracked ms/token (median) | tracked ms/token (median) | overhead [95%] | "
+             "| model | parameters | pairs | untracked ms/token (median) | tracked ms/token (median) | "
+             "overhead [95%] | "
              "instructions/token: untracked, tracked | overhead (instructions) | one resume(): extra memory |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for index, (label, (make, pairs)) in enumerate(models().items()):
+    for label, (make, pairs) in models().items():
         m = make().to(device)
         if device.type == "cuda":
             m = m.to(torch.bfloat16)
@@ -200,7 +208,7 @@ def table(device: torch.device, new: int, runs: int | None, count_them: bool = T
         plain, tracked = statistics.median(times[False]), statistics.median(times[True])
         mid, low, high = overhead(times)
         params = sum(p.numel() for p in m.parameters()) / 1e6
-        count = instructions(index, new) if count_them and device.type == "cpu" else "not counted (--no-count, or CUDA)"
+        count = instructions(m, new) if count_them and device.type == "cpu" else "not counted (--no-count, or CUDA)"
         counts = count if isinstance(count, str) else f"{count[False] / 1e6:.3f}M, {count[True] / 1e6:.3f}M"
         extra = "" if isinstance(count, str) else f"{100 * (count[True] / count[False] - 1):+.2f}%"
         lines.append(f"| {label} | {params:.1f}M | {runs or pairs} | {plain:.3f} | {tracked:.3f} | {mid:+.1f}% "
