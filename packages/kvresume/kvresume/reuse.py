@@ -63,9 +63,7 @@ def fresh(model: torch.nn.Module, cache: Any) -> Any:
 def cropped(model: torch.nn.Module, cache: Any, keep: int) -> tuple[Any, int, str]:
     """(the cache holding its first `keep` tokens, keep, "") or, where it cannot be cropped there, (an empty cache, 0,
     why); the crop itself is the cache's own."""
-    if keep >= cache_held(cache)[0]:  # pragma: no mutate - at keep == held `>` goes on to crop_to, which crops nothing
-        return cache, keep, ""
-    try:
+    try:  # (crop_to crops nothing where keep >= what the cache holds)
         return crop_to(cache, keep), keep, ""
     except (RuntimeError, AttributeError, NotImplementedError, ValueError) as exc:
         return fresh(model, cache), 0, f"the cache cannot be cropped to {keep} tokens ({type(exc).__name__}: {exc}); re-prefilled"
@@ -74,10 +72,7 @@ def cropped(model: torch.nn.Module, cache: Any, keep: int) -> tuple[Any, int, st
 def _candidates(kwargs: dict[str, Any]) -> str | None:
     """The candidate-generation argument (assisted decoding, prompt lookup) among the call's, or None."""
     config = kwargs.get("generation_config")
-    for name in CANDIDATES:
-        if kwargs.get(name) is not None or getattr(config, name, None) is not None:
-            return name
-    return None
+    return next((n for n in CANDIDATES if kwargs.get(n) is not None or getattr(config, n, None) is not None), None)
 
 
 def plan(led: Ledger, ids: torch.Tensor, mask: torch.Tensor | None, tokenizer: Any = None,

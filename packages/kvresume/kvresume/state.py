@@ -174,10 +174,9 @@ def save(state: ResumeState, directory: str | Path) -> Path:
 def _read_doc(directory: Path) -> dict[str, Any]:
     """state.json as a dict, or ResumeStateError naming the file."""
     path = directory / JSON_FILE
+    _require(path.is_file(), f"{JSON_FILE}: missing from {directory.name}/ (not a folder written by resume.save())")
     try:
         doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ResumeStateError(f"{JSON_FILE}: missing from {directory.name}/ (not a folder written by resume.save())") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ResumeStateError(f"{JSON_FILE}: unreadable ({type(exc).__name__}: {exc})") from None
     _require(isinstance(doc, dict), f"{JSON_FILE}: top level is a {type(doc).__name__}, not an object")
