@@ -197,14 +197,14 @@ def _positions(model: torch.nn.Module, kept: Ledger, suffix: torch.Tensor, suffi
     """The suffix's positions after the kept slots: text positions (each row's attended tokens counted on), or, where
     new images or videos come with it, the model's own M-RoPE positions of the suffix (get_rope_index from 0) shifted
     to each row's next position."""
-    owner = compat.rope_state_owner(model)
-    grids = {k: kwargs[k] for k in ("image_grid_thw", "video_grid_thw") if kwargs.get(k) is not None}
-    if owner is None or not grids or not hasattr(owner, "get_rope_index"):
-        if kept.positions.shape[0] == 1:
-            return text_positions(kept, suffix_mask)
-        return next_positions(kept, int(suffix.shape[1]))
-    local, _ = images.rope_index(model, suffix, {**kwargs, "attention_mask": torch.ones_like(suffix)})
-    return local + kept.next_positions().view(1, -1, 1).to(local.device)
+    grids = any(kwargs.get(k) is not None for k in ("image_grid_thw", "video_grid_thw"))
+    ones = {**kwargs, "attention_mask": torch.ones_like(suffix)}
+    local = images.rope_index(model, suffix, ones)[0] if grids else None
+    if local is not None:  # (None: no get_rope_index)
+        return local + kept.next_positions().view(1, -1, 1).to(local.device)
+    if kept.positions.shape[0] == 1:
+        return text_positions(kept, suffix_mask)
+    return next_positions(kept, int(suffix.shape[1]))
 
 
 def apply_fix(fix: dict[str, Any], cache: Any, kwargs: dict[str, Any],

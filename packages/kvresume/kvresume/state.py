@@ -185,13 +185,12 @@ def _read_doc(directory: Path) -> dict[str, Any]:
     return doc
 
 
-def _field(doc: dict[str, Any], name: str, kind: type | tuple[type, ...], minimum: int | None = None) -> Any:
+def _field(doc: dict[str, Any], name: str, kind: type, minimum: int | None = None) -> Any:
     """One field of state.json, type-checked (bool is not an int here); ResumeStateError naming it."""
     _require(name in doc, f"{JSON_FILE}: field {name} is missing")
     value = doc[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    _require(isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds), f"{JSON_FILE}: field "
-             f"{name} is {value!r} ({type(value).__name__}), expected {' or '.join(k.__name__ for k in kinds)}")
+    _require(isinstance(value, kind) and not isinstance(value, bool), f"{JSON_FILE}: field {name} is {value!r} "
+             f"({type(value).__name__}), expected {kind.__name__}")
     _require(minimum is None or value >= minimum, f"{JSON_FILE}: field {name} is {value}, must be at least {minimum}")
     return value
 
