@@ -222,7 +222,5 @@ def apply_fix(fix: dict[str, Any], cache: Any, kwargs: dict[str, Any],
         ids, other = fix["call"]
         keep = {k: v for k, v in kwargs.items() if k == "generation_config"}
         out = {**keep, "input_ids": ids, **other}
-    for name in ("attention_mask", "position_ids", "decoder_attention_mask", "decoder_input_ids"):
-        if fix.get(name) is not None:
-            out[name] = fix[name]
-    return cache, out
+    names = ("attention_mask", "position_ids", "decoder_attention_mask", "decoder_input_ids")
+    return cache, {**out, **{name: fix[name] for name in names if fix.get(name) is not None}}
