@@ -43,15 +43,12 @@ def spans(model: torch.nn.Module, kwargs: dict[str, Any], offset: int = 0) -> li
         return None
     config = getattr(model, "config", None)
     merge = int(getattr(getattr(config, "vision_config", None), "spatial_merge_size", 1) or 1)
-    out: list[Span] = []
-    carried = False
+    out: list[Span] | None = None  # None: no kind's pixels carried
     for kind, (pixels_key, grid_key, token_name) in enumerate(KINDS):
         pixels, grid, token = kwargs.get(pixels_key), kwargs.get(grid_key), getattr(config, token_name, None)
-        if not isinstance(pixels, torch.Tensor) or not isinstance(grid, torch.Tensor) or token is None:
-            continue
-        carried = True
-        out += _kind_spans(ids, pixels, grid, int(token), merge, kind, offset)
-    return out if carried else None
+        if isinstance(pixels, torch.Tensor) and isinstance(grid, torch.Tensor) and token is not None:
+            out = [*(out or []), *_kind_spans(ids, pixels, grid, int(token), merge, kind, offset)]
+    return out
 
 
 def _kind_spans(ids: torch.Tensor, pixels: torch.Tensor, grid: torch.Tensor, token: int, merge: int, kind: int,

@@ -262,8 +262,7 @@ def ledger_from_tensors(token_ids: torch.Tensor, positions: torch.Tensor | None 
                         rope_deltas: torch.Tensor | None = None) -> Ledger:
     """A ledger from a rebuilt cache's token ids [batch, slots] and positions ([batch, slots] or [3, batch, slots];
     default 0..slots-1), mask default all ones; no fingerprints (the first tracked write adopts the cache's)."""
-    ids = torch.as_tensor(token_ids, dtype=torch.long)
-    ids = ids.view(1, -1) if ids.dim() == 1 else ids
+    ids = torch.atleast_2d(torch.as_tensor(token_ids, dtype=torch.long))
     if positions is None:
         positions = torch.arange(ids.shape[-1], device=ids.device).expand_as(ids)
     positions = torch.as_tensor(positions, dtype=torch.long)
