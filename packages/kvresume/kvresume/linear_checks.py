@@ -33,11 +33,9 @@ def linear_layers(cache: Any) -> list[Any]:
 def fingerprint(cache: Any) -> torch.Tensor | None:
     """Raw bits of the first FP_VALUES values per row of the last linear layer's recurrent state (a copy, on its
     device: no host sync); None without one. A rolled-back state is a bitwise copy of an earlier one."""
-    for layer in reversed(linear_layers(cache)):
-        states = [s for s in getattr(layer, "recurrent_states", {}).values() if isinstance(s, torch.Tensor) and s.numel()]
-        if states:
-            return bits(states[-1].detach().flatten(1)[:, :FP_VALUES]).clone()
-    return None
+    states = [s for layer in linear_layers(cache) for s in getattr(layer, "recurrent_states", {}).values()
+              if isinstance(s, torch.Tensor) and s.numel()]
+    return bits(states[-1].detach().flatten(1)[:, :FP_VALUES]).clone() if states else None
 
 
 def note_linear(cache: Any, length: int) -> None:

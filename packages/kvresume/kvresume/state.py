@@ -146,9 +146,8 @@ def validate(model: torch.nn.Module, state: ResumeState) -> None:
 def restore(model: torch.nn.Module, state: ResumeState) -> Any:
     """Validate, write the model-side state into `model`, and return a new config-aware DynamicCache."""
     validate(model, state)
-    if ROPE_KEY in state.model_metadata:
-        value = state.model_metadata[ROPE_KEY]
-        compat.set_rope_state(model, None if value is None else value.clone())
+    if ROPE_KEY in state.model_metadata:  # (validated: the model keeps it)
+        compat.put_rope_state(model, state.model_metadata[ROPE_KEY])
     return compat.cache_from_pairs([(k.clone(), v.clone()) for k, v in state.kv], compat.text_config(model.config))
 
 
