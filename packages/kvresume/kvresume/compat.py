@@ -183,7 +183,5 @@ def cache_from_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], config: Any
 
 def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
     """The text model's rotary embedding (the first `rotary_emb` that is not a vision tower's), or None."""
-    for name, module in model.named_modules():
-        if name.endswith("rotary_emb") and "visual" not in name and "Vision" not in type(module).__name__:
-            return module
-    return None
+    return next((module for name, module in model.named_modules() if name.endswith("rotary_emb")
+                 and "visual" not in name and "Vision" not in type(module).__name__), None)

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import compat
+from . import compat, layers
 from .ledger import Ledger, ledger_owner
 
 ATTR = "kv_resume_record"
@@ -128,9 +128,7 @@ def can_crop(cache: Any) -> bool:
         return False
     for layer in compat.cache_layers(ledger_owner(cache)):
         window = getattr(layer, "sliding_window", None)
-        past = getattr(layer, "record_past", True)
-        if isinstance(window, int) and int(layer.get_seq_length()) >= window and not past:
-            return False
-        if isinstance(getattr(layer, "conv_states", None), dict) and not past:
+        full_window = isinstance(window, int) and int(layer.get_seq_length()) >= window
+        if not getattr(layer, "record_past", True) and (full_window or layers.has_linear_state(layer)):
             return False
     return True
