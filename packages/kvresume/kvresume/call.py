@@ -93,9 +93,7 @@ class ResumeCall:
     def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         """Record what generate() gave its first model call (these keyword arguments)."""
         decoder = is_encoder_decoder(model)
-        self.fed = fed_ids(model, kwargs, decoder)[2]
-        ids = kwargs.get("decoder_input_ids" if decoder else "input_ids")
-        self.fed_ids = ids if isinstance(ids, torch.Tensor) else None
+        self.fed_ids, _, self.fed = fed_ids(model, kwargs, decoder)
         self.fed_mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
 
     @property
@@ -139,11 +137,9 @@ def layer_types(model: torch.nn.Module) -> tuple[str, ...]:
 
 def decoder_start(model: torch.nn.Module) -> int | None:
     """The decoder start token id (generation config first, then the model config)."""
-    for source in (getattr(model, "generation_config", None), getattr(model, "config", None)):
-        value = getattr(source, "decoder_start_token_id", None)
-        if isinstance(value, int):
-            return value
-    return None
+    sources = (getattr(model, "generation_config", None), getattr(model, "config", None))
+    values = (getattr(source, "decoder_start_token_id", None) for source in sources)
+    return next((value for value in values if isinstance(value, int)), None)
 
 
 def _call(model: torch.nn.Module, cache: Any, n: int, kwargs: dict[str, Any], decoder: bool,
@@ -167,10 +163,9 @@ def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: d
     given = dict(kwargs)
     if inputs is not None and not decoder:
         given["inputs_embeds" if inputs.is_floating_point() else "input_ids"] = inputs
-    n = fed_ids(model, given, decoder)[2]
+    ids, _, n = fed_ids(model, given, decoder)
     if n is None:
         return None
-    ids = given.get("decoder_input_ids" if decoder else "input_ids")
     return _call(model, cache, n, kwargs, decoder, ids, *processed(processed_length))
 
 

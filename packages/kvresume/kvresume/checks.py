@@ -73,17 +73,16 @@ def nothing_fed(call: ResumeCall) -> None:
     past, _ = call.lengths
     mask, n = call.mask2d(), call.n
     if mask is None and call.attention_mask is None:
-        raise refuse("nothing_fed", f"no attention_mask: the cache holds {past} tokens and input_ids {n}; generate() "
-                     f"reads input_ids as the whole sequence and slices off its first {past} tokens, so no token "
-                     f"reaches the model. Pass attention_mask with {past + n} columns (cached + suffix)",
-                     attention_mask=_ones(call, past + n))
-    if mask is not None and int(mask.shape[-1]) == n:
-        raise refuse("nothing_fed", f"attention_mask covers only the suffix ({n} columns) while the cache holds {past} "
-                     f"tokens: pass the full mask of {past + n} columns (the cached prefix's mask + the suffix's)",
-                     attention_mask=_ones(call, past + n))
-    raise refuse("nothing_fed", f"generate() feeds the model none of the {n} tokens given beside a cache of {past}: "
-                 f"pass the suffix with an attention_mask of {past + n} columns (cached + suffix)",
-                 attention_mask=_ones(call, past + n))
+        why = (f"no attention_mask: the cache holds {past} tokens and input_ids {n}; generate() reads input_ids as the "
+               f"whole sequence and slices off its first {past} tokens, so no token reaches the model. Pass "
+               f"attention_mask with {past + n} columns (cached + suffix)")
+    elif mask is not None and int(mask.shape[-1]) == n:
+        why = (f"attention_mask covers only the suffix ({n} columns) while the cache holds {past} tokens: pass the "
+               f"full mask of {past + n} columns (the cached prefix's mask + the suffix's)")
+    else:
+        why = (f"generate() feeds the model none of the {n} tokens given beside a cache of {past}: pass the suffix "
+               f"with an attention_mask of {past + n} columns (cached + suffix)")
+    raise refuse("nothing_fed", why, attention_mask=_ones(call, past + n))
 
 
 def fed_neither(call: ResumeCall) -> None:

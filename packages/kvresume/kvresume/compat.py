@@ -35,20 +35,14 @@ def cache_kwarg(model: torch.nn.Module) -> str:
 
 def cache_from_kwargs(kwargs: dict[str, Any]) -> Any:
     """The cache object inside a forward call's kwargs, whatever the release calls it."""
-    for name in ("past_key_values", "cache"):
-        if kwargs.get(name) is not None:
-            return kwargs[name]
-    return None
+    return next((kwargs[name] for name in ("past_key_values", "cache") if kwargs.get(name) is not None), None)
 
 
 def output_cache(output: Any) -> Any:
     """The cache returned by a forward call (`past_key_values`, later `cache`, which is asked first so
     that newer releases do not warn about the deprecated name)."""
-    for name in ("cache", "past_key_values"):
-        value = getattr(output, name, None)
-        if value is not None:
-            return value
-    return None
+    values = (getattr(output, name, None) for name in ("cache", "past_key_values"))
+    return next((value for value in values if value is not None), None)
 
 
 def generate_logits(output: Any) -> tuple[torch.Tensor, ...]:
@@ -84,7 +78,7 @@ def dynamic_cache_from_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], con
 
 def dynamic_cache(config: Any | None = None, **kwargs: Any) -> DynamicCache:
     """An empty DynamicCache, config-aware when a config is given."""
-    return DynamicCache(config=config, **kwargs) if config is not None else DynamicCache(**kwargs)
+    return DynamicCache(config=config, **kwargs)
 
 
 def text_config(config: Any) -> Any:
@@ -100,10 +94,8 @@ ROPE_STATE_ATTR = "rope_deltas"
 
 def rope_state_owner(model: torch.nn.Module) -> torch.nn.Module | None:
     """The module that keeps the multimodal position state (`rope_deltas`), or None for text-only models."""
-    for candidate in (getattr(model, "model", None), getattr(model, "base_model", None), model):
-        if candidate is not None and hasattr(candidate, ROPE_STATE_ATTR):
-            return candidate
-    return None
+    candidates = (getattr(model, "model", None), getattr(model, "base_model", None), model)
+    return next((c for c in candidates if c is not None and hasattr(c, ROPE_STATE_ATTR)), None)
 
 
 def get_rope_state(model: torch.nn.Module) -> torch.Tensor | None:
@@ -147,7 +139,6 @@ def describe_release() -> dict[str, Any]:
     }
 
 
-
 # the name under which `generate()` takes a starting cache: it follows the forward signature (`generate()` itself
 # takes **kwargs; 5.24 deprecates `past_key_values` there in favour of `cache`)
 generate_cache_kwarg = cache_kwarg
@@ -179,11 +170,7 @@ def kv_geometry(text: Any) -> tuple[int, int]:
 
 def kv_pairs(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Detached clones of every layer's (keys, values)."""
-    pairs = []
-    for layer in cache_layers(cache):
-        keys, values = layer_kv(layer)
-        pairs.append((keys.detach().clone(), values.detach().clone()))
-    return pairs
+    return [(keys.detach().clone(), values.detach().clone()) for keys, values in map(layer_kv, cache_layers(cache))]
 
 
 def cache_from_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], config: Any | None = None) -> DynamicCache:
@@ -196,7 +183,5 @@ def cache_from_pairs(pairs: list[tuple[torch.Tensor, torch.Tensor]], config: Any
 
 def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
     """The text model's rotary embedding (the first `rotary_emb` that is not a vision tower's), or None."""
-    for name, module in model.named_modules():
-        if name.endswith("rotary_emb") and "visual" not in name and "Vision" not in type(module).__name__:
-            return module
-    return None
+    return next((module for name, module in model.named_modules() if name.endswith("rotary_emb")
+                 and "visual" not in name and "Vision" not in type(module).__name__), None)

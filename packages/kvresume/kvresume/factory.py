@@ -65,17 +65,13 @@ def _check_linear(i: int, pair: Any, states: LinearStates | None) -> None:
 
 def _check_common(checked: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
     """dtype, device and batch size agree across the attention layers."""
-    if not checked:
-        return
-    first = min(checked)
-    k0, _ = checked[first]
+    first = min(checked, default=None)
     for i, (keys, _) in sorted(checked.items()):
-        if keys.dtype != k0.dtype:
-            raise FactoryError(f"layer {i}: dtype {keys.dtype}, layer {first} is {k0.dtype} (one dtype across layers)")
-        if keys.device != k0.device:
-            raise FactoryError(f"layer {i}: device {keys.device}, layer {first} is on {k0.device} (one device across layers)")
-        if int(keys.shape[0]) != int(k0.shape[0]):
-            raise FactoryError(f"layer {i}: batch size {keys.shape[0]}, layer {first} has {k0.shape[0]}")
+        k0 = checked[first][0]
+        for what, got, want in (("dtype", keys.dtype, k0.dtype), ("device", keys.device, k0.device),
+                                ("batch size", int(keys.shape[0]), int(k0.shape[0]))):
+            if got != want:
+                raise FactoryError(f"layer {i}: {what} {got}, layer {first} has {want}")
 
 
 def _check_lengths(text: Any, types: list[str], checked: dict[int, tuple[torch.Tensor, torch.Tensor]],

@@ -39,19 +39,19 @@ class Span:
 def spans(model: torch.nn.Module, kwargs: dict[str, Any], offset: int = 0) -> list[Span] | None:
     """The images a call's ids and pixels place (slots counted from `offset`); None where the call carries none."""
     ids = kwargs.get("input_ids")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or all(kwargs.get(kind[0]) is None for kind in KINDS):
         return None
     config = getattr(model, "config", None)
     merge = int(getattr(getattr(config, "vision_config", None), "spatial_merge_size", 1) or 1)
-    out: list[Span] = []
-    carried = False
+    out: list[Span] | None = None  # None: no kind's pixels carried
     for kind, (pixels_key, grid_key, token_name) in enumerate(KINDS):
         pixels, grid, token = kwargs.get(pixels_key), kwargs.get(grid_key), getattr(config, token_name, None)
-        if not isinstance(pixels, torch.Tensor) or not isinstance(grid, torch.Tensor) or token is None:
-            continue
-        carried = True
-        out += _kind_spans(ids, pixels, grid, int(token), merge, kind, offset)
-    return out if carried else None
+        if isinstance(pixels, torch.Tensor) and isinstance(grid, torch.Tensor) and token is not None:
+            out = [*(out or []), *_kind_spans(ids, pixels, grid, int(token), merge, kind, offset)]
+    return out
+
+
+note = spans  # at a tracked call's start: the images it writes after `past` cached slots (None: no pixels)
 
 
 def _kind_spans(ids: torch.Tensor, pixels: torch.Tensor, grid: torch.Tensor, token: int, merge: int, kind: int,
@@ -73,13 +73,6 @@ def _kind_spans(ids: torch.Tensor, pixels: torch.Tensor, grid: torch.Tensor, tok
             taken += tokens[image]
             image += 1
     return out
-
-
-def note(model: torch.nn.Module, kwargs: dict[str, Any], past: int) -> list[Span] | None:
-    """At a tracked call's start: the images it writes after `past` cached slots (None: no pixels in the call)."""
-    if kwargs.get("pixel_values") is None and kwargs.get("pixel_values_videos") is None:
-        return None
-    return spans(model, kwargs, past)
 
 
 def attach(cache: Any, past: int, written: list[Span] | None) -> None:

@@ -69,25 +69,24 @@ def copy_processed_length(source: Any, target: Any) -> None:
         target.cumulative_length = value.clone() if isinstance(value, torch.Tensor) else int(value)
 
 
+def _equal(x: Any, y: Any) -> bool:
+    """Both None, or tensors of one shape, bitwise equal."""
+    if x is None or y is None:
+        return x is None and y is None
+    return x.shape == y.shape and torch.equal(x, y)
+
+
 def layer_state_equal(a: Any, b: Any) -> bool:
     """Same layer class, K/V bits, reported length, linear states (bitwise) and linear token count where kept."""
-    if type(a) is not type(b) or layer_length(a) != layer_length(b):
+    if type(a) is not type(b) or layer_length(a) != layer_length(b) or has_kv(a) != has_kv(b):
         return False
-    if has_kv(a) != has_kv(b) or (has_kv(a) and not (torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values))):
+    if has_kv(a) and not (_equal(a.keys, b.keys) and _equal(a.values, b.values)):
         return False
-    if has_linear_state(a):
-        own_a, own_b = (getattr(x, compat.LINEAR_LENGTH_ATTR, None) for x in (a, b))  # 5.25.0+: the layer's own count
-        if (own_a is None) != (own_b is None) or (own_a is not None and int(own_a) != int(own_b)):
-            return False
-        for name in ("conv_states", "recurrent_states"):
-            sa, sb = getattr(a, name), getattr(b, name)
-            if sa.keys() != sb.keys():
-                return False
-            for k in sa:
-                x, y = sa[k], sb[k]
-                if (x is None) != (y is None) or (x is not None and not (x.shape == y.shape and torch.equal(x, y))):
-                    return False
-    return True
+    if not has_linear_state(a):
+        return True
+    own = (getattr(x, compat.LINEAR_LENGTH_ATTR, None) for x in (a, b))  # 5.25.0+: the layer's own count
+    states = [(getattr(a, n), getattr(b, n)) for n in ("conv_states", "recurrent_states")]
+    return _equal(*own) and all(sa.keys() == sb.keys() and all(_equal(sa[k], sb[k]) for k in sa) for sa, sb in states)
 
 
 def cache_state_equal(a: Any, b: Any) -> bool:

@@ -16,6 +16,7 @@ An eviction keeps the retained slots' entries (`keep_slots`).
 from __future__ import annotations
 
 import copy
+import itertools
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -79,11 +80,6 @@ class Ledger:
                        rope_deltas=_deltas(self, i[:, -1]) if i.shape[-1] else self.rope_deltas,
                        prints=None if p is None else p.gather(0, index.unsqueeze(-1).expand(*index.shape, p.shape[-1])))
 
-    def append(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
-               rope_deltas: torch.Tensor | None, prints: torch.Tensor | None = None) -> "Ledger":
-        """This ledger with f more slots written (ids [batch, f], positions [rows, batch, f], mask [batch, f])."""
-        return joined([self, Ledger(ids, positions, mask, rope_deltas, prints, self.layer)])
-
     def next_positions(self) -> torch.Tensor:
         """Per row, the position the next token continues at: 1 + the last slot's position (its largest M-RoPE row)."""
         return self.positions[..., -1].amax(0) + 1
@@ -115,16 +111,9 @@ def _rows(positions: torch.Tensor, rows: int) -> torch.Tensor:
 def _entries(parts: list[Any]) -> list[Ledger]:
     """Ledgers as they are; each run of tracked writes (kvresume.writes.Write) made into one ledger now."""
     out: list[Ledger] = []
-    run: list[Any] = []
-    for p in [*parts, None]:
-        if p is not None and not isinstance(p, Ledger):
-            run.append(p)
-            continue
-        if run:
-            out.append(type(run[0]).bulk(run))
-            run = []
-        if p is not None:
-            out.append(p)
+    for is_ledger, group in itertools.groupby(parts, key=lambda p: isinstance(p, Ledger)):
+        run = list(group)
+        out += run if is_ledger else [type(run[0]).bulk(run)]
     return out
 
 
@@ -155,12 +144,8 @@ def ledger_owner(cache: Any) -> Any:
 def cache_held(cache: Any) -> tuple[int, int | None]:
     """(tokens the cache reports, its batch size or None where no layer holds K/V yet)."""
     cache = ledger_owner(cache)
-    batch = None
-    for layer in getattr(cache, "layers", []):
-        keys = getattr(layer, "keys", None)
-        if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.numel():
-            batch = int(keys.shape[0])
-            break
+    keys = (getattr(layer, "keys", None) for layer in getattr(cache, "layers", []))
+    batch = next((int(k.shape[0]) for k in keys if isinstance(k, torch.Tensor) and k.dim() == 4 and k.numel()), None)
     return int(cache.get_seq_length()), batch
 
 
@@ -277,8 +262,7 @@ def ledger_from_tensors(token_ids: torch.Tensor, positions: torch.Tensor | None 
                         rope_deltas: torch.Tensor | None = None) -> Ledger:
     """A ledger from a rebuilt cache's token ids [batch, slots] and positions ([batch, slots] or [3, batch, slots];
     default 0..slots-1), mask default all ones; no fingerprints (the first tracked write adopts the cache's)."""
-    ids = torch.as_tensor(token_ids, dtype=torch.long)
-    ids = ids.view(1, -1) if ids.dim() == 1 else ids
+    ids = torch.atleast_2d(torch.as_tensor(token_ids, dtype=torch.long))
     if positions is None:
         positions = torch.arange(ids.shape[-1], device=ids.device).expand_as(ids)
     positions = torch.as_tensor(positions, dtype=torch.long)

@@ -11,13 +11,12 @@ layers' (a hybrid rebuilt by hand: the conv width, 4), where generate() would re
 from __future__ import annotations
 
 import copy
-import inspect
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from . import compat
+from . import compat, layers
 from .call import ResumeCall, refuse
 from .fingerprint import bits
 from .ledger import ledger_owner
@@ -28,17 +27,15 @@ FP_VALUES = 16  # recurrent-state values per row in a fingerprint
 
 
 def linear_layers(cache: Any) -> list[Any]:
-    return [l for l in compat.cache_layers(ledger_owner(cache)) if isinstance(getattr(l, "conv_states", None), dict)]
+    return [l for l in compat.cache_layers(ledger_owner(cache)) if layers.has_linear_state(l)]
 
 
 def fingerprint(cache: Any) -> torch.Tensor | None:
     """Raw bits of the first FP_VALUES values per row of the last linear layer's recurrent state (a copy, on its
     device: no host sync); None without one. A rolled-back state is a bitwise copy of an earlier one."""
-    for layer in reversed(linear_layers(cache)):
-        states = [s for s in getattr(layer, "recurrent_states", {}).values() if isinstance(s, torch.Tensor) and s.numel()]
-        if states:
-            return bits(states[-1].detach().flatten(1)[:, :FP_VALUES]).clone()
-    return None
+    states = [s for layer in linear_layers(cache) for s in getattr(layer, "recurrent_states", {}).values()
+              if isinstance(s, torch.Tensor) and s.numel()]
+    return bits(states[-1].detach().flatten(1)[:, :FP_VALUES]).clone() if states else None
 
 
 def note_linear(cache: Any, length: int) -> None:
@@ -61,8 +58,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def _keeps_history() -> bool:
     """This release's activate_past_recording takes recurrent_states_to_keep (5.25.0+)."""
-    method = getattr(DynamicCache, "activate_past_recording", None)
-    return method is not None and "recurrent_states_to_keep" in inspect.signature(method).parameters
+    return compat.accepts(getattr(DynamicCache, "activate_past_recording", None), "recurrent_states_to_keep")
 
 
 def stale_length(marks: list[tuple[int, Any]], now: Any, held: int) -> int | None:

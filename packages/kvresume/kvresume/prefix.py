@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
-from . import compat
+from . import compat, layers
 from .ledger import Ledger, ledger_owner
 
 ATTR = "kv_resume_record"
@@ -44,15 +44,10 @@ def misplaced(led: Ledger) -> int | None:
     cache written at stuck positions); None where every row increases. M-RoPE ledgers are not read (None)."""
     if led.positions.shape[0] != 1 or led.length == 0:
         return None
-    first = None
-    for row in range(led.batch):
-        real = (led.mask[row] != 0).nonzero().flatten()
-        pos = led.positions[0, row, real]
-        bad = (pos[1:] <= pos[:-1]).nonzero().flatten()
-        if bad.numel():
-            slot = int(real[int(bad[0]) + 1])
-            first = slot if first is None else min(first, slot)
-    return first
+    real = led.mask != 0
+    pos = led.positions[0].masked_fill(~real, -1)  # (padding never raises the running maximum)
+    bad = (real[:, 1:] & (pos[:, 1:] <= pos.cummax(-1).values[:, :-1])).any(0).nonzero()
+    return int(bad[0]) + 1 if bad.numel() else None
 
 
 def reusable(led: Ledger, ids: torch.Tensor, mask: torch.Tensor | None) -> int:
@@ -133,9 +128,7 @@ def can_crop(cache: Any) -> bool:
         return False
     for layer in compat.cache_layers(ledger_owner(cache)):
         window = getattr(layer, "sliding_window", None)
-        past = getattr(layer, "record_past", True)
-        if isinstance(window, int) and int(layer.get_seq_length()) >= window and not past:
-            return False
-        if isinstance(getattr(layer, "conv_states", None), dict) and not past:
+        full_window = isinstance(window, int) and int(layer.get_seq_length()) >= window
+        if not getattr(layer, "record_past", True) and (full_window or layers.has_linear_state(layer)):
             return False
     return True

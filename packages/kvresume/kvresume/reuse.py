@@ -63,9 +63,7 @@ def fresh(model: torch.nn.Module, cache: Any) -> Any:
 def cropped(model: torch.nn.Module, cache: Any, keep: int) -> tuple[Any, int, str]:
     """(the cache holding its first `keep` tokens, keep, "") or, where it cannot be cropped there, (an empty cache, 0,
     why); the crop itself is the cache's own."""
-    if keep >= cache_held(cache)[0]:  # pragma: no mutate - at keep == held `>` goes on to crop_to, which crops nothing
-        return cache, keep, ""
-    try:
+    try:  # (crop_to crops nothing where keep >= what the cache holds)
         return crop_to(cache, keep), keep, ""
     except (RuntimeError, AttributeError, NotImplementedError, ValueError) as exc:
         return fresh(model, cache), 0, f"the cache cannot be cropped to {keep} tokens ({type(exc).__name__}: {exc}); re-prefilled"
@@ -74,10 +72,7 @@ def cropped(model: torch.nn.Module, cache: Any, keep: int) -> tuple[Any, int, st
 def _candidates(kwargs: dict[str, Any]) -> str | None:
     """The candidate-generation argument (assisted decoding, prompt lookup) among the call's, or None."""
     config = kwargs.get("generation_config")
-    for name in CANDIDATES:
-        if kwargs.get(name) is not None or getattr(config, name, None) is not None:
-            return name
-    return None
+    return next((n for n in CANDIDATES if kwargs.get(n) is not None or getattr(config, n, None) is not None), None)
 
 
 def plan(led: Ledger, ids: torch.Tensor, mask: torch.Tensor | None, tokenizer: Any = None,
@@ -202,14 +197,14 @@ def _positions(model: torch.nn.Module, kept: Ledger, suffix: torch.Tensor, suffi
     """The suffix's positions after the kept slots: text positions (each row's attended tokens counted on), or, where
     new images or videos come with it, the model's own M-RoPE positions of the suffix (get_rope_index from 0) shifted
     to each row's next position."""
-    owner = compat.rope_state_owner(model)
-    grids = {k: kwargs[k] for k in ("image_grid_thw", "video_grid_thw") if kwargs.get(k) is not None}
-    if owner is None or not grids or not hasattr(owner, "get_rope_index"):
-        if kept.positions.shape[0] == 1:
-            return text_positions(kept, suffix_mask)
-        return next_positions(kept, int(suffix.shape[1]))
-    local, _ = images.rope_index(model, suffix, {**kwargs, "attention_mask": torch.ones_like(suffix)})
-    return local + kept.next_positions().view(1, -1, 1).to(local.device)
+    grids = any(kwargs.get(k) is not None for k in ("image_grid_thw", "video_grid_thw"))
+    ones = {**kwargs, "attention_mask": torch.ones_like(suffix)}
+    local = images.rope_index(model, suffix, ones)[0] if grids else None
+    if local is not None:  # (None: no get_rope_index)
+        return local + kept.next_positions().view(1, -1, 1).to(local.device)
+    if kept.positions.shape[0] == 1:
+        return text_positions(kept, suffix_mask)
+    return next_positions(kept, int(suffix.shape[1]))
 
 
 def apply_fix(fix: dict[str, Any], cache: Any, kwargs: dict[str, Any],
@@ -227,7 +222,5 @@ def apply_fix(fix: dict[str, Any], cache: Any, kwargs: dict[str, Any],
         ids, other = fix["call"]
         keep = {k: v for k, v in kwargs.items() if k == "generation_config"}
         out = {**keep, "input_ids": ids, **other}
-    for name in ("attention_mask", "position_ids", "decoder_attention_mask", "decoder_input_ids"):
-        if fix.get(name) is not None:
-            out[name] = fix[name]
-    return cache, out
+    names = ("attention_mask", "position_ids", "decoder_attention_mask", "decoder_input_ids")
+    return cache, {**out, **{name: fix[name] for name in names if fix.get(name) is not None}}

@@ -29,14 +29,8 @@ def prefix_lengths(led: Ledger, ids: torch.Tensor) -> torch.Tensor:
 def _selected(cache: Any, rows: list[int]) -> Any:
     """A copy of the cache holding these rows, in this order (its ledger follows by fingerprint)."""
     out = copy.deepcopy(cache)
-    out.batch_select_indices(torch.tensor(rows, dtype=torch.long, device=_device(out)))
+    out.batch_select_indices(torch.tensor(rows, dtype=torch.long))  # (a host index selects rows on any device)
     return out
-
-
-def _device(cache: Any) -> Any:
-    owner = getattr(cache, "self_attention_cache", None) or cache
-    keys = [l.keys for l in getattr(owner, "layers", []) if isinstance(getattr(l, "keys", None), torch.Tensor)]
-    return keys[0].device if keys else "cpu"
 
 
 def ledger_rows(call: ResumeCall) -> None:

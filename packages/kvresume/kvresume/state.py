@@ -146,9 +146,8 @@ def validate(model: torch.nn.Module, state: ResumeState) -> None:
 def restore(model: torch.nn.Module, state: ResumeState) -> Any:
     """Validate, write the model-side state into `model`, and return a new config-aware DynamicCache."""
     validate(model, state)
-    if ROPE_KEY in state.model_metadata:
-        value = state.model_metadata[ROPE_KEY]
-        compat.set_rope_state(model, None if value is None else value.clone())
+    if ROPE_KEY in state.model_metadata:  # (validated: the model keeps it)
+        compat.put_rope_state(model, state.model_metadata[ROPE_KEY])
     return compat.cache_from_pairs([(k.clone(), v.clone()) for k, v in state.kv], compat.text_config(model.config))
 
 
@@ -174,10 +173,9 @@ def save(state: ResumeState, directory: str | Path) -> Path:
 def _read_doc(directory: Path) -> dict[str, Any]:
     """state.json as a dict, or ResumeStateError naming the file."""
     path = directory / JSON_FILE
+    _require(path.is_file(), f"{JSON_FILE}: missing from {directory.name}/ (not a folder written by resume.save())")
     try:
         doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ResumeStateError(f"{JSON_FILE}: missing from {directory.name}/ (not a folder written by resume.save())") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ResumeStateError(f"{JSON_FILE}: unreadable ({type(exc).__name__}: {exc})") from None
     _require(isinstance(doc, dict), f"{JSON_FILE}: top level is a {type(doc).__name__}, not an object")
@@ -186,13 +184,12 @@ def _read_doc(directory: Path) -> dict[str, Any]:
     return doc
 
 
-def _field(doc: dict[str, Any], name: str, kind: type | tuple[type, ...], minimum: int | None = None) -> Any:
+def _field(doc: dict[str, Any], name: str, kind: type, minimum: int | None = None) -> Any:
     """One field of state.json, type-checked (bool is not an int here); ResumeStateError naming it."""
     _require(name in doc, f"{JSON_FILE}: field {name} is missing")
     value = doc[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    _require(isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds), f"{JSON_FILE}: field "
-             f"{name} is {value!r} ({type(value).__name__}), expected {' or '.join(k.__name__ for k in kinds)}")
+    _require(isinstance(value, kind) and not isinstance(value, bool), f"{JSON_FILE}: field {name} is {value!r} "
+             f"({type(value).__name__}), expected {kind.__name__}")
     _require(minimum is None or value >= minimum, f"{JSON_FILE}: field {name} is {value}, must be at least {minimum}")
     return value
 

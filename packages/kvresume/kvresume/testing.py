@@ -14,7 +14,7 @@ import torch
 import transformers
 from transformers import DynamicCache, GenerationConfig
 
-from . import compat
+from . import compat, images, layers
 
 MARGIN, MIN_FLOOR = 4.0, 1e-5
 IMAGE_TOKEN, VISION_START, VISION_END = 2000, 2002, 2003
@@ -158,8 +158,7 @@ def rebuild_update(cache: Any, cfg: Any | None = None) -> DynamicCache:
     for i, layer in enumerate(cache.layers):
         if isinstance(getattr(layer, "keys", None), torch.Tensor):
             new.update(layer.keys.clone(), layer.values.clone(), i)
-            if hasattr(layer, "cumulative_length") and hasattr(new.layers[i], "cumulative_length"):
-                new.layers[i].cumulative_length = layer.cumulative_length
+            layers.copy_processed_length(layer, new.layers[i])
     return new
 
 
@@ -169,7 +168,6 @@ def text_positions(m: torch.nn.Module, position: int) -> torch.Tensor:
     if deltas is None:
         return torch.tensor([[position]])
     return torch.full((3, 1, 1), position) + deltas.view(1, -1, 1)
-
 
 
 # --- a second chat turn with a new image (Qwen3-VL), resumed from the first turn's cache -------------------------
@@ -222,10 +220,7 @@ def second_turn_kwargs(m: torch.nn.Module, text_only: bool = False) -> dict[str,
 def second_turn_positions(m: torch.nn.Module) -> torch.Tensor:
     """Turn 2's position ids, 4 rows (the sequence index over t, h, w): the model's get_rope_index over both turns'
     ids and grids, sliced to turn 2."""
-    full, owner = both_turns(), getattr(m, "model", m)
-    kwargs = {"image_grid_thw": full["image_grid_thw"], "attention_mask": full["attention_mask"]}
-    if "mm_token_type_ids" in full and compat.accepts(owner.get_rope_index, "mm_token_type_ids"):
-        kwargs["mm_token_type_ids"] = full["mm_token_type_ids"]
-    positions, _ = owner.get_rope_index(full["input_ids"], **kwargs)
+    full = both_turns()
+    positions, _ = images.rope_index(m, full["input_ids"], full)
     past, n = prompt("multimodal")["input_ids"].shape[1], full["input_ids"].shape[1]
     return torch.cat([torch.arange(past, n).view(1, 1, -1), positions[:, :, past:]])

@@ -66,15 +66,15 @@ def test_gather_takes_each_slot_from_the_row_given_and_the_last_slot_s_rope_delt
     assert led(prints=None).gather(index).prints is None
 
 
-def test_append_joins_text_rows_under_m_rope_rows_and_keeps_prints_only_where_all_have_them():
+def test_joined_puts_text_rows_under_m_rope_rows_and_keeps_prints_only_where_all_have_them():
     three = Ledger(IDS[:, :2].clone(), torch.stack([POS[0, :, :2]] * 3) + torch.tensor([0, 5, 9]).view(3, 1, 1),
                    MASK[:, :2].clone(), torch.tensor([[1], [2]]), PRINTS[:, :2].clone(), 3)
-    b = three.append(IDS[:, 2:], POS[..., 2:], MASK[:, 2:], torch.tensor([[3], [4]]), PRINTS[:, 2:])
+    b = joined([three, Ledger(IDS[:, 2:], POS[..., 2:], MASK[:, 2:], torch.tensor([[3], [4]]), PRINTS[:, 2:], 3)])
     assert b.token_ids.tolist() == IDS.tolist() and b.mask.tolist() == MASK.tolist() and b.layer == 3
     assert b.positions.tolist() == [[[0, 1, 2, 3], [0, 0, 1, 2]], [[5, 6, 2, 3], [5, 5, 1, 2]], [[9, 10, 2, 3], [9, 9, 1, 2]]]
     assert b.rope_deltas.tolist() == [[3], [4]] and b.prints.tolist() == PRINTS.tolist()
-    assert three.append(IDS[:, 2:], POS[..., 2:], MASK[:, 2:], None).prints is None
-    text = led().first(2).append(IDS[:, 2:], POS[..., 2:], MASK[:, 2:], None, PRINTS[:, 2:])
+    assert joined([three, Ledger(IDS[:, 2:], POS[..., 2:], MASK[:, 2:])]).prints is None
+    text = joined([led().first(2), Ledger(IDS[:, 2:], POS[..., 2:], MASK[:, 2:], None, PRINTS[:, 2:])])
     assert text.positions.tolist() == POS.tolist() and text.prints.tolist() == PRINTS.tolist()
 
 
