@@ -29,6 +29,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "performance.md"
+THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # no pool thread spinning while counted
 START = 1  # the short counted run's new tokens: (I(START + new) - I(START)) / new is what the `new` decode steps cost
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
@@ -66,7 +67,8 @@ def overhead(times: dict[bool, list[float]]) -> tuple[float, float, float]:
 def instructions(m: torch.nn.Module, new: int) -> dict[bool, float] | str:
     """Instructions per decoded token of greedy generate() on `m`, untracked (False) and tracked (True):
     (I(START + new tokens) - I(START)) / new of each arm, counted by valgrind's cachegrind in four processes that load
-    `m` saved (PYTHONHASHSEED=0: a count does not depend on the machine's load); a string: why not counted."""
+    `m` saved (one thread per pool, PYTHONHASHSEED=0: a count does not depend on the machine's load); a string: why
+    not counted."""
     if shutil.which("valgrind") is None:
         return "not counted: no valgrind (apt-get install valgrind)"
     jobs = [(tracked, n) for tracked in (False, True) for n in (START, START + new)]
@@ -82,7 +84,7 @@ def counted(folder: str, tracked: bool, new: int) -> int:
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", sys.executable, "-m",
            "helpers.pipeline.tools.bench", "--child", f"{int(tracked)},{new},{folder}"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True,
-                          env={**os.environ, "PYTHONHASHSEED": "0"})
+                          env={**os.environ, "PYTHONHASHSEED": "0", **dict.fromkeys(THREADS, "1")})
     return refs(done.stderr)
 
 
