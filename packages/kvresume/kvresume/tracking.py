@@ -28,9 +28,8 @@ from . import images
 from .call import fed_ids, is_encoder_decoder  # (fed_ids: the tests' import)
 from .linear_checks import linear_layers, note_linear
 from .fingerprint import grown_layer, known_layer, slot_prints, unfollowed, window_prints, window_start
-from . import writes
 from .writes import Write, add_chunk, as_rows  # (as_rows: the guard's import)
-from .ledger import attach_ledger, cache_held, ledger_owner, stored_ledger
+from .ledger import attach_ledger, cache_held, ledger_owner
 from .steps import continued, started
 
 HANDLE_ATTR = "_kv_ledger_tracker"
@@ -210,11 +209,8 @@ def _appended(tracker: Tracker, pending: _Pending) -> bool:
     past, f, tail, keys = pending.past, pending.f, pending.tail, pending.grown.keys
     if keys.shape[-2] - past != f or tail.length != past:
         return False
-    tail.chunks.append(Write(pending.ids, pending.positions, pending.mask, keys.narrow_copy(-2, past, f),
-                             pending.layer, _state(tracker), past, pending.batch, f, True))
-    tail.length += f
-    if len(tail.chunks) >= writes.FOLD:
-        stored_ledger(pending.cache)
+    tail.add(pending.cache, Write(pending.ids, pending.positions, pending.mask, keys.narrow_copy(-2, past, f),
+                                  pending.layer, _state(tracker), past, pending.batch, f, True))
     if tracker.linear:
         note_linear(pending.cache, past + f)
     return True

@@ -169,6 +169,15 @@ class Tail:
     layer: int | None = None
     grown: Any = None
 
+    def add(self, cache: Any, chunk: Any) -> bool:
+        """Append one write of `cache`'s ledger rows; every FOLD writes they are folded into its ledger (True)."""
+        self.chunks.append(chunk)
+        self.length += chunk.length
+        if len(self.chunks) < FOLD:
+            return False
+        stored_ledger(cache)
+        return True
+
     def __deepcopy__(self, memo: dict) -> "Tail":
         """A copy holding the folded ledger (a copy of each write's ids and mask views would copy the whole tensors
         they view)."""
@@ -198,9 +207,4 @@ def add_chunk(cache: Any, chunk: Any) -> Tail | None:
         base = owner.__dict__.get(ATTR)
         tail = Tail([base] if base is not None else [], base.length if base is not None else 0, chunk.batch)
         owner.__dict__[TAIL] = tail
-    tail.chunks.append(chunk)
-    tail.length += chunk.length
-    if len(tail.chunks) >= FOLD:
-        stored_ledger(cache)
-        return None
-    return tail
+    return None if tail.add(cache, chunk) else tail
