@@ -16,7 +16,6 @@ An eviction keeps the retained slots' entries (`keep_slots`).
 from __future__ import annotations
 
 import copy
-import itertools
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
@@ -108,18 +107,9 @@ def _rows(positions: torch.Tensor, rows: int) -> torch.Tensor:
     return positions if positions.shape[0] == rows else positions[:1].expand(rows, *positions.shape[1:])
 
 
-def _entries(parts: list[Any]) -> list[Ledger]:
-    """Ledgers as they are; each run of tracked writes (kvresume.writes.Write) made into one ledger now."""
-    out: list[Ledger] = []
-    for is_ledger, group in itertools.groupby(parts, key=lambda p: isinstance(p, Ledger)):
-        run = list(group)
-        out += run if is_ledger else [type(run[0]).bulk(run)]
-    return out
-
-
 def joined(parts: list[Any]) -> Ledger:
     """The ledgers' slots one after another (same batch); the last one's rope_deltas; prints where all have them."""
-    parts = _entries(parts)
+    parts = [p if isinstance(p, Ledger) else p.ledger() for p in parts]  # tracked writes (kvresume.writes) made now
     parts = [p for p in parts if p.token_ids.shape[-1]] or parts[-1:]
     top = max(p.positions.shape[0] for p in parts)
     positions = [_rows(p.positions, top) for p in parts]

@@ -1,6 +1,7 @@
 """Where a tracked forward call's write starts: the slots the cache holds before it, the fingerprint layer, and the
 stored ledger fitted to the cache (kvresume.tracking's pre-hook). A decode step that continues the last tracked write
-(`continued`) is told from a few attribute reads; anything else goes through `started`. No host sync.
+(`continued`) is told from a few attribute reads; a text model's (`decode_step`) is then read from its kwargs alone and
+recorded as one copy of its written keys (`record_step`); anything else goes through `started`. No host sync.
 """
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 import torch
 
+from .images import KINDS
+from .linear_checks import note_linear
 from .fingerprint import LAYER_ATTR, grown_layer, known_layer
 from .ledger import ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner, stored_ledger
 from .writes import TAIL, Tail, recorded
@@ -42,18 +45,16 @@ def rebase(cache: Any, past: int, batch: int) -> bool:
 
 def continued(cache: Any, batch: int) -> Tail | None:
     """The unfolded writes (`Tail`) this call continues where it continues the last tracked write to `cache` and
-    nothing changed since (its fingerprint layer as left, the layer's keys as long as the ledger, the same rows): its
-    `length`, `layer` and `grown` are what `started` finds then, from a few attribute reads (generate()'s decode
-    steps). None: ask `started`."""
+    nothing changed since: its fingerprint layer as left, holding the very keys tensor that write left (a crop, a
+    write, a row selection all replace it), the same rows. Its `length`, `layer` and `grown` are then what `started`
+    finds, from a few attribute reads (generate()'s decode steps). None: ask `started`."""
     owner = ledger_owner(cache)
     tail = owner.__dict__.get(TAIL)
-    grown = tail.grown if tail is not None else None
-    if grown is None or not tail.chunks:
+    if tail is None or tail.keys is None or tail.batch != batch:
         return None
-    layer, layers, keys = tail.layer, owner.layers, grown.keys
-    if layer < len(layers) and layers[layer] is grown and owner.__dict__.get(LAYER_ATTR) == layer and \
-            isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.shape[-2] == tail.length and \
-            keys.shape[0] == batch == tail.batch:
+    grown, layer, layers = tail.grown, tail.layer, owner.layers
+    if grown.keys is tail.keys and layer < len(layers) and layers[layer] is grown and \
+            owner.__dict__.get(LAYER_ATTR) == layer:
         return tail
     return None
 
@@ -74,3 +75,33 @@ def started(cache: Any, batch: int) -> tuple[int, int | None, Any] | None:
     elif past and not rebase(cache, past, batch):
         return None
     return past, layer, grown
+
+
+PIXELS = frozenset(kind[0] for kind in KINDS)
+
+
+def decode_step(kwargs: dict[str, Any], cache_name: str) -> tuple | None:
+    """A decode step read from a forward call's kwargs alone: 2-D ids with their own positions, no pictures, continuing
+    the last tracked write (`continued`): (tail, cache, ids, positions, mask); None: the full path."""
+    ids, given, cache = kwargs.get("input_ids"), kwargs.get("position_ids"), kwargs.get(cache_name)
+    if cache is None or not isinstance(ids, torch.Tensor) or not isinstance(given, torch.Tensor):
+        return None
+    shape = ids.shape
+    if len(shape) != 2 or given.shape != shape or not shape[1] or kwargs.get("use_cache") is False or \
+            not PIXELS.isdisjoint(kwargs):
+        return None
+    tail = continued(cache, shape[0])
+    return None if tail is None else (tail, cache, ids, given, kwargs.get("attention_mask"))
+
+
+def record_step(tail: Tail, cache: Any, ids: torch.Tensor, positions: torch.Tensor, mask: Any, linear: bool) -> None:
+    """Record a `decode_step` after the call (a copy of its written keys, `Tail.step`) where the cache took its f slots
+    after the tail; else the cache is left untracked."""
+    past, f, keys = tail.length, ids.shape[1], tail.grown.keys
+    if keys.shape[-2] - past != f:
+        attach_ledger(cache, None)
+        return
+    tail.keys = keys
+    tail.step(cache, ids, positions, mask, keys.narrow_copy(-2, past, f))
+    if linear:
+        note_linear(cache, past + f)

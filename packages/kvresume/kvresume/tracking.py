@@ -30,7 +30,7 @@ from .linear_checks import linear_layers, note_linear
 from .fingerprint import grown_layer, known_layer, slot_prints, unfollowed, window_prints, window_start
 from .writes import Write, add_chunk, as_rows  # (as_rows: the guard's import)
 from .ledger import attach_ledger, cache_held, ledger_owner
-from .steps import continued, started
+from .steps import continued, decode_step, record_step, started
 
 HANDLE_ATTR = "_kv_ledger_tracker"
 
@@ -68,7 +68,6 @@ class _Pending:
     grown: Any = None  # the fingerprint layer, where its keys' shape is the cache's length
     images: Any = None  # the pictures behind its placeholders (kvresume.images.note)
     given: torch.Tensor | None = None  # the position ids the call was given
-    tail: Any = None  # the unfolded writes a decode step continues (kvresume.steps.continued)
 
 
 @dataclass
@@ -85,6 +84,9 @@ class Tracker:
     linear: bool | None = None  # its caches have linear-attention layers (None: not seen yet)
     rope_handle: Any = None  # the rotary pre-hook while it is on
     passthrough: bool | None = None  # the rotary got the given position ids themselves (None: not seen yet)
+    text: bool = False  # neither an encoder-decoder nor keeping a position state: its decode steps may be read
+    # from their kwargs alone (kvresume.steps.decode_step)
+    cache_name: str = "past_key_values"  # the forward's cache keyword (kvresume.compat.cache_kwarg)
 
     @property
     def pending(self) -> list[_Pending | None]:
@@ -119,6 +121,11 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
     names = _named(tracker.model)
 
     def pre(_m: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if not args and tracker.text and tracker.rope_handle is None:  # the given positions are what it rotates with
+            step = decode_step(kwargs, tracker.cache_name)
+            if step is not None:
+                tracker.local.pending = [step]
+                return
         stack = tracker.pending
         stack[:] = [None]
         if args:
@@ -140,7 +147,7 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
         given = given if isinstance(given, torch.Tensor) else None
         pictures = images.note(tracker.model, kwargs, past)
-        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown, pictures, given, tail)
+        pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown, pictures, given)
         if given is not None and (tracker.rope is None or (tracker.passthrough and given.dim() == 2)):
             pending.positions = given  # what the rotary embedding would get (kvresume.tracking._rotary learnt it)
             if tracker.rope_handle is not None:
@@ -203,26 +210,15 @@ def _state(tracker: Tracker) -> Any:
     return state.detach().clone() if isinstance(state, torch.Tensor) else state
 
 
-def _appended(tracker: Tracker, pending: _Pending) -> bool:
-    """A decode step that continued the last tracked write (kvresume.steps.continued), added to its unfolded writes
-    in one op (`narrow_copy` of the written keys); False where the cache did not take its f slots there."""
-    past, f, tail, keys = pending.past, pending.f, pending.tail, pending.grown.keys
-    if keys.shape[-2] - past != f or tail.length != past:
-        return False
-    tail.add(pending.cache, Write(pending.ids, pending.positions, pending.mask, keys.narrow_copy(-2, past, f),
-                                  pending.layer, _state(tracker), past, pending.batch, f, True))
-    if tracker.linear:
-        note_linear(pending.cache, past + f)
-    return True
-
-
 def _post(tracker: Tracker) -> Callable[..., None]:
     def post(_m: torch.nn.Module, _args: tuple, _kwargs: dict[str, Any], out: Any) -> None:
-        stack = tracker.pending
+        stack = getattr(tracker.local, "pending", None)
         pending = stack.pop() if stack else None
+        if type(pending) is tuple:
+            return record_step(*pending, tracker.linear)
         if tracker.passthrough and tracker.rope_handle is not None:
             _unhook_rotary(tracker)  # now, not at the next call: a compiled decode step is traced without it
-        if pending is None or (pending.tail is not None and pending.images is None and _appended(tracker, pending)):
+        if pending is None:
             return
         if pending.cache is None:
             pending.cache = compat.output_cache(out)
@@ -238,8 +234,8 @@ def _post(tracker: Tracker) -> Callable[..., None]:
             attach_ledger(pending.cache, None)
             return
         tail = add_chunk(pending.cache, chunk)
-        if tail is not None and grown is not None and tail.grown is not grown:
-            tail.layer, tail.grown = pending.layer, grown  # where the next decode step continues (steps.continued)
+        if tail is not None and grown is not None:  # where the next decode step continues (steps.continued)
+            tail.layer, tail.grown, tail.keys = pending.layer, grown, grown.keys
         if pending.images is not None or ledger_owner(pending.cache).__dict__.get(images.ATTR):
             images.attach(pending.cache, pending.past, pending.images)
         if tracker.linear is None:
@@ -256,6 +252,7 @@ def track(model: torch.nn.Module) -> Tracker:
         return existing
     tracker = Tracker(model, rope=rotary_embedding(model), rope_state=compat.rope_state_owner(model) is not None,
                       decoder=is_encoder_decoder(model))
+    tracker.text, tracker.cache_name = not tracker.rope_state and not tracker.decoder, compat.cache_kwarg(model)
     tracker.handles += [model.register_forward_pre_hook(eager(_pre(tracker)), with_kwargs=True),
                         model.register_forward_hook(eager(_post(tracker)), with_kwargs=True)]
     if tracker.rope is not None:

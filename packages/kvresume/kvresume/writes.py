@@ -1,9 +1,9 @@
 """One tracked write as the hooks saw it: references to the fed ids, positions and mask, and a copy of the written
-slots' fingerprints; turned into ledger entries (`Write.ledger()`) only when the ledger is folded or read.
+slots' fingerprints; turned into ledger entries (`.ledger()`) only when the ledger is folded or read.
 
-The decode path thus runs one tensor op per step (`narrow_copy` of the written slots' keys of the fingerprint layer, cut
-to fingerprints at fold time); slicing the mask, shaping the positions and making default ids/positions happen at fold
-time, FOLD writes at once in a few ops (kvresume.ledger).
+A text model's decode steps (`Steps`) run one tensor op each (`narrow_copy` of the written slots' keys of the
+fingerprint layer); slicing the masks, shaping the positions and cutting the keys to fingerprints happen when FOLD
+writes are folded, in a few ops (kvresume.ledger.joined).
 """
 from __future__ import annotations
 
@@ -94,49 +94,31 @@ class Write:
         return Ledger(ids, positions, plain(mask_slots(self.mask, self.batch, self.f, ids.device)), self.state,
                       self.fingerprints(), self.layer)
 
-    @staticmethod
-    def bulk(writes: list["Write"]) -> Ledger:
-        """The entries of consecutive writes of one batch, in a few ops where they are uniform (ids and 2-D positions
-        of one row count given, fingerprints copied: generate()'s decode steps), else write by write."""
-        stacked = _stacked(writes)
-        if stacked is not None:
-            return stacked
-        return joined([w.ledger() for w in writes])
 
+@dataclass(slots=True)
+class Steps:
+    """Decode steps of `f` tokens each, one after another on the rows and fingerprint layer of their tail, as fed: per
+    step the 2-D ids, their own 2-D positions, the mask, the written keys (kvresume.tracking's decode path: no op but
+    the keys' copy per step; made into ledger entries in a few ops when folded)."""
 
-def _stacked(writes: list[Write]) -> Ledger | None:
-    """`Write.bulk` of uniform writes in one pass and a few ops; None where they are not uniform."""
-    first = writes[0]
-    batch, p0, slab = first.batch, first.positions, first.slab
-    if first.ids is None or not isinstance(p0, torch.Tensor) or p0.dim() != 2:
-        return None
-    rows = p0.shape[0]
-    ids, cut, masks, prints, total = [], [], [], [], 0
-    for w in writes:
-        i, p, f = w.ids, w.positions, w.f
-        if i is None or w.prints is None or w.batch != batch or w.slab is not slab or i.dim() != 2 or \
-                not isinstance(p, torch.Tensor) or p.dim() != 2 or p.shape[0] != rows:
-            return None
-        ids.append(i)
-        cut.append(p if p.shape[-1] == f else p[:, -f:])
-        masks.append(w.mask)
-        prints.append(w.prints)
-        total += f
-    mask = _slot_masks(writes, masks, batch, total)
-    joined_prints = slab_prints(torch.cat(prints, -2)) if slab else torch.cat(prints, 1)
-    return Ledger(plain(torch.cat(ids, 1)), as_rows(torch.cat(cut, -1), batch, total), plain(mask),
-                  writes[-1].state, joined_prints, writes[-1].layer)
+    f: int
+    layer: int | None
+    steps: list[tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]] = field(default_factory=list)
 
+    @property
+    def length(self) -> int:
+        return self.f * len(self.steps)
 
-def _slot_masks(writes: list[Write], masks: list[Any], batch: int, total: int) -> torch.Tensor:
-    """The writes' mask bits [batch, total], not yet `plain`: a prefill and the decode steps after it (`_grown_masks`)
-    in a few ops, else a view per write."""
-    head = 1 if len(writes) > 2 and writes[0].f != writes[1].f else 0  # generate()'s prompt, then one f per step
-    f = writes[head].f
-    grown = _grown_masks(masks[head:], batch, f) if total == writes[0].f * head + f * (len(writes) - head) else None
-    if grown is None:
-        return torch.cat([mask_slots(m, batch, w.f, w.ids.device) for m, w in zip(masks, writes)], 1)
-    return torch.cat([mask_slots(masks[0], batch, writes[0].f, writes[0].ids.device), grown], 1) if head else grown
+    def ledger(self) -> Ledger:
+        """The entries of these steps: ids, positions and keys concatenated, the masks' last f columns (`_grown_masks`
+        where each is f columns longer than the one before, as generate()'s are, else step by step)."""
+        ids, positions, masks, keys = (list(part) for part in zip(*self.steps))
+        batch, f = ids[0].shape[0], self.f
+        mask = _grown_masks(masks, batch, f)
+        if mask is None:
+            mask = torch.cat([mask_slots(m, batch, f, ids[0].device) for m in masks], 1)
+        return Ledger(plain(torch.cat(ids, 1)), as_rows(torch.cat(positions, 1), batch, self.length), plain(mask), None,
+                      slab_prints(torch.cat(keys, -2)), self.layer)
 
 
 def _grown_masks(masks: list[Any], batch: int, f: int) -> torch.Tensor | None:
@@ -159,21 +141,37 @@ def _grown_masks(masks: list[Any], batch: int, f: int) -> torch.Tensor | None:
 
 @dataclass
 class Tail:
-    """Writes not yet folded into the ledger: their chunks, and the slots and rows the ledger then has; `layer` and
-    `grown`: the fingerprint layer's index and object the last tracked write grew (kvresume.tracking's decode step
-    continues from them; None: not known)."""
+    """Writes not yet folded into the ledger: their chunks, and the slots and rows the ledger then has; `layer`,
+    `grown` and `keys`: the fingerprint layer's index, object and keys tensor the last tracked write grew
+    (kvresume.steps.continued; None: not known)."""
 
     chunks: list[Any] = field(default_factory=list)
     length: int = 0
     batch: int = 0
     layer: int | None = None
     grown: Any = None
+    keys: Any = None  # the `grown` layer's keys tensor as the last tracked write left it (None: not known)
+    writes: int = 0  # writes added since the last fold
 
     def add(self, cache: Any, chunk: Any) -> bool:
         """Append one write of `cache`'s ledger rows; every FOLD writes they are folded into its ledger (True)."""
         self.chunks.append(chunk)
         self.length += chunk.length
-        if len(self.chunks) < FOLD:
+        return self._counted(cache)
+
+    def step(self, cache: Any, ids: torch.Tensor, positions: torch.Tensor, mask: Any, keys: torch.Tensor) -> None:
+        """Append one decode step (kvresume.tracking's decode path) to the last `Steps` where it continues them."""
+        run, f = self.chunks[-1], ids.shape[-1]
+        if type(run) is not Steps or run.f != f or run.layer != self.layer:
+            run = Steps(f, self.layer)
+            self.chunks.append(run)
+        run.steps.append((ids, positions, mask, keys))
+        self.length += f
+        self._counted(cache)
+
+    def _counted(self, cache: Any) -> bool:
+        self.writes += 1
+        if self.writes < FOLD:
             return False
         stored_ledger(cache)
         return True

@@ -1,6 +1,6 @@
 """The row/slot decision functions, each fed a case that contradicts it: fingerprint matching (bits, NaN, a missing
 row), the fingerprint layer (not a sliding one), prefix lengths (embedding slots), a stale prefix vs a ledger merely
-shorter than the cache, the by-count fallback of a ledger without fingerprints, and a fold in bulk vs write by write."""
+shorter than the cache, the by-count fallback of a ledger without fingerprints, and a fold of embeddings."""
 from __future__ import annotations
 
 import copy
@@ -9,7 +9,7 @@ import torch
 
 from kvresume import kv_cache_from_tensors, ledger_of, track
 from kvresume.fingerprint import match, print_layer
-from kvresume.ledger import UNKNOWN, Ledger, stale_prefix, stored_ledger
+from kvresume.ledger import UNKNOWN, Ledger, joined, stale_prefix, stored_ledger
 from kvresume.row_checks import prefix_lengths
 from kvresume.testing import build
 from kvresume.writes import Write
@@ -70,21 +70,13 @@ def test_a_ledger_without_fingerprints_is_trusted_by_count_and_adopts_them_on_a_
     assert stored_ledger(cache).prints is not None and ledger_of(cache).token_ids[0, -1] == 50
 
 
-def test_a_bulk_fold_equals_write_by_write():
-    prints = torch.randn(2, 5, 8)
-    mask = torch.tensor([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
-    writes = [Write(torch.tensor([[3, 4], [5, 6]]), torch.tensor([[0, 1], [0, 1]]), mask[:, :2], prints[:, :2], 3,
-                    None, 0, 2, 2)]
-    writes += [Write(torch.tensor([[7 + s], [8 + s]]), torch.tensor([[2 + s], [2 + s]]), mask[:, :3 + s],
-                     prints[:, 2 + s:3 + s], 3, None, 2 + s, 2, 1) for s in range(3)]
-    bulk = Write.bulk(writes)
-    one = [w.ledger() for w in writes]
-    assert torch.equal(bulk.token_ids, torch.cat([p.token_ids for p in one], 1))
-    assert torch.equal(bulk.positions, torch.cat([p.positions for p in one], -1))
-    assert torch.equal(bulk.mask, mask) and torch.equal(bulk.prints, prints)
-    odd = writes[:1] + [Write(None, None, None, prints[:, 2:3], 3, None, 2, 2, 1)]  # embeddings, no positions
-    mixed = Write.bulk(odd)
+def test_a_write_of_embeddings_without_positions_folds_to_unknown_ids_at_its_cache_positions():
+    prints = torch.randn(2, 3, 8)
+    writes = [Write(torch.tensor([[3, 4], [5, 6]]), torch.tensor([[0, 1], [0, 1]]), None, prints[:, :2], 3, None, 0, 2,
+                    2), Write(None, None, None, prints[:, 2:3], 3, None, 2, 2, 1)]  # embeddings, no positions
+    mixed = joined(writes)
     assert mixed.token_ids[:, 2].tolist() == [UNKNOWN, UNKNOWN] and mixed.positions[0, :, 2].tolist() == [2, 2]
+    assert mixed.mask.tolist() == [[1, 1, 1]] * 2 and torch.equal(mixed.prints, prints)
 
 
 def test_a_reset_cache_is_not_read_as_its_ledger():

@@ -11,24 +11,27 @@ import torch
 
 from kvresume import ledger_of, track
 from kvresume.compat import rotary_embedding
-from kvresume.ledger import stored_ledger
 from kvresume.testing import build
-from kvresume.writes import Write
+from kvresume.ledger import TAIL, joined, ledger_owner, stored_ledger
+from kvresume.writes import Steps, Write
 
 
-def _writes(masks: list[torch.Tensor], f: int) -> list[Write]:
+def _steps(masks: list[torch.Tensor], f: int) -> tuple[Steps, list[Write]]:
+    """The same decode steps as one `Steps` and as a Write each."""
     keys = torch.randn(masks[0].shape[0], 2, 64, 16)
-    out, past = [], masks[0].shape[-1] - f
+    steps, writes, past = Steps(f, 3), [], masks[0].shape[-1] - f
     for m in masks:
         b = m.shape[0]
-        out.append(Write(torch.randint(0, 9, (b, f)), torch.randint(0, 99, (b, f)), m, keys.narrow_copy(2, past, f), 3,
-                         None, past, b, f, True))
+        ids, pos, k = torch.randint(0, 9, (b, f)), torch.randint(0, 99, (b, f)), keys.narrow_copy(2, past, f)
+        steps.steps.append((ids, pos, m, k))
+        writes.append(Write(ids, pos, m, k, 3, None, past, b, f, True))
         past += f
-    return out
+    return steps, writes
 
 
-def _one_by_one(writes: list[Write]) -> torch.Tensor:
-    return torch.cat([w.ledger().mask for w in writes], 1)
+def _same(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in ((a.token_ids, b.token_ids), (a.positions, b.positions),
+                                               (a.mask, b.mask), (a.prints, b.prints))) and a.mask.dtype == torch.long
 
 
 def test_a_fold_of_growing_masks_equals_write_by_write():
@@ -37,22 +40,20 @@ def test_a_fold_of_growing_masks_equals_write_by_write():
         masks = [torch.randint(0, 2, (b, 10))]
         for _ in range(6):
             masks.append(torch.cat([masks[-1], torch.randint(0, 2, (b, f))], 1))
-        writes = _writes(masks, f)
+        steps, writes = _steps(masks, f)
         prompt = Write(torch.ones(b, 10 - f, dtype=torch.long), torch.zeros(b, 10 - f, dtype=torch.long),
                        masks[0][:, :10 - f], torch.randn(b, 2, 10 - f, 16), 3, None, 0, b, 10 - f, True)
-        for run in (writes, [prompt, *writes]):
-            folded = Write.bulk(run)
-            assert torch.equal(folded.mask, _one_by_one(run)) and folded.mask.dtype == torch.long
-            assert torch.equal(folded.prints, torch.cat([w.fingerprints() for w in run], 1))
+        assert _same(steps.ledger(), joined(writes)) and steps.length == 7 * f
+        assert _same(joined([prompt, steps]), joined([prompt, *writes]))
 
 
 def test_masks_that_do_not_grow_like_generate_are_cut_one_by_one():
     masks = [torch.ones(1, 9, dtype=torch.long), torch.zeros(1, 11, dtype=torch.long),  # skips a column
              torch.tensor([[1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 1]]).bool()]  # another dtype
-    writes = _writes(masks, 1)
-    assert Write.bulk(writes).mask.tolist() == [[1, 0, 1]] == _one_by_one(writes).tolist()
-    writes[1].mask = None  # no mask: ones
-    assert Write.bulk(writes).mask.tolist() == [[1, 1, 1]]
+    steps, writes = _steps(masks, 1)
+    assert steps.ledger().mask.tolist() == [[1, 0, 1]] and _same(steps.ledger(), joined(writes))
+    steps.steps[1] = (*steps.steps[1][:2], None, steps.steps[1][3])  # no mask: ones
+    assert steps.ledger().mask.tolist() == [[1, 1, 1]]
 
 
 def _decode(m, cache, token: int, held: int) -> None:
@@ -114,3 +115,20 @@ def test_the_rotary_hook_comes_off_only_for_a_model_passing_its_positions_on():
         _decode(other, cache, 30, 12)
         assert tracker.passthrough is False and tracker.rope_handle is not None
     assert stored_ledger(cache).positions[0, 0].tolist() == [*range(0, 24, 2), 24]
+
+
+def test_generates_decode_steps_take_the_decode_path_and_fold_to_the_full_paths_ledger():
+    m = build("dense")
+    prompt = torch.arange(10, 22).view(1, -1)
+    with track(m), torch.no_grad():
+        out = m.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
+                         pad_token_id=0, return_dict_in_generate=True)
+    cache = out.past_key_values
+    chunks = ledger_owner(cache).__dict__[TAIL].chunks
+    assert [type(c) for c in chunks] == [Write, Steps] and chunks[1].length == 7, "the prompt, then 7 decode steps"
+    fast = stored_ledger(cache)
+    with track(m) as tracker, torch.no_grad():
+        tracker.text = False  # every call through the full path
+        slow = m.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
+                          pad_token_id=0, return_dict_in_generate=True).past_key_values
+    assert _same(fast, stored_ledger(slow)) and fast.token_ids[0].tolist() == out.sequences[0, :-1].tolist()

@@ -240,10 +240,23 @@ def test_eager_passes_keyword_arguments_and_is_skipped_compiled():
 def test_a_continued_step_whose_cache_took_other_slots_is_left_untracked(dense):
     with track(dense), torch.no_grad():
         cache = dense(input_ids=IDS, use_cache=True).past_key_values
-    t = Tracker(dense)
-    _pre(t)(dense, (), {"input_ids": torch.tensor([[7]]), "past_key_values": cache})
-    assert t.pending[0].tail is ledger_owner(cache).__dict__[TAIL]  # a decode step continuing the last write
+    t = Tracker(dense, text=True)
+    step = {"input_ids": torch.tensor([[7]]), "position_ids": torch.tensor([[6]]), "past_key_values": cache}
+    _pre(t)(dense, (), step)
+    assert t.pending[0][0] is ledger_owner(cache).__dict__[TAIL]  # a decode step continuing the last write
     with torch.no_grad():
         dense(input_ids=torch.tensor([[7, 8]]), past_key_values=cache, use_cache=True)  # two slots, not one
     _post(t)(dense, (), {}, None)
     assert ledger_of(cache) is None and recorded(cache) is None
+
+
+def test_only_a_text_models_decode_step_given_its_own_2d_positions_takes_the_decode_path(dense):
+    with track(dense), torch.no_grad():
+        cache = dense(input_ids=IDS, use_cache=True).past_key_values
+    step = {"input_ids": torch.tensor([[7]]), "position_ids": torch.tensor([[6]]), "past_key_values": cache}
+    for tracker, kwargs in ((Tracker(dense), step), (Tracker(dense, text=True), {**step, "position_ids": None}),
+                            (Tracker(dense, text=True), {**step, "position_ids": torch.tensor([[[6]]] * 3)}),
+                            (Tracker(dense, text=True), {**step, "pixel_values": torch.ones(1)}),
+                            (Tracker(dense, text=True, rope=dense, rope_handle=torch.nn.Identity().register_forward_pre_hook(print)), step)):
+        _pre(tracker)(dense, (), kwargs)
+        assert not isinstance(tracker.pending[0], tuple)
