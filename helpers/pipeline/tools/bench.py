@@ -1,6 +1,6 @@
 """`make bench`: what tracking costs. Per-token decode time of greedy generate() with the model tracked vs untracked
 (kvresume.track), on the tiny seeded model and a ~64M-parameter random Qwen3 (hidden 512, 10 layers), NEW new
-tokens, interleaved pairs of runs in this one process (31 on the tiny model, 11 on the other; on one CPU thread: this
+tokens, interleaved pairs of runs in this one process (101 on the tiny model, 11 on the other; on one CPU thread: this
 thread's CPU time, else wall time), the overhead being the median of the pairs' ratios with its 95% interval (garbage
 collected before each run, the heap before the runs frozen: gc.freeze); on a shared CPU that interval is often wider
 than the effect, so the same generate() is also counted in instructions per token under valgrind's cachegrind
@@ -50,7 +50,7 @@ def models() -> dict[str, tuple[Callable[[], torch.nn.Module], int]]:
     time, and a run of it is ~14 times shorter)."""
     from kvresume.testing import build
 
-    return {"tiny (kvresume.testing dense)": (lambda: build("dense"), 31), "Qwen3 random 512x10": (mid_model, 11)}
+    return {"tiny (kvresume.testing dense)": (lambda: build("dense"), 101), "Qwen3 random 512x10": (mid_model, 11)}
 
 
 def overhead(times: dict[bool, list[float]]) -> tuple[float, float, float]:
@@ -228,7 +228,7 @@ def write(lines: list[str], doc: Path = DOC) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--new", type=int, default=256)
-    parser.add_argument("--runs", type=int, default=None, help="pairs of runs per model (default: 31 tiny, 11 64M)")
+    parser.add_argument("--runs", type=int, default=None, help="pairs of runs per model (default: 101 tiny, 11 64M)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: no OpenMP spinning on a shared CPU)")
     parser.add_argument("--write", action="store_true", help="put the table into docs/performance.md")

@@ -42,8 +42,12 @@ def eager(hook: Callable[..., None]) -> Callable[..., None]:
     test_generate_compile_model_forward_fullgraph). A compiled call is thus not recorded: the cache it writes is
     longer than its ledger, which is then never read as the cache's (kvresume.steps.rebase: untracked)."""
     def run(*args: Any, **kwargs: Any) -> Any:
-        return None if torch.compiler.is_compiling() else hook(*args, **kwargs)
+        return None if compiling() else hook(*args, **kwargs)
     return run
+
+
+compiling = torch.compiler.is_compiling  # the check `eager` makes, made by the model's two hooks themselves (one frame
+# less a decode step)
 
 
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
@@ -121,6 +125,8 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
     names = _named(tracker.model)
 
     def pre(_m: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        if compiling():
+            return
         if not args and tracker.text and tracker.rope_handle is None:  # the given positions are what it rotates with
             step = decode_step(kwargs, tracker.cache_name)
             if step is not None:
@@ -212,6 +218,8 @@ def _state(tracker: Tracker) -> Any:
 
 def _post(tracker: Tracker) -> Callable[..., None]:
     def post(_m: torch.nn.Module, _args: tuple, _kwargs: dict[str, Any], out: Any) -> None:
+        if compiling():
+            return
         stack = getattr(tracker.local, "pending", None)
         pending = stack.pop() if stack else None
         if type(pending) is tuple:
@@ -253,8 +261,8 @@ def track(model: torch.nn.Module) -> Tracker:
     tracker = Tracker(model, rope=rotary_embedding(model), rope_state=compat.rope_state_owner(model) is not None,
                       decoder=is_encoder_decoder(model))
     tracker.text, tracker.cache_name = not tracker.rope_state and not tracker.decoder, compat.cache_kwarg(model)
-    tracker.handles += [model.register_forward_pre_hook(eager(_pre(tracker)), with_kwargs=True),
-                        model.register_forward_hook(eager(_post(tracker)), with_kwargs=True)]
+    tracker.handles += [model.register_forward_pre_hook(_pre(tracker), with_kwargs=True),
+                        model.register_forward_hook(_post(tracker), with_kwargs=True)]
     if tracker.rope is not None:
         _hook_rotary(tracker)
     model.__dict__[HANDLE_ATTR] = tracker

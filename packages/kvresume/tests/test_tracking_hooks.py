@@ -228,13 +228,18 @@ def test_track_reads_the_rotary_the_state_and_the_side_and_removes_cleanly():
         assert t.rope_state is True and b.decoder is True and b.rope_state is False
 
 
-def test_eager_passes_keyword_arguments_and_is_skipped_compiled():
+def test_eager_passes_keyword_arguments_and_is_skipped_compiled(dense):
     got: list[object] = []
     hook = eager(lambda x=None: got.append(x))
     hook(x=1)
-    torch.compile(lambda y: (hook(x=2), y + 1)[1], backend="eager")(torch.ones(2))
+    t = Tracker(dense)
+    pre, post = _pre(t), _post(t)  # the model's hooks make the same check themselves
+    torch.compile(lambda y: (hook(x=2), pre(dense, (), {}), post(dense, (), {}, None), y + 1)[3],
+                  backend="eager")(torch.ones(2))
     torch.compiler.reset()
-    assert got == [1]
+    assert got == [1] and getattr(t.local, "pending", None) is None
+    pre(dense, (), {})
+    assert t.local.pending == [None], "run eagerly, the pre-hook sets its pending write"
 
 
 def test_a_continued_step_whose_cache_took_other_slots_is_left_untracked(dense):
