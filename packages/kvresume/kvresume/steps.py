@@ -1,7 +1,8 @@
 """Where a tracked forward call's write starts: the slots the cache holds before it, the fingerprint layer, and the
 stored ledger fitted to the cache (kvresume.tracking's pre-hook). A decode step that continues the last tracked write
 (`continued`) is told from a few attribute reads; a text model's (`decode_step`) is then read from its kwargs alone and
-recorded as one copy of its written keys (`record_step`); anything else goes through `started`. No host sync.
+recorded as one copy of its written keys (`kvresume.writes.Tail.step`); anything else goes through `started`. No host
+sync.
 """
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 import torch
 
 from .images import KINDS
-from .linear_checks import note_linear
 from .fingerprint import LAYER_ATTR, grown_layer, known_layer
 from .ledger import ATTR, adopt_prints, attach_ledger, cache_held, fitted, ledger_owner, stored_ledger
 from .writes import TAIL, Tail, recorded
@@ -92,16 +92,3 @@ def decode_step(kwargs: dict[str, Any], cache_name: str) -> tuple | None:
         return None
     tail = continued(cache, shape[0])
     return None if tail is None else (tail, cache, ids, given, kwargs.get("attention_mask"))
-
-
-def record_step(tail: Tail, cache: Any, ids: torch.Tensor, positions: torch.Tensor, mask: Any, linear: bool) -> None:
-    """Record a `decode_step` after the call (a copy of its written keys, `Tail.step`) where the cache took its f slots
-    after the tail; else the cache is left untracked."""
-    past, f, keys = tail.length, ids.shape[1], tail.grown.keys
-    if keys.shape[-2] - past != f:
-        attach_ledger(cache, None)
-        return
-    tail.keys = keys
-    tail.step(cache, ids, positions, mask, keys.narrow_copy(-2, past, f))
-    if linear:
-        note_linear(cache, past + f)

@@ -6,8 +6,9 @@ encoder-decoder; embeddings are recorded as unknown ids), the mask and the cache
 M-RoPE rows where the model has them; a model without a rotary embedding: the given or the cache positions), taken
 off once it saw the model pass the given 2-D position ids on as they are (a text model without rope_deltas: the call's
 own are read then, and the hook comes back for a call given none); the forward hook adds one chunk of entries for the
-written slots, with their fingerprints (kvresume.fingerprint; one `narrow_copy` per step) and the model-side state
-(`rope_deltas`) after the call. The decode path keeps every tensor on the cache's device and decides on Python ints
+written slots, with their fingerprints (kvresume.fingerprint; one `narrow_copy` per write) and the model-side state
+(`rope_deltas`) after the call. A text model's decode step skips all that: read from its kwargs, kept as it is
+(kvresume.steps.decode_step, kvresume.writes.Steps). The decode path keeps every tensor on the cache's device and decides on Python ints
 only (no host sync): rows that
 beam search reorders are followed when the ledger is read, by fingerprint. A cache written before tracking started
 (or while untracked) gets no ledger: it stays untracked. Pending writes are kept per thread.
@@ -30,7 +31,7 @@ from .linear_checks import linear_layers, note_linear
 from .fingerprint import grown_layer, known_layer, slot_prints, unfollowed, window_prints, window_start
 from .writes import Write, add_chunk, as_rows  # (as_rows: the guard's import)
 from .ledger import attach_ledger, cache_held, ledger_owner
-from .steps import continued, decode_step, record_step, started
+from .steps import continued, decode_step, started
 
 HANDLE_ATTR = "_kv_ledger_tracker"
 
@@ -46,8 +47,7 @@ def eager(hook: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-compiling = torch.compiler.is_compiling  # the check `eager` makes, made by the model's two hooks themselves (one frame
-# less a decode step)
+compiling = torch.compiler.is_compiling  # eager's check, made by the model's two hooks themselves: a frame less a step
 
 
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
@@ -222,8 +222,13 @@ def _post(tracker: Tracker) -> Callable[..., None]:
             return
         stack = getattr(tracker.local, "pending", None)
         pending = stack.pop() if stack else None
-        if type(pending) is tuple:
-            return record_step(*pending, tracker.linear)
+        if type(pending) is tuple:  # a decode step (kvresume.steps.decode_step)
+            tail, cache, ids, positions, mask = pending
+            if not tail.step(ids, positions, mask):
+                attach_ledger(cache, None)  # the cache did not take its f slots after the tail: untracked
+            elif tracker.linear:
+                note_linear(cache, tail.length)
+            return
         if tracker.passthrough and tracker.rope_handle is not None:
             _unhook_rotary(tracker)  # now, not at the next call: a compiled decode step is traced without it
         if pending is None:
@@ -242,7 +247,7 @@ def _post(tracker: Tracker) -> Callable[..., None]:
             attach_ledger(pending.cache, None)
             return
         tail = add_chunk(pending.cache, chunk)
-        if tail is not None and grown is not None:  # where the next decode step continues (steps.continued)
+        if grown is not None:  # where the next decode step continues (steps.continued)
             tail.layer, tail.grown, tail.keys = pending.layer, grown, grown.keys
         if pending.images is not None or ledger_owner(pending.cache).__dict__.get(images.ATTR):
             images.attach(pending.cache, pending.past, pending.images)

@@ -1,9 +1,8 @@
 """One tracked write as the hooks saw it: references to the fed ids, positions and mask, and a copy of the written
 slots' fingerprints; turned into ledger entries (`.ledger()`) only when the ledger is folded or read.
 
-A text model's decode steps (`Steps`) run one tensor op each (`narrow_copy` of the written slots' keys of the
-fingerprint layer); slicing the masks, shaping the positions and cutting the keys to fingerprints happen when FOLD
-writes are folded, in a few ops (kvresume.ledger.joined).
+A text model's decode steps (`Steps`) run no tensor op: slicing the masks, shaping the positions and cutting the keys
+to fingerprints happen when FOLD writes are folded, in a few ops (kvresume.ledger.joined).
 """
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from typing import Any
 import torch
 
 from .fingerprint import key_prints
-from .ledger import ATTR, TAIL, UNKNOWN, Ledger, joined, ledger_owner, stored_ledger
+from .ledger import ATTR, TAIL, UNKNOWN, Ledger, joined, ledger_owner
 
 FOLD = 64  # writes kept unfolded
 MASKS = 1 << 22  # mask values a fold concatenates at most (else a view per write)
@@ -97,28 +96,32 @@ class Write:
 
 @dataclass(slots=True)
 class Steps:
-    """Decode steps of `f` tokens each, one after another on the rows and fingerprint layer of their tail, as fed: per
-    step the 2-D ids, their own 2-D positions, the mask, the written keys (kvresume.tracking's decode path: no op but
-    the keys' copy per step; made into ledger entries in a few ops when folded)."""
+    """Decode steps of `f` tokens each after slot `start`, one after another on the rows and fingerprint layer of their
+    tail, as fed (per step the 2-D ids, their own 2-D positions, the mask; no op a step), and the fingerprint layer's
+    keys tensor the last one left. Their slots are read from it when folded: each step's write made it anew from the one
+    before (kvresume.steps.continued), and the cache never writes into it in place (a reset() zeroes it, and the
+    slots copied before the steps then differ)."""
 
     f: int
     layer: int | None
-    steps: list[tuple[torch.Tensor, torch.Tensor, Any, torch.Tensor]] = field(default_factory=list)
+    start: int
+    steps: list[tuple[torch.Tensor, torch.Tensor, Any]] = field(default_factory=list)
+    keys: Any = None
 
     @property
     def length(self) -> int:
         return self.f * len(self.steps)
 
     def ledger(self) -> Ledger:
-        """The entries of these steps: ids, positions and keys concatenated, the masks' last f columns (`_grown_masks`
-        where each is f columns longer than the one before, as generate()'s are, else step by step)."""
-        ids, positions, masks, keys = (list(part) for part in zip(*self.steps))
+        """The entries of these steps: ids and positions concatenated, the masks' last f columns (`_grown_masks`
+        where each is f columns longer than the one before, as generate()'s are, else step by step), the keys' prints."""
+        ids, positions, masks = (list(part) for part in zip(*self.steps))
         batch, f = ids[0].shape[0], self.f
         mask = _grown_masks(masks, batch, f)
         if mask is None:
             mask = torch.cat([mask_slots(m, batch, f, ids[0].device) for m in masks], 1)
         return Ledger(plain(torch.cat(ids, 1)), as_rows(torch.cat(positions, 1), batch, self.length), plain(mask), None,
-                      slab_prints(torch.cat(keys, -2)), self.layer)
+                      key_prints(self.keys, self.start, self.start + self.length).contiguous(), self.layer)
 
 
 def _grown_masks(masks: list[Any], batch: int, f: int) -> torch.Tensor | None:
@@ -153,27 +156,30 @@ class Tail:
     keys: Any = None  # the `grown` layer's keys tensor as the last tracked write left it (None: not known)
     writes: int = 0  # writes added since the last fold
 
-    def add(self, cache: Any, chunk: Any) -> bool:
-        """Append one write of `cache`'s ledger rows; every FOLD writes they are folded into its ledger (True)."""
+    def add(self, chunk: Any) -> None:
+        """Append one write of the ledger's rows; every FOLD writes they are folded into one ledger, in place."""
         self.chunks.append(chunk)
         self.length += chunk.length
-        return self._counted(cache)
-
-    def step(self, cache: Any, ids: torch.Tensor, positions: torch.Tensor, mask: Any, keys: torch.Tensor) -> None:
-        """Append one decode step (kvresume.tracking's decode path) to the last `Steps` where it continues them."""
-        run, f = self.chunks[-1], ids.shape[-1]
-        if type(run) is not Steps or run.f != f or run.layer != self.layer:
-            run = Steps(f, self.layer)
-            self.chunks.append(run)
-        run.steps.append((ids, positions, mask, keys))
-        self.length += f
-        self._counted(cache)
-
-    def _counted(self, cache: Any) -> bool:
         self.writes += 1
-        if self.writes < FOLD:
+        if self.writes >= FOLD:
+            self.chunks, self.writes = [joined(self.chunks)], 0
+
+    def step(self, ids: torch.Tensor, positions: torch.Tensor, mask: Any) -> bool:
+        """Append one decode step (kvresume.steps.decode_step) to the last `Steps` where it continues them; False where
+        the cache did not take its f slots after these writes."""
+        past, f, keys = self.length, ids.shape[1], self.grown.keys
+        if keys.shape[-2] - past != f:
             return False
-        stored_ledger(cache)
+        run = self.chunks[-1]
+        if type(run) is not Steps or run.f != f or run.layer != self.layer:
+            run = Steps(f, self.layer, past)
+            self.chunks.append(run)
+        run.steps.append((ids, positions, mask))
+        self.keys = run.keys = keys
+        self.length += f
+        self.writes += 1
+        if self.writes >= FOLD:  # as `add` (one frame less a decode step); the next step goes on in this tail
+            self.chunks, self.writes = [joined(self.chunks)], 0
         return True
 
     def __deepcopy__(self, memo: dict) -> "Tail":
@@ -196,13 +202,14 @@ def recorded(cache: Any) -> tuple[int, int] | None:
     return None if led is None else (led.length, led.batch)
 
 
-def add_chunk(cache: Any, chunk: Any) -> Tail | None:
+def add_chunk(cache: Any, chunk: Any) -> Tail:
     """Record one write (a Ledger or a kvresume.writes.Write of the ledger's rows, or the first write); folded in
-    every FOLD writes. Returns the unfolded writes (None: just folded)."""
+    every FOLD writes. Returns the writes kept on the cache (`Tail`)."""
     owner = ledger_owner(cache)
     tail = owner.__dict__.get(TAIL)
     if tail is None or not tail.chunks:
         base = owner.__dict__.get(ATTR)
         tail = Tail([base] if base is not None else [], base.length if base is not None else 0, chunk.batch)
         owner.__dict__[TAIL] = tail
-    return None if tail.add(cache, chunk) else tail
+    tail.add(chunk)
+    return tail

@@ -12,19 +12,20 @@ import torch
 from kvresume import ledger_of, track
 from kvresume.compat import rotary_embedding
 from kvresume.testing import build
-from kvresume.ledger import TAIL, joined, ledger_owner, stored_ledger
+from kvresume.ledger import TAIL, joined, ledger_owner, stale_prefix, stored_ledger
 from kvresume.writes import Steps, Write
 
 
 def _steps(masks: list[torch.Tensor], f: int) -> tuple[Steps, list[Write]]:
-    """The same decode steps as one `Steps` and as a Write each."""
+    """The same decode steps as one `Steps` (reading the keys when folded) and as a Write each (copying them)."""
     keys = torch.randn(masks[0].shape[0], 2, 64, 16)
-    steps, writes, past = Steps(f, 3), [], masks[0].shape[-1] - f
+    past = masks[0].shape[-1] - f
+    steps, writes = Steps(f, 3, past, keys=keys[:, :, :past + f * len(masks)]), []
     for m in masks:
         b = m.shape[0]
-        ids, pos, k = torch.randint(0, 9, (b, f)), torch.randint(0, 99, (b, f)), keys.narrow_copy(2, past, f)
-        steps.steps.append((ids, pos, m, k))
-        writes.append(Write(ids, pos, m, k, 3, None, past, b, f, True))
+        ids, pos = torch.randint(0, 9, (b, f)), torch.randint(0, 99, (b, f))
+        steps.steps.append((ids, pos, m))
+        writes.append(Write(ids, pos, m, keys.narrow_copy(2, past, f), 3, None, past, b, f, True))
         past += f
     return steps, writes
 
@@ -52,7 +53,7 @@ def test_masks_that_do_not_grow_like_generate_are_cut_one_by_one():
              torch.tensor([[1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 1]]).bool()]  # another dtype
     steps, writes = _steps(masks, 1)
     assert steps.ledger().mask.tolist() == [[1, 0, 1]] and _same(steps.ledger(), joined(writes))
-    steps.steps[1] = (*steps.steps[1][:2], None, steps.steps[1][3])  # no mask: ones
+    steps.steps[1] = (*steps.steps[1][:2], None)  # no mask: ones
     assert steps.ledger().mask.tolist() == [[1, 1, 1]]
 
 
@@ -132,3 +133,16 @@ def test_generates_decode_steps_take_the_decode_path_and_fold_to_the_full_paths_
         slow = m.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
                           pad_token_id=0, return_dict_in_generate=True).past_key_values
     assert _same(fast, stored_ledger(slow)) and fast.token_ids[0].tolist() == out.sequences[0, :-1].tolist()
+
+
+def test_decode_steps_are_read_from_the_keys_they_left_not_from_what_the_cache_holds_when_folded():
+    m = build("dense")
+    prompt = torch.arange(10, 22).view(1, -1)
+    with track(m), torch.no_grad():
+        cache = m.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
+                           pad_token_id=0, return_dict_in_generate=True).past_key_values
+    assert type(ledger_owner(cache).__dict__[TAIL].chunks[-1]) is Steps, "not folded yet"
+    cache.crop(-3)  # 19 slots to 16 (5.25.0 takes only a negative crop)
+    with torch.no_grad():  # untracked: other tokens over the last 3 decode steps' slots
+        m(input_ids=torch.tensor([[5, 6, 7]]), past_key_values=cache, use_cache=True)
+    assert stale_prefix(cache) == (16, 19, 0) and ledger_of(cache) is None

@@ -10,7 +10,7 @@ import torch
 from kvresume import images, ledger_of, linear_checks, steps, track, tracking, writes
 from kvresume.compat import rotary_embedding
 from kvresume.fingerprint import grown_layer, known_layer
-from kvresume.ledger import TAIL, ledger_owner
+from kvresume.ledger import TAIL, Ledger, ledger_owner
 from kvresume.testing import build
 from kvresume.writes import recorded
 from kvresume.tracking import (UNFOLLOWED, Tracker, _chunk, _hook_rotary, _Pending, _post, _pre, _rotary, eager,
@@ -194,13 +194,17 @@ def test_a_text_write_over_an_images_slots_drops_the_image(dense):
     assert recorded(cache) == (6, 1) and ledger_owner(cache).__dict__[images.ATTR] == []
 
 
-def test_a_fold_returns_no_tail_and_the_next_write_goes_on(dense, monkeypatch):
+def test_a_fold_keeps_the_tail_and_the_next_write_goes_on_in_it(dense, monkeypatch):
     monkeypatch.setattr(writes, "FOLD", 2)
     with track(dense), torch.no_grad():
         cache = dense(input_ids=IDS, use_cache=True).past_key_values
-        for tok in (7, 8, 9):
-            dense(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True)
-    assert ledger_of(cache).token_ids.tolist() == [IDS[0].tolist() + [7, 8, 9]]
+        tail = ledger_owner(cache).__dict__[TAIL]
+        for n, tok in enumerate((7, 8, 9)):  # given their positions: the second and third take the decode path
+            dense(input_ids=torch.tensor([[tok]]), position_ids=torch.tensor([[IDS.shape[1] + n]]),
+                  past_key_values=cache, use_cache=True)
+        assert ledger_owner(cache).__dict__[TAIL] is tail and [type(c) for c in tail.chunks] == [Ledger]
+        dense(input_ids=torch.tensor([[10]]), past_key_values=cache, use_cache=True)
+    assert ledger_of(cache).token_ids.tolist() == [IDS[0].tolist() + [7, 8, 9, 10]]
 
 
 def test_linear_layers_are_marked_after_each_write_and_only_on_a_model_that_has_them(dense):
