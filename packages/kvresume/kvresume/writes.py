@@ -50,11 +50,6 @@ def mask_slots(mask: Any, batch: int, f: int, device: Any) -> torch.Tensor:
     return torch.ones(batch, f, dtype=torch.long, device=device)
 
 
-def slab_prints(slab: torch.Tensor) -> torch.Tensor:
-    """The fingerprints [batch, slots, W] of a keys slab [batch, heads, slots, head_dim] (a copy)."""
-    return key_prints(slab, 0, slab.shape[-2]).contiguous()
-
-
 @dataclass(slots=True)
 class Write:
     """f slots written after `past` to `batch` rows: what the hooks read (ids None: embeddings; positions None: the
@@ -77,8 +72,8 @@ class Write:
         return self.f
 
     def fingerprints(self) -> torch.Tensor | None:
-        """This write's fingerprints [batch, f, W] (None: not fingerprinted)."""
-        return slab_prints(self.prints) if self.slab and self.prints is not None else self.prints
+        """This write's fingerprints [batch, f, W] (None: not fingerprinted; a slab of keys cut to its own, a copy)."""
+        return key_prints(self.prints, 0, self.f).contiguous() if self.slab and self.prints is not None else self.prints
 
     def ledger(self) -> Ledger:
         """The ledger entries of this write."""
@@ -113,8 +108,8 @@ class Steps:
         return self.f * len(self.steps)
 
     def ledger(self) -> Ledger:
-        """The entries of these steps: ids and positions concatenated, the masks' last f columns (`_grown_masks`
-        where each is f columns longer than the one before, as generate()'s are, else step by step), the keys' prints."""
+        """The entries of these steps: ids and positions concatenated, the masks' last f columns (`_grown_masks` where
+        each is f columns longer than the one before, as generate()'s are, else step by step), the keys' prints."""
         ids, positions, masks = (list(part) for part in zip(*self.steps))
         batch, f = ids[0].shape[0], self.f
         mask = _grown_masks(masks, batch, f)
