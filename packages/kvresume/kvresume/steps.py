@@ -1,8 +1,7 @@
 """Where a tracked forward call's write starts: the slots the cache holds before it, the fingerprint layer, and the
 stored ledger fitted to the cache (kvresume.tracking's pre-hook). A decode step that continues the last tracked write
 (`continued`) is told from a few attribute reads; a text model's (`decode_step`) is then read from its kwargs alone and
-recorded as one copy of its written keys (`kvresume.writes.Tail.step`); anything else goes through `started`. No host
-sync.
+recorded with no tensor op (`kvresume.writes.Tail.step`); anything else goes through `started`. No host sync.
 """
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ off once it saw the model pass the given 2-D position ids on as they are (a text
 own are read then, and the hook comes back for a call given none); the forward hook adds one chunk of entries for the
 written slots, with their fingerprints (kvresume.fingerprint; one `narrow_copy` per write) and the model-side state
 (`rope_deltas`) after the call. A text model's decode step skips all that: read from its kwargs, kept as it is
-(kvresume.steps.decode_step, kvresume.writes.Steps). The decode path keeps every tensor on the cache's device and decides on Python ints
-only (no host sync): rows that
-beam search reorders are followed when the ledger is read, by fingerprint. A cache written before tracking started
+(kvresume.steps.decode_step, kvresume.writes.Steps). The decode path keeps every tensor on the cache's device and
+decides on Python ints only (no host sync): rows that beam search reorders are followed when the ledger is read, by
+fingerprint. A cache written before tracking started
 (or while untracked) gets no ledger: it stays untracked. Pending writes are kept per thread.
 """
 from __future__ import annotations
@@ -192,7 +192,7 @@ def _rotary(tracker: Tracker) -> Callable[..., None]:
 
 
 def _chunk(tracker: Tracker, pending: _Pending, cache: Any) -> Write | None:
-    """This write as seen (references, and a copy of its fingerprints), or None where the cache cannot show its slots."""
+    """This write as seen (references, a copy of its fingerprints), or None where the cache cannot show its slots."""
     layer = pending.layer
     grown = pending.grown
     slab = grown is not None
