@@ -89,7 +89,7 @@ LEDGER_TESTS = ("test_ledger_contract.py", "test_ledger_units.py", "test_rows_un
 # what records the ledger: the ledger's tests, tracked resumes and rows, threads, and the recording's own parts
 TRACKING_TESTS = LEDGER_TESTS + ("test_tracking_units.py", "test_reuse_calls.py", "test_chat_resume.py", "test_rows_stale.py",
                                  "test_tracking_threads.py", "test_tracking_hooks.py",
-                                 "test_tracking_steps.py")
+                                 "test_tracking_steps.py", "test_tracking_fast.py")
 
 SCOPE: list[Scope] = [
     Scope("helpers/compare.py", ("NoiseFloor.*", "tensors_bitwise_equal", "ulp", "dtype_eps", "noise_floor",
