@@ -56,3 +56,16 @@ def test_the_counted_child_loads_the_saved_model_and_runs_the_tracked_generate(t
     monkeypatch.setattr(bench.gc, "freeze", lambda: None)  # not this test process's heap
     build("dense").save_pretrained(tmp_path)
     bench.child(f"1,2,{tmp_path}")  # what valgrind counts: the saved model, tracked, 2 new tokens after a warm-up
+
+
+def test_the_table_names_the_kits_commit_it_ran_at(monkeypatch):
+    import re
+
+    import torch
+    from helpers.pipeline.run.record import git_state
+
+    monkeypatch.setattr(bench, "models", lambda: {"tiny": (lambda: build("dense"), 1)})
+    monkeypatch.setattr(bench.gc, "freeze", lambda: None)
+    head, *_, row = bench.table(torch.device("cpu"), 2, None, count_them=False)
+    commit = git_state()[0]
+    assert re.search(rf", kit {commit[:12] if commit else 'unknown'}( \(dirty\))?, torch ", head) and "| tiny | " in row

@@ -192,8 +192,12 @@ def table(device: torch.device, new: int, runs: int | None, count_them: bool = T
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU ({torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.2f} at the start)"
-    lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {name}, torch {torch.__version__}, "
-             f"transformers {transformers.__version__}: greedy generate() of {new} new tokens after a 32-token prompt, "
+    from helpers.pipeline.run.record import git_state
+
+    commit, dirty = git_state()
+    kit = f"kit {(commit or 'unknown')[:12]}{' (dirty)' if dirty else ''}"
+    lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {name}, {kit}, "
+             f"torch {torch.__version__}, transformers {transformers.__version__}: greedy generate() of {new} new tokens after a 32-token prompt, "
              f"interleaved pairs of runs in one process (overhead: the median of the pairs' ratios, "
              f"[its 95% interval]), "
              f"{'thread CPU time' if clock(device) is time.thread_time else 'wall time'} (`make bench`).", "",
