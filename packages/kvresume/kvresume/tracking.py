@@ -48,8 +48,6 @@ def eager(hook: Callable[..., None]) -> Callable[..., None]:
 
 
 compiling = torch.compiler.is_compiling  # eager's check, made by the model's two hooks themselves: a frame less a step
-
-
 UNFOLLOWED = "kv_ledger_unfollowed"  # on a cache the tracker met but could not follow: why
 
 
@@ -88,8 +86,7 @@ class Tracker:
     linear: bool | None = None  # its caches have linear-attention layers (None: not seen yet)
     rope_handle: Any = None  # the rotary pre-hook while it is on
     passthrough: bool | None = None  # the rotary got the given position ids themselves (None: not seen yet)
-    text: bool = False  # neither an encoder-decoder nor keeping a position state: its decode steps may be read
-    # from their kwargs alone (kvresume.steps.decode_step)
+    text: bool = False  # no encoder-decoder, no position state: decode steps read from kwargs (steps.decode_step)
     cache_name: str = "past_key_values"  # the forward's cache keyword (kvresume.compat.cache_kwarg)
 
     @property
@@ -259,10 +256,13 @@ def _post(tracker: Tracker) -> Callable[..., None]:
 
 
 def track(model: torch.nn.Module) -> Tracker:
-    """Record a ledger on every cache this model's forward calls write to (generate()'s included) until `remove()`."""
+    """Record a ledger on every cache this model's forward calls write to (generate()'s included) until `remove()`;
+    a tracked module inside it is untracked (each write is recorded once, by the outermost model: track that one)."""
     existing = model.__dict__.get(HANDLE_ATTR)
     if existing is not None:
         return existing
+    for inner in [m.__dict__[HANDLE_ATTR] for m in model.modules() if HANDLE_ATTR in m.__dict__]:
+        inner.remove()
     tracker = Tracker(model, rope=rotary_embedding(model), rope_state=compat.rope_state_owner(model) is not None,
                       decoder=is_encoder_decoder(model))
     tracker.text, tracker.cache_name = not tracker.rope_state and not tracker.decoder, compat.cache_kwarg(model)

@@ -10,6 +10,7 @@ import copy
 import torch
 
 from kvresume import ledger_of, track
+from kvresume.tracking import is_tracked
 from kvresume.compat import rotary_embedding
 from kvresume.testing import build
 from kvresume.ledger import TAIL, joined, ledger_owner, stale_prefix, stored_ledger
@@ -146,3 +147,17 @@ def test_decode_steps_are_read_from_the_keys_they_left_not_from_what_the_cache_h
     with torch.no_grad():  # untracked: other tokens over the last 3 decode steps' slots
         m(input_ids=torch.tensor([[5, 6, 7]]), past_key_values=cache, use_cache=True)
     assert stale_prefix(cache) == (16, 19, 0) and ledger_of(cache) is None
+
+
+def test_a_model_tracked_around_a_tracked_inner_model_records_each_write_once():
+    m = build("dense")
+    inner = track(m.model)  # as a plugin tracking every PreTrainedModel at post_init: the inner one first
+    track(m)
+    assert not is_tracked(m.model) and not m.model._forward_pre_hooks and inner.model is m.model
+    prompt = torch.arange(10, 22).view(2, -1)
+    with torch.no_grad():
+        out = m.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False,
+                         pad_token_id=0, return_dict_in_generate=True)
+    led = ledger_of(out.past_key_values)
+    assert led.length == out.past_key_values.get_seq_length() and torch.equal(led.token_ids, out.sequences[:, :-1])
+    track(m).remove()
