@@ -91,11 +91,10 @@ class Write:
 
 @dataclass(slots=True)
 class Steps:
-    """Decode steps of `f` tokens each after slot `start`, one after another on the rows and fingerprint layer of their
-    tail, as fed (per step the 2-D ids, their own 2-D positions, the mask; no op a step), and the fingerprint layer's
-    keys tensor the last one left. Their slots are read from it when folded: each step's write made it anew from the one
-    before (kvresume.steps.continued), and the cache never writes into it in place (a reset() zeroes it, and the
-    slots copied before the steps then differ)."""
+    """Decode steps of `f` tokens each after slot `start` on their tail's rows and fingerprint layer, as fed (per step
+    the 2-D ids, own 2-D positions and mask: no op a step), and the layer's keys tensor the last one left, which their
+    slots are read from when folded: each step's write made it anew from the one before (kvresume.steps.continued), and
+    the cache never writes into it in place (a reset() zeroes it: the slots copied before the steps then differ)."""
 
     f: int
     layer: int | None
@@ -155,9 +154,7 @@ class Tail:
         """Append one write of the ledger's rows; every FOLD writes they are folded into one ledger, in place."""
         self.chunks.append(chunk)
         self.length += chunk.length
-        self.writes += 1
-        if self.writes >= FOLD:
-            self.chunks, self.writes = [joined(self.chunks)], 0
+        self._counted()
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor, mask: Any) -> bool:
         """Append one decode step (kvresume.steps.decode_step) to the last `Steps` where it continues them; False where
@@ -172,10 +169,14 @@ class Tail:
         run.steps.append((ids, positions, mask))
         self.keys = run.keys = keys
         self.length += f
-        self.writes += 1
-        if self.writes >= FOLD:  # as `add` (one frame less a decode step); the next step goes on in this tail
-            self.chunks, self.writes = [joined(self.chunks)], 0
+        self._counted()
         return True
+
+    def _counted(self) -> None:
+        """One more write; every FOLD writes the chunks fold into one ledger, in place (the next step goes on here)."""
+        self.writes += 1
+        if self.writes >= FOLD:
+            self.chunks, self.writes = [joined(self.chunks)], 0
 
     def __deepcopy__(self, memo: dict) -> "Tail":
         """A copy holding the folded ledger (a copy of each write's ids and mask views would copy the whole tensors
