@@ -132,7 +132,7 @@ upstream-tests: env ## write outputs/upstream/test_resume_contract.py (standalon
 	$(PY) -m helpers.api.upstream $(if $(UPSTREAM_RELEASES),--releases $(UPSTREAM_RELEASES))
 
 # bench: what kvresume.track costs per decoded token, tracked vs untracked (the tiny model and a ~64M random Qwen3,
-# 256 new tokens): ms (median of interleaved pairs' ratios, 31/11 pairs, with its 95% interval) and instructions under
+# 256 new tokens): ms (median of interleaved pairs' ratios, 101/11 pairs, with its 95% interval) and instructions under
 # valgrind's cachegrind (apt-get install valgrind; the same count whatever the load), and one resume()'s extra memory;
 # into docs/performance.md ("Tracking cost"). BENCH_ARGS="--runs 9 --new 128 --no-count --device cuda" changes it.
 BENCH_ARGS ?=

@@ -27,6 +27,8 @@ from typing import Any, Callable
 
 import torch
 
+from helpers.pipeline.run.record import git_state
+
 ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "performance.md"
 THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # no pool thread spinning while counted
@@ -35,7 +37,7 @@ BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
 def mid_model() -> torch.nn.Module:
-    """A seeded random Qwen3 on kvresume.testing's config: hidden 512, 10 layers, 8 heads (4 K/V), vocab 32000 (~64M)."""
+    """A seeded random Qwen3 on kvresume.testing's config: hidden 512, 10 layers, 8 heads (4 K/V), vocab 32k (~64M)."""
     import transformers
     from kvresume.testing import text_config
 
@@ -192,14 +194,12 @@ def table(device: torch.device, new: int, runs: int | None, count_them: bool = T
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU ({torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.2f} at the start)"
-    from helpers.pipeline.run.record import git_state
-
     commit, dirty = git_state()
     kit = f"kit {(commit or 'unknown')[:12]}{' (dirty)' if dirty else ''}"
     lines = [f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {name}, {kit}, "
-             f"torch {torch.__version__}, transformers {transformers.__version__}: greedy generate() of {new} new tokens after a 32-token prompt, "
-             f"interleaved pairs of runs in one process (overhead: the median of the pairs' ratios, "
-             f"[its 95% interval]), "
+             f"torch {torch.__version__}, transformers {transformers.__version__}: greedy generate() of {new} new "
+             f"tokens after a 32-token prompt, interleaved pairs of runs in one process (overhead: the median of the "
+             f"pairs' ratios, [its 95% interval]), "
              f"{'thread CPU time' if clock(device) is time.thread_time else 'wall time'} (`make bench`).", "",
              "| model | parameters | pairs | untracked ms/token (median) | tracked ms/token (median) | "
              "overhead [95%] | "
