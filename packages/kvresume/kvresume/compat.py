@@ -45,6 +45,12 @@ def output_cache(output: Any) -> Any:
     return next((value for value in values if value is not None), None)
 
 
+def plain_generate(model: torch.nn.Module) -> Any:
+    """The model class's own generate(), bound: a pool attached to the instance (kvresume.pool.attach) is not
+    re-entered by kvresume's own calls."""
+    return type(model).generate.__get__(model)
+
+
 def generate_logits(output: Any) -> tuple[torch.Tensor, ...]:
     """Per-step raw logits of `generate(..., output_logits=True, return_dict_in_generate=True)`."""
     logits = getattr(output, "logits", None)

@@ -101,12 +101,15 @@ def _dry_run(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[s
     def stop() -> None:
         raise _Stop
 
-    args = {"max_new_tokens": 1, **kwargs}  # a length limit cannot stop it first
+    config = kwargs.get("generation_config")
+    limited = config is not None and config.max_new_tokens  # (a config beside max_new_tokens= warns on 5.17)
+    args = kwargs if limited else {"max_new_tokens": 1, **kwargs}  # a length limit cannot stop it first
+    args = {k: v for k, v in args.items() if k != "streamer"}  # the dry run's prompt is not the caller's to stream
     state = compat.get_rope_state(model)
     try:
         with torch.no_grad(), checked_first_call(model, call, stop), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # generate()'s advice on this dry run's length is not the caller's
-            model.generate(inputs, **args)
+            compat.plain_generate(model)(inputs, **args)
     except _Stop:
         pass
     finally:
@@ -139,11 +142,11 @@ def guarded_generate(model: torch.nn.Module, inputs: torch.Tensor | None = None,
     """`model.generate(inputs, *args, **kwargs)` unchanged, its first model call checked before it computes."""
     call = from_generate(model, inputs, kwargs, processed_length)
     if call is None or call.lengths[1] == 0:
-        return model.generate(inputs, *args, **kwargs)
+        return compat.plain_generate(model)(inputs, *args, **kwargs)
     state = compat.get_rope_state(model)
     try:
         with checked_first_call(model, call):
-            return model.generate(inputs, *args, **kwargs)
+            return compat.plain_generate(model)(inputs, *args, **kwargs)
     except ResumeInputError:
         compat.put_rope_state(model, state)  # refused inside the first call: the model's position state as it was
         raise

@@ -138,7 +138,7 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
         record.detail = f"{which}: this release's generate() cannot continue a cache with it ({exc.check}); re-prefilled"
         inputs, kwargs = _arguments(model, input_ids, ids, led.first(0), given_mask, generate_kwargs, decoder)
     record.fed = int(ids.shape[1]) - keep
-    out = model.generate(inputs, **{name: cache}, **kwargs)
+    out = compat.plain_generate(model)(inputs, **{name: cache}, **kwargs)
     return _with_record(out, cache, record)
 
 

@@ -1,0 +1,63 @@
+"""Tiny local model folders a real server loads (nothing downloaded): `chat_folder(path)` saves a seeded random Llama
+with a byte-level BPE tokenizer trained here on a fixed text and a ChatML chat template, as `transformers serve`
+and `kvresume serve` load it from disk. `size="24M"` gives the benchmark's model; the default is tiny.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import transformers
+
+TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+            "{% else %}{% for p in m['content'] %}{% if p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}"
+            "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SIZES = {"tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2),
+         "24M": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=6, num_attention_heads=8,
+                     num_key_value_heads=4)}
+
+
+def corpus() -> list[str]:
+    """The fixed text the tokenizer is trained on: English words and their pieces, digits, punctuation."""
+    words = ("the a of to and in is it you that he was for on are with as his they be at one have this from or had by "
+             "word but what some we can out other were all there when up use your how said an each she which do their "
+             "time if will way about many then them write would like so these her long make thing see him two has look "
+             "more day could go come did number sound no most people my over know water than call first who may down "
+             "side been now find any new work part take get place made live where after back little only round man year "
+             "came show every good me give our under name very through just form sentence great think say help low line "
+             "cache token model resume prefix server chat turn reply prompt image").split()
+    return [" ".join(words[i:] + words[:i]) + f" {i} {i * 7}, {i * 13}." for i in range(len(words))]
+
+
+def tokenizer() -> transformers.PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (1,024 entries) with the ChatML special tokens and chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus(), trainer)
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                                bos_token=None, unk_token=None)
+    fast.chat_template = TEMPLATE
+    return fast
+
+
+def chat_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> Path:
+    """Save a seeded random Llama of `size` with the chat tokenizer into `path` (made if missing); returns the path."""
+    path = Path(path)
+    tok = tokenizer()
+    config = transformers.LlamaConfig(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=False,
+                                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                                      bos_token_id=None, **SIZES[size])
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
