@@ -1,7 +1,12 @@
-"""`python -m kvresume serve MODEL [options]`: see kvresume.serve."""
+"""`python -m kvresume serve MODEL [options]`: kvresume.serving.serve (needs the `serve` extra)."""
 import sys
 
-from .serve import main
+
+def run() -> int:
+    from kvresume.serving.serve import main
+
+    return main()
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

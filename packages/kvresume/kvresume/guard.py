@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from transformers import GenerationConfig
 
 from . import compat
 from .call import ResumeCall, first_call_hook, from_forward, from_generate, is_encoder_decoder
@@ -101,9 +102,9 @@ def _dry_run(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: dict[s
     def stop() -> None:
         raise _Stop
 
-    config = kwargs.get("generation_config")
-    limited = config is not None and config.max_new_tokens  # (a config beside max_new_tokens= warns on 5.17)
-    args = kwargs if limited else {"max_new_tokens": 1, **kwargs}  # a length limit cannot stop it first
+    config = kwargs.get("generation_config")  # a length limit cannot stop it first (one new token, in the config
+    args = ({"max_new_tokens": 1, **kwargs} if config is None  # where one is given: beside it, 5.17 warns)
+            else {**kwargs, "generation_config": GenerationConfig.from_dict({**config.to_dict(), "max_new_tokens": 1})})
     args = {k: v for k, v in args.items() if k != "streamer"}  # the dry run's prompt is not the caller's to stream
     state = compat.get_rope_state(model)
     try:

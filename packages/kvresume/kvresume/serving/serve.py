@@ -24,11 +24,12 @@ from typing import Any
 
 from transformers.cli.serving import chat_completion, model_manager, utils
 
-from .pool import PoolRecord, attach
+from ..pool import PoolRecord, attach
 
 TOKENS_ENV, OFF_ENV, TAG = "KVRESUME_POOL_TOKENS", "KVRESUME_POOL_OFF", "kvresume_request"
 CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvresume_request", default=None)
 RECORDS: dict[str, PoolRecord] = {}  # request id -> the pool's record, in the server's process
+LOADERS: list[Any] = []  # 5.25: the loaders of this server process, whose queues bring the records back
 log = logging.getLogger("kvresume.serve")
 
 
@@ -78,19 +79,21 @@ if hasattr(model_manager, "ModelLoader"):  # 5.25: the model loads and runs in a
         def _load_model(self, *args: Any, **kwargs: Any) -> Any:
             return pooled(super()._load_model(*args, **kwargs), lambda tag, rec: self.records.put((tag, rec)))
 
-    LOADERS: list[Any] = []  # the loaders of this server process, whose queues bring the records back
 
 
 def record_for(tag: str, wait: float = 10.0) -> PoolRecord | None:
-    """The pool's record of a request: at hand (5.17), or read off the loaders' queues (5.25) until it comes."""
+    """The pool's record of a request, which its generate() publishes as it returns: the usage is built once the
+    last token is out, a moment before that (5.17: into RECORDS; 5.25: onto the loaders' queues)."""
     end = time.monotonic() + wait
-    while tag not in RECORDS and globals().get("LOADERS") and time.monotonic() < end:
+    while tag not in RECORDS and time.monotonic() < end:
         for loader in LOADERS:
             try:
-                got, rec = loader.records.get(timeout=0.05)
-                RECORDS[got] = rec
+                while True:
+                    got, rec = loader.records.get_nowait()
+                    RECORDS[got] = rec
             except queue.Empty:
                 pass
+        time.sleep(0.001)
     return RECORDS.pop(tag, None)
 
 

@@ -1,0 +1,231 @@
+"""kvresume.pool: every pooled call equals the model's own generate() over the whole input (a hit equals a miss), or
+is re-prefilled with its cause; the budget, the identity and the whole-input arguments at their boundaries."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from transformers import LogitsProcessor, StoppingCriteria
+
+from kvresume import pool as pool_mod
+from kvresume.pool import Pool, attach, identity, unpooled
+from kvresume.testing import build
+
+GREEDY = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
+
+
+def ids(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(10, 2000, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(scope="module")
+def ref() -> torch.nn.Module:
+    return build("llama")
+
+
+def plain(model: torch.nn.Module, x: torch.Tensor, **kw) -> torch.Tensor:
+    with torch.no_grad():
+        return type(model).generate(model, x, **{**GREEDY, **kw})
+
+
+def chat(p: Pool, ref: torch.nn.Module, turns: int, **kw) -> list[int]:
+    """Turns of a chat through the pool, each equal to the reference's no-pool run; the tokens reused per turn."""
+    x, reused = ids(20), []
+    for t in range(turns):
+        got = p.generate(x, attention_mask=torch.ones_like(x), **{**GREEDY, **kw})
+        assert torch.equal(got, plain(ref, x, attention_mask=torch.ones_like(x), **kw)), t
+        reused.append(p.last.reused)
+        x = torch.cat([got, ids(4, t + 1)], 1)
+    return reused
+
+
+def test_a_chat_reuses_each_earlier_turn_and_equals_a_miss(ref):
+    p = Pool(build("llama"))
+    assert chat(p, ref, 4) == [0, 24, 33, 42]  # 20 + 5 - 1 cached, then 9 more a turn
+    assert p.last.reason == "extends" and p.held == 51 and len(p.entries) == 1
+
+
+def test_a_regenerated_answer_branches_and_keeps_the_longer_path(ref):
+    p = Pool(build("llama"))
+    chat(p, ref, 2)
+    longer = p.held
+    x = ids(20)
+    assert torch.equal(p.generate(x, **GREEDY), plain(ref, x))
+    assert p.last.reused == 19 and p.last.reason == "regenerate"
+    assert sorted(pool_mod._length(c) for _, c in p.entries.values()) == [24, longer]
+
+
+@pytest.mark.parametrize("budget, kept", [(24, 1), (23, 0)])
+def test_the_budget_keeps_a_cache_of_exactly_its_tokens_and_not_one_more(ref, budget, kept):
+    p = Pool(build("llama"), max_tokens=budget)
+    p.generate(ids(20), **GREEDY)  # 24 tokens cached
+    assert len(p.entries) == kept and p.held <= budget
+
+
+def test_the_least_recently_used_cache_goes_first(ref):
+    p = Pool(build("llama"), max_tokens=60)
+    a, b = ids(20, 1), ids(20, 2)
+    p.generate(a, **GREEDY)
+    p.generate(b, **GREEDY)
+    p.generate(torch.cat([a, ids(2, 3)], 1), **GREEDY)  # a used again (extended: 22 + 4 = 26 tokens)
+    p.generate(ids(20, 4), **GREEDY)  # 24 more: 24 + 26 + 24 > 60, b is the least recently used
+    held = [c for _, c in p.entries.values()]
+    assert len(held) == 2 and all(pool_mod.ledger_of(c).common_prefix(b) < 20 for c in held)
+
+
+def test_other_weights_behind_the_same_ids_are_not_reused(ref):
+    m = build("llama")
+    p = Pool(m)
+    x = ids(20)
+    p.generate(x, **GREEDY)
+    before = identity(m)
+    with torch.no_grad():
+        m.model.layers[0].mlp.down_proj.weight.mul_(1.5)  # in place: same tensor, other values
+    assert identity(m) != before
+    out = p.generate(torch.cat([x, ids(3, 9)], 1), **GREEDY)
+    assert p.last.reused == 0 and torch.equal(out, plain(m, torch.cat([x, ids(3, 9)], 1)))
+    m.load_state_dict(ref.state_dict())  # the reference's weights again: a new identity, reuse only under it
+    assert identity(m) == identity(ref)
+
+
+def test_an_adapter_switched_on_or_off_is_another_identity():
+    peft = pytest.importorskip("peft")
+    m = build("llama")
+    lora = peft.get_peft_model(m, peft.LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
+    on = identity(lora)
+    with lora.disable_adapter():
+        off = identity(lora)
+    assert on != off and identity(lora) == on
+
+
+@pytest.mark.parametrize("extra, why", [
+    (dict(repetition_penalty=1.5), "repetition_penalty"), (dict(num_return_sequences=2, do_sample=True), "num_return"),
+    (dict(num_beams=3), "num_beams"), (dict(no_repeat_ngram_size=2), "no_repeat"),
+    (dict(cache_implementation="static"), "cache_implementation"), (dict(bad_words_ids=[[5, 6]]), "bad_words"),
+])
+def test_arguments_that_read_the_whole_input_or_expand_rows_are_re_prefilled_and_equal(ref, extra, why):
+    p = Pool(build("llama"))
+    chat(p, ref, 1)
+    x = torch.cat([ids(20), ids(4, 1)], 1)
+    torch.manual_seed(0)
+    got = p.generate(x, **{**GREEDY, **extra})
+    torch.manual_seed(0)
+    assert torch.equal(got, plain(ref, x, **extra))
+    assert p.last.reused == 0 and p.last.reason == "re-prefilled" and why in p.last.detail
+
+
+def test_a_neutral_setting_is_pooled(ref):
+    assert unpooled(ref, ids(5), dict(repetition_penalty=1.0, num_beams=1)) is None
+    assert "repetition_penalty" in unpooled(ref, ids(5), dict(repetition_penalty=1.01))
+    assert "one row" in unpooled(ref, ids(5).repeat(2, 1), {})
+    assert "past_key_values" in unpooled(ref, ids(5), dict(past_key_values=object()))
+
+
+@pytest.mark.parametrize("extra", [dict(max_length=30, max_new_tokens=None), dict(min_length=30, max_new_tokens=12)])
+def test_length_limits_count_the_whole_sequence(ref, extra):
+    p = Pool(build("llama"))
+    chat(p, ref, 1)
+    x = ids(20)
+    x = torch.cat([x, plain(ref, x)[:, 20:], ids(2, 5)], 1)  # 27 tokens, 24 of them cached
+    got = p.generate(x, **{**GREEDY, **extra})
+    assert p.last.reused == 24 and torch.equal(got, plain(ref, x, **extra))
+
+
+class Recorder(LogitsProcessor):
+    """Bans the token the whole sequence ends with, and records the lengths it saw."""
+
+    def __init__(self):
+        self.seen: list[int] = []
+
+    def __call__(self, input_ids, scores):
+        self.seen.append(int(input_ids.shape[1]))
+        return scores.scatter(1, input_ids[:, :1], -1e9)
+
+
+class StopAt(StoppingCriteria):
+    def __init__(self, n: int):
+        self.n, self.seen = n, []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.seen.append(int(input_ids.shape[1]))
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.n, dtype=torch.bool)
+
+
+def test_a_callers_processors_and_criteria_see_the_whole_sequence(ref):
+    p = Pool(build("llama"))
+    chat(p, ref, 1)
+    x = torch.cat([ids(20), plain(ref, ids(20))[:, 20:], ids(2, 5)], 1)
+    a, b = Recorder(), Recorder()
+    s, t = StopAt(30), StopAt(30)
+    got = p.generate(x, logits_processor=[a], stopping_criteria=[s], **GREEDY)
+    want = plain(ref, x, logits_processor=[b], stopping_criteria=[t])
+    assert p.last.reused == 24 and torch.equal(got, want)
+    assert a.seen == b.seen == [27, 28, 29] and s.seen == t.seen == [28, 29, 30]
+
+
+def test_stop_strings_are_matched_over_the_whole_sequence():
+    from kvresume.serving.folders import tokenizer
+
+    tok = tokenizer()
+    m = build("llama")
+    p = Pool(m)
+    x = ids(20)
+    first = p.generate(x, **GREEDY)
+    stop = tok.decode(first[0, 22:24])  # a string the reply holds
+    y = torch.cat([x, ids(3, 2)], 1)
+    got = p.generate(y, stop_strings=[stop], tokenizer=tok, **{**GREEDY, "max_new_tokens": 8})
+    assert torch.equal(got, plain(m, y, stop_strings=[stop], tokenizer=tok, max_new_tokens=8))
+
+
+def test_the_guards_refusal_is_re_prefilled_never_raised(ref, monkeypatch):
+    from kvresume.checks import ResumeInputError
+
+    p = Pool(build("llama"))
+    chat(p, ref, 1)
+
+    def refuse(*a, **k):
+        raise ResumeInputError("ledger_tokens", "refused for the test")
+
+    monkeypatch.setattr(pool_mod, "resume", refuse)
+    x = torch.cat([ids(20), ids(3, 1)], 1)
+    assert torch.equal(p.generate(x, **GREEDY), plain(ref, x))
+    assert p.last.reason == "re-prefilled" and "ledger_tokens" in p.last.detail
+
+
+def test_off_is_the_models_own_generate(ref):
+    p = Pool(build("llama"), enabled=False)
+    chat(p, ref, 2)
+    assert p.last.reused == 0 and p.last.detail == "the pool is off" and not p.entries
+
+
+def test_attach_makes_model_generate_the_pools_and_kvresume_never_re_enters_it(ref):
+    m = build("llama")
+    p = attach(m)
+    x = ids(20)
+    out = m.generate(x, **GREEDY)
+    m.generate(torch.cat([out, ids(4, 1)], 1), **GREEDY)
+    assert p.last.reused == 24  # the pool's own resume() called the class's generate, not the pool again
+
+
+def test_two_threads_on_one_model_each_get_their_own_answer(ref):
+    p = Pool(build("llama"))
+    convs = {i: ids(15 + i, i) for i in range(2)}
+    wrong: list[tuple[int, int]] = []
+    start = threading.Barrier(2)
+
+    def run(i: int) -> None:
+        x = convs[i]
+        start.wait()
+        for t in range(3):
+            got = p.generate(x, **GREEDY)
+            if not torch.equal(got, plain(ref, x)):
+                wrong.append((i, t))
+            x = torch.cat([got, ids(3, 10 * i + t)], 1)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert wrong == [] and len(p.entries) == 2

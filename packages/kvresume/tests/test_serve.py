@@ -1,0 +1,139 @@
+"""`kvresume serve` against plain `transformers serve`: two real server processes on localhost over one tiny local model
+folder (a byte-level BPE tokenizer, a chat template), both talked to with the official `openai` client. Every reply
+is equal; the pooled server reports the cached tokens its pool reused (and the plain one none)."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+pytestmark = pytest.mark.e2e
+PLAIN = [str(Path(sys.executable).with_name("transformers")), "serve"]
+POOLED = [sys.executable, "-m", "kvresume", "serve"]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _start(command: list[str], folder: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, "openai.OpenAI"]:
+    port = _port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.Popen([*command, str(folder), "--port", str(port), *extra], stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, env=env)
+    client = openai.OpenAI(base_url=f"http://localhost:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    end = time.monotonic() + 120
+    while time.monotonic() < end:
+        try:
+            requests.get(f"http://localhost:{port}/health", timeout=5).raise_for_status()
+            return proc, client
+        except requests.RequestException:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.3)
+    proc.kill()
+    raise TimeoutError(log.read_text())
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    from kvresume.serving.folders import chat_folder
+
+    root = tmp_path_factory.mktemp("serve")
+    folder = chat_folder(root / "chat-tiny")
+    started = [_start(PLAIN, folder, root / "plain.log"), _start(POOLED, folder, root / "pooled.log")]
+    yield folder, started[0][1], started[1][1], root / "pooled.log"
+    for proc, _ in started:
+        proc.terminate()
+        proc.wait(30)
+
+
+def ask(client, folder, messages, stream=False, **extra):
+    """(reply text, prompt tokens, cached tokens or None) of one chat completion."""
+    args = dict(model=str(folder), messages=messages, max_tokens=10, **{"temperature": 0, **extra})
+    if not stream:
+        r = client.chat.completions.create(**args)
+        details = r.usage.prompt_tokens_details
+        return r.choices[0].message.content, r.usage.prompt_tokens, details and details.cached_tokens
+    text, usage = "", None
+    for chunk in client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}):
+        text += "".join(c.delta.content or "" for c in chunk.choices)
+        usage = chunk.usage or usage
+    details = usage and usage.prompt_tokens_details
+    return text, usage and usage.prompt_tokens, details and details.cached_tokens
+
+
+def both(servers, messages, **extra):
+    folder, plain, pooled, _ = servers
+    a, b = ask(plain, folder, messages, **extra), ask(pooled, folder, messages, **extra)
+    assert a[0] == b[0] and (a[1] is None or a[1] == b[1]), (a, b)
+    assert not a[2]  # plain transformers serve reuses nothing
+    return b
+
+
+def user(i: int, topic: str = "cache") -> dict:
+    return {"role": "user", "content": f"turn {i}: say more about the {topic} and the model, number {i * 7}"}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_multi_turn_chat_answers_as_plain_serve_and_reports_cached_tokens(servers, stream):
+    messages, cached = [], []
+    for i in range(4):
+        messages.append(user(i, "stream" if stream else "cache"))
+        text, prompt, hit = both(servers, messages, stream=stream)
+        cached.append(hit)
+        messages.append({"role": "assistant", "content": text})
+    assert all(c is not None for c in cached) and cached == sorted(set(cached)) and cached[1] > 12, cached
+
+
+def test_a_regenerated_answer_and_an_edited_message(servers):
+    messages = [user(0, "regenerate")]
+    text, prompt, _ = both(servers, messages)
+    assert both(servers, messages)[2] == prompt - 1  # the same prompt again: all but one token reused
+    edited = [{"role": "user", "content": "turn 0: say more about the EDIT"}, {"role": "assistant", "content": text},
+              user(1)]
+    _, prompt, hit = both(servers, edited)
+    assert 0 < hit <= 12  # the prefix up to the edit only ("<|im_start|>user\\nturn 0: say more about the ")
+
+
+def test_penalties_stop_and_seeded_sampling_answer_as_plain_serve(servers):
+    messages = [user(0, "penalty")]
+    text = both(servers, messages)[0]
+    messages += [{"role": "assistant", "content": text}, user(1, "penalty")]
+    assert both(servers, messages, frequency_penalty=0.5)[2] == 0  # re-prefilled: the penalty reads the whole input
+    stop = text[2:5] or "e"
+    both(servers, messages, stop=[stop])
+    both(servers, messages, temperature=1.0, seed=7)
+
+
+def test_two_clients_at_once(servers):
+    folder, plain, pooled, _ = servers
+    want = {i: ask(plain, folder, [user(i, f"client {i}")])[0] for i in range(2)}
+    got: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        got[i] = ask(pooled, folder, [user(i, f"client {i}")])[0]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+
+
+def test_each_request_logs_what_was_reused_and_why(servers):
+    lines = [line for line in servers[3].read_text().splitlines() if line.startswith("kvresume: request")]
+    assert lines and all("reused" in line and "fed (" in line for line in lines)
