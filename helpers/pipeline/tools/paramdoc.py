@@ -43,12 +43,19 @@ def parameter_rows(path: Path) -> list[tuple[str, str, str]]:
             if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)]
 
 
+def _table(rows: list[tuple[str, str, str]]) -> list[str]:
+    return ["| parameter | default | what it is |", "|---|---|---|",
+            *[f"| `{name}` | {code(default)} | {cell(note)} |" for name, default, note in rows], ""]
+
+
 def render(root: Path | None = None) -> str:
-    """The whole page: one section per notebook with a parameters cell."""
+    """The whole page: the rows every notebook's cell shares once, then each notebook's own rows."""
     root = root or repo_root()
-    out = [HEAD]
-    for path in sorted((root / "notebooks").glob("*.ipynb")):
-        if rows := parameter_rows(path):
-            out += [f"## {path.stem}", "", "| parameter | default | what it is |", "|---|---|---|",
-                    *[f"| `{name}` | {code(default)} | {cell(note)} |" for name, default, note in rows], ""]
+    cells = {p.stem: rows for p in sorted((root / "notebooks").glob("*.ipynb")) if (rows := parameter_rows(p))}
+    first = next(iter(cells.values()), [])
+    shared = [row for row in first if all(row in rows for rows in cells.values())] if len(cells) > 1 else []
+    out = [HEAD, "## Every notebook", "", *_table(shared)] if shared else [HEAD]
+    for stem, rows in cells.items():
+        own = [row for row in rows if row not in shared]
+        out += [f"## {stem}", ""] + (_table(own) if own else ["Only the parameters every notebook has.", ""])
     return "\n".join(out)

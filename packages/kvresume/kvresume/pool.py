@@ -23,7 +23,7 @@ from typing import Any, Callable
 import torch
 from transformers import DynamicCache, GenerationConfig
 
-from . import compat
+from . import compat, images
 from .call import is_encoder_decoder
 from .guard import ResumeInputError
 from .ledger import ledger_of
@@ -94,6 +94,9 @@ def unpooled(model: torch.nn.Module, input_ids: Any, kwargs: dict[str, Any]) -> 
     given = [k for k in CALLER_STATE if kwargs.get(k) is not None]
     if given:
         return f"the caller passed {given[0]}"
+    pixels = [k for k, v in kwargs.items() if k.startswith("pixel_values") and v is not None]
+    if pixels and images.spans(model, {**kwargs, "input_ids": input_ids}) is None:
+        return f"{pixels[0]} without the grid kvresume keys images by (a LLaVA-style model): not keyed by pixels"
     config = effective_config(model, kwargs)
     for name, neutral in UNSAFE.items():
         value = getattr(config, name, neutral)

@@ -229,3 +229,9 @@ def test_two_threads_on_one_model_each_get_their_own_answer(ref):
     for th in threads:
         th.join()
     assert wrong == [] and len(p.entries) == 2
+
+
+def test_images_the_ledger_cannot_key_by_pixels_are_re_prefilled(ref):
+    why = unpooled(ref, ids(5), dict(pixel_values=torch.zeros(1, 3, 8, 8)))
+    assert why is not None and "pixel_values" in why
+    assert unpooled(ref, ids(5), dict(pixel_values=None)) is None
