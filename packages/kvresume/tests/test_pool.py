@@ -235,3 +235,22 @@ def test_images_the_ledger_cannot_key_by_pixels_are_re_prefilled(ref):
     why = unpooled(ref, ids(5), dict(pixel_values=torch.zeros(1, 3, 8, 8)))
     assert why is not None and "pixel_values" in why
     assert unpooled(ref, ids(5), dict(pixel_values=None)) is None
+
+
+def test_a_multimodal_chat_reuses_its_image_and_not_another_behind_the_same_ids():
+    from kvresume import testing
+
+    m, ref_vl = build("multimodal"), build("multimodal")
+    p = Pool(m)
+    one, both_ = testing.prompt("multimodal"), testing.both_turns()
+    g = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+    assert torch.equal(p.generate(**dict(one), **g), plain(ref_vl, None, **dict(one), **g))
+    assert torch.equal(p.generate(**dict(both_), **g), plain(ref_vl, None, **dict(both_), **g))
+    from packaging.version import Version
+    from transformers import __version__
+
+    if Version(__version__) < Version("5.25"):  # 5.25.0 reads turn 1's own image as another (reused 13): re-fed, right
+        assert p.last.reused > one["input_ids"].shape[1] - 2  # turn 1's image and text kept
+    other = {**both_, "pixel_values": torch.flip(both_["pixel_values"], [0])}  # other pictures, the same ids
+    assert torch.equal(p.generate(**other, **g), plain(ref_vl, None, **other, **g))
+    assert p.last.reused <= 13  # the prefix ends before the first image (12 text tokens and its vision start)

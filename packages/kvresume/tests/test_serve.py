@@ -9,10 +9,10 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
-import requests
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")
@@ -38,9 +38,9 @@ def _start(command: list[str], folder: Path, log: Path, *extra: str) -> tuple[su
     end = time.monotonic() + 120
     while time.monotonic() < end:
         try:
-            requests.get(f"http://localhost:{port}/health", timeout=5).raise_for_status()
+            urllib.request.urlopen(f"http://localhost:{port}/health", timeout=5).close()
             return proc, client
-        except requests.RequestException:
+        except OSError:
             assert proc.poll() is None, log.read_text()
             time.sleep(0.3)
     proc.kill()
