@@ -254,3 +254,13 @@ def test_a_multimodal_chat_reuses_its_image_and_not_another_behind_the_same_ids(
     other = {**both_, "pixel_values": torch.flip(both_["pixel_values"], [0])}  # other pictures, the same ids
     assert torch.equal(p.generate(**other, **g), plain(ref_vl, None, **other, **g))
     assert p.last.reused <= 13  # the prefix ends before the first image (12 text tokens and its vision start)
+
+
+@pytest.mark.parametrize("shared, reused", [(5, 5), (4, 0)])
+def test_a_prefix_under_a_quarter_of_the_prompt_is_re_prefilled(ref, shared, reused):
+    p = Pool(build("llama"))
+    x = ids(20)
+    p.generate(x, **GREEDY)
+    y = torch.cat([x[:, :shared], ids(20 - shared, 99) + 2048 // 2], 1).clamp(max=2047)  # 20 tokens, `shared` cached
+    assert torch.equal(p.generate(y, **GREEDY), plain(ref, y))
+    assert p.last.reused == reused and (reused or "under 25%" in p.last.detail)

@@ -3,14 +3,7 @@ folder (a byte-level BPE tokenizer, a chat template), both talked to with the of
 is equal; the pooled server reports the cached tokens its pool reused (and the plain one none)."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
@@ -19,41 +12,15 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 pytestmark = pytest.mark.e2e
-PLAIN = [str(Path(sys.executable).with_name("transformers")), "serve"]
-POOLED = [sys.executable, "-m", "kvresume", "serve"]
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
-def _start(command: list[str], folder: Path, log: Path, *extra: str) -> tuple[subprocess.Popen, "openai.OpenAI"]:
-    port = _port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.Popen([*command, str(folder), "--port", str(port), *extra], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, env=env)
-    client = openai.OpenAI(base_url=f"http://localhost:{port}/v1", api_key="none", max_retries=0, timeout=120)
-    end = time.monotonic() + 120
-    while time.monotonic() < end:
-        try:
-            urllib.request.urlopen(f"http://localhost:{port}/health", timeout=5).close()
-            return proc, client
-        except OSError:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.3)
-    proc.kill()
-    raise TimeoutError(log.read_text())
 
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    from kvresume.serving.folders import chat_folder
+    from kvresume.serving.folders import POOLED, PLAIN, chat_folder, start
 
     root = tmp_path_factory.mktemp("serve")
     folder = chat_folder(root / "chat-tiny")
-    started = [_start(PLAIN, folder, root / "plain.log"), _start(POOLED, folder, root / "pooled.log")]
+    started = [start(PLAIN, folder, root / "plain.log"), start(POOLED, folder, root / "pooled.log")]
     yield folder, started[0][1], started[1][1], root / "pooled.log"
     for proc, _ in started:
         proc.terminate()
@@ -102,10 +69,11 @@ def test_a_regenerated_answer_and_an_edited_message(servers):
     messages = [user(0, "regenerate")]
     text, prompt, _ = both(servers, messages)
     assert both(servers, messages)[2] == prompt - 1  # the same prompt again: all but one token reused
-    edited = [{"role": "user", "content": "turn 0: say more about the EDIT"}, {"role": "assistant", "content": text},
-              user(1)]
-    _, prompt, hit = both(servers, edited)
-    assert 0 < hit <= 12  # the prefix up to the edit only ("<|im_start|>user\\nturn 0: say more about the ")
+    messages += [{"role": "assistant", "content": text}, user(1, "regenerate")]
+    _, before, _ = both(servers, messages)
+    messages[-1] = {"role": "user", "content": "turn 1: say more about the EDITED message"}
+    _, prompt, hit = both(servers, messages)
+    assert 0 < hit < before - 8  # reused up to the edit, not past it
 
 
 def test_penalties_stop_and_seeded_sampling_answer_as_plain_serve(servers):

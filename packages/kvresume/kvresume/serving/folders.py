@@ -1,10 +1,18 @@
-"""Tiny local model folders a real server loads (nothing downloaded): `chat_folder(path)` saves a seeded random Llama
-with a byte-level BPE tokenizer trained here on a fixed text and a ChatML chat template, as `transformers serve`
-and `kvresume serve` load it from disk. `size="24M"` gives the benchmark's model; the default is tiny.
+"""Tiny local model folders a real server loads (nothing downloaded), and the server processes on localhost:
+`chat_folder(path)` saves a seeded random Llama with a byte-level BPE tokenizer trained here on a fixed text and a
+ChatML chat template, as `transformers serve` and `kvresume serve` load it from disk (`size="24M"`: the benchmark's
+model; the default is tiny); `start(command, folder, log)` starts one on a free port and waits for its /health.
 """
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -15,7 +23,7 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['conten
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 SIZES = {"tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2),
-         "24M": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=6, num_attention_heads=8,
+         "24M": dict(hidden_size=512, intermediate_size=1408, num_hidden_layers=8, num_attention_heads=8,
                      num_key_value_heads=4)}
 
 
@@ -61,3 +69,35 @@ def chat_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> Path:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+PLAIN = [str(Path(sys.executable).with_name("transformers")), "serve"]  # transformers' own CLI, beside this python
+POOLED = [sys.executable, "-m", "kvresume", "serve"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def start(command: list[str], folder: Path, log: Path, *extra: str, wait: float = 120) -> tuple[subprocess.Popen, Any]:
+    """(the server process, an openai client of it): `command MODEL --port P extra`, offline, once /health answers."""
+    import openai
+
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.Popen([*command, str(folder), "--port", str(port), *extra], stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, env=env)
+    client = openai.OpenAI(base_url=f"http://localhost:{port}/v1", api_key="none", max_retries=0, timeout=600)
+    end = time.monotonic() + wait
+    while time.monotonic() < end:
+        try:
+            urllib.request.urlopen(f"http://localhost:{port}/health", timeout=5).close()
+            return proc, client
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{command[-2:]} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+            time.sleep(0.3)
+    proc.kill()
+    raise TimeoutError(log.read_text()[-3000:])

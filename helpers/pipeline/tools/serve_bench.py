@@ -1,0 +1,90 @@
+"""Time to first token per turn of one chat through two real servers, plain `transformers serve` and `kvresume serve`,
+on a local ~24M-parameter random Llama (kvresume.serving.folders, byte-level BPE, a chat template), with the `openai`
+client, streamed: prompt tokens, tokens the pool reused (the usage's cached_tokens), each first token's latency,
+and whether the replies are equal. Turns alternate between the servers so that load drifts alike on both.
+
+    python -m helpers.pipeline.tools.serve_bench [--turns 8] [--size 24M] [--words 120]
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _turn(client: Any, model: str, messages: list[dict], new: int) -> tuple[str, float, int, int]:
+    """(reply, seconds to the first content chunk, prompt tokens, cached tokens) of one streamed completion."""
+    start, first, text, usage = time.perf_counter(), None, "", None
+    for chunk in client.chat.completions.create(model=model, messages=messages, max_tokens=new, temperature=0,
+                                                stream=True, stream_options={"include_usage": True}):
+        piece = "".join(c.delta.content or "" for c in chunk.choices)
+        if piece and first is None:
+            first = time.perf_counter() - start
+        text, usage = text + piece, chunk.usage or usage
+    details = getattr(usage, "prompt_tokens_details", None)
+    return text, first or float("nan"), usage.prompt_tokens if usage else 0, (details and details.cached_tokens) or 0
+
+
+def run(turns: int, size: str, words: int, new: int) -> list[dict[str, Any]]:
+    """One row per turn: prompt tokens, reused, plain and pooled first-token seconds, replies equal."""
+    from kvresume.serving.folders import PLAIN, POOLED, chat_folder, corpus, start
+
+    root = Path(tempfile.mkdtemp(prefix="serve-bench-"))
+    folder = chat_folder(root / f"chat-{size}", size=size)
+    servers = [start(PLAIN, folder, root / "plain.log"), start(POOLED, folder, root / "pooled.log")]
+    text = (" ".join(corpus()) * 4).split()
+    rows, chats = [], ([], [])
+    say = lambda i: {"role": "user", "content": " ".join(text[i * words:(i + 1) * words])}  # noqa: E731
+    try:
+        for _, client in servers:  # one request each first: the first request of a process is slower
+            _turn(client, str(folder), [{"role": "user", "content": "warm up"}], 2)
+        for i in range(turns + 1):  # the last: a new conversation as long as the chat, which the pool misses
+            got = []
+            for (proc, client), messages in zip(servers, chats):
+                if i == turns:
+                    messages[:] = [{"role": "user", "content": " ".join(text[-words * turns:])}]
+                else:
+                    messages.append(say(i))
+                got.append(_turn(client, str(folder), messages, new))
+                messages.append({"role": "assistant", "content": got[-1][0]})
+            (a, ta, n, _), (b, tb, _, hit) = got
+            rows.append(dict(turn=str(i + 1) if i < turns else "new chat", prompt=n, reused=hit, plain_s=ta,
+                             pooled_s=tb, equal=a == b))
+    finally:
+        for proc, _ in servers:
+            proc.terminate()
+            proc.wait(30)
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| turn | prompt tokens | reused by the pool | first token, plain | first token, pooled | speed-up | replies equal |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['turn']} | {r['prompt']} | {r['reused']} | {r['plain_s'] * 1e3:.0f} ms | {r['pooled_s'] * 1e3:.0f} ms "
+              f"| {r['plain_s'] / r['pooled_s']:.1f}x | {'yes' if r['equal'] else 'NO'} |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--size", default="24M")
+    parser.add_argument("--words", type=int, default=120, help="words of each user message")
+    parser.add_argument("--new", type=int, default=16, help="max_tokens of each reply")
+    args = parser.parse_args(argv)
+    from kvresume.serving.folders import SIZES, tokenizer
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer()), tie_word_embeddings=False, **SIZES[args.size])
+    with __import__("torch").device("meta"):
+        params = sum(p.numel() for p in transformers.LlamaForCausalLM(config).parameters())
+    print(f"{args.size} chat model: {params / 1e6:.1f}M parameters, transformers {transformers.__version__}, "
+          f"{args.turns} turns of {args.words} words, {args.new} new tokens each, streamed")
+    print(table(run(args.turns, args.size, args.words, args.new)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
