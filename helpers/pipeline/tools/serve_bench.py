@@ -74,13 +74,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--words", type=int, default=120, help="words of each user message")
     parser.add_argument("--new", type=int, default=16, help="max_tokens of each reply")
     args = parser.parse_args(argv)
-    from kvresume.serving.folders import SIZES, tokenizer
     import transformers
 
-    config = transformers.LlamaConfig(vocab_size=len(tokenizer()), tie_word_embeddings=False, **SIZES[args.size])
-    with __import__("torch").device("meta"):
-        params = sum(p.numel() for p in transformers.LlamaForCausalLM(config).parameters())
-    print(f"{args.size} chat model: {params / 1e6:.1f}M parameters, transformers {transformers.__version__}, "
+    from kvresume.serving.folders import parameters
+
+    print(f"{args.size} chat model: {parameters(args.size) / 1e6:.1f}M parameters, transformers {transformers.__version__}, "
           f"{args.turns} turns of {args.words} words, {args.new} new tokens each, streamed")
     print(table(run(args.turns, args.size, args.words, args.new)))
     return 0

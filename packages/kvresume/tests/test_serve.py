@@ -20,11 +20,15 @@ def servers(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("serve")
     folder = chat_folder(root / "chat-tiny")
-    started = [start(PLAIN, folder, root / "plain.log"), start(POOLED, folder, root / "pooled.log")]
-    yield folder, started[0][1], started[1][1], root / "pooled.log"
-    for proc, _ in started:
-        proc.terminate()
-        proc.wait(30)
+    started = []
+    try:  # (a server that started is stopped, whichever failed to start)
+        started += [start(PLAIN, folder, root / "plain.log")]
+        started += [start(POOLED, folder, root / "pooled.log")]
+        yield folder, started[0][1], started[1][1], root / "pooled.log"
+    finally:
+        for proc, _ in started:
+            proc.terminate()
+            proc.wait(30)
 
 
 def ask(client, folder, messages, stream=False, **extra):

@@ -55,15 +55,25 @@ def tokenizer() -> transformers.PreTrainedTokenizerFast:
     return fast
 
 
+def config(size: str, tok: transformers.PreTrainedTokenizerFast) -> transformers.LlamaConfig:
+    """The chat model's config at `size`, for the chat tokenizer."""
+    return transformers.LlamaConfig(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=False,
+                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+                                    **SIZES[size])
+
+
+def parameters(size: str) -> int:
+    """The chat model's parameter count at `size` (built on the meta device: nothing allocated)."""
+    with torch.device("meta"):
+        return sum(p.numel() for p in transformers.LlamaForCausalLM(config(size, tokenizer())).parameters())
+
+
 def chat_folder(path: str | Path, size: str = "tiny", seed: int = 0) -> Path:
     """Save a seeded random Llama of `size` with the chat tokenizer into `path` (made if missing); returns the path."""
     path = Path(path)
     tok = tokenizer()
-    config = transformers.LlamaConfig(vocab_size=len(tok), max_position_embeddings=4096, tie_word_embeddings=False,
-                                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                                      bos_token_id=None, **SIZES[size])
     torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
+    model = transformers.LlamaForCausalLM(config(size, tok)).eval()
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(path)
