@@ -12,6 +12,7 @@ from kvresume import pool as pool_mod
 from kvresume.pool import Pool, attach, identity, unpooled
 from kvresume.testing import build
 
+pytestmark = pytest.mark.e2e  # ~40 generate() calls on tiny models: `make test`, not the fast tier (its 60 s)
 GREEDY = dict(max_new_tokens=5, do_sample=False, pad_token_id=0)
 
 
