@@ -85,8 +85,9 @@ def effective_config(model: torch.nn.Module, kwargs: dict[str, Any]) -> Generati
     return config
 
 
-def unpooled(model: torch.nn.Module, input_ids: Any, kwargs: dict[str, Any]) -> str | None:
-    """Why the pool cannot serve this call by resuming a cache (None: it can)."""
+def unpooled(model: torch.nn.Module, input_ids: Any, kwargs: dict[str, Any],
+             config: GenerationConfig | None = None) -> str | None:
+    """Why the pool cannot serve this call by resuming a cache (None: it can); `config`: its effective_config."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
         return "not one row of input ids"
     if is_encoder_decoder(model):
@@ -97,10 +98,10 @@ def unpooled(model: torch.nn.Module, input_ids: Any, kwargs: dict[str, Any]) -> 
     pixels = [k for k, v in kwargs.items() if k.startswith("pixel_values") and v is not None]
     if pixels and images.spans(model, {**kwargs, "input_ids": input_ids}) is None:
         return f"{pixels[0]} without the grid kvresume keys images by (a LLaVA-style model): not keyed by pixels"
-    config = effective_config(model, kwargs)
+    config = config or effective_config(model, kwargs)
     for name, neutral in UNSAFE.items():
         value = getattr(config, name, neutral)
-        if value is not None and value != neutral and not (name == "num_beams" and value in (None, 1)):
+        if value is not None and value != neutral:
             return f"{name}={value!r} reads the whole input or expands rows"
     return None
 
@@ -114,7 +115,7 @@ class Pool:
             track(model)
         self.model, self.max_tokens, self.enabled, self.on_record = model, max_tokens, enabled, on_record
         # a shared prefix under this share of the prompt is not resumed: the suffix's masked attention over a few
-        # cached slots costs more than their prefill (1,235 tokens, 5 shared, 24.7M Llama on CPU: +24%, make bench)
+        # cached slots costs more than their prefill (1,235 tokens, 5 shared, 24.7M Llama on CPU: +24%, tools.serve_bench)
         self.min_share = min_share
         self.plain = compat.plain_generate(model)  # the class's generate(), whatever attach() puts on the instance
         self.entries: OrderedDict[int, tuple[str, Any]] = OrderedDict()
@@ -132,10 +133,11 @@ class Pool:
         if input_ids is None:
             input_ids = kwargs.pop("input_ids", None)
         with self.lock, torch.no_grad():
-            why = "the pool is off" if not self.enabled else unpooled(self.model, input_ids, kwargs)
+            config = effective_config(self.model, kwargs)
+            why = "the pool is off" if not self.enabled else unpooled(self.model, input_ids, kwargs, config)
             if why is not None:
                 return self._plain(input_ids, kwargs, why)
-            return self._pooled(input_ids, kwargs)
+            return self._pooled(input_ids, kwargs, config)
 
     def _plain(self, input_ids: Any, kwargs: dict[str, Any], why: str) -> Any:
         """The model's own generate(), nothing reused nor kept."""
@@ -143,7 +145,7 @@ class Pool:
         self._record(PoolRecord(n, 0, n, "re-prefilled", why))
         return self.plain(input_ids, **kwargs)
 
-    def _pooled(self, ids: torch.Tensor, kwargs: dict[str, Any]) -> Any:
+    def _pooled(self, ids: torch.Tensor, kwargs: dict[str, Any], config: GenerationConfig) -> Any:
         """Resume the best pooled cache (or a new one), keep what it wrote, return the whole sequences."""
         me = identity(self.model)
         key, cache, common = self._best(ids, me)
@@ -155,7 +157,7 @@ class Pool:
             cache = copy.deepcopy(cache)
         else:
             self.entries.pop(key)
-        call = whole_input_kwargs(self.model, ids, kwargs, effective_config(self.model, kwargs))
+        call = whole_input_kwargs(self.model, ids, kwargs, config)
         try:
             out = resume(self.model, ids, cache, **call)
         except ResumeInputError as exc:
