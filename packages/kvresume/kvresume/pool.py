@@ -5,9 +5,10 @@ sharing its longest prefix.
 `pool.generate(input_ids, **kwargs)` takes the arguments of `model.generate` for the whole sequence and returns what
 it returns (the whole sequence and the reply): the pooled cache with the longest common prefix, written by the same
 weights and active adapters (`identity`), is resumed with `resume()` (which keys images by pixels and re-feeds where
-the ledger says so), and the resulting cache is kept. A call the pool cannot serve safely (`unpooled`: arguments that
-read the whole input or expand rows, the caller's own cache, several rows) is re-prefilled by the model's own
-generate(), with the reason in the record; a resume the guard refuses is re-prefilled too. `pool.last` holds the
+the ledger says so, settings that read the whole input or expand the rows among them: kvresume.whole), and the
+resulting cache is kept. A call the pool cannot serve (`unpooled`: the caller's own cache or positions, several rows,
+a cache implementation, images it cannot key) is re-prefilled by the model's own generate(), with the reason in the
+record; a resume the guard refuses is re-prefilled too. `pool.last` holds the
 `PoolRecord` of the last call (prompt tokens, reused, fed, why); `attach(model)` makes `model.generate` the pool's.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache
 
 from . import compat, images
 from .call import is_encoder_decoder
@@ -30,17 +31,14 @@ from .ledger import ledger_of
 from .prefix import record_of
 from .reuse import resume
 from .tracking import is_tracked, track
-from .whole import whole_input_kwargs
+from .whole import effective_config
 
 log = logging.getLogger("kvresume.pool")
 
-# generation settings whose processors read or count the whole input, or that expand rows or replace the cache: a
-# resumed call (fed the suffix only) would not equal a run without the cache, so these calls are re-prefilled
-UNSAFE = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0,
-          "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "exponential_decay_length_penalty": None,
-          "forced_bos_token_id": None, "guidance_scale": None, "penalty_alpha": None, "dola_layers": None,
-          "watermarking_config": None, "num_beams": 1, "num_return_sequences": 1, "cache_implementation": None,
-          "return_dict_in_generate": False, "prompt_lookup_num_tokens": None, "assistant_early_exit": None}
+# settings a pooled call cannot take beside a pooled cache (generate() refuses a cache implementation beside a cache;
+# the pool returns the sequences alone), re-prefilled by the model's own generate(); the settings that read the whole
+# input or expand the rows are resume()'s to re-prefill (kvresume.whole), into a cache the pool keeps
+UNSAFE = {"cache_implementation": None, "return_dict_in_generate": False}
 CALLER_STATE = ("past_key_values", "cache", "cache_position", "position_ids", "assistant_model", "inputs_embeds",
                 "negative_prompt_ids", "use_cache")
 
@@ -77,17 +75,8 @@ def identity(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def effective_config(model: torch.nn.Module, kwargs: dict[str, Any]) -> GenerationConfig:
-    """The generation config generate() would use: the call's (or the model's), the call's keyword fields on top."""
-    config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
-    fields = {k: v for k, v in kwargs.items() if hasattr(config, k) and k != "generation_config"}
-    config.update(**fields)
-    return config
-
-
-def unpooled(model: torch.nn.Module, input_ids: Any, kwargs: dict[str, Any],
-             config: GenerationConfig | None = None) -> str | None:
-    """Why the pool cannot serve this call by resuming a cache (None: it can); `config`: its effective_config."""
+def unpooled(model: torch.nn.Module, input_ids: Any, kwargs: dict[str, Any]) -> str | None:
+    """Why the pool cannot serve this call by resuming a cache (None: it can)."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[0] != 1:
         return "not one row of input ids"
     if is_encoder_decoder(model):
@@ -98,11 +87,11 @@ def unpooled(model: torch.nn.Module, input_ids: Any, kwargs: dict[str, Any],
     pixels = [k for k, v in kwargs.items() if k.startswith("pixel_values") and v is not None]
     if pixels and images.spans(model, {**kwargs, "input_ids": input_ids}) is None:
         return f"{pixels[0]} without the grid kvresume keys images by (a LLaVA-style model): not keyed by pixels"
-    config = config or effective_config(model, kwargs)
+    config = effective_config(model, kwargs)
     for name, neutral in UNSAFE.items():
         value = getattr(config, name, neutral)
         if value is not None and value != neutral:
-            return f"{name}={value!r} reads the whole input or expands rows"
+            return f"{name}={value!r} beside a pooled cache"
     return None
 
 
@@ -133,11 +122,10 @@ class Pool:
         if input_ids is None:
             input_ids = kwargs.pop("input_ids", None)
         with self.lock, torch.no_grad():
-            config = effective_config(self.model, kwargs)
-            why = "the pool is off" if not self.enabled else unpooled(self.model, input_ids, kwargs, config)
+            why = "the pool is off" if not self.enabled else unpooled(self.model, input_ids, kwargs)
             if why is not None:
                 return self._plain(input_ids, kwargs, why)
-            return self._pooled(input_ids, kwargs, config)
+            return self._pooled(input_ids, kwargs)
 
     def _plain(self, input_ids: Any, kwargs: dict[str, Any], why: str) -> Any:
         """The model's own generate(), nothing reused nor kept."""
@@ -145,7 +133,7 @@ class Pool:
         self._record(PoolRecord(n, 0, n, "re-prefilled", why))
         return self.plain(input_ids, **kwargs)
 
-    def _pooled(self, ids: torch.Tensor, kwargs: dict[str, Any], config: GenerationConfig) -> Any:
+    def _pooled(self, ids: torch.Tensor, kwargs: dict[str, Any]) -> Any:
         """Resume the best pooled cache (or a new one), keep what it wrote, return the whole sequences."""
         me = identity(self.model)
         key, cache, common = self._best(ids, me)
@@ -157,9 +145,8 @@ class Pool:
             cache = copy.deepcopy(cache)
         else:
             self.entries.pop(key)
-        call = whole_input_kwargs(self.model, ids, kwargs, config)
         try:
-            out = resume(self.model, ids, cache, **call)
+            out = resume(self.model, ids, cache, **kwargs)
         except ResumeInputError as exc:
             return self._plain(ids, kwargs, f"the guard refused the resume ({exc.check}): {exc}".split("\n")[0])
         rec = record_of(out)
@@ -167,9 +154,9 @@ class Pool:
         reason, detail = (rec.reason, rec.detail) if rec is not None else ("new", (
             f"the longest pooled prefix ({common} tokens) is under {self.min_share:.0%} of the prompt: re-prefilled"
             if short else "no pooled cache shares a prefix"))
-        self._record(PoolRecord(n, n - fed, fed, reason if n > fed else "new", detail))
+        self._record(PoolRecord(n, n - fed, fed, reason, detail))
         self._keep(me, compat.output_cache(out) or cache)
-        return torch.cat([ids[:, : n - fed].to(out.device), out], 1)
+        return torch.cat([ids[:, : n - fed].to(out.device).expand(out.shape[0], -1), out], 1)
 
     def _best(self, ids: torch.Tensor, me: str) -> tuple[int | None, Any, int]:
         """(key, cache, common prefix) of the pooled cache of this identity sharing the longest prefix with ids."""

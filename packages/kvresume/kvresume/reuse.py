@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, EncoderDecoderCache, StaticCache
 
-from . import compat, images
+from . import compat, images, whole
 from .call import is_encoder_decoder, refuse
 from .fingerprint import unfollowed
 from .guard import ResumeInputError, check_resume_inputs, guarded_generate
@@ -116,14 +116,23 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
         raise ValueError("resume() on an encoder-decoder takes the decoder's whole sequence as decoder_input_ids")
     given_mask = generate_kwargs.pop(mask_key, None)
     record = plan(led, ids, given_mask, generate_kwargs.get("tokenizer"), messages)
+    rows = None
+    if not decoder:  # (an encoder-decoder's generate() is fed the whole decoder sequence: its processors see it all)
+        setting = whole.needs_prefill(whole.effective_config(model, generate_kwargs))
+        if setting is not None:  # re-prefilled: rows expanded need a new cache, a whole-input reader the whole input
+            record.reused, record.reason, record.detail = 0, "whole_input", f"{setting[1]}: re-prefilled"
+            rows = setting[0] in whole.EXPANDS_ROWS
     if not decoder:  # images keyed by their pixels: the prefix ends before one that differs or would be cut
         images.limit_record(model, cache, ids, generate_kwargs, record, led.length)
-    if stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
-        record.reused, record.detail = 0, record.detail + "; linear layers' state not rolled back: re-prefilled"
+    if rows or stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
+        record.reused = 0
+        record.detail += "" if rows else "; linear layers' state not rolled back: re-prefilled"
         cache = fresh(model, cache)
     cache, keep, why = cropped(model, cache, record.reused)
     if why:
         record.reused, record.detail = 0, f"{record.detail}; {why}"
+    if keep and not decoder:  # length limits, processors, criteria and stop strings counted over the whole sequence
+        generate_kwargs = whole.whole_input_kwargs(model, ids, generate_kwargs)
     if decoder:  # the cross-attention K/V are recomputed from this call's encoder input
         cache.cross_attention_cache, cache.is_updated = type(cache.cross_attention_cache)(), {}
     inputs, kwargs = _arguments(model, input_ids, ids, led.first(keep), given_mask, generate_kwargs, decoder)

@@ -3,15 +3,45 @@
 `resume()` feeds generate() only what the cache lacks, so its `input_ids` are the suffix. Length limits count from
 the whole sequence (`max_length`, `min_length`: turned into new-token counts), and a caller's logits processors and
 stopping criteria (and `stop_strings`, built as transformers' own `StopStringCriteria`) are handed the whole sequence:
-the prompt given, then the tokens generated so far. Processors built from settings (penalties) are not rewritten:
-`pool.unpooled` re-prefills those calls.
+the prompt given, then the tokens generated so far. Settings whose processors generate() builds over its own ids
+(`READS_WHOLE`: penalties, n-gram bans, ...) and settings that expand the rows (`num_beams`, `num_return_sequences`:
+generate() expands the ids and not the cache) cannot be resumed exactly: `needs_prefill` names them, and `resume()`
+re-prefills those calls.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
+
+# settings (with their neutral value) whose processors generate() builds over its own input ids: the whole sequence
+# on a run without a cache, the suffix on a resumed one
+READS_WHOLE = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_repetition_penalty": 1.0,
+               "encoder_no_repeat_ngram_size": 0, "bad_words_ids": None, "exponential_decay_length_penalty": None,
+               "forced_bos_token_id": None, "guidance_scale": None, "penalty_alpha": None, "dola_layers": None,
+               "watermarking_config": None}
+EXPANDS_ROWS = {"num_beams": 1, "num_return_sequences": 1}
+
+
+def effective_config(model: torch.nn.Module, kwargs: dict[str, Any]) -> GenerationConfig:
+    """The generation config generate() would use: the call's (or the model's), the call's keyword fields on top."""
+    config = copy.deepcopy(kwargs.get("generation_config") or model.generation_config)
+    config.update(**{k: v for k, v in kwargs.items() if hasattr(config, k) and k != "generation_config"})
+    return config
+
+
+def needs_prefill(config: GenerationConfig) -> tuple[str, str] | None:
+    """(the setting, why) where a call with this config cannot be resumed exactly: a setting that reads the whole
+    input or expands the rows; None where it can."""
+    for rules, why in ((READS_WHOLE, "its processor reads the whole input, of which a resumed call feeds the suffix"),
+                       (EXPANDS_ROWS, "generate() expands the ids to more rows, and not the cache")):
+        for name, neutral in rules.items():
+            value = getattr(config, name, neutral)
+            if value is not None and value != neutral:
+                return name, f"{name}={value!r}: {why}"
+    return None
 
 
 class _Whole:
@@ -36,11 +66,20 @@ class _WholeProcessor(_Whole):
         return super().__call__(input_ids, scores)
 
 
-def whole_input_kwargs(model: torch.nn.Module, ids: torch.Tensor, kwargs: dict[str, Any],
-                       config: GenerationConfig) -> dict[str, Any]:
-    """The call's keyword arguments for a resume of the whole sequence `ids`: the generation config in one object,
-    its length limits in new tokens, the caller's processors and criteria (and stop strings) seeing the whole input."""
-    config = GenerationConfig.from_dict(config.to_dict())
+def counts_whole(config: GenerationConfig, kwargs: dict[str, Any]) -> bool:
+    """Whether the call has a length limit counted from the whole sequence, or processors, criteria or stop strings."""
+    return bool((config.max_new_tokens is None and config.max_length is not None) or
+                (config.min_new_tokens is None and config.min_length) or config.stop_strings or
+                kwargs.get("logits_processor") or kwargs.get("stopping_criteria"))
+
+
+def whole_input_kwargs(model: torch.nn.Module, ids: torch.Tensor, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's keyword arguments for a resume of the whole sequence `ids` (unchanged where nothing counts it):
+    the generation config in one object, its length limits in new tokens, the caller's processors and criteria (and
+    stop strings) seeing the whole input."""
+    config = effective_config(model, kwargs)
+    if not counts_whole(config, kwargs):
+        return kwargs
     n = int(ids.shape[1])
     if config.max_new_tokens is None and config.max_length is not None:
         config.max_new_tokens, config.max_length = max(int(config.max_length) - n, 0), None
