@@ -48,7 +48,26 @@ def spans(model: torch.nn.Module, kwargs: dict[str, Any], offset: int = 0) -> li
         pixels, grid, token = kwargs.get(pixels_key), kwargs.get(grid_key), getattr(config, token_name, None)
         if isinstance(pixels, torch.Tensor) and isinstance(grid, torch.Tensor) and token is not None:
             out = [*(out or []), *_kind_spans(ids, pixels, grid, int(token), merge, kind, offset)]
-    return out
+    return out if out is not None else _whole_image_spans(config, ids, kwargs, offset)
+
+
+def _whole_image_spans(config: Any, ids: torch.Tensor, kwargs: dict[str, Any], offset: int) -> list[Span] | None:
+    """LLaVA-style images: `pixel_values` [images, channels, height, width] without a grid, each image the same
+    number of placeholder tokens (`image_token_index`); None where the call is not one of those."""
+    pixels = kwargs.get("pixel_values")
+    token = getattr(config, "image_token_index", None)
+    token = getattr(config, "image_token_id", None) if token is None else token
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or token is None or kwargs.get("image_grid_thw") is not None:
+        return None
+    n, placed = int(pixels.shape[0]), int((ids == int(token)).sum())
+    if n == 0 or placed % n:
+        return None
+    digests = [_digest(pixels[i]) for i in range(n)]
+    return _placed(ids, int(token), [placed // n] * n, digests, 0, offset)
+
+
+def _digest(pixels: torch.Tensor) -> str:
+    return hashlib.blake2b(pixels.detach().cpu().contiguous().numpy().tobytes(), digest_size=16).hexdigest()
 
 
 note = spans  # at a tracked call's start: the images it writes after `past` cached slots (None: no pixels)
@@ -60,8 +79,11 @@ def _kind_spans(ids: torch.Tensor, pixels: torch.Tensor, grid: torch.Tensor, tok
     counts = [int(t) * int(h) * int(w) for t, h, w in grid.tolist()]
     tokens = [c // (merge * merge) for c in counts]
     starts = [sum(counts[:i]) for i in range(len(counts))]
-    digests = [hashlib.blake2b(pixels[s:s + c].detach().cpu().contiguous().numpy().tobytes(), digest_size=16).hexdigest()
-               for s, c in zip(starts, counts)]
+    return _placed(ids, token, tokens, [_digest(pixels[s:s + c]) for s, c in zip(starts, counts)], kind, offset)
+
+
+def _placed(ids: torch.Tensor, token: int, tokens: list[int], digests: list[str], kind: int, offset: int) -> list[Span]:
+    """The spans of the images in order over each row's placeholder slots (image i: tokens[i] slots, digests[i])."""
     out, image = [], 0
     for row in range(ids.shape[0]):
         slots = (ids[row] == token).nonzero().flatten()
@@ -143,6 +165,10 @@ def _sliced(kwargs: dict[str, Any], given: list[Span], keep: int) -> dict[str, A
     for kind, (pixels_key, grid_key, _) in enumerate(KINDS):
         grid = kwargs.get(grid_key)
         if not isinstance(grid, torch.Tensor):
+            pixels = kwargs.get(pixels_key)  # LLaVA-style: one pixel row per image
+            if kind == 0 and isinstance(pixels, torch.Tensor) and pixels.dim() == 4:
+                fed = sorted({s.index for s in given if s.kind == 0 and s.start >= keep})
+                out[pixels_key] = pixels[fed] if fed else None
             continue
         fed = sorted({s.index for s in given if s.kind == kind and s.start >= keep})
         counts = [int(t) * int(h) * int(w) for t, h, w in grid.tolist()]

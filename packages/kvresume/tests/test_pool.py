@@ -265,3 +265,31 @@ def test_a_prefix_under_a_quarter_of_the_prompt_is_re_prefilled(ref, shared, reu
     y = torch.cat([x[:, :shared], ids(20 - shared, 99) + 2048 // 2], 1).clamp(max=2047)  # 20 tokens, `shared` cached
     assert torch.equal(p.generate(y, **GREEDY), plain(ref, y))
     assert p.last.reused == reused and (reused or "under 25%" in p.last.detail)
+
+
+def test_a_llava_chat_reuses_its_images_by_pixels_and_not_another_behind_the_same_ids(tmp_path):
+    from transformers import AutoModelForImageTextToText
+
+    from kvresume.serving.folders import vlm_folder
+
+    folder = vlm_folder(tmp_path / "vlm")
+    m, ref_vl = (AutoModelForImageTextToText.from_pretrained(folder).eval() for _ in range(2))
+    token, g = m.config.image_token_index, dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+    pics = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+
+    def conv(*parts):  # text ids, or an image's 16 placeholders
+        return torch.tensor([sum(([token] * 16 if p == "img" else p for p in parts), [])])
+
+    p = Pool(m)
+    turns = [(conv([5, 6, 7], "img", [8, 9]), pics[:1]),
+             (conv([5, 6, 7], "img", [8, 9], [40, 41, 42], [10, 11]), pics[:1]),
+             (conv([5, 6, 7], "img", [8, 9], [40, 41, 42], [10, 11], [50, 51, 52], "img", [12]), pics[:2]),
+             (conv([5, 6, 7], "img", [8, 9], [40, 41, 42], [10, 11], [50, 51, 52], "img", [12]), pics[[2, 1]])]
+    reused = []
+    for x, px in turns:
+        got = p.generate(x, attention_mask=torch.ones_like(x), pixel_values=px, **g)
+        want = plain(ref_vl, x, attention_mask=torch.ones_like(x), pixel_values=px, **g)
+        assert torch.equal(got, want)
+        reused.append(p.last.reused)
+    assert reused[1] >= 21 and reused[2] >= 26  # turn 1's image and text kept; turn 3 after the new image's start
+    assert reused[3] <= 3  # another first picture behind the same ids: reuse ends before it

@@ -109,3 +109,50 @@ def test_two_clients_at_once(servers):
 def test_each_request_logs_what_was_reused_and_why(servers):
     lines = [line for line in servers[3].read_text().splitlines() if line.startswith("kvresume: request")]
     assert lines and all("reused" in line and "fed (" in line for line in lines)
+
+
+@pytest.fixture(scope="module")
+def vlm_servers(tmp_path_factory):
+    from kvresume.serving.folders import POOLED, PLAIN, start, vlm_folder
+
+    root = tmp_path_factory.mktemp("serve-vlm")
+    folder = vlm_folder(root / "vlm-tiny")
+    started = []
+    try:
+        started += [start(PLAIN, folder, root / "plain.log")]
+        started += [start(POOLED, folder, root / "pooled.log")]
+        yield folder, started[0][1], started[1][1], root / "pooled.log"
+    finally:
+        for proc, _ in started:
+            proc.terminate()
+            proc.wait(30)
+
+
+def picture(seed: int) -> dict:
+    """An image_url part: a 40x40 PNG of seeded noise as a data URI."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray((np.random.RandomState(seed).rand(40, 40, 3) * 255).astype("uint8")).save(buf, "PNG")
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
+
+
+def test_images_as_data_uris_answer_as_plain_serve_and_are_keyed_by_pixels(vlm_servers):
+    def chat(first: int) -> list[int]:
+        messages, cached = [], []
+        for i, part in enumerate([picture(first), None, picture(9)]):
+            text = {"type": "text", "text": f"turn {i}: what is in the picture"}
+            messages.append({"role": "user", "content": [part, text] if part else [text]})
+            reply, _, hit = both(vlm_servers, messages)
+            cached.append(hit)
+            messages.append({"role": "assistant", "content": reply})
+        return cached
+
+    first = chat(1)
+    assert first[1] > 20 and first[2] > first[1]  # the image of turn 0 reused by pixels, then the text after it
+    other = chat(2)  # another first picture behind the same placeholder ids
+    assert other[0] <= 5 and other[1] > 20  # only the text before the image; then this chat's own image reused

@@ -111,3 +111,33 @@ def start(command: list[str], folder: Path, log: Path, *extra: str, wait: float 
             time.sleep(0.3)
     proc.kill()
     raise TimeoutError(log.read_text()[-3000:])
+
+
+VLM_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+                "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>{% elif p['type'] == 'text' %}"
+                "{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def vlm_folder(path: str | Path, seed: int = 0) -> Path:
+    """Save a seeded random LLaVA (a 2-layer CLIP tower on 32x32 images: 16 image tokens, the tiny Llama) with a PIL
+    image processor (no torchvision) and the chat tokenizer plus `<image>` into `path`; returns the path."""
+    path = Path(path)
+    tok = tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    image = tok.convert_tokens_to_ids("<image>")
+    text = config("tiny", tok)
+    vision = transformers.CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=2, image_size=32, patch_size=8)
+    cfg = transformers.LlavaConfig(vision_config=vision, text_config=text, image_token_index=image,
+                                   vision_feature_select_strategy="default", vision_feature_layer=-1)
+    torch.manual_seed(seed)
+    model = transformers.LlavaForConditionalGeneration(cfg).eval()
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
+    pixels = transformers.CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
+    processor = transformers.LlavaProcessor(image_processor=pixels, tokenizer=tok, patch_size=8,
+                                            vision_feature_select_strategy="default", chat_template=VLM_TEMPLATE,
+                                            num_additional_image_tokens=1)  # CLIP's class token, dropped by "default"
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
