@@ -10,6 +10,7 @@ and `rope_deltas` come from the model's own `get_rope_index` over the whole conv
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,53 @@ def _digest(pixels: torch.Tensor) -> str:
 
 
 note = spans  # at a tracked call's start: the images it writes after `past` cached slots (None: no pixels)
+
+ENCODERS = (("get_image_features", ("pixel_values", "image_grid_thw")),
+            ("get_video_features", ("pixel_values_videos", "video_grid_thw")))
+
+
+class _Unwrapped:
+    """Takes an encoder wrapper off its module (a tracker handle: `remove()`)."""
+
+    def __init__(self, owner: Any, name: str):
+        self.owner, self.name = owner, name
+
+    def remove(self) -> None:
+        self.owner.__dict__.pop(self.name, None)
+
+
+def _keeping(fn: Any, keys: tuple[str, ...], local: Any) -> Any:
+    names = list(compat._params(fn))
+
+    @functools.wraps(fn)  # its signature: generate() passes it the keyword arguments the encoder names
+    def encode(*args: Any, **kwargs: Any) -> Any:
+        given = {**dict(zip(names, args)), **kwargs}
+        local.encoded = {**getattr(local, "encoded", {}), **{k: given[k] for k in keys if given.get(k) is not None}}
+        return fn(*args, **kwargs)
+
+    return encode
+
+
+def hook_encoders(model: torch.nn.Module, local: Any) -> list[_Unwrapped]:
+    """Where generate() encodes the images before its first model call and hands that call `mm_encoder_outputs`
+    (5.25) instead of pixels: each encoder call's pixels and grids, kept per thread (`local`) for `encoded`."""
+    if not compat.accepts(model.forward, "mm_encoder_outputs"):
+        return []
+    owner, out = getattr(model, "base_model", model), []
+    for name, keys in ENCODERS:
+        fn = getattr(owner, name, None)
+        if fn is not None:
+            owner.__dict__[name] = _keeping(fn, keys, local)  # (shadows the method on this instance)
+            out.append(_Unwrapped(owner, name))
+    return out
+
+
+def encoded(kwargs: dict[str, Any], local: Any) -> dict[str, Any]:
+    """A forward call's kwargs with the pixels and grids its `mm_encoder_outputs` were encoded from (taken once)."""
+    if kwargs.get("mm_encoder_outputs") is None:
+        return kwargs
+    kept, local.encoded = getattr(local, "encoded", None) or {}, {}
+    return {**kwargs, **kept}
 
 
 def _kind_spans(ids: torch.Tensor, pixels: torch.Tensor, grid: torch.Tensor, token: int, merge: int, kind: int,

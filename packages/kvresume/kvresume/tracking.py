@@ -149,7 +149,7 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
         mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
         given = kwargs.get("decoder_position_ids" if decoder else "position_ids")
         given = given if isinstance(given, torch.Tensor) else None
-        pictures = images.note(tracker.model, kwargs, past)
+        pictures = images.note(tracker.model, images.encoded(kwargs, tracker.local), past)
         pending = _Pending(cache, past, ids, batch, f, mask, None, layer, grown, pictures, given)
         if given is not None and (tracker.rope is None or (tracker.passthrough and given.dim() == 2)):
             pending.positions = given  # what the rotary embedding would get (kvresume.tracking._rotary learnt it)
@@ -267,7 +267,8 @@ def track(model: torch.nn.Module) -> Tracker:
                       decoder=is_encoder_decoder(model))
     tracker.text, tracker.cache_name = not tracker.rope_state and not tracker.decoder, compat.cache_kwarg(model)
     tracker.handles += [model.register_forward_pre_hook(_pre(tracker), with_kwargs=True),
-                        model.register_forward_hook(_post(tracker), with_kwargs=True)]
+                        model.register_forward_hook(_post(tracker), with_kwargs=True),
+                        *images.hook_encoders(model, tracker.local)]
     if tracker.rope is not None:
         _hook_rotary(tracker)
     model.__dict__[HANDLE_ATTR] = tracker

@@ -113,6 +113,7 @@ def test_each_request_logs_what_was_reused_and_why(servers):
 
 @pytest.fixture(scope="module")
 def vlm_servers(tmp_path_factory):
+    pytest.importorskip("PIL")  # the image processor's
     from kvresume.serving.folders import POOLED, PLAIN, start, vlm_folder
 
     root = tmp_path_factory.mktemp("serve-vlm")
