@@ -10,8 +10,9 @@ and `rope_deltas` come from the model's own `get_rope_index` over the whole conv
 """
 from __future__ import annotations
 
-import functools
+import copy
 import hashlib
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,39 +78,38 @@ ENCODERS = (("get_image_features", ("pixel_values", "image_grid_thw")),
             ("get_video_features", ("pixel_values_videos", "video_grid_thw")))
 
 
-class _Unwrapped:
-    """Takes an encoder wrapper off its module (a tracker handle: `remove()`)."""
+class _Encoder:
+    """A model's `get_image_features` (or video) that keeps the pixels and grids it is called with, per thread, for
+    `encoded`; its signature is the method's (generate() reads it); a deep copy of the model encodes with its own
+    weights; `remove()` (a tracker handle) puts the method back."""
 
-    def __init__(self, owner: Any, name: str):
-        self.owner, self.name = owner, name
+    def __init__(self, owner: Any, name: str, keys: tuple[str, ...], local: Any):
+        self.owner, self.name, self.keys, self.local = owner, name, keys, local
+        self.__signature__ = inspect.signature(getattr(type(owner), name).__get__(owner))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        given = {**dict(zip(self.__signature__.parameters, args)), **kwargs}
+        kept = {k: given[k] for k in self.keys if given.get(k) is not None}
+        self.local.encoded = {**getattr(self.local, "encoded", {}), **kept}
+        return getattr(type(self.owner), self.name)(self.owner, *args, **kwargs)
+
+    def __deepcopy__(self, memo: dict) -> "_Encoder":
+        return _Encoder(copy.deepcopy(self.owner, memo), self.name, self.keys, self.local)
 
     def remove(self) -> None:
         self.owner.__dict__.pop(self.name, None)
 
 
-def _keeping(fn: Any, keys: tuple[str, ...], local: Any) -> Any:
-    names = list(compat._params(fn))
-
-    @functools.wraps(fn)  # its signature: generate() passes it the keyword arguments the encoder names
-    def encode(*args: Any, **kwargs: Any) -> Any:
-        given = {**dict(zip(names, args)), **kwargs}
-        local.encoded = {**getattr(local, "encoded", {}), **{k: given[k] for k in keys if given.get(k) is not None}}
-        return fn(*args, **kwargs)
-
-    return encode
-
-
-def hook_encoders(model: torch.nn.Module, local: Any) -> list[_Unwrapped]:
+def hook_encoders(model: torch.nn.Module, local: Any) -> list[_Encoder]:
     """Where generate() encodes the images before its first model call and hands that call `mm_encoder_outputs`
     (5.25) instead of pixels: each encoder call's pixels and grids, kept per thread (`local`) for `encoded`."""
     if not compat.accepts(model.forward, "mm_encoder_outputs"):
         return []
     owner, out = getattr(model, "base_model", model), []
     for name, keys in ENCODERS:
-        fn = getattr(owner, name, None)
-        if fn is not None:
-            owner.__dict__[name] = _keeping(fn, keys, local)  # (shadows the method on this instance)
-            out.append(_Unwrapped(owner, name))
+        if callable(getattr(type(owner), name, None)):
+            owner.__dict__[name] = _Encoder(owner, name, keys, local)  # (shadows the method on this instance)
+            out.append(owner.__dict__[name])
     return out
 
 

@@ -102,6 +102,10 @@ class Tracker:
             h.remove()
         self.model.__dict__.pop(HANDLE_ATTR, None)
 
+    def __deepcopy__(self, memo: dict) -> "Tracker":
+        """One tracker for a model and its deep copies: torch copies the hooks as they are (this tracker's)."""
+        return self
+
     def __enter__(self) -> "Tracker":
         return self
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 import torch
-from transformers import LogitsProcessor, StoppingCriteria
+from transformers import DynamicCache, LogitsProcessor, StoppingCriteria
 
 from kvresume import pool as pool_mod
 from kvresume.pool import Pool, attach, identity, unpooled
@@ -290,3 +290,28 @@ def test_a_llava_chat_reuses_its_images_by_pixels_and_not_another_behind_the_sam
         reused.append(p.last.reused)
     assert reused[1] >= 21 and reused[2] >= 26  # turn 1's image and text kept; turn 3 after the new image's start
     assert reused[3] <= 3  # another first picture behind the same ids: reuse ends before it
+
+
+def test_a_tracked_model_deep_copied_tracks_resumes_and_encodes_with_its_own_weights():
+    import copy
+
+    from kvresume import ledger_of, resume, resume_report, testing, track
+
+    m = build("multimodal")
+    track(m)
+    twin = copy.deepcopy(m)  # (raised TypeError: cannot pickle '_thread._local' object before)
+    with torch.no_grad():
+        twin.model.visual.blocks[0].mlp.linear_fc1.weight.mul_(2.0)
+    untracked = copy.deepcopy(build("multimodal"))
+    untracked.load_state_dict(twin.state_dict())
+    one, both_ = testing.prompt("multimodal"), testing.both_turns()
+    g = dict(max_new_tokens=3, do_sample=False, pad_token_id=0)
+    cache = DynamicCache()
+    with torch.no_grad():
+        out = twin.generate(**one, past_key_values=cache, **g)
+        assert torch.equal(out, untracked.generate(**one, **g))  # the twin's own vision weights
+        assert torch.equal(ledger_of(cache).token_ids, out[:, :-1])
+        got = resume(twin, both_["input_ids"], cache, **{k: v for k, v in both_.items() if k != "input_ids"}, **g)
+        rec = resume_report(got)
+        want = untracked.generate(**both_, **g)
+    assert rec.reused > 60 and torch.equal(torch.cat([both_["input_ids"][:, :rec.reused], got], 1), want)
