@@ -130,6 +130,10 @@ SCOPE: list[Scope] = [
                                                             *(PACKAGE_TESTS + f for f in REUSE_TESTS))),
     Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py",
                                                              PACKAGE_TESTS + "test_factory.py")),
+    # which generate() settings resume() must re-prefill or count over the whole sequence
+    Scope("packages/kvresume/kvresume/whole.py", ("needs_prefill", "counts_whole"), (PACKAGE_TESTS + "test_whole.py",)),
+    # which calls the prefix pool cannot resume, and what tells two models' caches apart
+    Scope("packages/kvresume/kvresume/pool.py", ("unpooled", "identity"), (PACKAGE_TESTS + "test_pool_rules.py",)),
 ]
 SCOPE += decision_scopes()  # the deciding modules: each finding declares its own
 

@@ -59,14 +59,15 @@ class PoolRecord:
 
 
 def identity(model: torch.nn.Module) -> str:
-    """A digest of the model's weights (16 values of every parameter, with its name, shape and dtype) and of its
-    adapters' state (peft layers: active, disabled, merged): two caches are interchangeable only under one identity."""
+    """A digest of the model's weights as they are now: each parameter's name, shape, dtype, storage and version
+    counter (an in-place change, `load_state_dict` included, moves it), 16 of its values (another checkpoint), and
+    its adapters' state (peft layers: active, disabled, merged). Two caches are interchangeable only under one."""
     h = hashlib.sha1()
     with torch.no_grad():
         for name, p in model.named_parameters():
             flat = p.detach().reshape(-1)
             sample = flat[:: max(1, flat.numel() // 16)][:16].float().cpu()
-            h.update(f"{name}{tuple(p.shape)}{p.dtype}".encode())
+            h.update(f"{name}{tuple(p.shape)}{p.dtype}{p.data_ptr()}:{p._version}".encode())
             h.update(sample.numpy().tobytes())
     for name, m in model.named_modules():
         if hasattr(m, "active_adapters") and hasattr(m, "merged_adapters"):  # a peft tuner layer

@@ -38,7 +38,7 @@ def needs_prefill(config: GenerationConfig) -> tuple[str, str] | None:
     for rules, why in ((READS_WHOLE, "its processor reads the whole input, of which a resumed call feeds the suffix"),
                        (EXPANDS_ROWS, "generate() expands the ids to more rows, and not the cache")):
         for name, neutral in rules.items():
-            value = getattr(config, name, neutral)
+            value = getattr(config, name, neutral)  # pragma: no mutate - a None default skips a missing field alike
             if value is not None and value != neutral:
                 return name, f"{name}={value!r}: {why}"
     return None

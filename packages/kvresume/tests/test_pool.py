@@ -90,16 +90,6 @@ def test_other_weights_behind_the_same_ids_are_not_reused(ref):
     assert identity(m) == identity(ref)
 
 
-def test_an_adapter_switched_on_or_off_is_another_identity():
-    peft = pytest.importorskip("peft")
-    m = build("llama")
-    lora = peft.get_peft_model(m, peft.LoraConfig(r=2, target_modules=["q_proj"], init_lora_weights=False))
-    on = identity(lora)
-    with lora.disable_adapter():
-        off = identity(lora)
-    assert on != off and identity(lora) == on
-
-
 @pytest.mark.parametrize("extra, why", [
     (dict(repetition_penalty=1.5), "repetition_penalty"), (dict(num_return_sequences=2, do_sample=True), "num_return"),
     (dict(num_beams=3), "num_beams"), (dict(no_repeat_ngram_size=2), "no_repeat"),
@@ -114,13 +104,6 @@ def test_arguments_that_read_the_whole_input_or_expand_rows_are_re_prefilled_and
     torch.manual_seed(0)
     assert torch.equal(got, plain(ref, x, **extra))
     assert p.last.reused == 0 and p.last.reason in ("whole_input", "re-prefilled") and why in p.last.detail
-
-
-def test_a_neutral_setting_is_pooled(ref):
-    assert unpooled(ref, ids(5), dict(cache_implementation=None, return_dict_in_generate=False)) is None
-    assert "cache_implementation" in unpooled(ref, ids(5), dict(cache_implementation="static"))
-    assert "one row" in unpooled(ref, ids(5).repeat(2, 1), {})
-    assert "past_key_values" in unpooled(ref, ids(5), dict(past_key_values=object()))
 
 
 @pytest.mark.parametrize("extra", [dict(max_length=30, max_new_tokens=None), dict(min_length=30, max_new_tokens=12)])
@@ -230,12 +213,6 @@ def test_two_threads_on_one_model_each_get_their_own_answer(ref):
     for th in threads:
         th.join()
     assert wrong == [] and len(p.entries) == 2
-
-
-def test_images_the_ledger_cannot_key_by_pixels_are_re_prefilled(ref):
-    why = unpooled(ref, ids(5), dict(pixel_values=torch.zeros(1, 3, 8, 8)))
-    assert why is not None and "pixel_values" in why
-    assert unpooled(ref, ids(5), dict(pixel_values=None)) is None
 
 
 def test_a_multimodal_chat_reuses_its_image_and_not_another_behind_the_same_ids():

@@ -94,3 +94,21 @@ def test_counts_whole_only_where_a_limit_or_a_callers_piece_counts_it():
     assert counts_whole(GenerationConfig(max_new_tokens=3, min_length=1), {})
     assert not counts_whole(GenerationConfig(max_new_tokens=3, min_length=0), {})
     assert counts_whole(GenerationConfig(max_new_tokens=3), {"stopping_criteria": [object()]})
+
+
+def test_needs_prefill_says_why_and_reads_a_config_without_every_field():
+    from types import SimpleNamespace
+
+    assert needs_prefill(GenerationConfig(no_repeat_ngram_size=3))[1] == (
+        "no_repeat_ngram_size=3: its processor reads the whole input, of which a resumed call feeds the suffix")
+    assert needs_prefill(GenerationConfig(num_return_sequences=2, do_sample=True))[1] == (
+        "num_return_sequences=2: generate() expands the ids to more rows, and not the cache")
+    assert needs_prefill(SimpleNamespace(repetition_penalty=1.0)) is None  # an older release's config lacks fields
+    assert needs_prefill(SimpleNamespace(num_beams=4))[0] == "num_beams"
+
+
+@pytest.mark.parametrize("kwargs, config", [({"logits_processor": [object()]}, {}), ({}, {"stop_strings": ["x"]}),
+                                            ({"logits_processor": []}, {})])
+def test_counts_whole_for_each_piece_alone(kwargs, config):
+    assert counts_whole(GenerationConfig(max_new_tokens=3, **config), kwargs) == bool(kwargs.get("logits_processor")
+                                                                                     or config)
