@@ -59,7 +59,9 @@ def _whole_image_spans(config: Any, ids: torch.Tensor, kwargs: dict[str, Any], o
     pixels = kwargs.get("pixel_values")
     token = getattr(config, "image_token_index", None)
     token = getattr(config, "image_token_id", None) if token is None else token
-    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or token is None or kwargs.get("image_grid_thw") is not None:
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or token is None:
+        return None
+    if kwargs.get("image_grid_thw") is not None:
         return None
     n, placed = int(pixels.shape[0]), int((ids == int(token)).sum())
     if n == 0 or placed % n:

@@ -1,7 +1,8 @@
 """A prefix pool for any `generate()` caller: caches kept under a token budget, each request resumed from the one
 sharing its longest prefix.
 
-`Pool(model)` tracks the model and keeps the caches its calls wrote (least recently used evicted past `max_tokens`).
+`Pool(model)` tracks the model and keeps the caches its calls wrote (least recently used evicted past `max_tokens`,
+or `max_bytes` of cache tensors).
 `pool.generate(input_ids, **kwargs)` takes the arguments of `model.generate` for the whole sequence and returns what
 it returns (the whole sequence and the reply): the pooled cache with the longest common prefix, written by the same
 weights and active adapters (`identity`), is resumed with `resume()` (which keys images by pixels and re-feeds where
@@ -27,7 +28,7 @@ from transformers import DynamicCache
 from . import compat, images
 from .call import is_encoder_decoder
 from .guard import ResumeInputError
-from .ledger import ledger_of
+from .ledger import ledger_of, ledger_owner
 from .prefix import record_of
 from .reuse import resume
 from .tracking import is_tracked, track
@@ -100,12 +101,15 @@ class Pool:
     """Caches of one model kept under a token budget (least recently used evicted); thread-safe: one call at a time."""
 
     def __init__(self, model: torch.nn.Module, max_tokens: int = 1 << 16, enabled: bool = True,
-                 on_record: Callable[[PoolRecord], None] | None = None, min_share: float = 0.25):
+                 on_record: Callable[[PoolRecord], None] | None = None, min_share: float = 0.25,
+                 max_bytes: int | None = None):
         if not is_tracked(model):
             track(model)
         self.model, self.max_tokens, self.enabled, self.on_record = model, max_tokens, enabled, on_record
+        self.max_bytes = max_bytes  # the tensors the pooled caches hold (None: tokens alone bound them)
         # a shared prefix under this share of the prompt is not resumed: the suffix's masked attention over a few
-        # cached slots costs more than their prefill (1,235 tokens, 5 shared, 24.7M Llama on CPU: +24%, tools.serve_bench)
+        # cached slots costs more than their prefill (1,235 tokens, 5 shared, 24.7M Llama on CPU: +24%,
+        # helpers.pipeline.tools.serve_bench)
         self.min_share = min_share
         self.plain = compat.plain_generate(model)  # the class's generate(), whatever attach() puts on the instance
         self.entries: OrderedDict[int, tuple[str, Any]] = OrderedDict()
@@ -117,6 +121,15 @@ class Pool:
     def held(self) -> int:
         """Tokens held by the pooled caches."""
         return sum(_length(cache) for _, cache in self.entries.values())
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the tensors the pooled caches hold (keys, values, linear layers' states)."""
+        return sum(_bytes(cache) for _, cache in self.entries.values())
+
+    def over(self) -> bool:
+        """Whether the pooled caches hold more than a budget allows."""
+        return self.held > self.max_tokens or (self.max_bytes is not None and self.held_bytes > self.max_bytes)
 
     def generate(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
         """model.generate(input_ids, **kwargs), resumed from the pooled cache with the longest common prefix."""
@@ -177,9 +190,9 @@ class Pool:
             return
         self._next += 1
         self.entries[self._next] = (who, cache)
-        while len(self.entries) > 1 and self.held > self.max_tokens:
+        while len(self.entries) > 1 and self.over():
             self.entries.popitem(last=False)
-        if self.held > self.max_tokens:
+        if self.over():
             self.entries.clear()
 
     def _record(self, record: PoolRecord) -> None:
@@ -187,6 +200,11 @@ class Pool:
         log.info("kvresume pool: %s", record.line())
         if self.on_record is not None:
             self.on_record(record)
+
+
+def _bytes(cache: Any) -> int:
+    return sum(v.nbytes for layer in compat.cache_layers(ledger_owner(cache)) for v in vars(layer).values()
+               if isinstance(v, torch.Tensor))
 
 
 def _length(cache: Any) -> int:

@@ -85,7 +85,8 @@ def whole_input_kwargs(model: torch.nn.Module, ids: torch.Tensor, kwargs: dict[s
         config.max_new_tokens, config.max_length = max(int(config.max_length) - n, 0), None
     if config.min_new_tokens is None and config.min_length:
         config.min_new_tokens, config.min_length = max(int(config.min_length) - n, 0), None
-    out = {k: v for k, v in kwargs.items() if not hasattr(config, k) and k not in ("logits_processor", "stopping_criteria")}
+    pieces = ("logits_processor", "stopping_criteria")
+    out = {k: v for k, v in kwargs.items() if not hasattr(config, k) and k not in pieces}
     criteria = list(kwargs.get("stopping_criteria") or [])
     tokenizer = kwargs.get("tokenizer")
     if config.stop_strings and tokenizer is not None:

@@ -293,3 +293,14 @@ def test_a_tracked_model_deep_copied_tracks_resumes_and_encodes_with_its_own_wei
         rec = resume_report(got)
         want = untracked.generate(**both_, **g)
     assert rec.reused > 60 and torch.equal(torch.cat([both_["input_ids"][:, :rec.reused], got], 1), want)
+
+
+def test_the_byte_budget_keeps_a_cache_of_exactly_its_bytes_and_not_one_more(ref):
+    p = Pool(build("llama"))
+    p.generate(ids(20), **GREEDY)
+    size = p.held_bytes  # 24 tokens: 2 layers x (keys + values) x [1, 2, 24, 16] floats
+    assert size == 2 * 2 * 2 * 24 * 16 * 4
+    for budget, kept in ((size, 1), (size - 1, 0)):
+        q = Pool(build("llama"), max_bytes=budget)
+        q.generate(ids(20), **GREEDY)
+        assert len(q.entries) == kept

@@ -38,8 +38,9 @@ def test_unpooled_names_each_cause_exactly(ref):
     assert unpooled(ref, ids(5)[0], {}) == "not one row of input ids"
     assert unpooled(build("bart"), ids(5), {}) == "an encoder-decoder model"
     assert unpooled(ref, ids(5), dict(position_ids=torch.arange(5)[None])) == "the caller passed position_ids"
-    assert unpooled(ref, ids(5), dict(return_dict_in_generate=True)) == "return_dict_in_generate=True beside a pooled cache"
-    assert unpooled(ref, ids(5), dict(cache_implementation="static")) == "cache_implementation='static' beside a pooled cache"
+    beside = "beside a pooled cache"
+    assert unpooled(ref, ids(5), dict(return_dict_in_generate=True)) == f"return_dict_in_generate=True {beside}"
+    assert unpooled(ref, ids(5), dict(cache_implementation="static")) == f"cache_implementation='static' {beside}"
 
 
 def test_identity_follows_any_weight_changed_in_place_and_another_model():

@@ -139,7 +139,8 @@ def picture(seed: int) -> dict:
 
     buf = io.BytesIO()
     Image.fromarray((np.random.RandomState(seed).rand(40, 40, 3) * 255).astype("uint8")).save(buf, "PNG")
-    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()}}
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def test_images_as_data_uris_answer_as_plain_serve_and_are_keyed_by_pixels(vlm_servers):

@@ -31,11 +31,11 @@ def corpus() -> list[str]:
     """The fixed text the tokenizer is trained on: English words and their pieces, digits, punctuation."""
     words = ("the a of to and in is it you that he was for on are with as his they be at one have this from or had by "
              "word but what some we can out other were all there when up use your how said an each she which do their "
-             "time if will way about many then them write would like so these her long make thing see him two has look "
-             "more day could go come did number sound no most people my over know water than call first who may down "
-             "side been now find any new work part take get place made live where after back little only round man year "
-             "came show every good me give our under name very through just form sentence great think say help low line "
-             "cache token model resume prefix server chat turn reply prompt image").split()
+             "time if will way about many then them write would like so these her long make thing see him two has look"
+             " more day could go come did number sound no most people my over know water than call first who may down "
+             "side been now find any new work part take get place made live where after back little only round man "
+             "year came show every good me give our under name very through just form sentence great think say help "
+             "low line cache token model resume prefix server chat turn reply prompt image").split()
     return [" ".join(words[i:] + words[:i]) + f" {i} {i * 7}, {i * 13}." for i in range(len(words))]
 
 
@@ -113,8 +113,9 @@ def start(command: list[str], folder: Path, log: Path, *extra: str, wait: float 
     raise TimeoutError(log.read_text()[-3000:])
 
 
-VLM_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
-                "{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>{% elif p['type'] == 'text' %}"
+VLM_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+                "{{ m['content'] }}{% else %}{% for p in m['content'] %}{% if p['type'] == 'image' %}<image>"
+                "{% elif p['type'] == 'text' %}"
                 "{{ p['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -137,7 +138,7 @@ def vlm_folder(path: str | Path, seed: int = 0) -> Path:
     pixels = transformers.CLIPImageProcessorPil(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
     processor = transformers.LlavaProcessor(image_processor=pixels, tokenizer=tok, patch_size=8,
                                             vision_feature_select_strategy="default", chat_template=VLM_TEMPLATE,
-                                            num_additional_image_tokens=1)  # CLIP's class token, dropped by "default"
+                                            num_additional_image_tokens=1)  # CLIP's class token ("default" drops it)
     model.save_pretrained(path)
     processor.save_pretrained(path)
     return path

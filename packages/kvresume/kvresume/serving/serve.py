@@ -7,8 +7,9 @@ pool's; 5.17.0 loads in the server's process, 5.25.0 in a spawned one, through a
 imports from here); each chat request's inputs carry its id to the model's process; the chat completion's usage reports
 `prompt_tokens_details.cached_tokens` from the pool's record, which comes back in-process (5.17.0) or over a queue
 (5.25.0). One log line per request: tokens reused, fed, and why reuse stopped. Options of its own: `--pool-tokens N`
-(the budget, tokens held by pooled caches, least recently used evicted) and `--no-pool` (plain generate(), usage
-reporting 0 cached tokens); every other option is `transformers serve`'s. Needs `pip install "kvresume[serve]"`.
+(the budget, tokens held by pooled caches, least recently used evicted), `--pool-bytes N` (the bytes of their
+tensors) and `--no-pool` (plain generate(), usage reporting 0 cached tokens); every other option is `transformers
+serve`'s. Needs `pip install "kvresume[serve]"`.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from transformers.cli.serving import chat_completion, model_manager, utils
 
 from ..pool import PoolRecord, attach
 
-TOKENS_ENV, OFF_ENV, TAG = "KVRESUME_POOL_TOKENS", "KVRESUME_POOL_OFF", "kvresume_request"
+TOKENS_ENV, BYTES_ENV, OFF_ENV = "KVRESUME_POOL_TOKENS", "KVRESUME_POOL_BYTES", "KVRESUME_POOL_OFF"
+TAG = "kvresume_request"
 CURRENT: contextvars.ContextVar[str | None] = contextvars.ContextVar("kvresume_request", default=None)
 RECORDS: dict[str, PoolRecord] = {}  # request id -> the pool's record, in the server's process
 LOADERS: list[Any] = []  # 5.25: the loaders of this server process, whose queues bring the records back
@@ -46,7 +48,9 @@ def _logger() -> None:
 def pooled(model: Any, publish: Any) -> Any:
     """The model with a pool behind its generate(); `publish(request_id, record)` after each tagged call."""
     _logger()
-    pool = attach(model, max_tokens=int(os.environ.get(TOKENS_ENV, 1 << 16)), enabled=os.environ.get(OFF_ENV) != "1")
+    limit = os.environ.get(BYTES_ENV)
+    pool = attach(model, max_tokens=int(os.environ.get(TOKENS_ENV, 1 << 16)), enabled=os.environ.get(OFF_ENV) != "1",
+                  max_bytes=int(limit) if limit else None)
 
     def generate(*args: Any, **kwargs: Any) -> Any:
         tag = kwargs.pop(TAG, None)
@@ -154,14 +158,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kvresume", description=__doc__.split("\n\n")[0], add_help=False)
     parser.add_argument("command", nargs="?", choices=["serve"])
     parser.add_argument("--pool-tokens", type=int, default=1 << 16, help="tokens the pooled caches may hold")
+    parser.add_argument("--pool-bytes", type=int, default=None, help="bytes the pooled caches' tensors may hold")
     parser.add_argument("--no-pool", action="store_true", help="plain generate(): nothing reused")
     own, rest = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
     if own.command != "serve":
         parser.print_help()
         return 2
-    if own.pool_tokens < 1:
-        parser.error("--pool-tokens must be at least 1")
+    if own.pool_tokens < 1 or (own.pool_bytes is not None and own.pool_bytes < 1):
+        parser.error("--pool-tokens and --pool-bytes must be at least 1")
     os.environ[TOKENS_ENV], os.environ[OFF_ENV] = str(own.pool_tokens), "1" if own.no_pool else "0"
+    os.environ[BYTES_ENV] = "" if own.pool_bytes is None else str(own.pool_bytes)
     install()
     from transformers.cli.transformers import app
 
