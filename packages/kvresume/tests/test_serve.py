@@ -1,6 +1,7 @@
-"""`kvresume serve` against plain `transformers serve`: two real server processes on localhost over one tiny local model
-folder (a byte-level BPE tokenizer, a chat template), both talked to with the official `openai` client. Every reply
-is equal; the pooled server reports the cached tokens its pool reused (and the plain one none)."""
+"""`kvresume serve` against plain `transformers serve`: two real server processes on localhost over tiny local model
+folders (a chat model with a byte-level BPE tokenizer and a chat template; a LLaVA-style VLM with a PIL image
+processor), both talked to with the official `openai` client. Every reply is equal; the pooled server reports the
+cached tokens its pool reused (and the plain one none)."""
 from __future__ import annotations
 
 import threading
@@ -16,17 +17,18 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    from kvresume.serving.folders import POOLED, PLAIN, chat_folder, start
+    """Both servers at once, without a model: each loads the folder a request names (the chat and the VLM)."""
+    pytest.importorskip("PIL")  # the VLM's image processor
+    from kvresume.serving.folders import POOLED, PLAIN, chat_folder, launch, ready, vlm_folder
 
     root = tmp_path_factory.mktemp("serve")
-    folder = chat_folder(root / "chat-tiny")
-    started = []
-    try:  # (a server that started is stopped, whichever failed to start)
-        started += [start(PLAIN, folder, root / "plain.log")]
-        started += [start(POOLED, folder, root / "pooled.log")]
-        yield folder, started[0][1], started[1][1], root / "pooled.log"
+    folders = {"chat": chat_folder(root / "chat-tiny"), "vlm": vlm_folder(root / "vlm-tiny")}
+    launched = [launch(PLAIN, None, root / "plain.log"), launch(POOLED, None, root / "pooled.log")]
+    try:
+        (_, plain), (_, pooled) = [ready(*one) for one in launched]
+        yield folders, plain, pooled, root / "pooled.log"
     finally:
-        for proc, _ in started:
+        for proc, _, _ in launched:
             proc.terminate()
             proc.wait(30)
 
@@ -46,9 +48,9 @@ def ask(client, folder, messages, stream=False, **extra):
     return text, usage and usage.prompt_tokens, details and details.cached_tokens
 
 
-def both(servers, messages, **extra):
-    folder, plain, pooled, _ = servers
-    a, b = ask(plain, folder, messages, **extra), ask(pooled, folder, messages, **extra)
+def both(servers, messages, kind="chat", **extra):
+    folders, plain, pooled, _ = servers
+    a, b = ask(plain, folders[kind], messages, **extra), ask(pooled, folders[kind], messages, **extra)
     assert a[0] == b[0] and (a[1] is None or a[1] == b[1]), (a, b)
     assert not a[2]  # plain transformers serve reuses nothing
     return b
@@ -91,7 +93,8 @@ def test_penalties_stop_and_seeded_sampling_answer_as_plain_serve(servers):
 
 
 def test_two_clients_at_once(servers):
-    folder, plain, pooled, _ = servers
+    folders, plain, pooled, _ = servers
+    folder = folders["chat"]
     want = {i: ask(plain, folder, [user(i, f"client {i}")])[0] for i in range(2)}
     got: dict[int, str] = {}
 
@@ -111,24 +114,6 @@ def test_each_request_logs_what_was_reused_and_why(servers):
     assert lines and all("reused" in line and "fed (" in line for line in lines)
 
 
-@pytest.fixture(scope="module")
-def vlm_servers(tmp_path_factory):
-    pytest.importorskip("PIL")  # the image processor's
-    from kvresume.serving.folders import POOLED, PLAIN, start, vlm_folder
-
-    root = tmp_path_factory.mktemp("serve-vlm")
-    folder = vlm_folder(root / "vlm-tiny")
-    started = []
-    try:
-        started += [start(PLAIN, folder, root / "plain.log")]
-        started += [start(POOLED, folder, root / "pooled.log")]
-        yield folder, started[0][1], started[1][1], root / "pooled.log"
-    finally:
-        for proc, _ in started:
-            proc.terminate()
-            proc.wait(30)
-
-
 def picture(seed: int) -> dict:
     """An image_url part: a 40x40 PNG of seeded noise as a data URI."""
     import base64
@@ -143,13 +128,13 @@ def picture(seed: int) -> dict:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
-def test_images_as_data_uris_answer_as_plain_serve_and_are_keyed_by_pixels(vlm_servers):
+def test_images_as_data_uris_answer_as_plain_serve_and_are_keyed_by_pixels(servers):
     def chat(first: int) -> list[int]:
         messages, cached = [], []
         for i, part in enumerate([picture(first), None, picture(9)]):
             text = {"type": "text", "text": f"turn {i}: what is in the picture"}
             messages.append({"role": "user", "content": [part, text] if part else [text]})
-            reply, _, hit = both(vlm_servers, messages)
+            reply, _, hit = both(servers, messages, kind="vlm")
             cached.append(hit)
             messages.append({"role": "assistant", "content": reply})
         return cached

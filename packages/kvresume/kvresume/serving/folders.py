@@ -1,7 +1,8 @@
 """Tiny local model folders a real server loads (nothing downloaded), and the server processes on localhost:
 `chat_folder(path)` saves a seeded random Llama with a byte-level BPE tokenizer trained here on a fixed text and a
 ChatML chat template, as `transformers serve` and `kvresume serve` load it from disk (`size="24M"`: the benchmark's
-model; the default is tiny); `start(command, folder, log)` starts one on a free port and waits for its /health.
+model; the default is tiny); `start(command, folder, log)` starts one on a free port and waits for its /health
+(`launch` and `ready`, the two halves, start several at once).
 """
 from __future__ import annotations
 
@@ -91,14 +92,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start(command: list[str], folder: Path, log: Path, *extra: str, wait: float = 120) -> tuple[subprocess.Popen, Any]:
-    """(the server process, an openai client of it): `command MODEL --port P extra`, offline, once /health answers."""
-    import openai
+def start(command: list[str], folder: Path | None, log: Path, *extra: str,
+          wait: float = 120) -> tuple[subprocess.Popen, Any]:
+    """(the server process, an openai client of it): `command [MODEL] --port P extra`, offline, once /health answers
+    (without a MODEL, a server loads each request's model folder on its first request)."""
+    return ready(*launch(command, folder, log, *extra), wait=wait)
 
+
+def launch(command: list[str], folder: Path | None, log: Path, *extra: str) -> tuple[subprocess.Popen, int, Path]:
+    """The server process started on a free port (not yet answering): (process, port, log)."""
     port = free_port()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.Popen([*command, str(folder), "--port", str(port), *extra], stdout=log.open("w"),
+    model = [str(folder)] if folder is not None else []
+    proc = subprocess.Popen([*command, *model, "--port", str(port), *extra], stdout=log.open("w"),
                             stderr=subprocess.STDOUT, env=env)
+    return proc, port, log
+
+
+def ready(proc: subprocess.Popen, port: int, log: Path, wait: float = 120) -> tuple[subprocess.Popen, Any]:
+    """(the process, an openai client of it) once its /health answers; the log's tail where it exits or times out."""
+    import openai
+
     client = openai.OpenAI(base_url=f"http://localhost:{port}/v1", api_key="none", max_retries=0, timeout=600)
     end = time.monotonic() + wait
     while time.monotonic() < end:
@@ -107,7 +121,7 @@ def start(command: list[str], folder: Path, log: Path, *extra: str, wait: float 
             return proc, client
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"{command[-2:]} exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+                raise RuntimeError(f"the server exited {proc.returncode}:\n{log.read_text()[-3000:]}")
             time.sleep(0.3)
     proc.kill()
     raise TimeoutError(log.read_text()[-3000:])
