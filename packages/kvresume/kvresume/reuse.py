@@ -8,7 +8,9 @@ where the model has them; the model's rope_deltas put back to the ledger's). Whe
 (a sliding layer past its window, a StaticCache before 5.25, linear layers without recorded states), where its
 linear layers' state is stale (kvresume.linear_checks), or where the guard refuses candidate generation beside a cache
 (assistant_model, prompt lookup: 5.17's first call gets a mask narrowed to the ids; 5.25 feeds it right and reuses),
-everything is re-prefilled: a StaticCache is reset in place, another cache replaced by a new one of its class. The
+everything is re-prefilled: a StaticCache is reset in place, another cache replaced by a new one of its class.
+Settings whose processors read the whole input, or that expand the rows, are re-prefilled too (reason `whole_input`);
+length limits, the caller's processors, criteria and stop strings count the whole sequence (kvresume.whole). The
 output carries a `ResumeRecord` (kvresume.prefix.record_of(output)): tokens cached, reused, fed, and why the reuse
 stopped there. Without a ledger: `guarded_generate` with the same arguments. `apply_fix` applies a refusal's `fix`.
 """
@@ -116,17 +118,18 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
         raise ValueError("resume() on an encoder-decoder takes the decoder's whole sequence as decoder_input_ids")
     given_mask = generate_kwargs.pop(mask_key, None)
     record = plan(led, ids, given_mask, generate_kwargs.get("tokenizer"), messages)
-    rows = None
+    rows = False
     if not decoder:  # (an encoder-decoder's generate() is fed the whole decoder sequence: its processors see it all)
         setting = whole.needs_prefill(whole.effective_config(model, generate_kwargs))
-        if setting is not None:  # re-prefilled: rows expanded need a new cache, a whole-input reader the whole input
+        if setting is not None:  # re-prefilled: the whole input fed, and where rows expand, into a new cache
             record.reused, record.reason, record.detail = 0, "whole_input", f"{setting[1]}: re-prefilled"
             rows = setting[0] in whole.EXPANDS_ROWS
-    if not decoder:  # images keyed by their pixels: the prefix ends before one that differs or would be cut
+        # images keyed by their pixels: the prefix ends before one that differs or would be cut
         images.limit_record(model, cache, ids, generate_kwargs, record, led.length)
-    if rows or stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
-        record.reused = 0
-        record.detail += "" if rows else "; linear layers' state not rolled back: re-prefilled"
+    if rows:  # generate() expands the ids and not the cache: a new one
+        cache = fresh(model, cache)
+    elif stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
+        record.reused, record.detail = 0, record.detail + "; linear layers' state not rolled back: re-prefilled"
         cache = fresh(model, cache)
     cache, keep, why = cropped(model, cache, record.reused)
     if why:
