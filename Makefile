@@ -135,9 +135,12 @@ upstream-tests: env ## write outputs/upstream/test_resume_contract.py (standalon
 # 256 new tokens): ms (median of interleaved pairs' ratios, 101/11 pairs, with its 95% interval) and instructions under
 # valgrind's cachegrind (apt-get install valgrind; the same count whatever the load), and one resume()'s extra memory;
 # into docs/performance.md ("Tracking cost"). BENCH_ARGS="--runs 9 --new 128 --no-count --device cuda" changes it.
+# Then time to first token per turn of an 8-turn chat through plain `transformers serve` and `kvresume serve`
+# (helpers.pipeline.tools.serve_bench, about a minute), into its "Serving" section.
 BENCH_ARGS ?=
-bench: env ## tracking cost per decoded token (tracked vs untracked) and one resume()'s memory, into docs/performance.md
+bench: env ## tracking cost per token, one resume()'s memory, first-token time through the real servers: docs/performance.md
 	$(PY) -m helpers.pipeline.tools.bench --write $(BENCH_ARGS)
+	$(PY) -m helpers.pipeline.tools.serve_bench --write
 
 clean: ## remove everything a run left in outputs/
 	rm -rf outputs/notebooks outputs/resume_state outputs/results outputs/figures outputs/html outputs/matrix outputs/matrix.md outputs/bisect outputs/SUMMARY.md outputs/timings.json outputs/run.json outputs/upstream

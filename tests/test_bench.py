@@ -69,3 +69,17 @@ def test_the_table_names_the_kits_commit_it_ran_at(monkeypatch):
     head, *_, row = bench.table(torch.device("cpu"), 2, None, count_them=False)
     commit = git_state()[0]
     assert re.search(rf", kit {commit[:12] if commit else 'unknown'}( \(dirty\))?, torch ", head) and "| tiny | " in row
+
+
+def test_the_serving_table_goes_between_its_own_markers(tmp_path):
+    from helpers.pipeline.tools import serve_bench
+
+    rows = [dict(turn="1", prompt=10, reused=0, plain_s=0.2, pooled_s=0.1, equal=True),
+            dict(turn="new chat", prompt=9, reused=0, plain_s=0.1, pooled_s=0.1, equal=False)]
+    text = serve_bench.table(rows)
+    assert "| 1 | 10 | 0 | 200 ms | 100 ms | 2.0x | yes |" in text and text.endswith("| 1.0x | NO |")
+    doc = tmp_path / "performance.md"
+    begin, end = serve_bench.MARKERS
+    doc.write_text(f"a\n{bench.BEGIN}\nkept\n{bench.END}\n{begin}\nold\n{end}\nz\n")
+    bench.write([text], doc, markers=serve_bench.MARKERS)
+    assert doc.read_text() == f"a\n{bench.BEGIN}\nkept\n{bench.END}\n{begin}\n{text}\n{end}\nz\n"

@@ -223,10 +223,11 @@ def table(device: torch.device, new: int, runs: int | None, count_them: bool = T
     return lines
 
 
-def write(lines: list[str], doc: Path = DOC) -> None:
-    """Replace the text between the bench markers of docs/performance.md."""
-    head, rest = doc.read_text().split(BEGIN, 1)
-    doc.write_text(head + "\n".join([BEGIN, *lines, END]) + rest.split(END, 1)[1])
+def write(lines: list[str], doc: Path = DOC, markers: tuple[str, str] = (BEGIN, END)) -> None:
+    """Replace the text between a pair of markers of docs/performance.md (the bench's by default)."""
+    begin, end = markers
+    head, rest = doc.read_text().split(begin, 1)
+    doc.write_text(head + "\n".join([begin, *lines, end]) + rest.split(end, 1)[1])
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,7 +3,10 @@ on a local ~24M-parameter random Llama (kvresume.serving.folders, byte-level BPE
 client, streamed: prompt tokens, tokens the pool reused (the usage's cached_tokens), each first token's latency,
 and whether the replies are equal. Turns alternate between the servers so that load drifts alike on both.
 
-    python -m helpers.pipeline.tools.serve_bench [--turns 8] [--size 24M] [--words 120]
+    python -m helpers.pipeline.tools.serve_bench [--turns 8] [--size 24M] [--words 150] [--write]
+
+`--write` puts the table, headed by the run's date, machine, kit commit and releases, into docs/performance.md
+("Serving", between its markers); `make bench` runs it after the tracking cost.
 """
 from __future__ import annotations
 
@@ -12,6 +15,11 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from helpers.pipeline.run.record import git_state
+from helpers.pipeline.tools import bench
+
+MARKERS = ("<!-- serve-bench:begin -->", "<!-- serve-bench:end -->")
 
 
 def _turn(client: Any, model: str, messages: list[dict], new: int) -> tuple[str, float, int, int]:
@@ -59,6 +67,25 @@ def run(turns: int, size: str, words: int, new: int) -> list[dict[str, Any]]:
     return rows
 
 
+def header(args: argparse.Namespace) -> str:
+    """What the run was: when, where, at which commit, on which releases, with what chat."""
+    import os
+
+    import torch
+    import transformers
+
+    from kvresume.serving.folders import parameters
+
+    commit, dirty = git_state()
+    return (f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on CPU (load average "
+            f"{os.getloadavg()[0]:.2f} at the start), kit {(commit or 'unknown')[:12]}{' (dirty)' if dirty else ''}, "
+            f"torch {torch.__version__}, transformers {transformers.__version__}: a {parameters(args.size) / 1e6:.1f}M "
+            f"random Llama chat folder, {args.turns} turns of {args.words} words and {args.new} new tokens each, "
+            "streamed through plain `transformers serve` and `kvresume serve` (turns alternating between them, one "
+            "warm-up request each, one sample per cell), then a new chat as long as the last turn's, which the pool "
+            "misses (`python -m helpers.pipeline.tools.serve_bench`).")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| turn | prompt tokens | reused by the pool | first token, plain | first token, pooled | speed-up | replies equal |",
              "|---|---|---|---|---|---|---|"]
@@ -71,16 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--size", default="24M")
-    parser.add_argument("--words", type=int, default=120, help="words of each user message")
+    parser.add_argument("--words", type=int, default=150, help="words of each user message")
     parser.add_argument("--new", type=int, default=16, help="max_tokens of each reply")
+    parser.add_argument("--write", action="store_true", help="put the table into docs/performance.md")
     args = parser.parse_args(argv)
-    import transformers
-
-    from kvresume.serving.folders import parameters
-
-    print(f"{args.size} chat model: {parameters(args.size) / 1e6:.1f}M parameters, transformers {transformers.__version__}, "
-          f"{args.turns} turns of {args.words} words, {args.new} new tokens each, streamed")
-    print(table(run(args.turns, args.size, args.words, args.new)))
+    lines = [header(args), "", table(run(args.turns, args.size, args.words, args.new))]
+    print("\n".join(lines))
+    if args.write:
+        bench.write(lines, markers=MARKERS)
     return 0
 
 
