@@ -19,6 +19,7 @@ from typing import Any
 CONTROL = "control"  # the Qwen3-VL resume-contract control (transformers 5.14.1)
 ISSUE_48947 = "48947"  # transformers issue #48947 (hybrid offloading drift)
 NEW_IMAGE = "new-image"  # Qwen3-VL multi-turn resume with a new image (QwenLM/Qwen3-VL#1685, #1412): no text quoted
+SERVE = "serve"  # `transformers serve` re-prefilling every turn (its 5.17.0 code's TODO): no text quoted
 ROLLBACK = "rollback"  # hybrid rollback and continuation (transformers #49036, PR #45513, 5.25.0's cache rewrite): no text quoted
 
 ROLES = {"reproduces": "states", "refutes": "hypothesis", "beyond": "extends", "simulation": "models",
@@ -55,6 +56,8 @@ VALIDATION = ("detect a non-empty cache combined with a short suffix and an atte
               "then raise a useful error or warning instead of silently slicing to an empty input.")
 HYBRID = "- sliding/hybrid caches;"
 IDENTITY = "- original cache versus identity-rebuilt cache;"
+ENGINES = ("In-forward methods, patched attention implementations, and inference engines that own their resume state may "
+           "cross a different boundary.")
 
 
 def quote_for(claim_id: str) -> dict[str, Any]:

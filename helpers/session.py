@@ -27,10 +27,7 @@ def start(notebook: str, claims: dict[str, str], model_id: str, revision: str | 
     `kinds`: {claim id: kind} for the others (helpers.results.KINDS; undeclared: reproduces).
     """
     entered = time.time()
-    res = Results(notebook, claims, environment(model_id=public_model_id(model_id), model_revision=revision, dtype=dtype,
-                                                attn_implementation=attn_implementation, device=device, seed=seed),
-                  environment_checks=environment_checks, kinds=kinds)
-    capture_warnings(res)
+    res = begin(notebook, claims, model_id, revision, dtype, attn_implementation, device, seed, environment_checks, kinds)
     built = time.time()
     try:
         bundle = load(model_id, revision, dtype, attn_implementation, device, seed, trust_remote_code)
@@ -46,6 +43,18 @@ def start(notebook: str, claims: dict[str, str], model_id: str, revision: str | 
         with contextlib.suppress(OSError):  # timings are a benchmark aid, never a reason to fail a notebook
             Path(path).write_text(json.dumps({k: round(v, 3) for k, v in timings.items()}))
     return res, bundle
+
+
+def begin(notebook: str, claims: dict[str, str], model_id: str, revision: str | None = None, dtype: str = "float32",
+          attn_implementation: str = "sdpa", device: str = "cpu", seed: int = 0,
+          environment_checks: tuple[str, ...] = (), kinds: dict[str, str] | None = None) -> Results:
+    """The results file of a notebook whose model runs elsewhere (a server): its claims and parameters, written."""
+    res = Results(notebook, claims, environment(model_id=public_model_id(model_id), model_revision=revision, dtype=dtype,
+                                                attn_implementation=attn_implementation, device=device, seed=seed),
+                  environment_checks=environment_checks, kinds=kinds)
+    capture_warnings(res)
+    res.write()
+    return res
 
 
 def show_environment(res: Results) -> Any:

@@ -28,7 +28,7 @@ def declared() -> dict[str, str]:
             if cell["cell_type"] != "code" or "CLAIMS = {" not in src:
                 continue
             lines = src.splitlines()  # the cell's imports, then CLAIMS and KINDS, up to session.start
-            body = "\n".join(line for line in lines[: next(i for i, l in enumerate(lines) if "session.start(" in l)])
+            body = "\n".join(line for line in lines[: next(i for i, l in enumerate(lines) if "session.start(" in l or "session.begin(" in l)])
             ns: dict = {}
             exec(body, ns)  # noqa: S102 - the notebook's own imports and assignments
             env = re.findall(r'environment_checks=\(([^)]*)\)', src)

@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from helpers import findings
 from helpers.pipeline.run import params
 from helpers.pipeline.run import batch, execute, procs, record
 from helpers.pipeline.paths import repo_root
@@ -267,8 +268,10 @@ def test_longest_first_from_the_last_timings_else_the_static_estimate(tmp_path):
     from helpers.pipeline.run import schedule
 
     nbs = execute.notebooks()
-    static = schedule.longest_first(nbs, schedule.expected_seconds(nbs, tmp_path / "missing.json"))
-    assert static[0].stem.startswith("05") and static[1].stem.startswith("07")
+    estimates = schedule.expected_seconds(nbs, tmp_path / "missing.json")
+    static = schedule.longest_first(nbs, estimates)
+    assert [estimates[nb.stem] for nb in static] == sorted(estimates.values(), reverse=True)
+    assert estimates == {f.stem: f.estimate_s for f in findings.found()}  # each finding's own estimate
     rows = [{"notebook": nb.stem, "ok": True, "seconds": 1.0} for nb in nbs]
     rows[0]["seconds"] = 99.0
     rows[1].update(ok=False, seconds=500.0)  # a failed notebook's time says nothing: the estimate stands

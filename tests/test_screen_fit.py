@@ -52,7 +52,7 @@ def test_fit_keeps_whole_variants_and_drops_what_does_not_fit():
 
 # --------------------------------------------------------------------------- allowances and room
 
-def test_each_source_fits_its_allowance_and_the_screen_has_room_for_two_more(tmp_path):
+def test_each_source_fits_its_allowance_and_the_screen_has_room_for_more(tmp_path):
     fake_run(tmp_path)
     matrix(tmp_path)
     text = screen(tmp_path)
@@ -63,8 +63,8 @@ def test_each_source_fits_its_allowance_and_the_screen_has_room_for_two_more(tmp
         said = len(verdict) - len("- Verdict: .") + len(ask) - len("- Ask: .")
         assert said <= first_screen.SOURCE_CHARS, (name, said)
     fixed = len(text) - sum(len("\n".join(b)) + 2 for b in blocks)  # everything but the sources' blocks
-    two_more = first_screen.ROOM_FOR * (first_screen.BLOCK_CHARS + len(", `a_forty_character_repro_file_name_x.py`"))
-    assert fixed + len(blocks) * first_screen.BLOCK_CHARS + two_more <= first_screen.FIRST_SCREEN_CHARS
+    more = first_screen.ROOM_FOR * (first_screen.BLOCK_CHARS + len(", `a_forty_character_repro_file_name_x.py`"))
+    assert fixed + len(blocks) * first_screen.BLOCK_CHARS + more <= first_screen.FIRST_SCREEN_CHARS
     assert all(len(first_screen.screen_name(s)) <= first_screen.NAME_CHARS for s in sources.SOURCES.values())
 
 

@@ -2,13 +2,11 @@
 from ..findings import Decisions, Finding
 from ..pipeline.bisect.source import GENERATE
 from ..pipeline.report import asks
-from ..quotes import CONTROL, IDENTITY, VALIDATION, passage
+from ..quotes import CONTROL, ENGINES, IDENTITY, VALIDATION, passage
 
 _FACTORY = "validating K/V shapes, dtype, device, and batch size;"
 _CONTRACT = ("Resuming generate() from a non-empty cache requires an unambiguous contract between the cached prefix, the "
              "unprocessed suffix, the full attention mask, and any model-specific positional state.")
-_ENGINES = ("In-forward methods, patched attention implementations, and inference engines that own their resume state may "
-            "cross a different boundary.")
 
 FINDING = Finding(
     stem="08_resume_api",
@@ -23,7 +21,7 @@ FINDING = Finding(
         "api.resume_state_portable_to_fresh_instance": passage(CONTROL, "extends", "- original model instance versus fresh model instance;"),
         "api.ledger_guard_refuses_every_silent_tracked_case": passage(CONTROL, "extends", _CONTRACT),
         "api.every_refusal_advice_restores": passage(CONTROL, "extends", VALIDATION),
-        "api.resume_matches_full_forward": passage(CONTROL, "extends", _ENGINES),
+        "api.resume_matches_full_forward": passage(CONTROL, "extends", ENGINES),
     },
     ask=asks.control,
     bisect="api.guard_catches_or_names_every_silent_case",

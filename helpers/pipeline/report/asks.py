@@ -205,6 +205,26 @@ def rollback(by_release: dict[str, Claims], out: Path) -> Lines:
     return Lines(text, "; ".join(p for p in (*parts, bisect) if p))
 
 
+def serve(by_release: dict[str, Claims], out: Path) -> Lines:
+    """`transformers serve` re-prefilling each turn per release; `kvresume serve`'s measured reuse as the repair."""
+    symptom, repair = {}, {}
+    for rel, claims in by_release.items():
+        plain, sooner = _claim(claims, "serve.plain_recomputes_every_turn"), _claim(claims, "serve.first_token_sooner")
+        last = (plain.get("evidence") or {}).get("last") or {}
+        if plain.get("verdict") == "holds" and last:
+            symptom[rel] = f"turn {last.get('turn')} prefills all {last.get('prompt')} prompt tokens again"
+        speed = (sooner.get("deciding") or {}).get("speedup")
+        same = _claim(claims, "serve.replies_equal").get("verdict") == "holds"
+        if sooner.get("verdict") == "holds" and same and last:
+            repair[rel] = (f"reused {last.get('reused')} of {last.get('prompt')}, first token {_num(speed)}x sooner, "
+                           "every reply equal")
+    text = ("plain `transformers serve` on a multi-turn chat: " + joined(symptom)) if symptom else ""
+    ask = ("serve through `kvresume serve` (the kit ran it: " + joined(repair) + "); upstream: the TODO's prefix "
+           "cache for the non-CB path, keyed by token ids, images and weights") if repair else ""
+    bisect = first_change(out, "11", "serve.pool_reuses_earlier_turns", list(by_release), False)
+    return Lines(text, "; ".join(p for p in (ask, bisect) if p))
+
+
 def lines_for(key: str, by_release: dict[str, Claims], out: Path) -> Lines:
     """The source's symptom and Ask from the writer its findings name (KeyError for a source none declares)."""
     return writer(key)(by_release, out)

@@ -21,7 +21,7 @@ from .statements import source_key
 from .verdict_line import count_parts
 
 FIRST_SCREEN_CHARS = 4000
-ROOM_FOR = 2  # sources the screen has room for beyond today's, each within its own allowance
+ROOM_FOR = 1  # sources the screen has room for beyond today's, each within its own allowance
 NAME_CHARS = 32  # a source's short name
 SOURCE_CHARS = 490  # a source's Verdict and Ask text together (after "- Verdict: " and "- Ask: ")
 ASK_CHARS = 200  # the Ask first gets up to this, the Verdict the rest; the Ask then takes what the Verdict left

@@ -59,6 +59,15 @@ SOURCES: dict[str, Source] = {s.key: s for s in (
            "hybrid's length and re-fed tokens",
            "Hybrid rollback",
            "the threads' statements (text not readable here)"),
+    Source("serve", "`transformers serve` re-prefills every turn (5.17.0's serving code: `TODO: add prefix caching for "
+           "the non-CB path`)", {},
+           "a real checkpoint's chat template and GPU timings (the 24.7M random-weight folder stands in; pass "
+           "`-p model_id ...` online) and continuous batching (`--continuous-batching` does not call generate()).",
+           "examples/repro/serve_prefix_reuse.py",
+           "the tokens the first model call of turn 2 gets when generate() re-prefills it as the server does, and "
+           "when it resumes turn 1's cache",
+           "transformers serve",
+           "the TODO's own text (no claim quotes it)"),
     Source("triage", "Triage of a user's rebuild (the control's decision tree applied)", {},
            "a user's own compression method unless passed with `-p rebuild ...`: the kit's stand-in rebuilds take its "
            "place (no source setup to compare: the tree is the control's, the rebuilds are this kit's)."),

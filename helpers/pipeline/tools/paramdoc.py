@@ -48,13 +48,26 @@ def _table(rows: list[tuple[str, str, str]]) -> list[str]:
             *[f"| `{name}` | {code(default)} | {cell(note)} |" for name, default, note in rows], ""]
 
 
+def usual(cells: dict[str, list[tuple[str, str, str]]]) -> list[tuple[str, str, str]]:
+    """Per parameter every notebook declares, the row (default and meaning) more than half of them hold, if any."""
+    if len(cells) < 2:
+        return []
+    rows = [row for rows in cells.values() for row in rows]
+    names = [name for name, _, _ in next(iter(cells.values())) if all(name in {r[0] for r in c} for c in cells.values())]
+    out = []
+    for name in names:
+        best = max((row for row in rows if row[0] == name), key=rows.count)
+        if 2 * rows.count(best) > len(cells):
+            out.append(best)
+    return out
+
+
 def render(root: Path | None = None) -> str:
-    """The whole page: the rows every notebook's cell shares once, then each notebook's own rows."""
+    """The whole page: each parameter's usual row once, then each notebook's rows that differ from it."""
     root = root or repo_root()
     cells = {p.stem: rows for p in sorted((root / "notebooks").glob("*.ipynb")) if (rows := parameter_rows(p))}
-    first = next(iter(cells.values()), [])
-    shared = [row for row in first if all(row in rows for rows in cells.values())] if len(cells) > 1 else []
-    out = [HEAD, "## Every notebook", "", *_table(shared)] if shared else [HEAD]
+    shared = usual(cells)
+    out = [HEAD, "## Every notebook, unless its section says otherwise", "", *_table(shared)] if shared else [HEAD]
     for stem, rows in cells.items():
         own = [row for row in rows if row not in shared]
         out += [f"## {stem}", ""] + (_table(own) if own else ["Only the parameters every notebook has.", ""])
