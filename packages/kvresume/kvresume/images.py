@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from . import compat
+from .pickling import method
 from .call import refuse
 from .ledger import ledger_owner
 
@@ -97,6 +98,10 @@ class _Encoder:
 
     def __deepcopy__(self, memo: dict) -> "_Encoder":
         return _Encoder(copy.deepcopy(self.owner, memo), self.name, self.keys, self.local)
+
+    def __reduce__(self) -> tuple:
+        """Pickled with its model: the plain method (the copy loads untracked, kvresume.pickling)."""
+        return (method, (self.owner, self.name))
 
     def remove(self) -> None:
         self.owner.__dict__.pop(self.name, None)

@@ -32,6 +32,7 @@ from .fingerprint import grown_layer, known_layer, slot_prints, unfollowed, wind
 from .writes import Write, add_chunk, as_rows  # (as_rows: the guard's import)
 from .ledger import attach_ledger, cache_held, ledger_owner
 from .steps import continued, decode_step, started
+from .pickling import Hook, nothing
 
 HANDLE_ATTR = "_kv_ledger_tracker"
 
@@ -106,6 +107,10 @@ class Tracker:
         """One tracker for a model and its deep copies: torch copies the hooks as they are (this tracker's)."""
         return self
 
+    def __reduce__(self) -> tuple:
+        """Pickled (with its model, or alone): nothing, the copy untracked (kvresume.pickling)."""
+        return (nothing, ())
+
     def __enter__(self) -> "Tracker":
         return self
 
@@ -167,7 +172,7 @@ def _pre(tracker: Tracker) -> Callable[..., None]:
 
 def _hook_rotary(tracker: Tracker) -> None:
     """Put the rotary pre-hook on (again)."""
-    tracker.rope_handle = tracker.rope.register_forward_pre_hook(eager(_rotary(tracker)), with_kwargs=True)
+    tracker.rope_handle = tracker.rope.register_forward_pre_hook(Hook(eager(_rotary(tracker))), with_kwargs=True)
     tracker.handles.append(tracker.rope_handle)
 
 
@@ -265,13 +270,13 @@ def track(model: torch.nn.Module) -> Tracker:
     existing = model.__dict__.get(HANDLE_ATTR)
     if existing is not None:
         return existing
-    for inner in [m.__dict__[HANDLE_ATTR] for m in model.modules() if HANDLE_ATTR in m.__dict__]:
+    for inner in [m.__dict__[HANDLE_ATTR] for m in model.modules() if m.__dict__.get(HANDLE_ATTR) is not None]:
         inner.remove()
     tracker = Tracker(model, rope=rotary_embedding(model), rope_state=compat.rope_state_owner(model) is not None,
                       decoder=is_encoder_decoder(model))
     tracker.text, tracker.cache_name = not tracker.rope_state and not tracker.decoder, compat.cache_kwarg(model)
-    tracker.handles += [model.register_forward_pre_hook(_pre(tracker), with_kwargs=True),
-                        model.register_forward_hook(_post(tracker), with_kwargs=True),
+    tracker.handles += [model.register_forward_pre_hook(Hook(_pre(tracker)), with_kwargs=True),
+                        model.register_forward_hook(Hook(_post(tracker)), with_kwargs=True),
                         *images.hook_encoders(model, tracker.local)]
     if tracker.rope is not None:
         _hook_rotary(tracker)
