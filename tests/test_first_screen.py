@@ -8,13 +8,14 @@ import json
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
 
 from helpers import boundary, findings, quotes
 from helpers.pipeline.paths import repo_root
-from helpers.pipeline.report import first_screen, sources, statements, summary, verdict_line
+from helpers.pipeline.report import first_screen, share, sources, statements, summary, verdict_line
 
 ROOT = repo_root()
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -102,10 +103,27 @@ def test_the_first_screen_fits_with_each_sources_verdict_ask_and_own_count_on_pi
     assert "reproduced" not in offload.split("not tested")[0], "nothing tested is not 'reproduced'"
     assert "the kit's own checks hold 8 of 8 on 5.17.0 and 5.25.0" in block(text, "Qwen3-VL new image")[1]
     whole = summary.build_summary(tmp_path)
-    for source in sources.SOURCES.values():  # every repro named on the screen, folded right below it
+    members = share.share_members(tmp_path, None)
+    for source in sources.SOURCES.values():  # every repro named on the screen and in share.zip, none pasted
         if source.repro:
-            assert Path(source.repro).name in text and (ROOT / source.repro).read_text().rstrip() in whole, source.key
+            name = Path(source.repro).name
+            assert name in text and f"repro/{name}" in members and "```python" not in whole, source.key
     assert "```python" not in text
+
+
+def test_a_one_source_run_folds_its_repro_in_below_the_screen_and_share_zip_carries_it(tmp_path):
+    """One thread's paste: `make run-all NB=11` gives that source's repro in the summary itself."""
+    fake_run(tmp_path)
+    for path in (tmp_path / "results").glob("*.json"):
+        if not path.name.startswith("11_"):
+            path.unlink()
+    repro = (ROOT / sources.SOURCES["serve"].repro)
+    whole, text = summary.build_summary(tmp_path), screen(tmp_path)
+    assert "**Repro** in `examples/repro/`" in text and repro.name in text and "```python" not in text
+    assert repro.read_text().rstrip() in whole and whole.count("```python") == 1
+    with zipfile.ZipFile(share.write_share(tmp_path, share.current_stems(tmp_path))) as zf:
+        assert zf.read(f"repro/{repro.name}") == repro.read_bytes()
+        assert [n for n in zf.namelist() if n.startswith("repro/")] == [f"repro/{repro.name}"]
 
 
 def test_without_make_share_the_screen_names_the_release_it_has_and_how_to_add_the_newest(tmp_path):

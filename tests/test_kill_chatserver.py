@@ -48,14 +48,18 @@ CASES: list[Case] = [
     ("serve equal: not compared", lambda: d.decide_replies_equal(but(MISS, equal=None)), False),
     ("serve equal: no rows", lambda: d.decide_replies_equal([]), False),
     # decide_plain_recomputes
-    ("serve plain: grows, reports nothing", lambda: d.decide_plain_recomputes(CHAT), True),
+    ("serve plain: no sooner than a new chat, reports nothing", lambda: d.decide_plain_recomputes(CHAT), True),
     ("serve plain: reported reuse", lambda: d.decide_plain_recomputes(but(SECOND, plain_cached=100)), False),
     ("serve plain: a reported 0 is no reuse", lambda: d.decide_plain_recomputes(but(SECOND, plain_cached=0)), True),
-    ("serve plain: growth within the same-work ratio", lambda: d.decide_plain_recomputes(but(LAST, plain_s=0.55)), False),
-    ("serve plain: growth just past it", lambda: d.decide_plain_recomputes(but(LAST, plain_s=0.63)), True),
-    ("serve plain: growth equal to it", lambda: d.decide_plain_recomputes(but(LAST, plain_s=0.625)), False),
+    ("serve plain: the last turn far sooner (reused)", lambda: d.decide_plain_recomputes(but(LAST, plain_s=0.5)), False),
+    ("serve plain: sooner by the same-work ratio", lambda: d.decide_plain_recomputes(
+        but(MISS, plain_s=1.875, pooled_s=1.875)), True),
+    ("serve plain: sooner just past it", lambda: d.decide_plain_recomputes(but(MISS, plain_s=1.9, pooled_s=1.9)), False),
+    ("serve plain: the last turn slower", lambda: d.decide_plain_recomputes(but(LAST, plain_s=3.0)), True),
     ("serve plain: one turn only", lambda: d.decide_plain_recomputes([FIRST, MISS]), False),
+    ("serve plain: no new chat", lambda: d.decide_plain_recomputes([FIRST, SECOND, LAST]), False),
     ("serve plain: an untimed turn", lambda: d.decide_plain_recomputes(but(LAST, plain_s=None)), False),
+    ("serve plain: an untimed new chat", lambda: d.decide_plain_recomputes(but(MISS, plain_s=None)), False),
     # decide_pool_reuses_turns
     ("serve pool: each turn's previous prompt", lambda: d.decide_pool_reuses_turns(CHAT), True),
     ("serve pool: exactly the previous prompt", lambda: d.decide_pool_reuses_turns(but(SECOND, reused=100)), True),

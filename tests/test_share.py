@@ -35,8 +35,9 @@ def test_the_archive_holds_this_runs_files_only(tmp_path):
         summary = zf.read("SUMMARY.md").decode()
         result = zf.read("results/01_a.json").decode()
         timings = zf.read("timings.json").decode()
-    assert names == ["SUMMARY.md", "run.json", "timings.json", "html/01_a.html", "figures/01_a-grid.png", "results/01_a.json"]
-    assert summary == (tmp_path / "SUMMARY.md").read_text() and "**`share.zip`**" in summary
+    assert names == ["SUMMARY.md", "run.json", "timings.json", "html/01_a.html", "figures/01_a-grid.png", "results/01_a.json",
+                     "repro/resume_contract_qwen3_vl.py"]  # notebook 01's source's repro, from examples/repro/
+    assert "1 repro" in summary and summary == (tmp_path / "SUMMARY.md").read_text() and "**`share.zip`**" in summary
     assert str(repo_root()) not in result and "./ckpt" in result  # scrubbed before archiving
     assert str(tmp_path) not in timings
 

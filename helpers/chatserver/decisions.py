@@ -36,19 +36,20 @@ def decide_replies_equal(rows: list[dict[str, Any]]) -> Decision:
 
 
 def decide_plain_recomputes(rows: list[dict[str, Any]]) -> Decision:
-    """Plain transformers serve reports no reused token on any request, and its first token comes later as the chat
-    grows: its last stable turn's first-token time over turn 1's exceeds the same-work ratio (one timing's noise)."""
-    stable, floor = _turns(rows, "stable"), same_work_floor(rows)
+    """Plain transformers serve reports no reused token on any request, and its first token at the last stable turn
+    comes no sooner than a new chat's of about that length (both prefill all of it): the new chat's time over the
+    turn's stays within the same-work ratio (a server that reused the turn would answer it that much sooner)."""
+    stable, miss, floor = _turns(rows, "stable"), _turns(rows, "new chat"), same_work_floor(rows)
     reported = [r for r in rows if r.get("plain_cached")]
-    grows = None
-    if len(stable) >= 2 and all((r.get("plain_s") or 0) > 0 for r in (stable[0], stable[-1])):
-        grows = stable[-1]["plain_s"] / stable[0]["plain_s"]
-    holds = not reported and grows is not None and floor is not None and grows > floor
+    last, new = (stable[-1] if len(stable) >= 2 else {}), (miss[0] if miss else {})
+    sooner = new["plain_s"] / last["plain_s"] if all((r.get("plain_s") or 0) > 0 for r in (last, new)) else None
+    holds = not reported and sooner is not None and floor is not None and sooner <= floor
     why = (f"plain serve reported reused tokens on {len(reported)} requests" if reported else
-           f"plain first token at turn {stable[-1]['turn'] if stable else '?'} took {grows or float('nan'):.2f}x turn "
-           f"1's (same-work ratio {floor or float('nan'):.2f}), 0 tokens reported reused")
-    return Decision(holds, why, {"first": _brief(stable[0]) if stable else {}, "last": _brief(stable[-1]) if stable else {}},
-                    {"growth": grows, "same_work_ratio": floor, "reported_reuse": len(reported)}, {})
+           f"a new chat's first token ({new.get('prompt')} tokens) took {sooner or float('nan'):.2f}x plain's at turn "
+           f"{last.get('turn', '?')} ({last.get('prompt')} tokens; same-work ratio {floor or float('nan'):.2f}), "
+           "0 tokens reported reused")
+    return Decision(holds, why, {"last": _brief(last), "new chat": _brief(new)},
+                    {"new_chat_over_last_turn": sooner, "same_work_ratio": floor, "reported_reuse": len(reported)}, {})
 
 
 def decide_pool_reuses_turns(rows: list[dict[str, Any]]) -> Decision:

@@ -2,7 +2,8 @@
 line, the releases measured (`make share`: the pinned one and the newest on the package index), then per source a
 Verdict line (the symptom and where it shows per release, that source's own count of statements reproduced of those
 tested, what was not tested and why, what is listed apart) and an Ask line (helpers.pipeline.report.asks). No count
-pools sources. The repros (examples/repro/, torch + transformers only) are folded right below, each named here."""
+pools sources. The repros (examples/repro/, torch + transformers only) are named here; a one-source run (one thread's
+paste) folds its repro right below, a run of several leaves them in share.zip (repro/), the paste's size not growing."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -141,15 +142,25 @@ def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]],
     """The lines before the first <details>, and the repros folded right below it as (summary, lines)."""
     rows, releases = release_rows(out, run, current)
     lines = [*run_line(run, current), releases, ""]
-    for src, by_release in _sources(rows):
+    present = _sources(rows)
+    for src, by_release in present:
         lines += source_block(src, by_release, out)
     lines += [not_verified_line(current), ""]
-    shown = [s for s in SOURCES.values() if s.repro]
-    if shown:
-        lines += ["**Repros** in `examples/repro/` (torch + transformers only; folded below): "
-                  + ", ".join(code(Path(s.repro).name) for s in shown) + ".", ""]
+    shown = [s for s, _ in present if s.repro]
+    lines += repros_line(shown)
     text = "\n".join(lines)
     if len(text) > budget:
         lines = [f"> ⚠️ The first screen is {len(text):,} characters, over its {budget:,}.", "", *lines]
-    return lines, [(f"Repro, {s.short}: {s.repro}", repro_block(s)) for s in shown]
+    return lines, [(f"Repro, {s.short}: {s.repro}", repro_block(s)) for s in shown if len(shown) == 1]
+
+
+def repros_line(shown: list[Source]) -> list[str]:
+    """Where this run's repros are: folded below for a one-source run (one thread's paste), else in share.zip."""
+    if not shown:
+        return []
+    names = ", ".join(code(Path(s.repro).name) for s in shown)
+    if len(shown) == 1:
+        return [f"**Repro** in `examples/repro/` (torch + transformers only; folded below): {names}.", ""]
+    return [f"**Repros** in `examples/repro/` and `share.zip`'s `repro/` (torch + transformers only): {names}. "
+            "One source's run (`make run-all NB=..`) folds its repro in here, for its thread.", ""]
 

@@ -1,5 +1,6 @@
 """outputs/share.zip: the one file to attach to a thread (GitHub refuses .html): SUMMARY.md, the HTML
-pages, the figures and the results files of the run the summary describes, plus run.json and timings.json.
+pages, the figures and the results files of the run the summary describes, run.json and timings.json, and under
+repro/ the plain-transformers repro of each source the run answers (examples/repro/, read from this checkout).
 Written with fixed timestamps and in sorted order, so the same run gives the same archive."""
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import zipfile
 from pathlib import Path
 from typing import Iterable
 
+from ...findings import found
+from ..paths import repo_root
 from .records import load_json, load_results, run_id_of, split_by_run
 from .scrub import scrub_file
 
@@ -24,7 +27,19 @@ def share_members(out: Path, stems: Iterable[str] | None = None) -> list[str]:
     for folder, pattern in (("html", "*.html"), ("figures", "*.png"), ("results", "*.json")):
         names += [f"{folder}/{p.name}" for p in sorted((out / folder).glob(pattern))  # a figure: <stem>-<name>.png
                   if wanted is None or p.stem.split("-", 1)[0] in wanted]
-    return names
+    return names + repro_members(stems)
+
+
+def repro_members(stems: Iterable[str] | None = None) -> list[str]:
+    """repro/<file> of each repro the notebooks in `stems` declare (all when None) that this checkout holds."""
+    numbers = None if stems is None else {s.split("_", 1)[0] for s in stems}
+    paths = {f.repro for f in found() if f.repro and (numbers is None or f.number in numbers)}
+    return [f"repro/{Path(p).name}" for p in sorted(paths, key=lambda p: Path(p).name) if (repo_root() / p).is_file()]
+
+
+def _member(out: Path, name: str) -> bytes:
+    """A member's bytes: a repro from examples/repro/, anything else from `out`."""
+    return (repo_root() / "examples" / name if name.startswith("repro/") else out / name).read_bytes()
 
 
 def write_share(out: Path, stems: Iterable[str] | None = None) -> Path:
@@ -36,7 +51,7 @@ def write_share(out: Path, stems: Iterable[str] | None = None) -> Path:
             info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
             info.compress_type = zipfile.ZIP_DEFLATED
             info.external_attr = 0o644 << 16
-            zf.writestr(info, (out / name).read_bytes())
+            zf.writestr(info, _member(out, name))
     tmp.replace(path)
     return path
 

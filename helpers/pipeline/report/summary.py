@@ -137,10 +137,12 @@ def environment_section(results: list[dict[str, Any]], run_env: dict[str, Any] |
 
 def attach_section(out: Path, stems: set[str]) -> list[str]:
     names = [n for n in share_members(out, stems) if n not in ("SUMMARY.md", "run.json", "timings.json")]
-    html, figs, res = (sum(n.startswith(f"{folder}/") for n in names) for folder in ("html", "figures", "results"))
+    html, figs, res, repro = (sum(n.startswith(f"{folder}/") for n in names) for folder in ("html", "figures", "results",
+                                                                                            "repro"))
     return ["## Attach", "", f"Attach one file: **`{ARCHIVE}`** from the outputs folder (GitHub does not accept `.html`). "
             f"It holds this summary, {html} self-contained HTML page(s), {figs} figure(s), {res} results file(s) "
-            "with every measured value, and the run record (run.json; timings.json once the runner has written it).", ""]
+            f"with every measured value, {repro} repro(s) and the run record (run.json; timings.json once the runner "
+            "has written it).", ""]
 
 
 def earlier_sections(others: dict[str | None, list[dict[str, Any]]]) -> list[str]:
