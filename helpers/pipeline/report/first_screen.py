@@ -161,6 +161,6 @@ def repros_line(shown: list[Source]) -> list[str]:
     names = ", ".join(code(Path(s.repro).name) for s in shown)
     if len(shown) == 1:
         return [f"**Repro** in `examples/repro/` (torch + transformers only; folded below): {names}.", ""]
-    return [f"**Repros** in `examples/repro/` and `share.zip`'s `repro/` (torch + transformers only): {names}. "
-            "One source's run (`make run-all NB=..`) folds its repro in here, for its thread.", ""]
+    return [f"**Repros** (torch + transformers only) in `share.zip` and `examples/repro/`: {names}; a run of one "
+            "source folds its own in here.", ""]
 
