@@ -53,3 +53,14 @@ def test_reordered_rows_are_untracked_not_misread(model):
                          **{generate_cache_kwarg(model): moved})
     beams = run(model, ids[:1], num_beams=3)  # the rows' histories reordered before the window: not followed
     assert ledger_of(beams.past_key_values) is None
+
+
+def test_rows_holding_the_same_tokens_in_their_first_slots_are_read_each_as_its_own(model):
+    """Two rows that start alike (a system prompt) hold equal fingerprints there: each row is compared with its own."""
+    ids = torch.randint(10, 2000, (2, 6), generator=torch.Generator().manual_seed(2))
+    ids[1, :3] = ids[0, :3]
+    out = run(model, ids)  # 11 slots held, the window shows 8: two shared slots among them
+    assert torch.equal(ledger_of(out.past_key_values).token_ids, out.sequences[:, :-1])
+    moved = copy.deepcopy(out.past_key_values)
+    moved.reorder_cache(torch.tensor([1, 0]))  # the rows swapped: their later slots differ, so untracked
+    assert ledger_of(moved) is None
