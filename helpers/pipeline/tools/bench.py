@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
+from kvresume.writes import FOLD
 
 from helpers.pipeline.run.record import git_state
 
@@ -33,6 +34,9 @@ ROOT = Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "performance.md"
 THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")  # no pool thread spinning while counted
 START = 1  # the short counted run's new tokens: (I(START + new) - I(START)) / new is what the `new` decode steps cost
+# the decode steps counted: one fold of the ledger's writes (kvresume.writes.FOLD), each step's and each fold's cost
+# in it; a count does not vary by run, so the timing's 256 steps would only cost valgrind's time (x4, ~50x slower)
+COUNTED = FOLD
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
@@ -214,7 +218,7 @@ def table(device: torch.device, new: int, runs: int | None, count_them: bool = T
         plain, tracked = statistics.median(times[False]), statistics.median(times[True])
         mid, low, high = overhead(times)
         params = sum(p.numel() for p in m.parameters()) / 1e6
-        count = instructions(m, new) if count_them and device.type == "cpu" else "not counted (--no-count, or CUDA)"
+        count = instructions(m, COUNTED) if count_them and device.type == "cpu" else "not counted (--no-count, or CUDA)"
         counts = count if isinstance(count, str) else f"{count[False] / 1e6:.3f}M, {count[True] / 1e6:.3f}M"
         extra = "" if isinstance(count, str) else f"{100 * (count[True] / count[False] - 1):+.2f}%"
         lines.append(f"| {label} | {params:.1f}M | {runs or pairs} | {plain:.3f} | {tracked:.3f} | {mid:+.1f}% "
