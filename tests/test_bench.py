@@ -83,3 +83,13 @@ def test_the_serving_table_goes_between_its_own_markers(tmp_path):
     doc.write_text(f"a\n{bench.BEGIN}\nkept\n{bench.END}\n{begin}\nold\n{end}\nz\n")
     bench.write([text], doc, markers=serve_bench.MARKERS)
     assert doc.read_text() == f"a\n{bench.BEGIN}\nkept\n{bench.END}\n{begin}\n{text}\n{end}\nz\n"
+
+
+def test_the_miss_cost_is_the_median_of_the_new_chats_and_an_untimed_one_is_said():
+    from helpers.pipeline.tools import serve_bench
+
+    rows = [dict(turn="1", plain_s=0.1, pooled_s=0.1), *(dict(turn=f"new chat {i}", plain_s=1.0, pooled_s=p)
+                                                           for i, p in enumerate((1.5, 1.0, 1.25, float("nan"))))]
+    text = serve_bench.miss_cost(rows)
+    assert "median of 3 +25.0% (from +0.0% to +50.0%); 1 replied no content, not timed." in text, text
+    assert "not timed" in serve_bench.miss_cost(rows[:1])

@@ -11,6 +11,7 @@ and whether the replies are equal. Turns alternate between the servers so that l
 from __future__ import annotations
 
 import argparse
+import math
 import tempfile
 import time
 from pathlib import Path
@@ -35,36 +36,56 @@ def _turn(client: Any, model: str, messages: list[dict], new: int) -> tuple[str,
     return text, first or float("nan"), usage.prompt_tokens if usage else 0, (details and details.cached_tokens) or 0
 
 
-def run(turns: int, size: str, words: int, new: int) -> list[dict[str, Any]]:
-    """One row per turn: prompt tokens, reused, plain and pooled first-token seconds, replies equal."""
+def run(turns: int, size: str, words: int, new: int, misses: int = 5) -> list[dict[str, Any]]:
+    """One row per turn (prompt tokens, reused, plain and pooled first-token seconds, replies equal), then `misses`
+    new chats as long as the chat, each other text, which the pool misses (the first server asked alternates)."""
     from kvresume.serving.folders import PLAIN, POOLED, chat_folder, corpus, start
 
     root = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     folder = chat_folder(root / f"chat-{size}", size=size)
     servers = [start(PLAIN, folder, root / "plain.log"), start(POOLED, folder, root / "pooled.log")]
-    text = (" ".join(corpus()) * 4).split()
+    text = (" ".join(corpus()) * (4 + misses)).split()
     rows, chats = [], ([], [])
     say = lambda i: {"role": "user", "content": " ".join(text[i * words:(i + 1) * words])}  # noqa: E731
     try:
         for _, client in servers:  # one request each first: the first request of a process is slower
             _turn(client, str(folder), [{"role": "user", "content": "warm up"}], 2)
-        for i in range(turns + 1):  # the last: a new conversation as long as the chat, which the pool misses
+        for i in range(turns):
             got = []
             for (proc, client), messages in zip(servers, chats):
-                if i == turns:
-                    messages[:] = [{"role": "user", "content": " ".join(text[-words * turns:])}]
-                else:
-                    messages.append(say(i))
+                messages.append(say(i))
                 got.append(_turn(client, str(folder), messages, new))
                 messages.append({"role": "assistant", "content": got[-1][0]})
-            (a, ta, n, _), (b, tb, _, hit) = got
-            rows.append(dict(turn=str(i + 1) if i < turns else "new chat", prompt=n, reused=hit, plain_s=ta,
-                             pooled_s=tb, equal=a == b))
+            rows.append(_row(str(i + 1), got))
+        for j in range(misses):
+            alone = [{"role": "user", "content": " ".join(text[-words * turns * (j + 1):][:words * turns])}]
+            order = servers if j % 2 == 0 else servers[::-1]
+            got = [_turn(client, str(folder), alone, new) for _, client in order]
+            rows.append(_row(f"new chat {j + 1}", got if j % 2 == 0 else got[::-1]))
     finally:
         for proc, _ in servers:
             proc.terminate()
             proc.wait(30)
     return rows
+
+
+def _row(turn: str, got: list[tuple[str, float, int, int]]) -> dict[str, Any]:
+    (a, ta, n, _), (b, tb, _, hit) = got
+    return dict(turn=turn, prompt=n, reused=hit, plain_s=ta, pooled_s=tb, equal=a == b)
+
+
+def miss_cost(rows: list[dict[str, Any]]) -> str:
+    """The pool's cost on a miss: the median of the new chats' pooled/plain first-token ratios, with their range."""
+    import statistics
+
+    misses = [r for r in rows if r["turn"].startswith("new chat")]
+    ratios = sorted(r["pooled_s"] / r["plain_s"] for r in misses if math.isfinite(r["pooled_s"] / r["plain_s"]))
+    if not ratios:
+        return f"A miss: not timed ({len(misses)} new chats, none with a first content token on both servers)."
+    return (f"A miss (the new chats, first server asked alternating): pooled/plain first-token time, median of "
+            f"{len(ratios)} {100 * (statistics.median(ratios) - 1):+.1f}% (from {100 * (ratios[0] - 1):+.1f}% to "
+            f"{100 * (ratios[-1] - 1):+.1f}%)" + (f"; {len(misses) - len(ratios)} replied no content, not timed." if
+                                               len(ratios) < len(misses) else "."))
 
 
 def header(args: argparse.Namespace) -> str:
@@ -82,8 +103,8 @@ def header(args: argparse.Namespace) -> str:
             f"torch {torch.__version__}, transformers {transformers.__version__}: a {parameters(args.size) / 1e6:.1f}M "
             f"random Llama chat folder, {args.turns} turns of {args.words} words and {args.new} new tokens each, "
             "streamed through plain `transformers serve` and `kvresume serve` (turns alternating between them, one "
-            "warm-up request each, one sample per cell), then a new chat as long as the last turn's, which the pool "
-            "misses (`python -m helpers.pipeline.tools.serve_bench`).")
+            f"warm-up request each, one sample per cell), then {args.misses} new chats as long as the chat, which the "
+            "pool misses (`python -m helpers.pipeline.tools.serve_bench`).")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -100,9 +121,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="24M")
     parser.add_argument("--words", type=int, default=150, help="words of each user message")
     parser.add_argument("--new", type=int, default=16, help="max_tokens of each reply")
+    parser.add_argument("--misses", type=int, default=5, help="new chats after the chat (the pool's misses)")
     parser.add_argument("--write", action="store_true", help="put the table into docs/performance.md")
     args = parser.parse_args(argv)
-    lines = [header(args), "", table(run(args.turns, args.size, args.words, args.new))]
+    rows = run(args.turns, args.size, args.words, args.new, args.misses)
+    lines = [header(args), "", table(rows), "", miss_cost(rows)]
     print("\n".join(lines))
     if args.write:
         bench.write(lines, markers=MARKERS)
