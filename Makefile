@@ -29,7 +29,7 @@ KEY ?=
 GOOD ?=
 BAD ?=
 
-.PHONY: help env share run-all run test test-fast report matrix bisect gpu-plan gpu-check gpu-wheels mutants upstream-tests bench hf-tests clean
+.PHONY: help env share run-all run test test-fast generate report matrix bisect gpu-plan gpu-check gpu-wheels mutants upstream-tests bench hf-tests clean
 .DEFAULT_GOAL := help
 
 help: ## this list: every target with one line
@@ -116,6 +116,12 @@ test: env ## the whole test suite (CI's command): unit, kill and end-to-end note
 
 test-fast: env ## the unit and kill tests that need no notebook run (pytest -m "not e2e"): run it after every edit
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not e2e" tests packages/kvresume/tests
+
+# generate: every committed file the kit renders from its declarations (docs/adding-a-finding.md): each notebook's
+# Colab cell, README's notebook table and badges, docs/parameters.md, tests/golden/decision_outputs.json.
+generate: env ## rewrite every generated file: the Colab cells, README's table, docs/parameters.md, the golden decisions
+	$(PY) -m helpers.pipeline.tools.colab --write notebooks/*.ipynb README.md docs/parameters.md
+	KVKIT_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_decisions.py -k golden
 
 # mutants: mutation testing (mutmut) of the decision functions listed in helpers/pipeline/tools/mutants.py SCOPE, on the
 # fast tests only; prints killed/total per module and every survivor, fails below 90% killed in any module.

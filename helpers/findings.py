@@ -2,7 +2,8 @@
 helpers/<module>_finding.py where a notebook's code is one module) and found here by discovery: every list the kit
 keeps per notebook derives from them (quotes, the notebook's source, the Ask writers, bisect's claims and functions,
 the deciding modules' mutation scope and decisions registry, the runner's estimates, README's notebook table).
-A declaration missing a piece is refused by name when it is built; tests/test_findings.py checks they are complete."""
+A declaration missing a piece is refused by name when it is built; tests/test_findings.py checks they are complete.
+Adding one (its files, its fields, `make generate`): docs/adding-a-finding.md."""
 from __future__ import annotations
 
 import functools
@@ -109,6 +110,12 @@ def of(notebook: str | Path) -> Finding:
 
 def quotes() -> dict[str, Any]:
     return {cid: q for f in found() for cid, q in f.claims.items()}
+
+
+def quote_for(claim_id: str) -> dict[str, Any]:
+    """The declared quote of a claim as a plain dict ({} for a claim without one)."""
+    entry = quotes().get(claim_id)
+    return entry.as_dict() if entry else {}
 
 
 def writer(source: str) -> Callable[..., Any]:

@@ -60,21 +60,6 @@ ENGINES = ("In-forward methods, patched attention implementations, and inference
            "cross a different boundary.")
 
 
-def quote_for(claim_id: str) -> dict[str, Any]:
-    """The registry entry of a claim as a plain dict ({} for a claim without one)."""
-    from .findings import quotes
-
-    entry = quotes().get(claim_id)
-    return entry.as_dict() if entry else {}
-
-
 def normalized(text: str) -> str:
     """Whitespace collapsed: how quotes are compared with the source texts."""
     return " ".join(str(text).split())
-
-
-def statement_key(claim: dict[str, Any]) -> str:
-    """What makes two claims one statement: their quote's source and text (the claim id where none is quoted)."""
-    quote = claim.get("quote") or quote_for(str(claim.get("id")))
-    text = normalized(quote.get("text") or "")
-    return f"{quote.get('source')}: {text}" if text else f"claim: {claim.get('id')}"

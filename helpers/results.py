@@ -20,8 +20,8 @@ import pandas as pd
 import torch
 import transformers
 
+from .findings import quote_for
 from .pipeline.paths import output_dir
-from .quotes import quote_for
 from .pipeline.run.record import run_stamp
 
 # What each claim is, and the two verdicts a decision can give it (holds, does not hold):

@@ -387,9 +387,9 @@ def test_every_decision_output_is_the_golden_one():
     if os.environ.get("KVKIT_UPDATE_GOLDEN"):
         OUTPUTS.write_text(json.dumps(got, indent=1, ensure_ascii=False, sort_keys=True) + "\n")
     want = json.loads(OUTPUTS.read_text())
-    assert sorted(got) == sorted(want), "cases added or removed: KVKIT_UPDATE_GOLDEN=1 rewrites the golden file"
+    assert sorted(got) == sorted(want), "cases added or removed: `make generate` rewrites the golden file (docs/adding-a-finding.md)"
     for name in want:
-        assert got[name] == want[name], name
+        assert got[name] == want[name], f"{name}: if deliberate, `make generate` rewrites the golden file"
 
 
 def test_every_decision_has_a_normal_case_and_a_counter_example(monkeypatch):

@@ -42,8 +42,8 @@ def test_docs_stay_under_their_size():
 def test_every_notebook_has_a_page_listing_exactly_its_claims():
     pages = {p.stem: p.read_text(encoding="utf-8") for p in (ROOT / "docs" / "notebooks").glob("*.md")}
     stems = sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
-    assert sorted(pages) == stems
-    index = (ROOT / "README.md").read_text(encoding="utf-8")  # its generated table: python -m helpers.pipeline.tools.colab --write README.md
+    assert sorted(pages) == stems, "each notebook has its page docs/notebooks/<stem>.md (docs/adding-a-finding.md)"
+    index = (ROOT / "README.md").read_text(encoding="utf-8")  # its generated table: make generate
     assert all(f"(docs/notebooks/{s}.md)" in index for s in stems), "README's notebook table links every page"
     listed = {cid: stem for stem, text in pages.items() for cid in re.findall(r"^\| `([\w.]+)` \|", text, flags=re.M)}
     assert sorted(listed) == sorted(findings.quotes()), "a page lists a claim that is not registered, or misses one"

@@ -17,13 +17,15 @@ ROOT = repo_root()
 
 
 def test_every_notebook_and_only_they_declare_a_finding():
-    assert [f.stem for f in findings.found()] == sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb"))
+    assert [f.stem for f in findings.found()] == sorted(p.stem for p in (ROOT / "notebooks").glob("*.ipynb")), \
+        "each notebook declares one FINDING: see docs/adding-a-finding.md"
     assert len({f.number for f in findings.found()}) == len(findings.found()) == len(findings.prefixes())
 
 
 @pytest.mark.parametrize("finding", findings.found(), ids=lambda f: f.stem)
 def test_a_declaration_names_what_exists(finding):
-    assert finding.source in sources.SOURCES and (ROOT / finding.repro).is_file(), finding.stem
+    assert finding.source in sources.SOURCES and (ROOT / finding.repro).is_file(), \
+        f"{finding.stem}: its source entry and repro file (docs/adding-a-finding.md)"
     assert all(name.startswith("transformers.") for name in finding.functions)
     assert set(finding.kinds().values()) <= set(quotes.ROLES)
     for cid, q in finding.claims.items():  # every claim has a quote: text from a source, or (environment) none
@@ -126,7 +128,7 @@ def test_a_scratch_finding_appears_in_every_derived_list(scratch):
     from helpers.pipeline.tools import colab, mutants
 
     assert len(FILES) <= 10
-    assert findings.quotes()["scratch.holds"].text == quotes.SLICED and quotes.quote_for("scratch.holds")
+    assert findings.quotes()["scratch.holds"].text == quotes.SLICED and findings.quote_for("scratch.holds")
     assert sources.source_of("99_scratch").key == "control" and findings.writer("control") is asks.control
     assert ("99", "scratch.holds") in findings.bisect_claims()
     assert bisect_source.relevant("99_scratch") == ("transformers.cache_utils.Cache.update",)
@@ -142,5 +144,5 @@ def test_readme_notebook_table_is_the_rendered_one():
     from helpers.pipeline.tools import colab
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert colab.notebook_table() in text, "python -m helpers.pipeline.tools.colab --write README.md"
+    assert colab.notebook_table() in text, "README.md's notebook table is stale: run `make generate` (see docs/adding-a-finding.md)"
     assert colab.render_readme(text) == text

@@ -83,7 +83,7 @@ def test_the_first_screen_fits_with_each_sources_verdict_ask_and_own_count_on_pi
     fake_run(tmp_path)
     matrix(tmp_path)
     text = screen(tmp_path)
-    assert len(text) <= first_screen.FIRST_SCREEN_CHARS, len(text)
+    assert len(text) <= first_screen.screen_chars(), len(text)
     assert "**Releases:** **5.17.0** (pinned) and **5.25.0** (newest), by `make share` (newest on the package index" in text
     assert "source statement(s) reproduced**" not in text and "of 20" not in text, "no count pooled across sources"
     assert len([ln for ln in text.splitlines() if re.search(r"\bask\b", ln, re.I)]) >= 3
@@ -363,8 +363,12 @@ def test_the_48947_loop_runs_on_cpu_with_the_offloaded_arm_standing_in(tmp_path)
 
 
 def test_a_new_source_fits_on_the_screen_too(tmp_path, monkeypatch):
-    """Notebook 10 with a source of its own (claims its writer does not know, long reasons): the screen still fits."""
+    """Notebook 10 with a source of its own (claims its writer does not know, long reasons): the screen still fits,
+    and a source more declared gives the screen one allowance more, no constant edited."""
+    before = first_screen.screen_chars()
     monkeypatch.setitem(sources.SOURCES, "rollback", sources.Source("rollback", "Hybrid rollback", short="Hybrid rollback"))
+    monkeypatch.setitem(sources.SOURCES, "zz-new", sources.Source("zz-new", "A new thread", short="A new thread"))
+    assert first_screen.screen_chars() == before + first_screen.BLOCK_CHARS + first_screen.REPRO_CHARS
     fake_run(tmp_path)
     matrix(tmp_path)
     for folder in (tmp_path, tmp_path / "matrix" / "5.25.0"):
@@ -374,7 +378,7 @@ def test_a_new_source_fits_on_the_screen_too(tmp_path, monkeypatch):
                            "evidence": {}, "deciding": {}} for i in range(6)]
         (folder / "results" / "10_hybrid_rollback.json").write_text(json.dumps(data))
     text = screen(tmp_path)
-    assert "**Hybrid rollback**" in text and len(text) <= first_screen.FIRST_SCREEN_CHARS, len(text)
+    assert "**Hybrid rollback**" in text and len(text) <= first_screen.screen_chars(), len(text)
 
 
 def _rollback_claims(stale: bool, hand_len: int) -> list[tuple[str, dict]]:

@@ -99,7 +99,7 @@ def test_the_whole_runs_summary_is_not_truncated_and_its_first_screen_fits(run):
     text = summary.build_summary(run)
     assert "**Truncated:**" not in text and len(text) < paste.MAX_CHARS - 4000, len(text)  # room for a real run's warnings
     screen = summary.first_screen_of(text)
-    assert len(screen) <= first_screen.FIRST_SCREEN_CHARS and "```python" not in screen, len(screen)
+    assert len(screen) <= first_screen.screen_chars() and "```python" not in screen, len(screen)
     assert sum(line.startswith("- Ask: ") for line in screen.splitlines()) >= 3, screen
 
 
@@ -227,7 +227,7 @@ def test_notebook_shape(path):
     title = nb.cells[0].source
     assert "Source" in title and not re.search(r"Last run on", title), "the environment is printed, never typed"
     assert "shared/seeds" not in "\n".join(c.source for c in nb.cells), "cite sources by their public names"
-    assert code[0].source == colab.cell_source(), "the Colab cell: python -m helpers.pipeline.tools.colab --write notebooks/*.ipynb"
+    assert code[0].source == colab.cell_source(), "the Colab cell is stale: run `make generate` (see docs/adding-a-finding.md)"
     tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1 and tagged[0] is code[1] and "model_id" in tagged[0].source
     text = "\n".join(c.source for c in code)
@@ -244,7 +244,7 @@ def test_colab_cell_and_badges_read_the_one_repository_address():
     assert "requirements-runtime.txt" in cell and 'packages", "kvresume"), kit' in cell and "requirements.txt" not in cell
     assert colab.cell_source("https://github.com/fork/kit") != cell  # the cell is rendered from the address
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert colab.render_readme(readme) == readme, "README badges: python -m helpers.pipeline.tools.colab --write README.md"
+    assert colab.render_readme(readme) == readme, "README badges are stale: run `make generate` (see docs/adding-a-finding.md)"
     for path in SOURCES:
         row = next((line for line in readme.splitlines() if line.startswith(f"| [{path.stem}]")), "")
         assert colab.badge(path.stem, repo) in row, f"{path.stem}: its README row needs the Colab badge"

@@ -106,11 +106,12 @@ def test_runtime_requirements_leave_torch_and_jupyter_alone():
 # --------------------------------------------------------------------------- the layout of helpers/pipeline
 
 def _module_imports(path: Path, package: str) -> set[str]:
-    """The helpers.* modules a file imports at module level (absolute names)."""
+    """The helpers.* modules a file imports (absolute names), inside functions too: an import deferred into a
+    function still ties the two modules together, so it cannot hide a cycle."""
     import ast
 
     out = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
             mod = ".".join([*base, node.module] if node.module else base)

@@ -12,6 +12,7 @@ import pytest
 
 from helpers import boundary, findings, identity, mask_matrix, quotes, rope
 from helpers.pipeline.paths import repo_root
+from helpers.pipeline.report import statements
 from helpers.results import Results
 
 ROOT = repo_root()
@@ -115,7 +116,7 @@ def test_results_attach_the_quote_and_a_claim_without_one_gets_none(tmp_path):
 
 
 def test_two_claims_quoting_one_passage_are_one_statement():
-    key = quotes.statement_key
+    key = statements.statement_key
     assert key({"id": "identity.first_step_logits_equal"}) == key({"id": "triage.identity_matches_original"})
     assert key({"id": "matrix.first_call_drops_suffix"}) == key({"id": "regress.mask_contract_holds_across_families"})
     assert key({"id": "boundary.double_processing_top1_changed"}) != key({"id": "boundary.double_processing_cosine"})

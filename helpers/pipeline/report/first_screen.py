@@ -1,4 +1,4 @@
-"""SUMMARY.md's first screen (everything before the first <details>, at most FIRST_SCREEN_CHARS): the run in one
+"""SUMMARY.md's first screen (everything before the first <details>, at most screen_chars()): the run in one
 line, the releases measured (`make share`: the pinned one and the newest on the package index), then per source a
 Verdict line (the symptom and where it shows per release, that source's own count of statements reproduced of those
 tested, what was not tested and why, what is listed apart) and an Ask line (helpers.pipeline.report.asks). No count
@@ -21,12 +21,18 @@ from .sources import SOURCES, Source
 from .statements import source_key
 from .verdict_line import count_parts
 
-FIRST_SCREEN_CHARS = 4000
-ROOM_FOR = 1  # sources the screen has room for beyond today's, each within its own allowance
 NAME_CHARS = 32  # a source's short name
 SOURCE_CHARS = 490  # a source's Verdict and Ask text together (after "- Verdict: " and "- Ask: ")
 ASK_CHARS = 200  # the Ask first gets up to this, the Verdict the rest; the Ask then takes what the Verdict left
 BLOCK_CHARS = NAME_CHARS + SOURCE_CHARS + len("****\n- Verdict: .\n- Ask: .\n\n")  # a source's block at most
+REPRO_CHARS = len(", `a_forty_character_repro_file_name_x.py`")  # its repro's name on the Repros line
+HEAD_CHARS = 640  # the rest: the run, the releases, what is not verified, the Repros line's own words
+
+
+def screen_chars() -> int:
+    """The first screen's budget: the head, and one block and repro name for each declared source (SOURCES), so
+    a new source brings its own room and no constant is edited."""
+    return HEAD_CHARS + len(SOURCES) * (BLOCK_CHARS + REPRO_CHARS)
 SEPS = ("; ", ". ")
 
 
@@ -138,8 +144,10 @@ def _sources(rows: dict[str, list[dict[str, Any]]]) -> list[tuple[Source, dict[s
 
 
 def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]],
-                 budget: int = FIRST_SCREEN_CHARS) -> tuple[list[str], list[tuple[str, list[str]]]]:
-    """The lines before the first <details>, and the repros folded right below it as (summary, lines)."""
+                 budget: int | None = None) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """The lines before the first <details> (in `budget`, screen_chars() unless given), and the repros folded right
+    below it as (summary, lines)."""
+    budget = screen_chars() if budget is None else budget
     rows, releases = release_rows(out, run, current)
     lines = [*run_line(run, current), releases, ""]
     present = _sources(rows)

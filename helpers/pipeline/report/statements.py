@@ -6,7 +6,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...quotes import normalized, quote_for, statement_key
+from ...findings import quote_for
+from ...quotes import normalized
 from ...results import KINDS
 from .sources import kind_of, source_of
 
@@ -52,6 +53,13 @@ class Statement:
 def quote_of(claim: dict[str, Any]) -> dict[str, Any]:
     """The claim's quote as its results file recorded it, else the registry's ({} where neither has one)."""
     return claim.get("quote") or quote_for(str(claim.get("id")))
+
+
+def statement_key(claim: dict[str, Any]) -> str:
+    """What makes two claims one statement: their quote's source and text (the claim id where none is quoted)."""
+    quote = quote_of(claim)
+    text = normalized(quote.get("text") or "")
+    return f"{quote.get('source')}: {text}" if text else f"claim: {claim.get('id')}"
 
 
 def source_key(nb: str, claim: dict[str, Any]) -> str:

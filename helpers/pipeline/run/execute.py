@@ -15,7 +15,6 @@ from typing import Any
 from ..paths import output_dir, repo_root
 from ..report.records import load_json
 from .procs import _connection_files, descendants, stop_processes
-from .warm import _kernel_manager_class
 
 
 @dataclass
@@ -115,7 +114,9 @@ def _papermill(path: Path, parameters: dict[str, Any], out: Path) -> str:
     """papermill into `out`, quietly; '' or the one-line failure."""
     import papermill as pm
 
-    extra = {"kernel_manager_class": _kernel_manager_class()} if os.environ.get("KVKIT_ZYGOTE") else {}
+    from .ready import WarmKernelManager  # jupyter_client, which papermill imports too
+
+    extra = {"kernel_manager_class": WarmKernelManager} if os.environ.get("KVKIT_ZYGOTE") else {}
     try:
         pm.execute_notebook(str(path), str(out), parameters=parameters or {}, cwd=str(repo_root()),
                             kernel_name="python3", progress_bar=False, log_output=False,

@@ -1,13 +1,16 @@
 """The kernel client of a recorded run: jupyter_client's AsyncKernelClient, except that `wait_for_ready`
 ends when the kernel_info request's own `idle` status arrives on IOPub instead of after 0.2 s with no
-IOPub message (a fixed 0.2 s per notebook, spent idle). Imported by the notebook workers (and the warm process)."""
+IOPub message (a fixed 0.2 s per notebook, spent idle); and the kernel manager that starts warm kernels
+(warm.py's `_kernel` stub) with that client. Imported by the notebook workers (and the warm process)."""
 from __future__ import annotations
 
+import sys
 import time
 from queue import Empty
 from typing import Any, Callable
 
 from jupyter_client.asynchronous import AsyncKernelClient
+from jupyter_client.manager import AsyncKernelManager
 
 IOPUB_WAIT_S = 1.0  # for the kernel_info request's idle status; not seen: ask again (IOPub not yet connected)
 
@@ -50,3 +53,20 @@ class ReadyClient(AsyncKernelClient):
                 raise RuntimeError("Kernel died before replying to kernel_info")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
+
+
+class WarmKernelManager(AsyncKernelManager):
+    """A jupyter KernelManager whose kernel command is warm.py's stub (`_kernel -f CONN`) and whose client is
+    ReadyClient."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.client_factory = ReadyClient
+
+    async def _async_finish_shutdown(self, waittime: float | None = None, pollinterval: float = 0.1,
+                                     restart: bool = False) -> None:
+        """jupyter_client's, looking for the kernel's exit every 10 ms rather than every 100 ms."""
+        await super()._async_finish_shutdown(waittime, min(pollinterval, 0.01), restart)
+
+    def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
+        return [sys.executable, "-m", "helpers.pipeline.run", "_kernel", "-f", self.connection_file]

@@ -107,24 +107,3 @@ def _kernel_main(argv: list[str]) -> int:
         os.execv(sys.executable, [sys.executable, "-m", "ipykernel_launcher", "-f", conn_file])
     return forked.wait()
 
-
-def _kernel_manager_class() -> Any:
-    """A jupyter KernelManager whose kernel command is the stub above and whose client is ready.ReadyClient."""
-    from jupyter_client.manager import AsyncKernelManager
-
-    from .ready import ReadyClient
-
-    class WarmKernelManager(AsyncKernelManager):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.client_factory = ReadyClient
-
-        async def _async_finish_shutdown(self, waittime: float | None = None, pollinterval: float = 0.1,
-                                         restart: bool = False) -> None:
-            """jupyter_client's, looking for the kernel's exit every 10 ms rather than every 100 ms."""
-            await super()._async_finish_shutdown(waittime, min(pollinterval, 0.01), restart)
-
-        def format_kernel_cmd(self, extra_arguments: list[str] | None = None) -> list[str]:
-            return [sys.executable, "-m", "helpers.pipeline.run", "_kernel", "-f", self.connection_file]
-
-    return WarmKernelManager
