@@ -170,5 +170,5 @@ def repros_line(shown: list[Source]) -> list[str]:
     if len(shown) == 1:
         return [f"**Repro** in `examples/repro/` (torch + transformers only; folded below): {names}.", ""]
     return [f"**Repros** (torch + transformers only) in `share.zip` and `examples/repro/`: {names}; a run of one "
-            "source folds its own in here.", ""]
+            "source folds its own in, below.", ""]
 
