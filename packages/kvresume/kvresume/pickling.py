@@ -29,6 +29,10 @@ class Hook:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
+    def __deepcopy__(self, memo: dict) -> "Hook":
+        """A deep copy of the model keeps the hook itself (it is the tracker's, as a plain function would be)."""
+        return self
+
     def __reduce__(self) -> tuple:
         return (_noop, ())
 
