@@ -28,9 +28,12 @@ def accepts(fn: Any, name: str) -> bool:
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:
-    """Name of the forward keyword that carries the cache (`past_key_values`, later `cache`)."""
+    """Name of the forward keyword that carries the cache (`past_key_values`, later `cache`; Mamba's `cache_params`
+    before 5.25)."""
     params = _params(model.forward)
-    return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
+    if "cache" in params and "past_key_values" not in params:
+        return "cache"
+    return "cache_params" if "cache_params" in params and "past_key_values" not in params else "past_key_values"
 
 
 def cache_from_kwargs(kwargs: dict[str, Any]) -> Any:
@@ -191,3 +194,25 @@ def rotary_embedding(model: torch.nn.Module) -> torch.nn.Module | None:
     """The text model's rotary embedding (the first `rotary_emb` that is not a vision tower's), or None."""
     return next((module for name, module in model.named_modules() if name.endswith("rotary_emb")
                  and "visual" not in name and "Vision" not in type(module).__name__), None)
+
+
+# --- caches and models a resume cannot continue as generate() would ---------------------------------
+
+# model types whose mixer continues the cached SSM state for one token only: a multi-token call on a filled cache
+# runs the full-sequence scan from a zero state (Mamba / FalconMamba, 5.17 and 5.25: `recurrent_state` is read only
+# where `seq_len == 1`), so it differs from the no-cache run (a 6-token suffix: max |logit diff| 0.023)
+SCAN_RESTARTS = ("mamba", "falcon_mamba")
+
+
+def restarts_scan(model: torch.nn.Module) -> bool:
+    """Whether the model's multi-token forward on a filled cache restarts its SSM scan (SCAN_RESTARTS)."""
+    return getattr(text_config(model.config), "model_type", None) in SCAN_RESTARTS
+
+
+def static_capacity(cache: Any) -> int | None:
+    """The tokens a static cache can hold (its smallest full-attention layer's max_cache_len); None where no layer
+    has a fixed length (a sliding static layer wraps around)."""
+    owner = getattr(cache, "self_attention_cache", None) or cache
+    sizes = [int(layer.max_cache_len) for layer in cache_layers(owner)
+             if isinstance(getattr(layer, "max_cache_len", None), int) and not getattr(layer, "is_sliding", False)]
+    return min(sizes) if sizes else None

@@ -8,8 +8,9 @@ it returns (the whole sequence and the reply): the pooled cache with the longest
 weights and active adapters (`identity`), is resumed with `resume()` (which keys images by pixels and re-feeds where
 the ledger says so, settings that read the whole input or expand the rows among them: kvresume.whole), and the
 resulting cache is kept. A call the pool cannot serve (`unpooled`: the caller's own cache or positions, several rows,
-a cache implementation, images it cannot key) is re-prefilled by the model's own generate(), with the reason in the
-record; a resume the guard refuses is re-prefilled too. `pool.last` holds the
+a cache implementation, images it cannot key, a model that restarts its SSM scan: compat.restarts_scan) is
+re-prefilled by the model's own generate(), with the reason in the record; a resume the guard refuses, or that raises
+anything else, is re-prefilled too (the pool never raises where generate() would not). `pool.last` holds the
 `PoolRecord` of the last call (prompt tokens, reused, fed, why); `attach(model)` makes `model.generate` the pool's.
 """
 from __future__ import annotations
@@ -89,6 +90,8 @@ def unpooled(model: torch.nn.Module, input_ids: Any, kwargs: dict[str, Any]) -> 
     pixels = [k for k, v in kwargs.items() if k.startswith("pixel_values") and v is not None]
     if pixels and images.spans(model, {**kwargs, "input_ids": input_ids}) is None:
         return f"{pixels[0]} without the grid kvresume keys images by (a LLaVA-style model): not keyed by pixels"
+    if compat.restarts_scan(model):
+        return f"{type(model).__name__} restarts its SSM scan on a multi-token forward over a filled cache"
     config = effective_config(model, kwargs)
     for name, neutral in UNSAFE.items():
         value = getattr(config, name, neutral)
@@ -163,6 +166,11 @@ class Pool:
             out = resume(self.model, ids, cache, **kwargs)
         except ResumeInputError as exc:
             return self._plain(ids, kwargs, f"the guard refused the resume ({exc.check}): {exc}".split("\n")[0])
+        except Exception as exc:  # noqa: BLE001 - never raise where generate() would not: a miss, its cause logged
+            if kwargs.get("streamer") is not None:  # what it streamed cannot be taken back: raised, never sent twice
+                raise
+            log.warning("kvresume pool: resume() raised %s: %s; re-prefilled", type(exc).__name__, exc)
+            return self._plain(ids, kwargs, f"resume() raised {type(exc).__name__}: {exc}".split("\n")[0])
         rec = record_of(out)
         fed = rec.fed if rec is not None else n
         reason, detail = (rec.reason, rec.detail) if rec is not None else ("new", (

@@ -13,6 +13,10 @@ Settings whose processors read the whole input, or that expand the rows, are re-
 length limits, the caller's processors, criteria and stop strings count the whole sequence (kvresume.whole). The
 output carries a `ResumeRecord` (kvresume.prefix.record_of(output)): tokens cached, reused, fed, and why the reuse
 stopped there. Without a ledger: `guarded_generate` with the same arguments. `apply_fix` applies a refusal's `fix`.
+A server's arguments are refused by name before any work where a resume cannot take them (kvresume.whole.server_kwargs:
+its own cache_position, another cache_implementation, a StaticCache too short); its own position_ids are kept where
+they equal the kept slots' and the suffix's, else re-prefilled with them; a model whose multi-token forward on a filled
+cache restarts its SSM scan (Mamba: compat.restarts_scan) is re-prefilled into a new cache.
 """
 from __future__ import annotations
 
@@ -109,9 +113,14 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
         raise refuse("ledger_unfollowed", f"resume(): {why}, so kvresume cannot tell which tokens this cache holds "
                      "and which of them the new ids still share. Pass a new cache (a re-prefill, nothing reused: "
                      "the fix's cache=None) or keep the conversation in a DynamicCache to reuse its prefix", cache=None)
+    decoder = is_encoder_decoder(model)
+    whole_ids = generate_kwargs.get("decoder_input_ids") if decoder else input_ids
+    if whole_ids is not None:  # a server's arguments a resume cannot take: refused before any work
+        generate_kwargs = whole.server_kwargs(model, whole_ids, cache, generate_kwargs)
+    if compat.restarts_scan(model):
+        return _rescan(model, input_ids, cache, led, name, generate_kwargs)
     if led is None or led.batch != int(input_ids.shape[0]):  # untracked or stale, or rows to select: the guard says
         return guarded_generate(model, input_ids, **{name: cache}, **generate_kwargs)
-    decoder = is_encoder_decoder(model)
     mask_key = "decoder_attention_mask" if decoder else "attention_mask"
     ids = generate_kwargs.pop("decoder_input_ids", None) if decoder else input_ids
     if ids is None:
@@ -126,6 +135,11 @@ def resume(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, **genera
             rows = setting[0] in whole.EXPANDS_ROWS
         # images keyed by their pixels: the prefix ends before one that differs or would be cut
         images.limit_record(model, cache, ids, generate_kwargs, record, led.length)
+        given_positions = generate_kwargs.get("position_ids")
+        if record.reused and given_positions is not None and \
+                not same_positions(model, led.first(record.reused), ids, given_mask, given_positions):
+            record.reused, record.reason = 0, "positions"
+            record.detail = "the given position_ids differ from the kept slots' and the suffix's: re-prefilled with them"
     if rows:  # generate() expands the ids and not the cache: a new one
         cache = fresh(model, cache)
     elif stale_of(cache, led.length) is not None:  # linear layers cropped without rolling back: re-prefill all
@@ -164,6 +178,9 @@ def _arguments(model: torch.nn.Module, input_ids: torch.Tensor, ids: torch.Tenso
     suffix = ids[:, keep:]
     suffix_mask = given_mask[:, keep:].to(ids.device) if given_mask is not None else torch.ones_like(suffix)
     kwargs = {k: v for k, v in generate_kwargs.items() if k not in (mask_key, "position_ids")}  # (the encoder's mask kept)
+    given_positions = generate_kwargs.get("position_ids")
+    if not keep and not decoder and given_positions is not None and given_positions.shape[-1] == ids.shape[1]:
+        kwargs["position_ids"] = given_positions  # nothing kept: the caller's own positions of the whole sequence
     mm_positions = mm_deltas = None  # pragma: no mutate - both are set by images.fed wherever they are read
     if not decoder:  # the images of ids[:, keep:] only, and their positions over the whole conversation
         kwargs, mm_positions, mm_deltas = images.fed(model, ids, kwargs, keep)
@@ -235,4 +252,32 @@ def apply_fix(fix: dict[str, Any], cache: Any, kwargs: dict[str, Any],
         keep = {k: v for k, v in kwargs.items() if k == "generation_config"}
         out = {**keep, "input_ids": ids, **other}
     names = ("attention_mask", "position_ids", "decoder_attention_mask", "decoder_input_ids")
+    out = whole.without(out, tuple(fix.get("drop", ())))  # `drop`: arguments to leave out (and unset in the config)
     return cache, {**out, **{name: fix[name] for name in names if fix.get(name) is not None}}
+
+
+def same_positions(model: torch.nn.Module, kept: Ledger, ids: torch.Tensor, given_mask: torch.Tensor | None,
+                   given: torch.Tensor) -> bool:
+    """Whether the caller's position_ids of the whole sequence are the kept slots' and the suffix's that resume()
+    feeds (text positions only: False for M-RoPE)."""
+    if given.dim() != 2 or kept.positions.shape[0] != 1 or compat.rope_state_owner(model) is not None:
+        return False
+    suffix = ids[:, kept.length:]
+    mask = given_mask[:, kept.length:] if given_mask is not None else torch.ones_like(suffix)
+    ours = torch.cat([kept.positions[0].cpu(), text_positions(kept, mask)], 1)
+    return bool(torch.equal(given.cpu().long().expand_as(ours), ours.long()))
+
+
+def _rescan(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, led: Ledger | None, name: str,
+            kwargs: dict[str, Any]) -> Any:
+    """generate() over the whole sequence into a new cache: the model restarts its SSM scan on a multi-token forward
+    over a filled cache (compat.restarts_scan), so no cached state is continued."""
+    held = led.length if led is not None else 0
+    record = ResumeRecord(held, 0, int(input_ids.shape[1]), "recurrent", f"{type(model).__name__} restarts its SSM "
+                          "scan on a multi-token forward over a filled cache (transformers reads the cached state for "
+                          "one token only): re-prefilled into a new cache")
+    if cache is not None:  # (None: generate() builds its own)
+        new = type(cache) is DynamicCache
+        cache = DynamicCache(config=compat.text_config(model.config)) if new else fresh(model, cache)
+    out = compat.plain_generate(model)(input_ids, **{name: cache}, **kwargs)
+    return _with_record(out, cache, record)

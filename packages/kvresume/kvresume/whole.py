@@ -6,7 +6,9 @@ stopping criteria (and `stop_strings`, built as transformers' own `StopStringCri
 the prompt given, then the tokens generated so far. Settings whose processors generate() builds over its own ids
 (`READS_WHOLE`: penalties, n-gram bans, ...) and settings that expand the rows (`num_beams`, `num_return_sequences`:
 generate() expands the ids and not the cache) cannot be resumed exactly: `needs_prefill` names them, and `resume()`
-re-prefills those calls.
+re-prefills those calls. `server_kwargs` refuses, by name and before any work, what a chat server passes that a
+resume cannot take: its own `cache_position`, `position_ids` not of the whole sequence, a `cache_implementation`
+other than the given cache's class, a StaticCache shorter than the conversation and its new tokens.
 """
 from __future__ import annotations
 
@@ -14,7 +16,10 @@ import copy
 from typing import Any
 
 import torch
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList, StopStringCriteria
+from transformers import GenerationConfig, LogitsProcessorList, StaticCache, StoppingCriteriaList, StopStringCriteria
+
+from . import compat
+from .call import refuse
 
 # settings (with their neutral value) whose processors generate() builds over its own input ids: the whole sequence
 # on a run without a cache, the suffix on a resumed one
@@ -99,3 +104,57 @@ def whole_input_kwargs(model: torch.nn.Module, ids: torch.Tensor, kwargs: dict[s
         out["stopping_criteria"] = StoppingCriteriaList(_Whole(c, ids, 1) for c in criteria)
     out["generation_config"] = config
     return out
+
+
+# a cache_implementation naming the given cache's own class: what generate() would build is what it was given
+SAME_CLASS = {"static": "StaticCache", "dynamic": "DynamicCache"}
+
+
+def new_tokens(config: GenerationConfig, n: int) -> int:
+    """The most tokens generate() appends to an n-token input with this config."""
+    if config.max_new_tokens is not None:
+        return int(config.max_new_tokens)
+    return max(int(config.max_length or 0) - n, 1)
+
+
+def without(kwargs: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The call's keyword arguments without `names`, also unset on a copy of its generation config."""
+    out = {k: v for k, v in kwargs.items() if k not in names}
+    config = out.get("generation_config")
+    if config is not None and any(getattr(config, k, None) is not None for k in names):
+        out["generation_config"] = config = copy.deepcopy(config)
+        for k in names:
+            setattr(config, k, None)
+    return out
+
+
+def server_kwargs(model: torch.nn.Module, ids: torch.Tensor, cache: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's keyword arguments for a resume of the whole sequence `ids` from `cache`: a cache_implementation of
+    the cache's own class dropped; a refusal (ResumeInputError, before any work) for a caller's cache_position, another
+    cache_implementation, or a StaticCache shorter than the ids and the new tokens."""
+    if kwargs.get("cache_position") is not None:
+        raise refuse("cache_position", "resume(): cache_position given: resume() writes the suffix at the slots after "
+                     "the cached prefix it keeps, which the caller cannot know (and generate() rejects it where the "
+                     "model's forward takes none). Leave it out (the fix drops it)", drop=("cache_position",))
+    positions, n = kwargs.get("position_ids"), int(ids.shape[-1])
+    if isinstance(positions, torch.Tensor) and positions.shape[-1] != n:
+        raise refuse("position_ids", f"resume(): position_ids has {positions.shape[-1]} columns and the ids {n}: "
+                     "resume() takes the whole sequence's positions, or none (it counts them on from the cached "
+                     "slots). Leave them out (the fix drops them) or pass the whole sequence's", drop=("position_ids",))
+    config = effective_config(model, kwargs)
+    asked = config.cache_implementation
+    if asked is not None and cache is not None:  # (no cache: generate() builds the one asked for)
+        if SAME_CLASS.get(asked) != type(cache).__name__:
+            raise refuse("cache_implementation", f"resume(): cache_implementation={asked!r} asks generate() to build a "
+                         f"cache of its own, beside the given {type(cache).__name__} (generate() refuses both). Leave "
+                         "it out (the fix drops it) to resume the given cache, or pass a cache of that class",
+                         drop=("cache_implementation",))
+        kwargs = without(kwargs, ("cache_implementation",))
+    room = compat.static_capacity(cache)
+    need = n + new_tokens(config, n)
+    if room is not None and room < need:
+        raise refuse("static_cache_short", f"resume(): the StaticCache holds max_cache_len={room} tokens, and this call "
+                     f"needs {need}: the {n} ids of the conversation + {need - n} new tokens (generate() would write "
+                     f"past its end). Pass a StaticCache of max_cache_len >= {need} (the fix's: a new one, re-prefilled)",
+                     cache=StaticCache(config=compat.text_config(model.config), max_cache_len=need))
+    return kwargs
