@@ -21,6 +21,7 @@ from . import compat
 from .call import ResumeCall, first_call_hook, from_forward, from_generate, is_encoder_decoder
 from .tracking import as_rows, rotary_hook
 from .checks import CHECKS, Check, ResumeInputError
+from .row_checks import note_expansion
 
 Processed = int | torch.Tensor | list[int] | None
 
@@ -124,6 +125,7 @@ def check_resume_inputs(model: torch.nn.Module, inputs: torch.Tensor | None = No
     call = from_generate(model, inputs, kwargs, processed_length)
     if call is None or call.lengths[1] == 0:
         return
+    note_expansion(call, model, kwargs)
     _dry_run(model, inputs, kwargs, call)
 
 
@@ -144,6 +146,7 @@ def guarded_generate(model: torch.nn.Module, inputs: torch.Tensor | None = None,
     call = from_generate(model, inputs, kwargs, processed_length)
     if call is None or call.lengths[1] == 0:
         return compat.plain_generate(model)(inputs, *args, **kwargs)
+    note_expansion(call, model, kwargs)
     state = compat.get_rope_state(model)
     try:
         with checked_first_call(model, call):

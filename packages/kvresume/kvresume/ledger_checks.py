@@ -8,7 +8,8 @@ In order: `ledger_tokens` (ids generate() reads as a whole sequence that differ 
 without copy.deepcopy, or a suffix passed without the cached columns of its mask: resume on the whole sequence, since
 which cached prefix the suffix follows is not among the inputs), `ledger_length` (a cache holding all the ids it
 should precede), `ledger_mask` (a mask that attends to slots written as padding), `ledger_positions` (the positions
-the model would rotate the first fed token with do not continue each row's last cached position; read at the text
+the model would rotate the first fed token with do not continue each row's last cached position, the last
+the given mask attends: a row that ended early, its padding after EOS hidden, continues after its EOS; read at the text
 rotary embedding, so the model's own position state, M-RoPE's rope_deltas, is included: where they continue a prefix
 of the cached slots, the rest was written after it, re-fed or another request's: crop to that prefix; where they
 skip slots a crop removed (the stored ledger, trimmed lazily, still holds them): re-feed those through resume; where
@@ -61,9 +62,18 @@ def _whole(call: ResumeCall) -> bool:
     return call.given_ids is not None and call.fed is not None and call.f != call.n
 
 
+def _given(call: ResumeCall) -> torch.Tensor | None:
+    """The ids given, repeated per cache row where generate() repeats them (num_return_sequences, num_beams: the
+    cache expanded alike holds a multiple of their rows)."""
+    ids, led = call.given_ids, call.ledger
+    if ids is None or led is None or led.batch == int(ids.shape[0]) or led.batch % int(ids.shape[0]):
+        return ids
+    return ids.repeat_interleave(led.batch // int(ids.shape[0]), 0)
+
+
 def ledger_tokens(call: ResumeCall) -> None:
     """Ids read as the whole sequence whose first tokens differ from the cached ones."""
-    led, ids = call.ledger, call.given_ids
+    led, ids = call.ledger, _given(call)
     if led is None or not _whole(call):
         return
     past, n = led.length, call.n
@@ -115,7 +125,7 @@ def ledger_length(call: ResumeCall) -> None:
     if led is None or not as_whole:
         return
     past, n = led.length, call.n
-    if past >= n and led.common_prefix(call.given_ids) >= n:
+    if past >= n and led.common_prefix(_given(call)) >= n:
         raise _refuse(call, "ledger_length", f"the cache holds {past} tokens, the first {n} of them these input_ids: nothing "
                      f"is left to feed; crop the cache to {n - 1} tokens (cache.crop({n - 1})) so generate() feeds the "
                      f"last one", crop=n - 1)
@@ -136,11 +146,31 @@ def ledger_mask(call: ResumeCall) -> None:
                      f"tokens' columns", attention_mask=fixed)
 
 
-def next_positions(led: Ledger, f: int) -> torch.Tensor:
-    """The position_ids that continue each row: [batch, f], or [3, batch, f] for an M-RoPE ledger (text tokens)."""
-    start = led.next_positions()
+def next_positions(led: Ledger, f: int, start: torch.Tensor | None = None,
+                   fed_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The position_ids that continue each row (from `start`, default the ledger's next positions): [batch, f], or
+    [3, batch, f] for an M-RoPE ledger (text tokens); with the fed tokens' 2-D mask [batch, f], each row's attended
+    tokens count on from `start` and its padding sits at 1 (as generate() fills it)."""
+    start = led.next_positions() if start is None else start
+    if fed_mask is not None and led.positions.shape[0] == 1:
+        m = plain(fed_mask).cpu()
+        return (start.view(-1, 1) + m.cumsum(-1) - 1).masked_fill(m == 0, 1)
     ids = start.view(-1, 1) + torch.arange(f).view(1, -1)
     return ids if led.positions.shape[0] == 1 else ids.unsqueeze(0).expand(led.positions.shape[0], *ids.shape).clone()
+
+
+def attended_next(led: Ledger, mask: torch.Tensor | None) -> torch.Tensor:
+    """Per row, the position the next token continues at beside the given 2-D mask: 1 + the largest position of the
+    cached slots it attends (a row that ended early, EOS then padding the mask hides, continues after its EOS, as a
+    no-cache run of the same mask places it); the ledger's next positions where no such mask of these rows is given
+    or a row attends no cached slot. Slots hidden before an attended one (a hole) do not move it: the slots after
+    them were written counting them."""
+    base = led.next_positions()
+    if mask is None or mask.dim() != 2 or int(mask.shape[0]) != led.batch or int(mask.shape[-1]) < led.length:
+        return base
+    attended = (plain(mask[:, :led.length]).cpu() != 0) & (led.mask != 0)
+    top = led.positions.amax(0).masked_fill(~attended, -1).amax(-1)
+    return torch.where(top >= 0, top + 1, base)
 
 
 def first_attended(fed: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -165,7 +195,7 @@ def ledger_positions(call: ResumeCall) -> None:
                       f"continuing them keeps the wrong keys; re-feed the tokens from slot {bad} (the whole sequence "
                       f"through kvresume.resume(model, whole_ids, cache), which keeps the {bad} slots written right)",
                       resume=True)
-    got, want = first_attended(fed, call.attention_mask), led.next_positions()
+    got, want = first_attended(fed, call.attention_mask), attended_next(led, call.mask2d())
     if got.shape != want.shape:
         return
     got = torch.where(got < 0, want, got)  # a row whose fed tokens are all padding: nothing rotated to compare
@@ -192,9 +222,17 @@ def ledger_positions(call: ResumeCall) -> None:
                      f"to {led.length} tokens and continues at {want.tolist()}: the {len(cropped)} cropped token(s) "
                      f"{cropped} between are not in it; feed them before these (the whole sequence through "
                      f"kvresume.resume(model, whole_ids, cache), which re-feeds what the cache lacks)", resume=True)
+    hidden = not torch.equal(want, led.next_positions())  # a row's last slots hidden by the mask (ended early)
+    mask = call.mask2d()
+    fed_mask = mask[:, -f:] if mask is not None and int(mask.shape[0]) == led.batch and mask.shape[-1] >= f else None
+    last, counted = (("last attended slots", "; the slots the mask hides after them are not counted") if hidden
+                     else ("last slots", ""))
+    each = " (each row's attended tokens counted on from there)" if fed_mask is not None else ""
     raise _refuse(call, "ledger_positions", f"the model would place the first fed token at position(s) {got.tolist()}, but the "
-                 f"cache's rows continue at {want.tolist()} (their last slots were written at {(want - 1).tolist()}): "
-                 f"pass position_ids starting at {want.tolist()}", position_ids=next_positions(led, f))
+                 f"cache's rows continue at {want.tolist()} (their {last} were written at {(want - 1).tolist()}"
+                 f"{counted}): pass position_ids starting at {want.tolist()}"
+                 f"{each}",
+                 position_ids=next_positions(led, f, want, fed_mask))
 
 
 def prefix_before(led: Ledger, got: torch.Tensor) -> int | None:
