@@ -31,6 +31,11 @@ def shape_of(value: Any) -> list[int] | None:
     return list(value.shape) if isinstance(value, torch.Tensor) else None
 
 
+def as_list(value: torch.Tensor | None) -> list | None:
+    """A tensor as one flat plain list (None stays None)."""
+    return None if value is None else value.detach().cpu().flatten().tolist()
+
+
 def describe_call(kwargs: dict[str, Any]) -> dict[str, Any]:
     """Shapes of input_ids, attention_mask, position_ids and the cache length of one forward call."""
     cache = compat.cache_from_kwargs(kwargs)

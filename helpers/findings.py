@@ -1,7 +1,6 @@
-"""The findings, one per notebook, each declared once beside its code (helpers/<package>/finding.py, or
-helpers/<module>_finding.py where a notebook's code is one module) and found here by discovery: every list the kit
-keeps per notebook derives from them (quotes, the notebook's source, the Ask writers, bisect's claims and functions,
-the deciding modules' mutation scope and decisions registry, the runner's estimates, README's notebook table).
+"""The findings, one per notebook, each declared once beside its code (helpers/<package>/finding.py) and found here
+by discovery: every list the kit keeps per notebook derives from them (quotes, the notebook's source, the Ask
+writers, bisect's claims and functions, the deciding modules' mutation scope and decisions registry, the runner's estimates, README's notebook table).
 A declaration missing a piece is refused by name when it is built; tests/test_findings.py checks they are complete.
 Adding one (its files, its fields, `make generate`): docs/adding-a-finding.md."""
 from __future__ import annotations
@@ -82,9 +81,8 @@ class Finding:
 
 
 def _modules(folder: Path, package: str) -> list[str]:
-    """The declaration modules under one root: <package>/finding.py and <module>_finding.py."""
-    found = [f"{package}.{p.parent.name}.finding" for p in folder.glob("*/finding.py")]
-    return sorted(found + [f"{package}.{p.stem}" for p in folder.glob("*_finding.py")])
+    """The declaration modules under one root: <package>/finding.py."""
+    return sorted(f"{package}.{p.parent.name}.finding" for p in folder.glob("*/finding.py"))
 
 
 @functools.lru_cache(maxsize=1)

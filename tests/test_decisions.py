@@ -10,7 +10,11 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from helpers import boundary, compare, findings, identity, mask_matrix, rope
+from helpers import compare, findings
+from helpers.boundary import decisions as boundary_decisions
+from helpers.identity import decisions as identity_decisions
+from helpers.mask_matrix import decisions as matrix_decisions, tables as matrix_tables
+from helpers.rope import decisions as rope_decisions
 from helpers.continuation import AFTER_FIRST_CALL, BEFORE_MODEL_CALL, IN_FIRST_CALL
 from helpers.continuation import Outcome
 
@@ -59,7 +63,7 @@ def worked(ids: list[int] = [1, 1], mask: list[int] = [1, 83], past: int = 82, r
 def quirk(plain: Outcome | None = None, sliced: Outcome | None = None, gen: Outcome | None = None) -> dict[str, Outcome]:
     plain = plain or Outcome(False, None, call([1, 1], [1, 83]), "RuntimeError", "mat1 and mat2 shapes cannot be multiplied",
                              IN_FIRST_CALL, "linear.forward", [[3, 1, 83]])
-    return dict(zip(mask_matrix.QUIRK_CALLS, (plain, sliced or worked(), gen or worked(rotary=[[1, 1, 1]]))))
+    return dict(zip(matrix_tables.QUIRK_CALLS, (plain, sliced or worked(), gen or worked(rotary=[[1, 1, 1]]))))
 
 
 VARIANTS = ("original", "rebuilt_update", "rebuilt_config", "rebuilt_ctor")
@@ -122,92 +126,92 @@ def per_call(**override: Any) -> list[dict[str, Any]]:
 Case = tuple[str, Callable[[], Any], bool]
 
 NOTEBOOK_01: list[Case] = [
-    ("metadata: normal", lambda: identity.decide_cache_metadata_match(meta_rows()), True),
-    ("metadata: a rebuilt cache reports another length", lambda: identity.decide_cache_metadata_match(meta_rows(seq_length=81)), False),
-    ("metadata: no rebuilt variant", lambda: identity.decide_cache_metadata_match(meta_rows()[:1]), False),
-    ("kv: normal", lambda: identity.decide_kv_bitwise_equal(meta_rows()), True),
-    ("kv: one value differs", lambda: identity.decide_kv_bitwise_equal(meta_rows(kv_bitwise_equal=False)), False),
-    ("kv: equal because it aliases the original", lambda: identity.decide_kv_bitwise_equal(meta_rows(shares_storage=True)), False),
-    ("logits: normal", lambda: identity.decide_first_step_logits_equal(comparisons(), FLOOR, []), True),
-    ("logits: a rebuilt cache differs", lambda: identity.decide_first_step_logits_equal(comparisons(0.5, False), FLOOR, []), False),
+    ("metadata: normal", lambda: identity_decisions.decide_cache_metadata_match(meta_rows()), True),
+    ("metadata: a rebuilt cache reports another length", lambda: identity_decisions.decide_cache_metadata_match(meta_rows(seq_length=81)), False),
+    ("metadata: no rebuilt variant", lambda: identity_decisions.decide_cache_metadata_match(meta_rows()[:1]), False),
+    ("kv: normal", lambda: identity_decisions.decide_kv_bitwise_equal(meta_rows()), True),
+    ("kv: one value differs", lambda: identity_decisions.decide_kv_bitwise_equal(meta_rows(kv_bitwise_equal=False)), False),
+    ("kv: equal because it aliases the original", lambda: identity_decisions.decide_kv_bitwise_equal(meta_rows(shares_storage=True)), False),
+    ("logits: normal", lambda: identity_decisions.decide_first_step_logits_equal(comparisons(), FLOOR, []), True),
+    ("logits: a rebuilt cache differs", lambda: identity_decisions.decide_first_step_logits_equal(comparisons(0.5, False), FLOOR, []), False),
     ("logits: within the floor but not identical (edge)",
-     lambda: identity.decide_first_step_logits_equal(comparisons(T / 10, False), FLOOR, []), False),
-    ("logits: identical through aliased storage", lambda: identity.decide_first_step_logits_equal(comparisons(), FLOOR, ["rebuilt_ctor"]), False),
-    ("logits: nothing ran", lambda: identity.decide_first_step_logits_equal(comparisons()[-1:], FLOOR, []), False),
+     lambda: identity_decisions.decide_first_step_logits_equal(comparisons(T / 10, False), FLOOR, []), False),
+    ("logits: identical through aliased storage", lambda: identity_decisions.decide_first_step_logits_equal(comparisons(), FLOOR, ["rebuilt_ctor"]), False),
+    ("logits: nothing ran", lambda: identity_decisions.decide_first_step_logits_equal(comparisons()[-1:], FLOOR, []), False),
 ]
 
 DROPPED_ALL = lambda **kw: {c: dropped(**kw) for c in VARIANTS}  # noqa: E731
 MASK_DIFFS = {c: 5e-4 for c in VARIANTS}
 
 NOTEBOOK_02: list[Case] = [
-    ("fails: normal", lambda: mask_matrix.decide_fails(DROPPED_ALL()), True),
-    ("fails: one variant works", lambda: mask_matrix.decide_fails({**DROPPED_ALL(), "rebuilt_ctor": worked()}), False),
+    ("fails: normal", lambda: matrix_decisions.decide_fails(DROPPED_ALL()), True),
+    ("fails: one variant works", lambda: matrix_decisions.decide_fails({**DROPPED_ALL(), "rebuilt_ctor": worked()}), False),
     ("fails: the token reached the model and it failed elsewhere",
-     lambda: mask_matrix.decide_fails(DROPPED_ALL(first_call=call([1, 1], [1, 1]))), False),
-    ("fails: raised before any model call", lambda: mask_matrix.decide_fails(DROPPED_ALL(stage=BEFORE_MODEL_CALL)), False),
-    ("fails: raised after the first call returned", lambda: mask_matrix.decide_fails(DROPPED_ALL(stage=AFTER_FIRST_CALL)), False),
-    ("fails: empty cache", lambda: mask_matrix.decide_fails(DROPPED_ALL(first_call=call([1, 0], [1, 1], past=0))), False),
-    ("fails: no run", lambda: mask_matrix.decide_fails({}), False),
-    ("mask_only: normal", lambda: mask_matrix.decide_mask_only_works({c: worked() for c in VARIANTS}, MASK_DIFFS, FLOOR), True),
-    ("mask_only: one variant fails", lambda: mask_matrix.decide_mask_only_works(
+     lambda: matrix_decisions.decide_fails(DROPPED_ALL(first_call=call([1, 1], [1, 1]))), False),
+    ("fails: raised before any model call", lambda: matrix_decisions.decide_fails(DROPPED_ALL(stage=BEFORE_MODEL_CALL)), False),
+    ("fails: raised after the first call returned", lambda: matrix_decisions.decide_fails(DROPPED_ALL(stage=AFTER_FIRST_CALL)), False),
+    ("fails: empty cache", lambda: matrix_decisions.decide_fails(DROPPED_ALL(first_call=call([1, 0], [1, 1], past=0))), False),
+    ("fails: no run", lambda: matrix_decisions.decide_fails({}), False),
+    ("mask_only: normal", lambda: matrix_decisions.decide_mask_only_works({c: worked() for c in VARIANTS}, MASK_DIFFS, FLOOR), True),
+    ("mask_only: one variant fails", lambda: matrix_decisions.decide_mask_only_works(
         {**{c: worked() for c in VARIANTS}, "rebuilt_ctor": dropped()}, MASK_DIFFS, FLOOR), False),
-    ("mask_only: runs but the mask does not cover cache + token", lambda: mask_matrix.decide_mask_only_works(
+    ("mask_only: runs but the mask does not cover cache + token", lambda: matrix_decisions.decide_mask_only_works(
         {c: worked(mask=[1, 1]) for c in VARIANTS}, MASK_DIFFS, FLOOR), False),
-    ("mask_only: no mask reaches the model (5.24 drops an all-ones mask)", lambda: mask_matrix.decide_mask_only_works(
+    ("mask_only: no mask reaches the model (5.24 drops an all-ones mask)", lambda: matrix_decisions.decide_mask_only_works(
         {c: Outcome(True, torch.zeros(1, 4), call([1, 1], None)) for c in VARIANTS}, MASK_DIFFS, FLOOR), True),
-    ("mask_only: the token reached an empty cache", lambda: mask_matrix.decide_mask_only_works(
+    ("mask_only: the token reached an empty cache", lambda: matrix_decisions.decide_mask_only_works(
         {c: worked(mask=[1, 1], past=0) for c in VARIANTS}, MASK_DIFFS, FLOOR), False),
-    ("mask_only: logits just past the floor (edge)", lambda: mask_matrix.decide_mask_only_works(
+    ("mask_only: logits just past the floor (edge)", lambda: matrix_decisions.decide_mask_only_works(
         {c: worked() for c in VARIANTS}, {**MASK_DIFFS, "original": ABOVE}, FLOOR), False),
-    ("both: normal", lambda: mask_matrix.decide_both_matches_mask_only({c: 0.0 for c in VARIANTS}, FLOOR), True),
-    ("both: at the threshold still matches", lambda: mask_matrix.decide_both_matches_mask_only({c: T for c in VARIANTS}, FLOOR), True),
-    ("both: positions change the logits", lambda: mask_matrix.decide_both_matches_mask_only({c: 0.3 for c in VARIANTS}, FLOOR), False),
-    ("both: just past the floor (edge)", lambda: mask_matrix.decide_both_matches_mask_only({**{c: 0.0 for c in VARIANTS}, "original": ABOVE}, FLOOR), False),
-    ("both: one pair did not run", lambda: mask_matrix.decide_both_matches_mask_only({**{c: 0.0 for c in VARIANTS}, "original": None}, FLOOR), False),
-    ("drops suffix: normal", lambda: mask_matrix.decide_first_call_drops_suffix(
+    ("both: normal", lambda: matrix_decisions.decide_both_matches_mask_only({c: 0.0 for c in VARIANTS}, FLOOR), True),
+    ("both: at the threshold still matches", lambda: matrix_decisions.decide_both_matches_mask_only({c: T for c in VARIANTS}, FLOOR), True),
+    ("both: positions change the logits", lambda: matrix_decisions.decide_both_matches_mask_only({c: 0.3 for c in VARIANTS}, FLOOR), False),
+    ("both: just past the floor (edge)", lambda: matrix_decisions.decide_both_matches_mask_only({**{c: 0.0 for c in VARIANTS}, "original": ABOVE}, FLOOR), False),
+    ("both: one pair did not run", lambda: matrix_decisions.decide_both_matches_mask_only({**{c: 0.0 for c in VARIANTS}, "original": None}, FLOOR), False),
+    ("drops suffix: normal", lambda: matrix_decisions.decide_first_call_drops_suffix(
         {("neither", "original"): dropped(), ("mask_only", "original"): worked()}), True),
-    ("drops suffix: a failing run got its token", lambda: mask_matrix.decide_first_call_drops_suffix(
+    ("drops suffix: a failing run got its token", lambda: matrix_decisions.decide_first_call_drops_suffix(
         {("neither", "original"): dropped(), ("position_only", "original"): dropped(first_call=call([1, 1], [1, 1]))}), False),
-    ("drops suffix: nothing failed", lambda: mask_matrix.decide_first_call_drops_suffix({("mask_only", "original"): worked()}), False),
-    ("forward: normal (sdpa)", lambda: mask_matrix.decide_forward_needs_positions(quirk(), 1, 83), True),
-    ("forward: eager's error text, same captured mechanism", lambda: mask_matrix.decide_forward_needs_positions(quirk(plain=Outcome(
+    ("drops suffix: nothing failed", lambda: matrix_decisions.decide_first_call_drops_suffix({("mask_only", "original"): worked()}), False),
+    ("forward: normal (sdpa)", lambda: matrix_decisions.decide_forward_needs_positions(quirk(), 1, 83), True),
+    ("forward: eager's error text, same captured mechanism", lambda: matrix_decisions.decide_forward_needs_positions(quirk(plain=Outcome(
         False, None, call([1, 1], [1, 83]), "RuntimeError", "The size of tensor a (165) must match the size of tensor b (83)",
         IN_FIRST_CALL, "eager_attention_forward", [[3, 1, 83]])), 1, 83), True),
-    ("forward: plain forward works", lambda: mask_matrix.decide_forward_needs_positions(quirk(plain=worked(rotary=[[3, 1, 1]])), 1, 83), False),
-    ("forward: fails although its positions were the one token's", lambda: mask_matrix.decide_forward_needs_positions(quirk(plain=Outcome(
+    ("forward: plain forward works", lambda: matrix_decisions.decide_forward_needs_positions(quirk(plain=worked(rotary=[[3, 1, 1]])), 1, 83), False),
+    ("forward: fails although its positions were the one token's", lambda: matrix_decisions.decide_forward_needs_positions(quirk(plain=Outcome(
         False, None, call([1, 1], [1, 83]), "RuntimeError", "mat1 and mat2", IN_FIRST_CALL, "linear.forward", [[3, 1, 1]])), 1, 83), False),
-    ("forward: positions one short of the mask (edge)", lambda: mask_matrix.decide_forward_needs_positions(quirk(plain=Outcome(
+    ("forward: positions one short of the mask (edge)", lambda: matrix_decisions.decide_forward_needs_positions(quirk(plain=Outcome(
         False, None, call([1, 1], [1, 83]), "RuntimeError", "x", IN_FIRST_CALL, "f", [[3, 1, 82]])), 1, 83), False),
-    ("forward: raised before the model ran", lambda: mask_matrix.decide_forward_needs_positions(quirk(plain=Outcome(
+    ("forward: raised before the model ran", lambda: matrix_decisions.decide_forward_needs_positions(quirk(plain=Outcome(
         False, None, {}, "TypeError", "unexpected kwarg", BEFORE_MODEL_CALL, "generate", [])), 1, 83), False),
-    ("forward: sliced positions fail too", lambda: mask_matrix.decide_forward_needs_positions(quirk(sliced=dropped()), 1, 83), False),
-    ("forward: generate fails", lambda: mask_matrix.decide_forward_needs_positions(quirk(gen=dropped()), 1, 83), False),
+    ("forward: sliced positions fail too", lambda: matrix_decisions.decide_forward_needs_positions(quirk(sliced=dropped()), 1, 83), False),
+    ("forward: generate fails", lambda: matrix_decisions.decide_forward_needs_positions(quirk(gen=dropped()), 1, 83), False),
 ]
 
 NOTEBOOK_03: list[Case] = [
-    ("state: normal", lambda: rope.decide_state_outside_kv([-42], []), True),
-    ("state: zero", lambda: rope.decide_state_outside_kv([0], []), False),
-    ("state: none kept", lambda: rope.decide_state_outside_kv(None, []), False),
-    ("state: the cache holds it", lambda: rope.decide_state_outside_kv([-42], ["layers[0].rope_deltas"]), False),
-    ("none=0: normal", lambda: rope.decide_none_equals_zero({"ran": True, "bitwise_equal": True, "max_abs_diff": 0.0}, FLOOR), True),
-    ("none=0: they differ", lambda: rope.decide_none_equals_zero({"ran": True, "bitwise_equal": False, "max_abs_diff": 0.4}, FLOOR), False),
+    ("state: normal", lambda: rope_decisions.decide_state_outside_kv([-42], []), True),
+    ("state: zero", lambda: rope_decisions.decide_state_outside_kv([0], []), False),
+    ("state: none kept", lambda: rope_decisions.decide_state_outside_kv(None, []), False),
+    ("state: the cache holds it", lambda: rope_decisions.decide_state_outside_kv([-42], ["layers[0].rope_deltas"]), False),
+    ("none=0: normal", lambda: rope_decisions.decide_none_equals_zero({"ran": True, "bitwise_equal": True, "max_abs_diff": 0.0}, FLOOR), True),
+    ("none=0: they differ", lambda: rope_decisions.decide_none_equals_zero({"ran": True, "bitwise_equal": False, "max_abs_diff": 0.4}, FLOOR), False),
     ("none=0: within the floor, not identical (edge)",
-     lambda: rope.decide_none_equals_zero({"ran": True, "bitwise_equal": False, "max_abs_diff": T / 10}, FLOOR), False),
-    ("none=0: did not run", lambda: rope.decide_none_equals_zero({"ran": False}, FLOOR), False),
-    ("none>+1: normal", lambda: rope.decide_missing_state_diverges_more(metric(0.45, 0.85), metric(0.138, 0.98), FLOOR), True),
-    ("none>+1: +1 moves further", lambda: rope.decide_missing_state_diverges_more(metric(0.1, 0.95), metric(0.138, 0.98), FLOOR), False),
+     lambda: rope_decisions.decide_none_equals_zero({"ran": True, "bitwise_equal": False, "max_abs_diff": T / 10}, FLOOR), False),
+    ("none=0: did not run", lambda: rope_decisions.decide_none_equals_zero({"ran": False}, FLOOR), False),
+    ("none>+1: normal", lambda: rope_decisions.decide_missing_state_diverges_more(metric(0.45, 0.85), metric(0.138, 0.98), FLOOR), True),
+    ("none>+1: +1 moves further", lambda: rope_decisions.decide_missing_state_diverges_more(metric(0.1, 0.95), metric(0.138, 0.98), FLOOR), False),
     ("none>+1: gap just under the threshold (edge)",
-     lambda: rope.decide_missing_state_diverges_more(metric(0.138 + 0.999 * T, 0.85), metric(0.138, 0.98), FLOOR), False),
-    ("none>+1: None within the floor (edge)", lambda: rope.decide_missing_state_diverges_more(metric(T, 0.85), metric(0.0, 0.98), FLOOR), False),
-    ("none>+1: cosine not lower", lambda: rope.decide_missing_state_diverges_more(metric(0.45, 0.99), metric(0.138, 0.98), FLOOR), False),
-    ("fresh: normal", lambda: rope.decide_fresh_instance_diverges(metric(0.45), FLOOR), True),
-    ("fresh: matches", lambda: rope.decide_fresh_instance_diverges(metric(0.0), FLOOR), False),
-    ("fresh: at the threshold (edge)", lambda: rope.decide_fresh_instance_diverges(metric(T), FLOOR), False),
-    ("fresh: did not run", lambda: rope.decide_fresh_instance_diverges(metric(None, ran=False), FLOOR), False),
-    ("restored: normal", lambda: rope.decide_restored_state_matches(metric(0.0), FLOOR), True),
-    ("restored: still diverges", lambda: rope.decide_restored_state_matches(metric(0.45), FLOOR), False),
-    ("restored: just past the floor (edge)", lambda: rope.decide_restored_state_matches(metric(ABOVE), FLOOR), False),
-    ("restored: top-1 changed", lambda: rope.decide_restored_state_matches(metric(0.0, top1_equal=False), FLOOR), False),
+     lambda: rope_decisions.decide_missing_state_diverges_more(metric(0.138 + 0.999 * T, 0.85), metric(0.138, 0.98), FLOOR), False),
+    ("none>+1: None within the floor (edge)", lambda: rope_decisions.decide_missing_state_diverges_more(metric(T, 0.85), metric(0.0, 0.98), FLOOR), False),
+    ("none>+1: cosine not lower", lambda: rope_decisions.decide_missing_state_diverges_more(metric(0.45, 0.99), metric(0.138, 0.98), FLOOR), False),
+    ("fresh: normal", lambda: rope_decisions.decide_fresh_instance_diverges(metric(0.45), FLOOR), True),
+    ("fresh: matches", lambda: rope_decisions.decide_fresh_instance_diverges(metric(0.0), FLOOR), False),
+    ("fresh: at the threshold (edge)", lambda: rope_decisions.decide_fresh_instance_diverges(metric(T), FLOOR), False),
+    ("fresh: did not run", lambda: rope_decisions.decide_fresh_instance_diverges(metric(None, ran=False), FLOOR), False),
+    ("restored: normal", lambda: rope_decisions.decide_restored_state_matches(metric(0.0), FLOOR), True),
+    ("restored: still diverges", lambda: rope_decisions.decide_restored_state_matches(metric(0.45), FLOOR), False),
+    ("restored: just past the floor (edge)", lambda: rope_decisions.decide_restored_state_matches(metric(ABOVE), FLOOR), False),
+    ("restored: top-1 changed", lambda: rope_decisions.decide_restored_state_matches(metric(0.0, top1_equal=False), FLOOR), False),
 ]
 
 VALID = {"boundary": "valid split", "cache": "original", "call": "generate", "args": "full mask (L)", "result": "worked",
@@ -216,34 +220,34 @@ RESTORING = lambda d=0.026: [brow(c, "full mask (L+1) + positions (L-1)", d if c
                              for c in ("original", "rebuilt_update")]
 
 NOTEBOOK_04: list[Case] = [
-    ("valid: normal", lambda: boundary.decide_valid_split_matches(VALID, FLOOR), True),
-    ("valid: diverges", lambda: boundary.decide_valid_split_matches({**VALID, "max_abs_diff": 0.1}, FLOOR), False),
-    ("valid: just past the floor (edge)", lambda: boundary.decide_valid_split_matches({**VALID, "max_abs_diff": ABOVE}, FLOOR), False),
-    ("valid: top-1 changed", lambda: boundary.decide_valid_split_matches({**VALID, "top1_equal": False}, FLOOR), False),
-    ("valid: failed", lambda: boundary.decide_valid_split_matches({**VALID, "result": "failed", "max_abs_diff": None}, FLOOR), False),
-    ("double: normal", lambda: boundary.decide_double_processing_diverges(double(), FLOOR), True),
-    ("double: one call matches", lambda: boundary.decide_double_processing_diverges(double(0.0), FLOOR), False),
-    ("double: one call at the threshold (edge)", lambda: boundary.decide_double_processing_diverges(double(T), FLOOR), False),
-    ("double: only the original ran", lambda: boundary.decide_double_processing_diverges(
+    ("valid: normal", lambda: boundary_decisions.decide_valid_split_matches(VALID, FLOOR), True),
+    ("valid: diverges", lambda: boundary_decisions.decide_valid_split_matches({**VALID, "max_abs_diff": 0.1}, FLOOR), False),
+    ("valid: just past the floor (edge)", lambda: boundary_decisions.decide_valid_split_matches({**VALID, "max_abs_diff": ABOVE}, FLOOR), False),
+    ("valid: top-1 changed", lambda: boundary_decisions.decide_valid_split_matches({**VALID, "top1_equal": False}, FLOOR), False),
+    ("valid: failed", lambda: boundary_decisions.decide_valid_split_matches({**VALID, "result": "failed", "max_abs_diff": None}, FLOOR), False),
+    ("double: normal", lambda: boundary_decisions.decide_double_processing_diverges(double(), FLOOR), True),
+    ("double: one call matches", lambda: boundary_decisions.decide_double_processing_diverges(double(0.0), FLOOR), False),
+    ("double: one call at the threshold (edge)", lambda: boundary_decisions.decide_double_processing_diverges(double(T), FLOOR), False),
+    ("double: only the original ran", lambda: boundary_decisions.decide_double_processing_diverges(
         [r for r in double() if r["cache"] == "original"], FLOOR), False),
-    ("double: nothing ran", lambda: boundary.decide_double_processing_diverges([brow("original", "no mask", None)], FLOOR), False),
-    ("rebuilt: normal", lambda: boundary.decide_rebuilt_same_as_original(per_call(), True, False), True),
-    ("rebuilt: another status", lambda: boundary.decide_rebuilt_same_as_original(per_call(same_status=False), True, False), False),
-    ("rebuilt: other logits", lambda: boundary.decide_rebuilt_same_as_original(per_call(logits_bitwise_equal=False), True, False), False),
-    ("rebuilt: K/V differ", lambda: boundary.decide_rebuilt_same_as_original(per_call(), False, False), False),
-    ("rebuilt: aliases the original", lambda: boundary.decide_rebuilt_same_as_original(per_call(), True, True), False),
-    ("restore: normal", lambda: boundary.decide_mask_and_positions_do_not_restore(RESTORING(), FLOOR), True),
-    ("restore: restored", lambda: boundary.decide_mask_and_positions_do_not_restore(RESTORING(0.0), FLOOR), False),
-    ("restore: at the threshold (edge)", lambda: boundary.decide_mask_and_positions_do_not_restore(RESTORING(T), FLOOR), False),
-    ("restore: nothing ran", lambda: boundary.decide_mask_and_positions_do_not_restore([], FLOOR), False),
-    ("top-1: changed", lambda: boundary.decide_top1_changed(refeed(top1_equal=False)), True),
-    ("top-1: unchanged", lambda: boundary.decide_top1_changed(refeed()), False),
-    ("top-1: no plain re-feed ran", lambda: boundary.decide_top1_changed([brow("original", "no mask", None)]), False),
-    ("cosine: the source's", lambda: boundary.decide_cosine_like_source(refeed(cosine=0.8698)), True),
-    ("cosine: moves less", lambda: boundary.decide_cosine_like_source(refeed(cosine=0.977)), False),
-    ("cosine: moves more", lambda: boundary.decide_cosine_like_source(refeed(cosine=0.5)), False),
-    ("cosine: at the band's edge", lambda: boundary.decide_cosine_like_source(refeed(cosine=1 - 0.1302 / 2)), True),
-    ("cosine: no plain re-feed ran", lambda: boundary.decide_cosine_like_source([]), False),
+    ("double: nothing ran", lambda: boundary_decisions.decide_double_processing_diverges([brow("original", "no mask", None)], FLOOR), False),
+    ("rebuilt: normal", lambda: boundary_decisions.decide_rebuilt_same_as_original(per_call(), True, False), True),
+    ("rebuilt: another status", lambda: boundary_decisions.decide_rebuilt_same_as_original(per_call(same_status=False), True, False), False),
+    ("rebuilt: other logits", lambda: boundary_decisions.decide_rebuilt_same_as_original(per_call(logits_bitwise_equal=False), True, False), False),
+    ("rebuilt: K/V differ", lambda: boundary_decisions.decide_rebuilt_same_as_original(per_call(), False, False), False),
+    ("rebuilt: aliases the original", lambda: boundary_decisions.decide_rebuilt_same_as_original(per_call(), True, True), False),
+    ("restore: normal", lambda: boundary_decisions.decide_mask_and_positions_do_not_restore(RESTORING(), FLOOR), True),
+    ("restore: restored", lambda: boundary_decisions.decide_mask_and_positions_do_not_restore(RESTORING(0.0), FLOOR), False),
+    ("restore: at the threshold (edge)", lambda: boundary_decisions.decide_mask_and_positions_do_not_restore(RESTORING(T), FLOOR), False),
+    ("restore: nothing ran", lambda: boundary_decisions.decide_mask_and_positions_do_not_restore([], FLOOR), False),
+    ("top-1: changed", lambda: boundary_decisions.decide_top1_changed(refeed(top1_equal=False)), True),
+    ("top-1: unchanged", lambda: boundary_decisions.decide_top1_changed(refeed()), False),
+    ("top-1: no plain re-feed ran", lambda: boundary_decisions.decide_top1_changed([brow("original", "no mask", None)]), False),
+    ("cosine: the source's", lambda: boundary_decisions.decide_cosine_like_source(refeed(cosine=0.8698)), True),
+    ("cosine: moves less", lambda: boundary_decisions.decide_cosine_like_source(refeed(cosine=0.977)), False),
+    ("cosine: moves more", lambda: boundary_decisions.decide_cosine_like_source(refeed(cosine=0.5)), False),
+    ("cosine: at the band's edge", lambda: boundary_decisions.decide_cosine_like_source(refeed(cosine=1 - 0.1302 / 2)), True),
+    ("cosine: no plain re-feed ran", lambda: boundary_decisions.decide_cosine_like_source([]), False),
 ]
 
 # --- cases that kill the mutants the tables above let through (make mutants): one condition changed alone ------
@@ -266,64 +270,64 @@ def wide(ids: list[int], mask: list[int] | None, past: int, ok: bool, rotary: li
 
 
 NOTEBOOK_01 += [
-    ("metadata: the original row is unavailable", lambda: identity.decide_cache_metadata_match(unavailable_original()), False),
-    ("metadata: no original row", lambda: identity.decide_cache_metadata_match(meta_rows()[1:]), False),
-    ("metadata: one rebuilt variant", lambda: identity.decide_cache_metadata_match(meta_rows()[:2]), True),
-    ("kv: one rebuilt variant", lambda: identity.decide_kv_bitwise_equal(meta_rows()[:2]), True),
-    ("kv: no rebuilt variant", lambda: identity.decide_kv_bitwise_equal(meta_rows()[:1]), False),
-    ("logits: one comparison ran", lambda: identity.decide_first_step_logits_equal(comparisons()[:1], FLOOR, []), True),
+    ("metadata: the original row is unavailable", lambda: identity_decisions.decide_cache_metadata_match(unavailable_original()), False),
+    ("metadata: no original row", lambda: identity_decisions.decide_cache_metadata_match(meta_rows()[1:]), False),
+    ("metadata: one rebuilt variant", lambda: identity_decisions.decide_cache_metadata_match(meta_rows()[:2]), True),
+    ("kv: one rebuilt variant", lambda: identity_decisions.decide_kv_bitwise_equal(meta_rows()[:2]), True),
+    ("kv: no rebuilt variant", lambda: identity_decisions.decide_kv_bitwise_equal(meta_rows()[:1]), False),
+    ("logits: one comparison ran", lambda: identity_decisions.decide_first_step_logits_equal(comparisons()[:1], FLOOR, []), True),
 ]
 
 NOTEBOOK_02 += [
-    ("fails: one variant", lambda: mask_matrix.decide_fails({"original": dropped()}), True),
-    ("fails: a cache of one token", lambda: mask_matrix.decide_fails({"original": dropped(first_call=call([1, 0], [1, 1], past=1))}), True),
-    ("fails: 3-D ids, zero tokens last", lambda: mask_matrix.decide_fails({"original": wide([1, 2, 0], [1, 1], 82, False)}), True),
-    ("fails: 3-D ids, tokens last", lambda: mask_matrix.decide_fails({"original": wide([1, 0, 2], [1, 1], 82, False)}), False),
-    ("mask_only: one variant", lambda: mask_matrix.decide_mask_only_works({"original": worked()}, MASK_DIFFS, FLOOR), True),
-    ("mask_only: no run", lambda: mask_matrix.decide_mask_only_works({}, {}, FLOOR), False),
-    ("mask_only: a cache of one token", lambda: mask_matrix.decide_mask_only_works(
+    ("fails: one variant", lambda: matrix_decisions.decide_fails({"original": dropped()}), True),
+    ("fails: a cache of one token", lambda: matrix_decisions.decide_fails({"original": dropped(first_call=call([1, 0], [1, 1], past=1))}), True),
+    ("fails: 3-D ids, zero tokens last", lambda: matrix_decisions.decide_fails({"original": wide([1, 2, 0], [1, 1], 82, False)}), True),
+    ("fails: 3-D ids, tokens last", lambda: matrix_decisions.decide_fails({"original": wide([1, 0, 2], [1, 1], 82, False)}), False),
+    ("mask_only: one variant", lambda: matrix_decisions.decide_mask_only_works({"original": worked()}, MASK_DIFFS, FLOOR), True),
+    ("mask_only: no run", lambda: matrix_decisions.decide_mask_only_works({}, {}, FLOOR), False),
+    ("mask_only: a cache of one token", lambda: matrix_decisions.decide_mask_only_works(
         {"original": worked(mask=[1, 2], past=1)}, MASK_DIFFS, FLOOR), True),
-    ("mask_only: a variant without its diff", lambda: mask_matrix.decide_mask_only_works(
+    ("mask_only: a variant without its diff", lambda: matrix_decisions.decide_mask_only_works(
         {c: worked() for c in VARIANTS}, {"original": 0.0}, FLOOR), False),
-    ("mask_only: 3-D shapes, one token last", lambda: mask_matrix.decide_mask_only_works(
+    ("mask_only: 3-D shapes, one token last", lambda: matrix_decisions.decide_mask_only_works(
         {"original": wide([1, 2, 1], [1, 2, 83], 82, True)}, MASK_DIFFS, FLOOR), True),
-    ("mask_only: 3-D shapes, the mask's last is not cache + token", lambda: mask_matrix.decide_mask_only_works(
+    ("mask_only: 3-D shapes, the mask's last is not cache + token", lambda: matrix_decisions.decide_mask_only_works(
         {"original": wide([1, 2, 1], [1, 83, 2], 82, True)}, MASK_DIFFS, FLOOR), False),
-    ("mask_only: 3-D shapes, two tokens last", lambda: mask_matrix.decide_mask_only_works(
+    ("mask_only: 3-D shapes, two tokens last", lambda: matrix_decisions.decide_mask_only_works(
         {"original": wide([1, 1, 2], [1, 1, 83], 82, True)}, MASK_DIFFS, FLOOR), False),
-    ("both: one variant", lambda: mask_matrix.decide_both_matches_mask_only({"original": 0.0}, FLOOR), True),
-    ("both: nothing compared", lambda: mask_matrix.decide_both_matches_mask_only({}, FLOOR), False),
-    ("forward: sliced positions of a batch of two", lambda: mask_matrix.decide_forward_needs_positions(
+    ("both: one variant", lambda: matrix_decisions.decide_both_matches_mask_only({"original": 0.0}, FLOOR), True),
+    ("both: nothing compared", lambda: matrix_decisions.decide_both_matches_mask_only({}, FLOOR), False),
+    ("forward: sliced positions of a batch of two", lambda: matrix_decisions.decide_forward_needs_positions(
         quirk(sliced=worked(rotary=[[3, 2, 1]])), 1, 83), True),
-    ("forward: sliced positions of two tokens for a batch of one", lambda: mask_matrix.decide_forward_needs_positions(
+    ("forward: sliced positions of two tokens for a batch of one", lambda: matrix_decisions.decide_forward_needs_positions(
         quirk(sliced=worked(rotary=[[3, 1, 2]])), 1, 83), False),
-    ("forward: sliced call recorded no positions", lambda: mask_matrix.decide_forward_needs_positions(
+    ("forward: sliced call recorded no positions", lambda: matrix_decisions.decide_forward_needs_positions(
         quirk(sliced=Outcome(True, torch.zeros(1, 4), call([1, 1], [1, 83]), rotary_position_shapes=[])), 1, 83), False),
 ]
 
 NOTEBOOK_03 += [
-    ("none=0: did not run, a diff left over", lambda: rope.decide_none_equals_zero(
+    ("none=0: did not run, a diff left over", lambda: rope_decisions.decide_none_equals_zero(
         {"ran": False, "bitwise_equal": True, "max_abs_diff": 0.0}, FLOOR), False),
-    ("none>+1: gap exactly the threshold (edge)", lambda: rope.decide_missing_state_diverges_more(
+    ("none>+1: gap exactly the threshold (edge)", lambda: rope_decisions.decide_missing_state_diverges_more(
         metric(0.5 + TE, 0.85), metric(0.5, 0.98), EXACT), False),
-    ("none>+1: gap just past the threshold (edge)", lambda: rope.decide_missing_state_diverges_more(
+    ("none>+1: gap just past the threshold (edge)", lambda: rope_decisions.decide_missing_state_diverges_more(
         metric(0.5 + TE + 2 ** -20, 0.85), metric(0.5, 0.98), EXACT), True),
-    ("none>+1: same cosine", lambda: rope.decide_missing_state_diverges_more(metric(0.45, 0.98), metric(0.138, 0.98), FLOOR), False),
-    ("none>+1: +1 did not run", lambda: rope.decide_missing_state_diverges_more(
+    ("none>+1: same cosine", lambda: rope_decisions.decide_missing_state_diverges_more(metric(0.45, 0.98), metric(0.138, 0.98), FLOOR), False),
+    ("none>+1: +1 did not run", lambda: rope_decisions.decide_missing_state_diverges_more(
         {**metric(0.45, 0.85), "top5_overlap": 2, "top1_equal": False}, metric(None, ran=False), FLOOR), False),
-    ("none>+1: None did not run, a diff left over", lambda: rope.decide_missing_state_diverges_more(
+    ("none>+1: None did not run, a diff left over", lambda: rope_decisions.decide_missing_state_diverges_more(
         metric(0.45, 0.85, ran=False), metric(0.138, 0.98), FLOOR), False),
-    ("none>+1: normal, top-1 changed", lambda: rope.decide_missing_state_diverges_more(
+    ("none>+1: normal, top-1 changed", lambda: rope_decisions.decide_missing_state_diverges_more(
         {**metric(0.45, 0.85, top1_equal=False), "top5_overlap": 3}, metric(0.138, 0.98), FLOOR), True),
-    ("fresh: did not run, a diff left over", lambda: rope.decide_fresh_instance_diverges(metric(0.45, ran=False), FLOOR), False),
-    ("restored: did not run, a diff left over", lambda: rope.decide_restored_state_matches(metric(0.0, ran=False), FLOOR), False),
+    ("fresh: did not run, a diff left over", lambda: rope_decisions.decide_fresh_instance_diverges(metric(0.45, ran=False), FLOOR), False),
+    ("restored: did not run, a diff left over", lambda: rope_decisions.decide_restored_state_matches(metric(0.0, ran=False), FLOOR), False),
 ]
 
 NOTEBOOK_04 += [
-    ("valid: failed, a diff left over", lambda: boundary.decide_valid_split_matches({**VALID, "result": "failed"}, FLOOR), False),
-    ("double: a failed call with a diff left over", lambda: boundary.decide_double_processing_diverges(
+    ("valid: failed, a diff left over", lambda: boundary_decisions.decide_valid_split_matches({**VALID, "result": "failed"}, FLOOR), False),
+    ("double: a failed call with a diff left over", lambda: boundary_decisions.decide_double_processing_diverges(
         double() + [{**brow("original", "no mask", 0.0), "result": "failed"}], FLOOR), True),
-    ("double: the plain refeed's top-5 overlap", lambda: boundary.decide_double_processing_diverges(
+    ("double: the plain refeed's top-5 overlap", lambda: boundary_decisions.decide_double_processing_diverges(
         [{**r, "top5_overlap": 3} for r in double()], FLOOR), True),
 ]
 
@@ -415,14 +419,14 @@ def test_every_decision_has_a_normal_case_and_a_counter_example(monkeypatch):
 
 
 def test_floor_decisions_record_the_floor_in_their_evidence():
-    for d in (boundary.decide_double_processing_diverges(double(), FLOOR), rope.decide_fresh_instance_diverges(metric(0.45), FLOOR),
-              mask_matrix.decide_both_matches_mask_only({"original": 0.0}, FLOOR)):
+    for d in (boundary_decisions.decide_double_processing_diverges(double(), FLOOR), rope_decisions.decide_fresh_instance_diverges(metric(0.45), FLOOR),
+              matrix_decisions.decide_both_matches_mask_only({"original": 0.0}, FLOOR)):
         assert {"noise_floor", "noise_margin", "noise_threshold", "value"} <= set(d.evidence)
 
 
 def test_source_values_are_the_sources():
-    d = rope.decide_missing_state_diverges_more(metric(0.45, 0.85), metric(0.138, 0.98), FLOOR)
+    d = rope_decisions.decide_missing_state_diverges_more(metric(0.45, 0.85), metric(0.138, 0.98), FLOOR)
     assert d.source == {"max_abs_diff_none": 17.1328, "cosine_none": 0.30597, "max_abs_diff_plus_1": 1.21875, "cosine_plus_1": 0.99833}
-    assert boundary.decide_double_processing_diverges(double(), FLOOR).source == {"max_abs_diff": 7.65625}
-    assert mask_matrix.decide_fails(DROPPED_ALL()).source == {"first_call_input_ids": [1, 0], "past_length": 81}
-    assert rope.decide_state_outside_kv([-42], []).source == {"rope_deltas": [-42]}
+    assert boundary_decisions.decide_double_processing_diverges(double(), FLOOR).source == {"max_abs_diff": 7.65625}
+    assert matrix_decisions.decide_fails(DROPPED_ALL()).source == {"first_call_input_ids": [1, 0], "past_length": 81}
+    assert rope_decisions.decide_state_outside_kv([-42], []).source == {"rope_deltas": [-42]}

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import boundary, findings, quotes
+from helpers import findings, quotes
+from helpers.boundary import splits as boundary_splits
 from helpers.pipeline.paths import repo_root
 from helpers.pipeline.report import first_screen, share, sources, statements, summary, verdict_line
 
@@ -30,7 +31,7 @@ def verdict(cid: str, kind: str) -> tuple[str, str]:
             and not cid.startswith(("offload.prefetch", "offload.race_not", "offload.report", "offload.generate")):
         return "skipped", NEEDS_CUDA
     if cid in NOT_HERE:
-        return "skipped", boundary.by_chance(cid, {"ran": 40, "top1_changed": 12, "top1_changed_rate": 0.3,
+        return "skipped", boundary_splits.by_chance(cid, {"ran": 40, "top1_changed": 12, "top1_changed_rate": 0.3,
                                                    "cosine_min": 0.97, "cosine_max": 0.99, "cosine_median": 0.98})
     return {"reproduces": "reproduced", "refutes": "refuted"}.get(kind, "holds"), "measured"
 
@@ -216,24 +217,24 @@ def test_not_tested_statements_say_why_and_are_not_in_the_tested_count():
     assert verdict_line.count_line({"5.17.0": ran}).startswith("apart: `offload.prefill_identical` by construction"), \
         "measured: listed apart, named by its claim where its value is too long to say whole"
     rate = ("04_x", {"id": "boundary.double_processing_top1_changed", "kind": "reproduces", "verdict": "skipped",
-                     "reason": boundary.by_chance("boundary.double_processing_top1_changed",
+                     "reason": boundary_splits.by_chance("boundary.double_processing_top1_changed",
                                                   {"ran": 40, "top1_changed": 12, "top1_changed_rate": 0.3})})
     line = verdict_line.count_line({"5.17.0": [rate]})
     assert "top-1 changed on 12 of 40 prompts (30%): a tiny random-weight model decides it by chance, the real 2B checkpoint decides it)" in line
     assert "reproduced" not in line
     cos = ("04_x", {"id": "boundary.double_processing_cosine", "kind": "reproduces", "verdict": "skipped",
-                    "reason": boundary.by_chance("boundary.double_processing_cosine",
+                    "reason": boundary_splits.by_chance("boundary.double_processing_cosine",
                                                  {"ran": 40, "cosine_min": 0.97, "cosine_max": 0.99, "cosine_median": 0.98})})
     both = verdict_line.count_line({"5.17.0": [rate, cos]})  # one shared reason said once, after both measurements
     assert both.count("the real 2B checkpoint decides it") == 1 and "12 of 40 prompts (30%); cosine 0.970-0.990" in both, both
 
 
 def test_a_tiny_models_coin_flip_is_a_rate_over_at_least_30_prompts_and_the_real_checkpoint_decides():
-    assert boundary.RATE_PROMPTS >= 30
-    why = boundary.by_chance("boundary.double_processing_top1_changed", {"ran": 40, "top1_changed": 12,
+    assert boundary_splits.RATE_PROMPTS >= 30
+    why = boundary_splits.by_chance("boundary.double_processing_top1_changed", {"ran": 40, "top1_changed": 12,
                                                                           "top1_changed_rate": 0.3})
     assert "12 of 40 prompts (30%)" in why and "the real 2B checkpoint decides it" in why
-    why = boundary.by_chance("boundary.double_processing_cosine", {"ran": 40, "cosine_min": 0.97, "cosine_max": 0.99,
+    why = boundary_splits.by_chance("boundary.double_processing_cosine", {"ran": 40, "cosine_min": 0.97, "cosine_max": 0.99,
                                                                     "cosine_median": 0.98})
     assert "cosine 0.970-0.990 (median 0.980) over 40 prompts against the source's 0.8698" in why
 

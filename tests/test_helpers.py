@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from helpers import caches, compare, continuation, mask_matrix, models, results
+from helpers import caches, compare, continuation, models, results
+from helpers.mask_matrix import decisions as matrix_decisions, tables as matrix_tables
 
 from kvresume import compat
 from helpers.continuation import IN_FIRST_CALL, trace
@@ -98,11 +99,11 @@ def test_trace_hooks_are_removed(bundle, prompt):
 def test_forward_quirk_captures_the_positions_it_computed(bundle, prompt, prefix_cache):
     variant = caches.Variant("original", "copy", prefix_cache)
     positions = continuation.current_position_ids(bundle.model, prompt)
-    runs = mask_matrix.forward_quirk_outcomes(bundle.model, prompt, variant, positions)
-    plain, sliced, gen = (runs[k] for k in mask_matrix.QUIRK_CALLS)
+    runs = matrix_tables.forward_quirk_outcomes(bundle.model, prompt, variant, positions)
+    plain, sliced, gen = (runs[k] for k in matrix_tables.QUIRK_CALLS)
     assert not plain.ok and plain.stage == IN_FIRST_CALL and plain.rotary_position_shapes == [[3, 1, 82]]
     assert sliced.ok and sliced.rotary_position_shapes == [[3, 1, 1]] and gen.ok
-    assert mask_matrix.decide_forward_needs_positions(runs, 1, 82).holds
+    assert matrix_decisions.decide_forward_needs_positions(runs, 1, 82).holds
 
 
 def test_rebuilt_caches_do_not_alias_the_original(prefix_cache):

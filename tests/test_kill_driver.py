@@ -97,5 +97,5 @@ def test_select_and_report(tmp_path, capsys):
     meta.write_text(json.dumps({"exit_code_by_key": codes}))
     ok, rows = mutants.report(tmp_path, [scope])
     assert not ok and rows[0]["killed"] == 8 and "FAIL helpers/compare.py: 8/10" in capsys.readouterr().out
-    ok, _ = mutants.report(tmp_path, [mutants.Scope("helpers/identity.py", ("x",), ())])
+    ok, _ = mutants.report(tmp_path, [mutants.Scope("helpers/identity/decisions.py", ("x",), ())])
     assert not ok, "a module without mutants fails: nothing was tested"

@@ -10,7 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import boundary, findings, identity, mask_matrix, quotes, rope
+from helpers import findings, quotes
+from helpers.boundary import decisions as boundary_decisions, splits as boundary_splits
+from helpers.identity import decisions as identity_decisions
+from helpers.mask_matrix import decisions as matrix_decisions
+from helpers.rope import decisions as rope_decisions
 from helpers.pipeline.paths import repo_root
 from helpers.pipeline.report import statements
 from helpers.results import Results
@@ -94,12 +98,12 @@ def _number_texts(value) -> list[str]:
 
 
 @pytest.mark.parametrize("claim_id, values", [
-    ("identity.cache_metadata_match", identity.SOURCE_METADATA), ("matrix.neither_fails", mask_matrix.SOURCE_DROPPED),
-    ("matrix.position_only_fails", mask_matrix.SOURCE_DROPPED), ("matrix.mask_only_works", mask_matrix.SOURCE_WORKED),
-    ("rope.state_outside_kv", rope.SOURCE_STATE), ("rope.missing_state_diverges_more_than_off_by_one",
-                                                   {**rope.SOURCE_NONE, **rope.SOURCE_PLUS_1}),
-    ("boundary.double_processing_diverges", boundary.SOURCE_DOUBLE),
-    ("boundary.double_processing_cosine", {"cosine": boundary.SOURCE_COSINE})])
+    ("identity.cache_metadata_match", identity_decisions.SOURCE_METADATA), ("matrix.neither_fails", matrix_decisions.SOURCE_DROPPED),
+    ("matrix.position_only_fails", matrix_decisions.SOURCE_DROPPED), ("matrix.mask_only_works", matrix_decisions.SOURCE_WORKED),
+    ("rope.state_outside_kv", rope_decisions.SOURCE_STATE), ("rope.missing_state_diverges_more_than_off_by_one",
+                                                   {**rope_decisions.SOURCE_NONE, **rope_decisions.SOURCE_PLUS_1}),
+    ("boundary.double_processing_diverges", boundary_decisions.SOURCE_DOUBLE),
+    ("boundary.double_processing_cosine", {"cosine": boundary_splits.SOURCE_COSINE})])
 def test_source_values_come_from_the_quote(claim_id, values):
     text = findings.quotes()[claim_id].text
     for key, value in values.items():

@@ -2,7 +2,7 @@
 case, 07's families, 09's new-image turn, 10's rollbacks and rebuilds.
 
 Each group builds its calls with the helpers of the notebook it comes from (caches.build_variants,
-continuation.generation_kwargs, boundary.run_all, triage.controls.arg_kwargs, regress.checks.Runner,
+continuation.generation_kwargs, boundary.splits.run_all, triage.controls.arg_kwargs, regress.checks.Runner,
 rollback.probes) and judges every plain call against that notebook's reference with a noise floor measured in the
 same run. The caller's processed length given to the guard is what the caller of that notebook knows: the tokens
 before the suffix. Group 10: a cache rolled back with crop(-k) the way notebook 10 does, where this release offers it
@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from .. import boundary, caches
+from .. import caches
+from ..boundary import splits
 
 from kvresume import compat
 from ..compare import NoiseFloor, noise_floor
@@ -52,7 +53,7 @@ def group_02(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tupl
     return cells, floor.evidence()
 
 
-def _boundary_kwargs(run: boundary.Run, prompt: Prompt, positions: torch.Tensor) -> dict[str, Any]:
+def _boundary_kwargs(run: splits.Run, prompt: Prompt, positions: torch.Tensor) -> dict[str, Any]:
     """The arguments 04's generate() run was given (its `args` label read back)."""
     length = prompt.length + (1 if run.boundary == "double processing" else 0)
     kwargs: dict[str, Any] = {}
@@ -66,7 +67,7 @@ def _boundary_kwargs(run: boundary.Run, prompt: Prompt, positions: torch.Tensor)
 
 def group_04(model: torch.nn.Module, prompt: Prompt, dtype: torch.dtype) -> tuple[list[Cell], dict[str, Any]]:
     """04's generate() runs (valid split; prompt[-1] re-fed to a cache of the whole prompt), the plain outcomes 04's own."""
-    reference, runs, _ = boundary.run_all(model, prompt)
+    reference, runs, _ = splits.run_all(model, prompt)
     valid = [r.outcome.logits for r in runs if r.boundary == "valid split" and r.outcome.ok]
     floor = noise_floor(reference, valid, dtype, what="valid split vs full forward")
     _, full_cache = prefill(model, prompt, end=None)

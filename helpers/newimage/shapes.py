@@ -12,10 +12,9 @@ from typing import Any, Callable, Iterator
 import torch
 
 from kvresume import compat
-from ..continuation import describe_call, hooked, shape_of
+from ..continuation import as_list as flat, describe_call, hooked, shape_of
 from ..compare import NoiseFloor, logit_metrics
 from ..continuation import Outcome, generate_first_step
-from ..rope import as_list as flat
 from .turns import TwoTurns
 
 

@@ -1,7 +1,7 @@
 """Notebook 01's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from .findings import Decisions, Finding
-from .pipeline.report import asks
-from .quotes import CONTROL, IDENTITY_15, passage
+from ..findings import Decisions, Finding
+from ..pipeline.report import asks
+from ..quotes import CONTROL, IDENTITY_15, passage
 
 FINDING = Finding(
     stem="01_identity_reconstruction",
@@ -19,7 +19,7 @@ FINDING = Finding(
     bisect="identity.first_step_logits_equal",
     functions=("transformers.cache_utils.DynamicCache.__init__", "transformers.cache_utils.Cache.update"),
     repro="examples/repro/resume_contract_qwen3_vl.py",
-    decisions=(Decisions("helpers/identity.py", ("decide_*", "_rebuilt"), "tests/test_decisions.py"),),
+    decisions=(Decisions("helpers/identity/decisions.py", ("decide_*", "_rebuilt"), "tests/test_decisions.py"),),
     estimate_s=5.0,
     summary=('A cache rebuilt from the original K/V (an `update()` loop, `DynamicCache(config=...)`, the tensor-data '
              "constructor) continues exactly like the original: the control's identity check."),

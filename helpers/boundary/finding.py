@@ -1,8 +1,8 @@
 """Notebook 04's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from .findings import Decisions, Finding
-from .pipeline.bisect.source import GENERATE
-from .pipeline.report import asks
-from .quotes import CONTROL, passage
+from ..findings import Decisions, Finding
+from ..pipeline.bisect.source import GENERATE
+from ..pipeline.report import asks
+from ..quotes import CONTROL, passage
 
 _SCALE = ("the size 7.65625: raw logit differences scale with the model (the tiny model's largest |logit| is below 1); "
           "decided is 'beyond the noise floor', and the cosine and top-1 as claims of their own")
@@ -25,7 +25,7 @@ FINDING = Finding(
     bisect="boundary.double_processing_diverges",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",
-    decisions=(Decisions("helpers/boundary.py", ("decide_*", "_worked", "_smallest"), "tests/test_decisions.py",
+    decisions=(Decisions("helpers/boundary/decisions.py", ("decide_*", "_worked", "_smallest"), "tests/test_decisions.py",
                        ("tests/test_boundary_claims.py",)),),
     estimate_s=5.0,
     summary=('Re-feeding a token that is already cached processes it twice; `cache(prompt[:-1]) + prompt[-1]` is the '

@@ -1,8 +1,8 @@
 """Notebook 03's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from .findings import Decisions, Finding
-from .pipeline.bisect.source import GENERATE
-from .pipeline.report import asks
-from .quotes import CONTROL, passage
+from ..findings import Decisions, Finding
+from ..pipeline.bisect.source import GENERATE
+from ..pipeline.report import asks
+from ..quotes import CONTROL, passage
 
 FINDING = Finding(
     stem="03_rope_deltas_perturbation",
@@ -28,7 +28,7 @@ FINDING = Finding(
     bisect="rope.missing_state_diverges_more_than_off_by_one",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",
-    decisions=(Decisions("helpers/rope.py", ("decide_*", "_ran", "ratio"), "tests/test_decisions.py"),),
+    decisions=(Decisions("helpers/rope/decisions.py", ("decide_*", "_ran", "ratio"), "tests/test_decisions.py"),),
     estimate_s=5.0,
     summary=('Qwen3-VL keeps its multimodal position state (`rope_deltas`) on the model, not in the K/V: `None`, `0` '
              'and `+1` change the continuation; a fresh instance without the state diverges.'),

@@ -1,8 +1,8 @@
 """Notebook 02's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from .findings import Decisions, Finding
-from .pipeline.bisect.source import GENERATE
-from .pipeline.report import asks
-from .quotes import CONTROL, SLICED, passage
+from ..findings import Decisions, Finding
+from ..pipeline.bisect.source import GENERATE
+from ..pipeline.report import asks
+from ..quotes import CONTROL, SLICED, passage
 
 FINDING = Finding(
     stem="02_mask_position_matrix",
@@ -29,7 +29,7 @@ FINDING = Finding(
     bisect="matrix.neither_fails",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",
-    decisions=(Decisions("helpers/mask_matrix.py", ("decide_*", "_dropped", "_unique", "_first_calls", "_one"), "tests/test_decisions.py"),),
+    decisions=(Decisions("helpers/mask_matrix/decisions.py", ("decide_*", "_dropped", "_unique", "_first_calls", "_one"), "tests/test_decisions.py"),),
     estimate_s=5.0,
     summary=('With a non-empty cache and a one-token suffix, `generate()` needs a full-length attention mask: '
              '`neither` / `position_only` / `mask_only` / `both`, with what reached the first model call for each.'),
