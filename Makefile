@@ -135,7 +135,7 @@ mutants: env ## mutation testing of the decision functions (MODULES= restricts i
 # plain generate()), nothing measured; run with pytest on the installed release and on each of UPSTREAM_RELEASES.
 UPSTREAM_RELEASES ?=
 upstream-tests: env ## write outputs/upstream/test_resume_contract.py (standalone) and run it (UPSTREAM_RELEASES= adds releases)
-	$(PY) -m helpers.api.upstream $(if $(UPSTREAM_RELEASES),--releases $(UPSTREAM_RELEASES))
+	$(PY) -m helpers.proposal.upstream $(if $(UPSTREAM_RELEASES),--releases $(UPSTREAM_RELEASES))
 
 # bench: what kvresume.track costs per decoded token, tracked vs untracked (the tiny model and a ~64M random Qwen3,
 # 256 new tokens): ms (median of interleaved pairs' ratios, 101/11 pairs, with its 95% interval) and instructions under

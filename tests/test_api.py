@@ -1,4 +1,4 @@
-"""helpers/api: the validated factory (every family, every refusal), the resume guard (each check raises on its
+"""helpers/proposal: the validated factory (every family, every refusal), the resume guard (each check raises on its
 case and passes the working call, on generate()'s own inputs), guarded_generate (generate()'s signature, generate()
 unchanged, nothing patched), the valid call shapes, the upstream contract file."""
 from __future__ import annotations
@@ -10,10 +10,10 @@ import torch
 
 from helpers import models
 from kvresume import CHECKS, Check, FactoryError, ResumeInputError, check_forward_call, check_resume_inputs, export_tensors, guarded_generate, kv_cache_from_tensors
-from helpers.api import blind, experiments, shapes
+from helpers.proposal import blind, experiments, shapes
 from kvresume import call as api_call, guard
 from helpers.continuation import greedy_config
-from helpers.regress import checks, families, rebuilds
+from helpers.families import checks, rebuilds, setup
 from kvresume import layers, testing
 
 
@@ -22,13 +22,13 @@ def runs() -> dict[str, checks.Runner]:
     dense = models.load(models.TINY_DENSE)
     others = {"multimodal": models.load(models.TINY_VL), "sliding": models.load(models.TINY_SLIDING),
               "hybrid": models.load(models.TINY_HYBRID)}
-    fams = families.build_all(dense, others, 24, 40, (12, 20), 0)
+    fams = setup.build_all(dense, others, 24, 40, (12, 20), 0)
     return {name: checks.Runner(f) for name, f in fams.items()}
 
 
 def test_factory_round_trip_is_bitwise_on_every_family(runs):
     trips = experiments.factory_round_trips(runs)
-    assert set(trips) == set(families.FAMILIES)
+    assert set(trips) == set(setup.FAMILIES)
     assert all(t["state_equal"] and t["seq_length"][0] == t["seq_length"][1] for t in trips.values()), trips
     assert trips["sliding"]["seq_length"] == [39, 39] and trips["sliding"]["widths"][0] < 39
     assert trips["hybrid"]["linear_layers"] == [0, 1, 2, 4, 5, 6]
@@ -346,7 +346,7 @@ def test_internal_calls_of_assisted_decoding_pass():
 
 
 def test_every_blind_spot_names_a_reason():
-    from helpers.api.cells import Cell
+    from helpers.proposal.cells import Cell
 
     assert all(why for _, _, why in blind.BLIND_SPOTS)
     assert blind.reason(Cell("06", "streaming · mask_only", "silently_wrong", "passed"))
@@ -364,7 +364,7 @@ def test_the_upstream_file_is_standalone_and_states_the_contract(tmp_path):
     import sys
     from pathlib import Path
 
-    from helpers.api import upstream
+    from helpers.proposal import upstream
 
     text = upstream.render()
     tree = ast.parse(text)
@@ -401,7 +401,7 @@ def test_group_09_counts_the_new_image_turn(bundle):
     """09's cells in 08's population: every silently wrong shape refused by new_vision_tokens, the text-only turn and
     the repair worked and passed, the model's rope_deltas put back."""
     from kvresume import compat
-    from helpers.api import cells as api_cells, groups
+    from helpers.proposal import cells as api_cells, groups
 
     before = compat.get_rope_state(bundle.model)
     made, floor = groups.group_09(bundle)

@@ -11,7 +11,7 @@ import pytest
 
 from helpers.pipeline.bisect import cli as bisect_cli
 from helpers.pipeline.bisect import report as bisect_report
-from helpers.pipeline.bisect import source as bisect_source
+from helpers.pipeline.bisect import upstream_code
 from helpers.pipeline.bisect.search import Interrupted, Probe, find_changes
 
 RELEASES = ["5.14.1", "5.15.0", "5.15.1", "5.16.0", "5.16.1", "5.17.0", "5.18.0", "5.19.0", "5.20.0", "5.20.1",
@@ -105,13 +105,13 @@ def test_the_source_diff_is_read_with_inspect_from_each_install(tmp_path):
                                      "        self.prefetch_stream.wait_stream(self.default)\n        self.prefetch(x)\n"
                                      "        return x\n\n    def prefetch(self, x):\n        return x\n")
     names = ["fakepkg.cache.Cache.update", "fakepkg.cache.Cache.prefetch", "fakepkg.nothere.f"]
-    read = {r: bisect_source.read_sources(sys.executable, names, {"PYTHONPATH": p}, p) for r, p in (("1.0", old), ("1.1", new))}
+    read = {r: upstream_code.read_sources(sys.executable, names, {"PYTHONPATH": p}, p) for r, p in (("1.0", old), ("1.1", new))}
     assert read["1.0"]["fakepkg.cache.Cache.prefetch"]["error"].startswith("AttributeError")
-    diffs = bisect_source.diff_sources(read["1.0"], read["1.1"], "1.0", "1.1")
+    diffs = upstream_code.diff_sources(read["1.0"], read["1.1"], "1.0", "1.1")
     assert diffs["fakepkg.cache.Cache.update"]["status"] == "changed"
     assert diffs["fakepkg.cache.Cache.prefetch"]["status"] == "added"
     assert diffs["fakepkg.nothere.f"]["status"] == "unreadable"
-    assert bisect_source.changed_lines(diffs["fakepkg.cache.Cache.update"]["diff"]) == [
+    assert upstream_code.changed_lines(diffs["fakepkg.cache.Cache.update"]["diff"]) == [
         "+        self.prefetch_stream.wait_stream(self.default)"]
     assert "--- 1.0/fakepkg.cache.Cache.update" in diffs["fakepkg.cache.Cache.update"]["diff"]
 
@@ -147,7 +147,7 @@ def test_a_key_is_every_recorded_path_ending_in_it():
     (["--notebook", "02", "--key", "x y"], "not a value name"),
 ])
 def test_bad_arguments_are_refused_in_one_line_before_any_install(argv, says, monkeypatch, capsys):
-    from helpers.pipeline.matrix import envs
+    from helpers.pipeline.releases import envs
 
     monkeypatch.setattr(envs, "ensure_env", lambda *a, **k: pytest.fail("installed before refusing"))
     assert bisect_cli.main([*argv, "--releases", *RELEASES]) == 2
@@ -172,11 +172,11 @@ def test_a_focused_function_keeps_only_the_hunks_that_mention_its_word():
     old = "def generate(self):\n" + "".join(f"    step_{i}()\n" for i in range(30)) + "    mask = kwargs['attention_mask']\n"
     new = old.replace("step_2()", "step_two()").replace("    mask = kwargs['attention_mask']\n",
                                                         "    kwargs['attention_mask'] = None\n")
-    diffs = bisect_source.diff_sources({"g": old, "h": old}, {"g": new, "h": old.replace("step_2", "x")}, "1", "2",
+    diffs = upstream_code.diff_sources({"g": old, "h": old}, {"g": new, "h": old.replace("step_2", "x")}, "1", "2",
                                        focus={"g": "attention_mask", "h": "attention_mask"})
     assert "step_two" not in diffs["g"]["diff"] and "+    kwargs['attention_mask'] = None" in diffs["g"]["diff"]
     assert diffs["h"]["status"] == "same" and "no hunk mentions" in diffs["h"]["note"]
-    assert bisect_source.split_focus(["a.b|mask", "c"]) == (["a.b", "c"], {"a.b": "mask"})
+    assert upstream_code.split_focus(["a.b|mask", "c"]) == (["a.b", "c"], {"a.b": "mask"})
 
 
 def test_a_keys_several_paths_are_shown_as_their_distinct_values():
@@ -186,8 +186,8 @@ def test_a_keys_several_paths_are_shown_as_their_distinct_values():
 
 def test_the_quoted_lines_prefer_the_pattern_then_code_over_comments():
     diff = "--- a\n+++ b\n@@\n+    # a comment\n+    x = 1\n+    model_kwargs[\"attention_mask\"] = None\n"
-    assert bisect_source.changed_lines(diff) == ["+    x = 1", "+    model_kwargs[\"attention_mask\"] = None"]
-    assert bisect_source.changed_lines(diff, prefer=bisect_source.QUOTE[
+    assert upstream_code.changed_lines(diff) == ["+    x = 1", "+    model_kwargs[\"attention_mask\"] = None"]
+    assert upstream_code.changed_lines(diff, prefer=upstream_code.QUOTE[
         "transformers.generation.utils.GenerationMixin.generate"])[0] == "+    model_kwargs[\"attention_mask\"] = None"
 
 
@@ -214,7 +214,7 @@ def test_ctrl_c_during_a_bisect_writes_an_interrupted_report_with_what_was_measu
 
 
 def test_good_and_bad_default_to_the_matrix_first_and_last_release():
-    from helpers.pipeline.matrix.report import DEFAULT_RELEASES
+    from helpers.pipeline.releases.report import DEFAULT_RELEASES
 
     assert (bisect_cli.DEFAULT_GOOD, bisect_cli.DEFAULT_BAD) == (DEFAULT_RELEASES[0], DEFAULT_RELEASES[-1]) == ("5.14.1", "5.25.0")
     assert bisect_cli.span(RELEASES + ["5.25.0", "5.26.0"], bisect_cli.DEFAULT_GOOD, bisect_cli.DEFAULT_BAD) == RELEASES + ["5.25.0"]

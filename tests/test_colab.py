@@ -16,7 +16,7 @@ import pytest
 
 from helpers.pipeline.tools import colab
 from helpers.pipeline.paths import repo_root
-from helpers.pipeline.matrix.envs import pinned_release
+from helpers.pipeline.releases.envs import pinned_release
 from helpers.results import verdict_for
 
 ROOT = repo_root()

@@ -123,7 +123,7 @@ def scratch(tmp_path, monkeypatch):
 def test_a_scratch_finding_appears_in_every_derived_list(scratch):
     from test_decisions import registered
 
-    from helpers.pipeline.bisect import source as bisect_source
+    from helpers.pipeline.bisect import upstream_code
     from helpers.pipeline.run import schedule
     from helpers.pipeline.tools import colab, mutants
 
@@ -131,7 +131,7 @@ def test_a_scratch_finding_appears_in_every_derived_list(scratch):
     assert findings.quotes()["scratch.holds"].text == quotes.SLICED and findings.quote_for("scratch.holds")
     assert sources.source_of("99_scratch").key == "control" and findings.writer("control") is asks.control
     assert ("99", "scratch.holds") in findings.bisect_claims()
-    assert bisect_source.relevant("99_scratch") == ("transformers.cache_utils.Cache.update",)
+    assert upstream_code.relevant("99_scratch") == ("transformers.cache_utils.Cache.update",)
     assert "scratchkit/zz/decisions.py" in [s.module for s in mutants.decision_scopes()]
     assert registered()["scratchkit.zz.decisions"] == ["decide_thing"]
     assert schedule.expected_seconds([Path("notebooks/99_scratch.ipynb")], None) == {"99_scratch": 3.0}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers.pipeline.matrix import envs
+from helpers.pipeline.releases import envs
 from helpers.pipeline.tools import gpu_check
 from helpers.pipeline.paths import repo_root
 

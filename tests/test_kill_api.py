@@ -1,4 +1,4 @@
-"""Kill tests for notebook 08's decisions (make mutants: helpers/api/decisions.py), on hand-made cells and rows: each
+"""Kill tests for notebook 08's decisions (make mutants: helpers/proposal/decisions.py), on hand-made cells and rows: each
 condition of each decision changed alone flips the verdict. CASES feeds tests/test_decisions.py's registry."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any, Callable
 
 import pytest
 
-from helpers.api import decisions
-from helpers.api.cells import Cell
+from helpers.proposal import decisions
+from helpers.proposal.cells import Cell
 
 Case = tuple[str, Callable[[], Any], bool]
 

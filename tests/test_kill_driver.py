@@ -57,7 +57,7 @@ def test_patterns_are_mutmut_names():
     assert s.covers("helpers.offload.streams.x_join__mutmut_3") and s.covers("helpers.offload.streams.xǁStreamLogǁbegin__mutmut_1")
     assert not s.covers("helpers.offload.streams.x__stand_ins__mutmut_1")
     assert not s.covers("helpers.offload.streams.xǁRecStreamǁsynchronize__mutmut_1")
-    assert mutants.Scope("helpers/regress/__init__.py", ("*",), ()).dotted == "helpers.regress"
+    assert mutants.Scope("helpers/families/__init__.py", ("*",), ()).dotted == "helpers.families"
 
 
 def test_the_generated_config_runs_fast_tests_only():

@@ -1,4 +1,4 @@
-"""Kill tests for notebook 08's ledger claims (helpers/api/ledger_decisions.py), on hand-made cells and advice rows:
+"""Kill tests for notebook 08's ledger claims (helpers/proposal/ledger_decisions.py), on hand-made cells and advice rows:
 each condition of each decision changed alone flips the verdict. CASES feeds tests/test_decisions.py's registry."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any, Callable
 
 import pytest
 
-from helpers.api import ledger_decisions as ld
-from helpers.api.cells import Cell
+from helpers.proposal import ledger_decisions as ld
+from helpers.proposal.cells import Cell
 
 Case = tuple[str, Callable[[], Any], bool]
 

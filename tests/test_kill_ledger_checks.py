@@ -1,4 +1,4 @@
-"""Kill tests for the guard's ledger checks (make mutants: helpers/api/ledger_checks.py) on hand-made ledgers and calls:
+"""Kill tests for the guard's ledger checks (make mutants: helpers/proposal/ledger_checks.py) on hand-made ledgers and calls:
 each refusal's check name, whole message and `fix`, and each boundary (one slot more/less, one position off) with a
 refused case and a valid twin. No model runs."""
 from __future__ import annotations

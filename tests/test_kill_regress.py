@@ -1,4 +1,4 @@
-"""Kill tests for notebook 07's decisions (make mutants: helpers/regress/decisions.py), on hand-made cells: each
+"""Kill tests for notebook 07's decisions (make mutants: helpers/families/decisions.py), on hand-made cells: each
 condition of each decision changed alone flips the verdict. CASES feeds tests/test_decisions.py's registry."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from helpers.compare import NoiseFloor
-from helpers.regress import checks, decisions
-from helpers.regress.checks import Cell
+from helpers.families import checks, decisions
+from helpers.families.checks import Cell
 
 FLOOR = NoiseFloor(measured=5e-7, resolution=4e-7, margin=4.0, dtype="float32", scale=1.0, what="kill")
 

@@ -14,7 +14,7 @@ from kvresume.factory import FactoryError
 from kvresume.ledger import keep_slots, without_ledger
 from kvresume.reuse import apply_fix
 from kvresume import compat
-from helpers.api.shapes import last_logits
+from helpers.proposal.shapes import last_logits
 from helpers.models import tiny_llama
 from helpers.continuation import generate_first_step, greedy_config
 
@@ -273,7 +273,7 @@ def test_group_06_judges_an_exact_prefix_against_the_full_forward_and_an_evictio
     """08's group 06 reference, decided from 06's slot comparison: a prefix one short or extended by another request
     (crop_short, reused_no_copy) -> the full forward; the same lengths with the first slot evicted, or the cache
     unchanged (identity) -> the explicit-position forward over what it holds."""
-    from helpers.api.groups import exact_prefix
+    from helpers.proposal.groups import exact_prefix
 
     (ids,) = ids_of(11)
     full = prefill(model, ids)

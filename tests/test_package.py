@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.api import upstream
+from helpers.proposal import upstream
 from helpers.pipeline.paths import repo_root
 
 PACKAGE = repo_root() / "packages" / "kvresume"

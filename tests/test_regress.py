@@ -12,22 +12,22 @@ from helpers import models
 
 from kvresume import compat
 from helpers.compare import NoiseFloor
-from helpers.regress import checks, decisions, families, rebuilds
+from helpers.families import checks, decisions, rebuilds, setup
 from kvresume import layers
-from helpers.regress.checks import Cell, against_outcome, zero_input
+from helpers.families.checks import Cell, against_outcome, zero_input
 from helpers.continuation import Outcome
 
 FLOOR = NoiseFloor(measured=5e-7, resolution=4e-7, margin=4.0, dtype="float32", scale=1.0, what="hand-made")
 
 
 @pytest.fixture(scope="module")
-def sliding() -> families.Family:
-    return families.text_family("sliding", models.load(models.TINY_SLIDING), 40, 0)
+def sliding() -> setup.Family:
+    return setup.text_family("sliding", models.load(models.TINY_SLIDING), 40, 0)
 
 
 @pytest.fixture(scope="module")
-def hybrid() -> families.Family:
-    return families.text_family("hybrid", models.load(models.TINY_HYBRID), 12, 0)
+def hybrid() -> setup.Family:
+    return setup.text_family("hybrid", models.load(models.TINY_HYBRID), 12, 0)
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +35,12 @@ def dense() -> models.ModelBundle:
     return models.load(models.TINY_DENSE)
 
 
-def _prefix(family: families.Family):
+def _prefix(family: setup.Family):
     with torch.no_grad():
         return compat.output_cache(family.model(**family.prefill_kwargs(), use_cache=True))
 
 
-def _next_logits(family: families.Family, cache) -> torch.Tensor:
+def _next_logits(family: setup.Family, cache) -> torch.Tensor:
     with torch.no_grad():
         out = family.model(input_ids=family.suffix, attention_mask=family.full_mask, past_key_values=copy.deepcopy(cache), use_cache=True)
     return out.logits[:, -1]
@@ -48,7 +48,7 @@ def _next_logits(family: families.Family, cache) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", ["sliding", "hybrid", "dense"])
 def test_family_rebuild_is_bitwise_identity(name, sliding, hybrid, dense):
-    family = {"sliding": sliding, "hybrid": hybrid, "dense": families.text_family("dense", dense, 12, 0)}[name]
+    family = {"sliding": sliding, "hybrid": hybrid, "dense": setup.text_family("dense", dense, 12, 0)}[name]
     cache = _prefix(family)
     rebuilt = rebuilds.family_rebuild(cache, family.model.config)
     assert layers.cache_state_equal(cache, rebuilt)
@@ -67,17 +67,17 @@ def test_control_rebuild_loses_sliding_length_and_cannot_read_linear_layers(slid
 
 
 def test_left_pad_and_mask_positions():
-    ids, mask = families.left_pad([torch.tensor([5, 6]), torch.tensor([7, 8, 9, 10])], pad_id=0)
+    ids, mask = setup.left_pad([torch.tensor([5, 6]), torch.tensor([7, 8, 9, 10])], pad_id=0)
     assert ids.tolist() == [[0, 0, 5, 6], [7, 8, 9, 10]]
     assert mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1]]
-    assert families.mask_positions(mask).tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
+    assert setup.mask_positions(mask).tolist() == [[0, 0, 0, 1], [0, 1, 2, 3]]
     masks = checks.resume_masks(mask)
     assert masks["suffix_only"].shape == (2, 1) and masks["all_ones"].sum() == 8 and torch.equal(masks["padded"], mask)
 
 
 def test_padded_prefill_matches_unpadded_rows(dense):
-    family = families.padded_family(dense, (5, 9), 0)
-    ref = families.reference(family)  # each row unpadded
+    family = setup.padded_family(dense, (5, 9), 0)
+    ref = setup.reference(family)  # each row unpadded
     run = checks.Runner(family)
     step = run.generate(run.cache, attention_mask=family.full_mask)
     assert step.ok and step.logits.shape[0] == 2 and max(checks.row_diffs(ref, step.logits)) < 1e-5
@@ -192,7 +192,7 @@ def test_flash_decision_skips_without_cuda_and_decides_with_it():
 
 def test_backend_switch_runs_and_restores(dense):
     """The path the FlashAttention-2 column takes on CUDA, run here with eager as the stand-in kernel."""
-    family = families.text_family("dense", dense, 8, 0)
+    family = setup.text_family("dense", dense, 8, 0)
     run = checks.Runner(family)
     step = run.with_backend("eager", run.cache)
     assert step.ok and dense.model.config._attn_implementation == "sdpa"

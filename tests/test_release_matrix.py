@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers.pipeline.matrix import envs
-from helpers.pipeline.matrix import facts as matrix_facts
-from helpers.pipeline.matrix import report as matrix_report
-from helpers.pipeline.matrix import run as matrix_run
+from helpers.pipeline.releases import envs
+from helpers.pipeline.releases import facts as matrix_facts
+from helpers.pipeline.releases import report as matrix_report
+from helpers.pipeline.releases import run as matrix_run
 from helpers.pipeline import paths
 
 OTHER_RELEASE = "5.24.0"

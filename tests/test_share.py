@@ -79,8 +79,8 @@ def test_another_runs_timings_never_go_in(tmp_path):
 # --------------------------------------------------------------------------- make share: the pinned and the newest release
 
 def test_make_share_resolves_the_newest_from_the_index_and_falls_back_offline_saying_so():
-    from helpers.pipeline.matrix import share as make_share
-    from helpers.pipeline.matrix.envs import pinned_release
+    from helpers.pipeline.releases import share as make_share
+    from helpers.pipeline.releases.envs import pinned_release
 
     got = make_share.resolve(lambda: ["5.14.1", "5.17.0", "5.26.0"])
     assert got == {"pinned": pinned_release(), "newest": "5.26.0", "resolved": "package index",
@@ -95,7 +95,7 @@ def test_make_share_resolves_the_newest_from_the_index_and_falls_back_offline_sa
 
 def test_make_share_runs_all_on_the_pinned_then_the_newest_through_the_matrix_then_the_report(tmp_path, monkeypatch):
     """The orchestration alone, the runs mocked: run-all, releases.json after it, the matrix on the newest only."""
-    from helpers.pipeline.matrix import share as make_share
+    from helpers.pipeline.releases import share as make_share
     from helpers.pipeline.report import html
     from helpers.pipeline.run import cli
 
@@ -122,7 +122,7 @@ def _verdicts(folder: Path, verdicts: dict[str, str]) -> None:
 
 def test_make_share_bisects_only_the_key_claims_whose_verdict_differs_and_never_offline(tmp_path, monkeypatch):
     from helpers.pipeline.bisect import cli as bisect_cli
-    from helpers.pipeline.matrix import share as make_share
+    from helpers.pipeline.releases import share as make_share
 
     _verdicts(tmp_path, {"02": "reproduced", "05": "holds"})
     _verdicts(tmp_path / "matrix" / "5.25.0", {"02": "reproduced", "05": "does_not_hold"})

@@ -475,10 +475,10 @@ def test_per_layer_lengths_under_eager_attention_raise_at_an_identified_stage():
 @pytest.mark.parametrize("model_id", ["tiny-qwen3-sliding", "tiny-qwen3.5-hybrid"])
 def test_builtins_work_on_sliding_and_hybrid_caches(model_id):
     from helpers import models
-    from helpers.regress import families
+    from helpers.families import setup
     from kvresume import layers
 
-    family = families.text_family("x", models.load(model_id), 30, 0)
+    family = setup.text_family("x", models.load(model_id), 30, 0)
     with torch.no_grad():
         cache = family.model(**family.prefill_kwargs(), use_cache=True).past_key_values
     ident = rebuilds.apply(rebuilds.load("identity"), "identity", cache, family.model, family.prompt)

@@ -1,6 +1,6 @@
 """Notebook 04's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
 from ..findings import Decisions, Finding
-from ..pipeline.bisect.source import GENERATE
+from ..pipeline.bisect.upstream_code import GENERATE
 from ..pipeline.report import asks
 from ..quotes import CONTROL, passage
 

@@ -1,6 +1,6 @@
 """Notebook 09's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
 from ..findings import Decisions, Finding
-from ..pipeline.bisect.source import QWEN3_VL
+from ..pipeline.bisect.upstream_code import QWEN3_VL
 from ..pipeline.report import asks
 from ..quotes import Quote, CONTROL, NEW_IMAGE, VALIDATION, passage
 

@@ -16,7 +16,7 @@ from kvresume import compat
 from kvresume.factory import export_tensors, kv_cache_from_tensors
 from ..compare import NoiseFloor, max_abs_diff
 from ..continuation import generate_first_step
-from ..regress import rebuilds
+from ..families import rebuilds
 from kvresume import layers
 from .setup import Family, error_line, forward
 
@@ -180,7 +180,7 @@ REBUILDS = {
     "control recipe": (lambda c, cfg: rebuilds.control_rebuild(c), rebuilds.CONTROL_HOW),
     "hand-written (layer methods)": (hand_rebuild, "DynamicCache(config) + update() / update_conv_state() / "
                                      "update_recurrent_state(), no token count"),
-    "kit family rebuild": (rebuilds.family_rebuild, "helpers.regress.rebuilds.family_rebuild (carries the linear count)"),
+    "kit family rebuild": (rebuilds.family_rebuild, "helpers.families.rebuilds.family_rebuild (carries the linear count)"),
     "kit factory": (_factory, "kvresume.kv_cache_from_tensors(export_tensors(cache))"),
 }
 

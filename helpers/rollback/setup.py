@@ -12,7 +12,7 @@ from ..compare import NoiseFloor, noise_floor
 from ..continuation import other_attention_logits
 from ..inputs import Prompt
 from ..models import SLIDING_WINDOW, build_tiny_qwen3
-from ..regress.families import synthetic_ids
+from ..families.setup import synthetic_ids
 
 PROMPT = 20  # tokens prefilled before the k tokens that are rolled back (longer than the sliding window, 16)
 STATIC_LEN = 48  # the static cache's capacity

@@ -4,7 +4,7 @@ A rebuild is a function ``(cache, model, prompt) -> cache`` (the prefix cache it
 It may instead return a resume state that carries the logical (processed) length beside the cache: a
 `Rebuilt`, or a dict with ``past_key_values`` and ``processed_length``. Built-ins use transformers' own
 `DynamicCache.update()` only (an `update()` of two slices appends them) and each layer's own class
-(`helpers.regress.rebuilds.layer_aware`: sliding layers keep their processed length, linear-attention layers their
+(`helpers.families.rebuilds.layer_aware`: sliding layers keep their processed length, linear-attention layers their
 conv/recurrent states, so the built-ins work on sliding-window and hybrid caches); nothing of transformers is copied.
 
 `load(spec)` takes a built-in name, ``path/to/file.py:function`` or ``package.module:function`` and
@@ -30,7 +30,7 @@ from kvresume.ledger import attach_ledger, stored_ledger
 from . import patterns
 from ..pipeline.run.params import resolve
 from kvresume import layers
-from ..regress import rebuilds as family
+from ..families import rebuilds as family
 
 RebuildFn = Callable[[Any, torch.nn.Module, Any], Any]
 BUILTINS = ("identity", "streaming", "int8", "per_layer", "crop_short", "reused_no_copy")
@@ -58,7 +58,7 @@ def _check_layers(cache: Any) -> None:
 
 
 def _rebuild(cache: Any, model: torch.nn.Module, transform: Any = None) -> Any:
-    """`helpers.regress.rebuilds.layer_aware`: K/V `update()`d (through `transform`), sliding layers' processed length
+    """`helpers.families.rebuilds.layer_aware`: K/V `update()`d (through `transform`), sliding layers' processed length
     and linear layers' conv/recurrent states carried through transformers' own layer classes."""
     _check_layers(cache)
     if isinstance(cache, StaticCache):  # a StaticCache in, a StaticCache of that size out (through its filled slots)

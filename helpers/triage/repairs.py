@@ -2,7 +2,7 @@
 
 Each repair is one generate() step (the notebook's greedy one-step contract) from a deep copy of the rebuilt cache,
 measured against the full forward: the full mask; the saved model-side state restored; the same K/V re-registered
-through `update()` on `DynamicCache(config=...)` (`helpers.regress.rebuilds.layer_aware`); continuing at the
+through `update()` on `DynamicCache(config=...)` (`helpers.families.rebuilds.layer_aware`); continuing at the
 processed length (position_ids at it, the mask sized to the stored slots). A copy defect has no generic repair:
 `localize` finds the first differing layer and slot and whether the keys differ only by a rotation.
 """
@@ -16,7 +16,7 @@ import torch
 from kvresume import compat
 from ..compare import NoiseFloor, logit_metrics
 from kvresume import layers
-from ..regress import rebuilds as family
+from ..families import rebuilds as family
 from .controls import Step, diff, full_kwargs, generate_step, logical_positions
 from .facts import Repair
 from .state import stored_slots

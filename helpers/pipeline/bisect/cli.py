@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import report as bisect_report
-from . import source as bisect_source
+from . import upstream_code
 from .search import Interrupted, Probe, Search, find_changes
 from ...findings import of
-from ..matrix.envs import child_env
-from ..matrix.facts import notebook_facts
-from ..matrix.report import DEFAULT_RELEASES
+from ..releases.envs import child_env
+from ..releases.facts import notebook_facts
+from ..releases.report import DEFAULT_RELEASES
 from ..paths import output_dir, repo_root
 
 DEFAULT_GOOD, DEFAULT_BAD = DEFAULT_RELEASES[0], DEFAULT_RELEASES[-1]  # the matrix's first and last release
@@ -105,8 +105,8 @@ class Bisect:
 
     def probe(self, release: str) -> Probe:
         """Install (or reuse) the release's environment, run the notebook there, read the value."""
-        from ..matrix.envs import ensure_env
-        from ..matrix.run import run_all_under
+        from ..releases.envs import ensure_env
+        from ..releases.run import run_all_under
 
         self._check_stop()
         self.log(f"[bisect] transformers {release}: preparing environment", flush=True)
@@ -129,13 +129,13 @@ class Bisect:
 
     def diffs(self, search: Search) -> dict[str, dict[str, dict[str, Any]]]:
         """The relevant functions' diff for every change point."""
-        names, focus = bisect_source.split_focus(bisect_source.relevant(self.notebook.stem))
+        names, focus = upstream_code.split_focus(upstream_code.relevant(self.notebook.stem))
         out = {}
         for a, b in search.changes:
             if a in self.pythons and b in self.pythons:
-                read = {r: bisect_source.read_sources(self.pythons[r], names, child_env(self.out), str(repo_root()))
+                read = {r: upstream_code.read_sources(self.pythons[r], names, child_env(self.out), str(repo_root()))
                         for r in (a, b)}
-                out[f"{a}..{b}"] = bisect_source.diff_sources(read[a], read[b], a, b, focus=focus)
+                out[f"{a}..{b}"] = upstream_code.diff_sources(read[a], read[b], a, b, focus=focus)
         return out
 
 

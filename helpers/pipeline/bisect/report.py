@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .search import Search
-from .source import changed_lines
+from .upstream_code import changed_lines
 from ..report.paste import cell, fmt_compact
 from ..report.scrub import scrub
 

@@ -75,8 +75,8 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
     records itself in outputs/matrix/<release>/run.json with this matrix's id as KVKIT_MATRIX_RUN_ID."""
     from tqdm import tqdm
 
-    from ..matrix import report as matrix_report
-    from ..matrix import run as matrix_run
+    from ..releases import report as matrix_report
+    from ..releases import run as matrix_run
 
     out_base = output_dir()
     record = rec.RunRecord(output_dir("matrix"), "matrix", {"releases": releases},
@@ -101,7 +101,7 @@ def _matrix(releases: list[str], stems: list[str] | None, jobs: int | None) -> i
 
 def _share(jobs: int | None) -> int:
     """`make share`: the run-all on the pinned release, the newest release through the matrix runner, the report."""
-    from ..matrix import share
+    from ..releases import share
 
     info = share.resolve()
     print(f"share: pinned {info['pinned']}, newest {info['newest']} ({info['resolved']})", flush=True)
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report":
         return _report()
     if args.command == "matrix":
-        from ..matrix import report as matrix_report
+        from ..releases import report as matrix_report
 
         releases = args.releases or list(matrix_report.DEFAULT_RELEASES)
         if args.no_run:

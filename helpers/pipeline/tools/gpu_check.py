@@ -45,7 +45,7 @@ def _call(cmd: list[str], out: Path | None, timeout: float, log: Path | None = N
     """`cmd` from the checkout's root in a release python's environment; its exit status (124 on timeout). Its output
     and errors go to `log` as they come (kept when it timed out), whose last lines are then printed; without `log`, to
     nowhere."""
-    from ..matrix.envs import child_env
+    from ..releases.envs import child_env
 
     with open(log or os.devnull, "w") as f:
         try:
@@ -61,7 +61,7 @@ def _call(cmd: list[str], out: Path | None, timeout: float, log: Path | None = N
 
 def torch_cuda(python: str) -> tuple[str | None, bool, str]:
     """(torch.version.cuda, torch.cuda.is_available(), why the probe failed) in `python`."""
-    from ..matrix.envs import _run, _tail
+    from ..releases.envs import _run, _tail
 
     try:
         res = _run([python, "-c", TORCH_PROBE], timeout=300)
@@ -139,7 +139,7 @@ def check_release(release: str, timeout: float, run: Step = run_arms, flash: Ste
                   probe: Probe = torch_cuda, log: Callable[..., None] = print, root: Path | None = None,
                   lag_from: Path | None = None, deadline: float | None = None) -> dict[str, Any]:
     """Prepare the release's environment, run the GPU arms in it (with `lag_from`'s lag), then notebook 07's flash step."""
-    from ..matrix import envs
+    from ..releases import envs
 
     root = root or output_dir("gpu")
     out = root / release

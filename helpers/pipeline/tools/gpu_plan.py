@@ -18,7 +18,7 @@ START_S, ENV_S = 40.0, 30.0  # imports, CUDA context, models, the CPU edge recor
 
 def releases_to_run(extra: list[str] | None) -> list[str]:
     """The pinned release, 5.20.0, then `extra`, without repeats."""
-    from ..matrix.envs import pinned_release
+    from ..releases.envs import pinned_release
 
     return list(dict.fromkeys([r for r in [pinned_release(), EDGE_RELEASE, *(extra or [])] if r]))
 

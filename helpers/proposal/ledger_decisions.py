@@ -21,7 +21,7 @@ SOURCE_LEDGER = {"transformers docs": "Re-use Cache to continue generation: copy
 
 
 def decide_ledger_refuses(cells: list[Cell], internal: list[dict[str, Any]] | None = None) -> Decision:
-    """Every silently wrong tracked cell refused by the tracked guard or a named blind spot (helpers.api.blind: even
+    """Every silently wrong tracked cell refused by the tracked guard or a named blind spot (helpers.proposal.blind: even
     its ledger is a valid call's), no working tracked cell refused, no internal call refused."""
     tracked = [c for c in cells if c.tracked and not c.undecided]
     wrong = [c for c in tracked if c.plain == "silently_wrong"]

@@ -1,4 +1,4 @@
-"""The source of the transformers functions a notebook names as relevant, read with `inspect` from a
+"""Upstream code: the source of the transformers functions a notebook names as relevant, read with `inspect` from a
 release's installed package (never from a network), and the unified diff between two releases."""
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import torch
 from transformers import DynamicCache
 
 from .cells import Cell, run_cell
-from ..regress.families import left_pad
+from ..families.setup import left_pad
 from .shapes import VOCAB, floor_of, last_logits, per_row
 
 # (prefix, question 1, question 2, answer tokens of question 1)

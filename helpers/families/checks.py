@@ -18,7 +18,7 @@ from ..compare import NoiseFloor, max_abs_diff, noise_floor
 from ..continuation import (GENERATION_VARIANTS, Outcome, attention_kernel, forward_step, generate_first_step,
                             generation_kwargs)
 from kvresume import layers
-from .families import Family, reference
+from .setup import Family, reference
 from .rebuilds import attention_only_rebuild, control_rebuild, family_rebuild
 
 CHECKS = ("control_rebuild·generate", "control_rebuild·other_kernel", "control_rebuild·forward", "config_rebuild·generate",

@@ -1,6 +1,6 @@
 """Notebook 08's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
 from ..findings import Decisions, Finding
-from ..pipeline.bisect.source import GENERATE
+from ..pipeline.bisect.upstream_code import GENERATE
 from ..pipeline.report import asks
 from ..quotes import CONTROL, ENGINES, IDENTITY, VALIDATION, passage
 
@@ -27,8 +27,8 @@ FINDING = Finding(
     bisect="api.guard_catches_or_names_every_silent_case",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",
-    decisions=(Decisions("helpers/api/decisions.py", ("*",), "tests/test_kill_api.py"),
-               Decisions("helpers/api/ledger_decisions.py", ("*",), "tests/test_kill_ledger.py")),
+    decisions=(Decisions("helpers/proposal/decisions.py", ("*",), "tests/test_kill_api.py"),
+               Decisions("helpers/proposal/ledger_decisions.py", ("*",), "tests/test_kill_ledger.py")),
     estimate_s=6.0,
     summary=("The control's proposed API, prototyped as the `kvresume` library: a validated K/V factory, the token "
              'ledger (`track(model)`), the resume guard and `resume()`, measured on every resume call the kit makes.'),

@@ -22,7 +22,7 @@ from kvresume import compat, testing
 from ..compare import NoiseFloor, noise_floor
 from ..continuation import attention_kernel, current_position_ids, greedy_config, other_attention_logits, prefill
 from ..inputs import Prompt
-from ..regress.families import left_pad
+from ..families.setup import left_pad
 from .cells import Cell, _generate, _step, run_cell
 from kvresume.checks import ResumeInputError
 from kvresume.call import cache_lengths

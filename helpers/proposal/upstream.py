@@ -7,9 +7,9 @@ on. It is rendered from the package itself: every module of packages/kvresume/kv
 into a `kvresume` package in sys.modules at the top of the file (types.ModuleType + exec, in import order, each
 module in its own namespace), then the bodies of the package's contract tests (packages/kvresume/tests), imports
 unchanged: torch, transformers and pytest only. `--releases 5.14.1 5.24.0` runs it with each release's python as
-well (.venv-tf/<release>, helpers.pipeline.matrix.envs).
+well (.venv-tf/<release>, helpers.pipeline.releases.envs).
 
-    python -m helpers.api.upstream [--releases R ...]
+    python -m helpers.proposal.upstream [--releases R ...]
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def render() -> str:
 
 
 def _release_python(release: str) -> str:
-    from ..pipeline.matrix import envs
+    from ..pipeline.releases import envs
 
     env = envs.ensure_env(release)
     if not env.ok or not env.python:
@@ -117,7 +117,7 @@ def pytest_command(python: str, path: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Write the file, run it with pytest on this release and every one asked for."""
-    ap = argparse.ArgumentParser(prog="python -m helpers.api.upstream", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m helpers.proposal.upstream", description=__doc__.split("\n\n")[0])
     ap.add_argument("--releases", nargs="*", default=[])
     args = ap.parse_args(argv)
     import transformers

@@ -16,7 +16,7 @@ import torch
 from kvresume import compat, state as resume
 from ..compare import NoiseFloor, max_abs_diff
 from ..continuation import generate_first_step
-from ..regress import checks
+from ..families import checks
 from kvresume import layers
 from kvresume.factory import FactoryError, export_tensors, kv_cache_from_tensors
 

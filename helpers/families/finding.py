@@ -1,6 +1,6 @@
 """Notebook 07's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
 from ..findings import Decisions, Finding
-from ..pipeline.bisect.source import GENERATE
+from ..pipeline.bisect.upstream_code import GENERATE
 from ..pipeline.report import asks
 from ..quotes import CONTROL, HYBRID, LENGTHS_35168, SLICED, passage
 
@@ -26,7 +26,7 @@ FINDING = Finding(
     bisect="regress.mask_contract_holds_across_families",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",
-    decisions=(Decisions("helpers/regress/decisions.py", ("*",), "tests/test_kill_regress.py"),),
+    decisions=(Decisions("helpers/families/decisions.py", ("*",), "tests/test_kill_regress.py"),),
     estimate_s=9.0,
     summary=("The control's regression list as one table across cache families (dense, Qwen3-VL, sliding-window, "
              "hybrid, left-padded batch): the control's rebuild, the same into `DynamicCache(config=...)` and the "

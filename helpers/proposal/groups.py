@@ -26,7 +26,7 @@ from ..compare import NoiseFloor, noise_floor
 from ..continuation import GENERATION_VARIANTS, current_position_ids, generate_first_step, generation_kwargs, prefill
 from ..inputs import Prompt
 from ..newimage import repair, shapes as turn_shapes, turns
-from ..regress import checks, families, rebuilds
+from ..families import checks, rebuilds, setup as family_setup
 from ..rollback import probes, setup
 from ..rollback.probes import greedy, repetitive_ids
 from ..triage import controls as triage_controls, facts as triage_facts, slots as triage_slots
@@ -127,7 +127,7 @@ def group_06(bundle: Any, prompt: Prompt, sink: int = 4, window: int = 16) -> tu
 def family_cells(run: checks.Runner) -> tuple[list[Cell], NoiseFloor]:
     """One family: the original cache under the four argument sets, the rebuilds (full mask), the padded masks."""
     fam = run.family
-    reference = families.reference(fam)
+    reference = family_setup.reference(fam)
     full = {"attention_mask": fam.full_mask}
     agreeing = [checks.other_attention_reference(fam)]
     floor = noise_floor(reference, agreeing, fam.bundle.dtype, what="full forward vs the other attention kernel's")
