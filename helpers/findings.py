@@ -1,13 +1,16 @@
 """The findings, one per notebook, each declared once beside its code (helpers/<package>/finding.py) and found here
-by discovery: every list the kit keeps per notebook derives from them (quotes, the notebook's source, the Ask
-writers, bisect's claims and functions, the deciding modules' mutation scope and decisions registry, the runner's estimates, README's notebook table).
-A declaration missing a piece is refused by name when it is built; tests/test_findings.py checks they are complete.
+by discovery, as are the sources they answer (helpers/<package>/ask.py: the source's entry and its Ask writer): every
+list the kit keeps per notebook or source derives from them (quotes, the notebook's source, the Ask writers, bisect's
+claims and functions, the deciding modules' mutation scope and decisions registry, the runner's estimates, README's
+notebook table, the first screen's budget). A notebook loads its own declaration only (`of`). A declaration missing a
+piece is refused by name when it is built; tests/test_findings.py checks they are complete.
 Adding one (its files, its fields, `make generate`): docs/adding-a-finding.md."""
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -15,6 +18,15 @@ from .quotes import ROLES
 
 ROOTS: list[tuple[Path, str]] = [(Path(__file__).resolve().parent, "helpers")]  # (folder, its dotted package)
 KINDS = {role: kind for kind, role in ROLES.items()}  # a claim's kind, from the role of its quote
+# The transformers functions whose change can move a finding's values, where several findings name them.
+# "name|word": a long function of which only the diff hunks that mention `word` are kept.
+GENERATE = ("transformers.generation.utils.GenerationMixin.generate|attention_mask",
+            "transformers.generation.utils.GenerationMixin._prefill|mask",
+            "transformers.generation.utils.GenerationMixin.prepare_inputs_for_generation",
+            "transformers.generation.utils.GenerationMixin._prepare_attention_mask_for_generation",
+            "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation",
+            "transformers.generation.utils.GenerationMixin._update_model_kwargs_for_generation")
+QWEN3_VL = "transformers.models.qwen3_vl.modeling_qwen3_vl"
 
 
 class DeclarationError(ValueError):
@@ -47,9 +59,8 @@ class Finding:
 
     stem: str  # the notebook's file name without .ipynb
     title: str
-    source: str  # the key of the source it answers (helpers.pipeline.report.sources.SOURCES)
+    source: str  # the key of the source it answers (a SOURCE of some helpers/<package>/ask.py)
     claims: dict[str, Any]  # claim id -> its helpers.quotes.Quote (its role gives the claim's kind)
-    ask: Callable[..., Any]  # the Ask writer of its source (helpers.pipeline.report.asks)
     bisect: str  # the claim `make bisect` (and `make share`) follows
     functions: tuple[str, ...]  # the transformers functions whose diff can move its values ("name|focus word")
     repro: str  # its plain-transformers repro under examples/repro/
@@ -80,30 +91,89 @@ class Finding:
         return {cid: KINDS[q.role] for cid, q in self.claims.items()}
 
 
-def _modules(folder: Path, package: str) -> list[str]:
-    """The declaration modules under one root: <package>/finding.py."""
-    return sorted(f"{package}.{p.parent.name}.finding" for p in folder.glob("*/finding.py"))
+@dataclass(frozen=True)
+class Source:
+    """One source the kit answers: its public name, its setup and what this kit cannot test of it."""
+
+    key: str
+    title: str
+    setup: dict[str, str] = field(default_factory=dict)  # release, dtype, device, model (the source's own words)
+    not_tested: str = ""
+    # The first screen's plain-transformers repro: a file under examples/repro/ (torch and transformers only) and what
+    # it prints beside the source's number.
+    repro: str = ""
+    repro_prints: str = ""
+    short: str = ""  # the name on the first screen
+    untested: str = ""  # the first screen's words for what is not tested here and why, where no count says it
+
+
+def _modules(name: str) -> list[tuple[str, Path]]:
+    """(dotted name, file) of every helpers/<package>/<name>.py under the roots."""
+    return sorted((f"{pkg}.{p.parent.name}.{name}", p) for folder, pkg in ROOTS for p in folder.glob(f"*/{name}.py"))
 
 
 @functools.lru_cache(maxsize=1)
 def found() -> tuple[Finding, ...]:
     """Every declared finding, in notebook order (each declaration module's FINDING)."""
-    out = [importlib.import_module(name).FINDING for folder, pkg in ROOTS for name in _modules(folder, pkg)]
-    return tuple(sorted(out, key=lambda f: f.stem))
+    return tuple(sorted((importlib.import_module(name).FINDING for name, _ in _modules("finding")), key=lambda f: f.stem))
+
+
+@functools.lru_cache(maxsize=1)
+def _asks() -> dict[str, Any]:
+    """Each source's key -> the module declaring it (its SOURCE and `ask`), in the order of the first notebook
+    answering it."""
+    first = {}
+    for f in found():
+        first.setdefault(f.source, f.stem)
+    mods = [importlib.import_module(name) for name, _ in _modules("ask")]
+    return {m.SOURCE.key: m for m in sorted(mods, key=lambda m: first.get(m.SOURCE.key, "~"))}
+
+
+@functools.lru_cache(maxsize=1)
+def sources() -> dict[str, Source]:
+    """Every declared source by key, in the order of the first notebook answering it."""
+    return {key: m.SOURCE for key, m in _asks().items()}
+
+
+def writer(source: str) -> Callable[..., Any]:
+    """The Ask writer of a source (KeyError where no helpers/<package>/ask.py declares it)."""
+    if source not in _asks():
+        raise KeyError(f"source {source} has no Ask writer: no helpers/<package>/ask.py declares it")
+    return _asks()[source].ask
 
 
 def reset() -> None:
     """Forget what was found (after ROOTS changed)."""
-    found.cache_clear()
+    for cached in (found, _asks, sources, _declaring):
+        cached.cache_clear()
+
+
+@functools.lru_cache(maxsize=None)
+def _declaring(number: str) -> str | None:
+    """The declaration module of a notebook number, read from the files' `stem=` (nothing is imported)."""
+    for name, path in _modules("finding"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "stem" and isinstance(node.value, ast.Constant) \
+                    and str(node.value.value).split("_", 1)[0] == number:
+                return name
+    return None
 
 
 def of(notebook: str | Path) -> Finding:
-    """The finding of a notebook, by its stem's number ('05_hybrid...' or a path); KeyError naming what to add."""
-    number = Path(str(notebook)).stem.split("_", 1)[0]
-    for f in found():
-        if f.number == number:
-            return f
-    raise KeyError(f"no finding declares notebook {notebook}: add helpers/<package>/finding.py (see helpers/findings.py)")
+    """The finding of a notebook, by its stem's number ('05_hybrid...' or a path), importing its declaration alone;
+    KeyError naming what to add."""
+    name = _declaring(Path(str(notebook)).stem.split("_", 1)[0])
+    if name is None:
+        raise KeyError(f"no finding declares notebook {notebook}: add helpers/<package>/finding.py (see helpers/findings.py)")
+    return importlib.import_module(name).FINDING
+
+
+def quotes_of(notebook: str) -> dict[str, dict[str, Any]]:
+    """A notebook's declared quotes as plain dicts ({} for a notebook no finding declares)."""
+    try:
+        return {cid: q.as_dict() for cid, q in of(notebook).claims.items()}
+    except KeyError:
+        return {}
 
 
 def quotes() -> dict[str, Any]:
@@ -114,14 +184,6 @@ def quote_for(claim_id: str) -> dict[str, Any]:
     """The declared quote of a claim as a plain dict ({} for a claim without one)."""
     entry = quotes().get(claim_id)
     return entry.as_dict() if entry else {}
-
-
-def writer(source: str) -> Callable[..., Any]:
-    """The Ask writer of a source (KeyError where no finding declares it)."""
-    for f in found():
-        if f.source == source:
-            return f.ask
-    raise KeyError(f"source {source} has no Ask writer: no finding declares it")
 
 
 def bisect_claims() -> tuple[tuple[str, str], ...]:

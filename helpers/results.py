@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 import transformers
 
-from .findings import quote_for
+from .findings import quotes_of
 from .pipeline.paths import output_dir
 from .pipeline.run.record import run_stamp
 
@@ -124,7 +124,8 @@ class Results:
         unknown = sorted(set(kinds) - set(claims))
         if unknown:
             raise KeyError(f"kinds given for undeclared claims {unknown}")
-        self.claims = {cid: Claim(cid, text, kind=kinds.get(cid, "reproduces"), quote=quote_for(cid))
+        quotes = quotes_of(notebook)  # its own declaration only: a notebook loads no other finding
+        self.claims = {cid: Claim(cid, text, kind=kinds.get(cid, "reproduces"), quote=quotes.get(cid, {}))
                        for cid, text in claims.items()}
         for claim in self.claims.values():
             verdict_for(claim.kind, True)  # pragma: no mutate (only the kind is checked here); an unknown kind is refused before any measurement

@@ -1,8 +1,10 @@
-"""Each finding declares itself once (helpers.findings): the declarations are complete, every list derives from them,
-and a new notebook is its own few files: a scratch finding built in tmp shows up in every derived list."""
+"""Each finding declares itself once (helpers.findings), and each source beside the finding answering it: the
+declarations are complete, every list derives from them, and a new notebook with a new source is its own few files:
+a scratch finding built in tmp from docs/adding-a-finding.md alone shows up in every derived list."""
 from __future__ import annotations
 
 import ast
+import importlib
 import sys
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import pytest
 from helpers import findings, quotes
 from helpers.findings import Decisions, DeclarationError, Finding
 from helpers.pipeline.paths import repo_root
-from helpers.pipeline.report import asks, sources
+from helpers.pipeline.report import sources
 
 ROOT = repo_root()
 
@@ -24,20 +26,28 @@ def test_every_notebook_and_only_they_declare_a_finding():
 
 @pytest.mark.parametrize("finding", findings.found(), ids=lambda f: f.stem)
 def test_a_declaration_names_what_exists(finding):
-    assert finding.source in sources.SOURCES and (ROOT / finding.repro).is_file(), \
-        f"{finding.stem}: its source entry and repro file (docs/adding-a-finding.md)"
+    assert finding.source in findings.sources() and (ROOT / finding.repro).is_file(), \
+        f"{finding.stem}: its source's helpers/<package>/ask.py and its repro file (docs/adding-a-finding.md)"
     assert all(name.startswith("transformers.") for name in finding.functions)
     assert set(finding.kinds().values()) <= set(quotes.ROLES)
     for cid, q in finding.claims.items():  # every claim has a quote: text from a source, or (environment) none
         assert isinstance(q, quotes.Quote) and cid.startswith(finding.prefix + ".")
         assert (q.text and q.source) or q.role == "machine", cid
-    assert finding.ask.__module__ == asks.__name__ and finding.estimate_s > 0
+    assert finding.estimate_s > 0
 
 
-def test_every_source_has_one_ask_writer():
-    for key in sources.SOURCES:
-        named = {f.ask for f in findings.found() if f.source == key}
-        assert len(named) == 1, f"source {key}: Ask writers {named}"
+def test_every_source_is_declared_once_with_its_writer_and_answered():
+    declared = [importlib.import_module(name).SOURCE.key for name, _ in findings._modules("ask")]
+    assert len(declared) == len(set(declared)), f"a source declared twice: {sorted(declared)}"
+    assert set(declared) == {f.source for f in findings.found()}, "every source answered, every answer declared"
+    for key in declared:
+        assert callable(findings.writer(key)), key
+
+
+def test_a_declaration_loads_no_report_and_no_other_finding():
+    for name, path in findings._modules("finding") + findings._modules("decisions"):
+        imported = {n.module or "" for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)}
+        assert not [m for m in imported if m.startswith(("..pipeline", "...pipeline"))], f"{name} imports the pipeline"
 
 
 def _defines_decisions(path: Path) -> bool:
@@ -62,8 +72,8 @@ def test_every_decisions_module_is_declared_mutated_and_has_kill_cases():
 
 
 def _scratch(**override) -> Finding:
-    fields = dict(stem="99_scratch", title="Scratch", source="control",
-                  claims={"scratch.holds": quotes.passage(quotes.CONTROL, "extends", quotes.SLICED)}, ask=asks.control,
+    fields = dict(stem="99_scratch", title="Scratch", source="scratch-thread",
+                  claims={"scratch.holds": quotes.passage("scratch-thread", "extends", "a scratch passage")},
                   bisect="scratch.holds", functions=("transformers.cache_utils.Cache.update",),
                   repro="examples/repro/scratch.py", decisions=(Decisions("scratchkit/zz/decisions.py", ("decide_*",),
                                                                           "tests/test_kill_scratch.py"),),
@@ -79,8 +89,8 @@ def test_a_declaration_missing_a_piece_is_refused_by_name(field):
 
 
 def test_a_declaration_leaving_a_piece_out_or_bisecting_a_foreign_claim_is_refused():
-    fields = {k: v for k, v in vars(_scratch()).items() if k != "ask"}
-    with pytest.raises(TypeError, match="ask"):
+    fields = {k: v for k, v in vars(_scratch()).items() if k != "repro"}
+    with pytest.raises(TypeError, match="repro"):
         Finding(**fields)
     with pytest.raises(DeclarationError, match="bisect claim matrix.neither_fails"):
         _scratch(bisect="matrix.neither_fails")
@@ -89,20 +99,33 @@ def test_a_declaration_leaving_a_piece_out_or_bisecting_a_foreign_claim_is_refus
 
 
 DECLARATION = '''from helpers.findings import Decisions, Finding
-from helpers.pipeline.report import asks
-from helpers.quotes import CONTROL, SLICED, passage
+from helpers.quotes import passage
 
-FINDING = Finding(stem="99_scratch", title="Scratch", source="control",
-                  claims={"scratch.holds": passage(CONTROL, "extends", SLICED)}, ask=asks.control, bisect="scratch.holds",
+FINDING = Finding(stem="99_scratch", title="Scratch", source="scratch-thread",
+                  claims={"scratch.holds": passage("scratch-thread", "extends", "a scratch passage")}, bisect="scratch.holds",
                   functions=("transformers.cache_utils.Cache.update",), repro="examples/repro/scratch.py",
                   decisions=(Decisions("scratchkit/zz/decisions.py", ("decide_*",), "tests/test_kill_scratch.py"),),
                   estimate_s=3.0, summary="A scratch finding.", models="`tiny-qwen3`", needs="CPU")
 '''
-FILES = {  # a new notebook's files: nothing else in the kit is edited
+ASK = '''from pathlib import Path
+
+from helpers.findings import Source
+from helpers.pipeline.report.asks import Claims, Lines, claim_of
+
+
+SOURCE = Source("scratch-thread", "A scratch thread", {"release": "5.17.0"}, "nothing", "examples/repro/scratch.py",
+                "what it prints", "Scratch thread")
+
+
+def ask(by_release: dict[str, Claims], out: Path) -> Lines:
+    held = [rel for rel, claims in by_release.items() if claim_of(claims, "scratch.holds").get("verdict") == "holds"]
+    return Lines("holds on " + " and ".join(held), "nothing to ask")
+'''
+FILES = {  # a new notebook's files, its source's among them: nothing else in the kit is edited
     "notebooks/99_scratch.ipynb": "{}", "scratchkit/__init__.py": "", "scratchkit/zz/__init__.py": "",
     "scratchkit/zz/decisions.py": "def decide_thing(x):\n    return x\n", "scratchkit/zz/finding.py": DECLARATION,
-    "tests/test_kill_scratch.py": "CASES = []\n", "examples/repro/scratch.py": "print('scratch')\n",
-    "docs/scratch.md": "# Scratch\n",
+    "scratchkit/zz/ask.py": ASK, "tests/test_kill_scratch.py": "CASES = []\n",
+    "examples/repro/scratch.py": "print('scratch')\n", "docs/notebooks/99_scratch.md": "# Scratch\n",
 }
 
 
@@ -120,16 +143,29 @@ def scratch(tmp_path, monkeypatch):
         del sys.modules[name]
 
 
-def test_a_scratch_finding_appears_in_every_derived_list(scratch):
+@pytest.fixture
+def before():
+    """The first screen's budget before the scratch source is declared."""
+    from helpers.pipeline.report import first_screen
+
+    return first_screen.screen_chars()
+
+
+def test_a_scratch_finding_appears_in_every_derived_list(before, scratch):
     from test_decisions import registered
 
     from helpers.pipeline.bisect import upstream_code
+    from helpers.pipeline.report import asks, first_screen
     from helpers.pipeline.run import schedule
     from helpers.pipeline.tools import colab, mutants
 
     assert len(FILES) <= 10
-    assert findings.quotes()["scratch.holds"].text == quotes.SLICED and findings.quote_for("scratch.holds")
-    assert sources.source_of("99_scratch").key == "control" and findings.writer("control") is asks.control
+    assert findings.quotes()["scratch.holds"].text == "a scratch passage" and findings.quote_for("scratch.holds")
+    assert findings.quotes_of("99_scratch") == {"scratch.holds": findings.quote_for("scratch.holds")}
+    assert sources.source_of("99_scratch").key == "scratch-thread" and list(findings.sources())[-1] == "scratch-thread"
+    said = asks.lines_for("scratch-thread", {"5.17.0": [("99_scratch", {"id": "scratch.holds", "verdict": "holds"})]}, scratch)
+    assert said == asks.Lines("holds on 5.17.0", "nothing to ask")
+    assert first_screen.screen_chars() == before + first_screen.BLOCK_CHARS + first_screen.REPRO_CHARS
     assert ("99", "scratch.holds") in findings.bisect_claims()
     assert upstream_code.relevant("99_scratch") == ("transformers.cache_utils.Cache.update",)
     assert "scratchkit/zz/decisions.py" in [s.module for s in mutants.decision_scopes()]

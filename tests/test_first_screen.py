@@ -105,7 +105,7 @@ def test_the_first_screen_fits_with_each_sources_verdict_ask_and_own_count_on_pi
     assert "the kit's own checks hold 8 of 8 on 5.17.0 and 5.25.0" in block(text, "Qwen3-VL new image")[1]
     whole = summary.build_summary(tmp_path)
     members = share.share_members(tmp_path, None)
-    for source in sources.SOURCES.values():  # every repro named on the screen and in share.zip, none pasted
+    for source in findings.sources().values():  # every repro named on the screen and in share.zip, none pasted
         if source.repro:
             name = Path(source.repro).name
             assert name in text and f"repro/{name}" in members and "```python" not in whole, source.key
@@ -118,7 +118,7 @@ def test_a_one_source_run_folds_its_repro_in_below_the_screen_and_share_zip_carr
     for path in (tmp_path / "results").glob("*.json"):
         if not path.name.startswith("11_"):
             path.unlink()
-    repro = (ROOT / sources.SOURCES["serve"].repro)
+    repro = (ROOT / findings.sources()["serve"].repro)
     whole, text = summary.build_summary(tmp_path), screen(tmp_path)
     assert "**Repro** in `examples/repro/`" in text and repro.name in text and "```python" not in text
     assert repro.read_text().rstrip() in whole and whole.count("```python") == 1
@@ -291,7 +291,7 @@ def test_a_missing_repro_file_is_said_not_hidden():
 
 # --------------------------------------------------------------------------- the repros, each in a fresh interpreter
 
-REPROS = [s for s in sources.SOURCES.values() if s.repro]
+REPROS = [s for s in findings.sources().values() if s.repro]
 
 
 @pytest.mark.parametrize("source", REPROS, ids=lambda s: s.key)
@@ -310,7 +310,7 @@ def _fresh(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
 
 
 def _run_repro(key: str, tmp_path: Path, text: str | None = None) -> list[str]:
-    path = ROOT / sources.SOURCES[key].repro
+    path = ROOT / findings.sources()[key].repro
     done = _fresh(text if text is not None else f"import runpy; runpy.run_path({str(path)!r}, run_name='__main__')", tmp_path)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
@@ -350,7 +350,7 @@ def test_the_48947_repro_decides_its_cpu_part_on_cpu(tmp_path):
 def test_the_48947_loop_runs_on_cpu_with_the_offloaded_arm_standing_in(tmp_path):
     """Every line of the CUDA path on CPU: cuda -> cpu, the offloaded cache -> the plain one (offloading needs CUDA
     streams), 4096 -> 64 tokens: the loop prints four steps, all 0, and 'no drift'."""
-    text = (ROOT / sources.SOURCES["48947"].repro).read_text()
+    text = (ROOT / findings.sources()["48947"].repro).read_text()
     for old, new in (('"cuda" if cuda else "cpu"', '"cpu"'), ('device="cuda"', 'device="cpu"'),
                      ("cuda = torch.cuda.is_available()", "cuda = True"), ("4096", "64"),
                      ("torch.bfloat16 if cuda else torch.float32", "torch.float32"),
@@ -367,8 +367,8 @@ def test_a_new_source_fits_on_the_screen_too(tmp_path, monkeypatch):
     """Notebook 10 with a source of its own (claims its writer does not know, long reasons): the screen still fits,
     and a source more declared gives the screen one allowance more, no constant edited."""
     before = first_screen.screen_chars()
-    monkeypatch.setitem(sources.SOURCES, "rollback", sources.Source("rollback", "Hybrid rollback", short="Hybrid rollback"))
-    monkeypatch.setitem(sources.SOURCES, "zz-new", sources.Source("zz-new", "A new thread", short="A new thread"))
+    monkeypatch.setitem(findings.sources(), "rollback", sources.Source("rollback", "Hybrid rollback", short="Hybrid rollback"))
+    monkeypatch.setitem(findings.sources(), "zz-new", sources.Source("zz-new", "A new thread", short="A new thread"))
     assert first_screen.screen_chars() == before + first_screen.BLOCK_CHARS + first_screen.REPRO_CHARS
     fake_run(tmp_path)
     matrix(tmp_path)
@@ -393,16 +393,16 @@ def _rollback_claims(stale: bool, hand_len: int) -> list[tuple[str, dict]]:
 
 
 def test_the_rollback_ask_names_the_recording_mode_and_the_linear_count_from_what_was_measured(tmp_path):
-    from helpers.pipeline.report import asks
+    from helpers.rollback import ask as rollback_ask
 
-    said = asks.rollback({"5.17.0": _rollback_claims(True, 23), "5.25.0": _rollback_claims(False, 4)}, tmp_path)
+    said = rollback_ask.ask({"5.17.0": _rollback_claims(True, 23), "5.25.0": _rollback_claims(False, 4)}, tmp_path)
     assert "leaves the recurrent state (off 0.0046) and is silently wrong on 5.17.0" in said.symptom, said.symptom
     assert "rolls back with `recurrent_states_to_keep=k` on 5.25.0" in said.symptom
     assert "a hand rebuild reports length 4 of 23 on 5.25.0" in said.symptom
     assert "`activate_past_recording(recurrent_states_to_keep=N)` where offered, else re-prefill" in said.ask and "`cumulative_length_linear`" in said.ask
     assert "make bisect NB=10 CLAIM=rollback.hand_rebuild_keeps_length GOOD=5.17.0 BAD=5.25.0" in said.ask
     # contradicting measurements: the length kept on both releases, no mode restored -> neither repair is advised
-    same = asks.rollback({"5.17.0": _rollback_claims(True, 23), "5.25.0": _rollback_claims(True, 23)}, tmp_path)
+    same = rollback_ask.ask({"5.17.0": _rollback_claims(True, 23), "5.25.0": _rollback_claims(True, 23)}, tmp_path)
     assert "hand rebuild" not in same.symptom and "cumulative_length_linear" not in same.ask
     assert "recurrent_states_to_keep" not in same.ask and "make bisect" not in same.ask
     assert same.ask.startswith("re-prefill instead of `crop` on a hybrid (no way to roll its recurrent state back on "

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from test_first_screen import block, fake_run, matrix, screen
 
-from helpers.pipeline.report import first_screen, sources, summary, verdict_line
+from helpers import findings
+from helpers.pipeline.report import first_screen, summary, verdict_line
 from helpers.pipeline.report.fit import clauses, drop_asides, fit, fit_clauses
 from helpers.pipeline.report.paste import code_refs
 
@@ -29,7 +30,7 @@ def _edit(folder: Path, nb: str, cid: str, **fields) -> None:
 
 
 def _screen_blocks(text: str) -> list[list[str]]:
-    names = [code_refs(first_screen.screen_name(s)) for s in sources.SOURCES.values()]
+    names = [code_refs(first_screen.screen_name(s)) for s in findings.sources().values()]
     return [block(text, name) for name in names if f"**{name}**" in text.splitlines()]
 
 
@@ -66,10 +67,10 @@ def test_each_source_fits_its_allowance_and_the_screen_has_room_for_more(tmp_pat
     names = [f", {n}" for n in re.findall(r"`[^`]+\.py`", repros)]
     head = len(text) - sum(len("\n".join(b)) + 2 for b in blocks) - sum(map(len, names))  # neither blocks nor repros
     assert len(names) == len(blocks) and head <= first_screen.HEAD_CHARS - 150, head  # room for a warning line
-    assert all(len(first_screen.screen_name(s)) <= first_screen.NAME_CHARS for s in sources.SOURCES.values())
-    assert all(len(f", `{Path(s.repro).name}`") <= first_screen.REPRO_CHARS for s in sources.SOURCES.values())
+    assert all(len(first_screen.screen_name(s)) <= first_screen.NAME_CHARS for s in findings.sources().values())
+    assert all(len(f", `{Path(s.repro).name}`") <= first_screen.REPRO_CHARS for s in findings.sources().values())
     # every declared source shown at its allowance's full length still fits: the budget grows with SOURCES
-    worst = first_screen.HEAD_CHARS + len(sources.SOURCES) * (first_screen.BLOCK_CHARS + first_screen.REPRO_CHARS)
+    worst = first_screen.HEAD_CHARS + len(findings.sources()) * (first_screen.BLOCK_CHARS + first_screen.REPRO_CHARS)
     assert first_screen.screen_chars() == worst and len(text) <= worst
 
 

@@ -1,7 +1,5 @@
 """Notebook 04's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from ..findings import Decisions, Finding
-from ..pipeline.bisect.upstream_code import GENERATE
-from ..pipeline.report import asks
+from ..findings import GENERATE, Decisions, Finding
 from ..quotes import CONTROL, passage
 
 _SCALE = ("the size 7.65625: raw logit differences scale with the model (the tiny model's largest |logit| is below 1); "
@@ -21,7 +19,6 @@ FINDING = Finding(
         "boundary.mask_and_positions_do_not_restore": passage(CONTROL, "states", "Supplying a full attention mask and explicit positions did "
                                                               "not restore the original result."),
     },
-    ask=asks.control,
     bisect="boundary.double_processing_diverges",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",

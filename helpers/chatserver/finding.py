@@ -1,6 +1,5 @@
 """Notebook 11's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
 from ..findings import Decisions, Finding
-from ..pipeline.report import asks
 from ..quotes import CONTROL, ENGINES, SERVE, passage
 
 _ENGINE = passage(CONTROL, "extends", ENGINES, answers=SERVE)  # a chat server is an inference engine owning its state
@@ -16,7 +15,6 @@ FINDING = Finding(
         "serve.rerendered_template_stops_reuse": _ENGINE,
         "serve.first_token_sooner": _ENGINE,
     },
-    ask=asks.serve,
     bisect="serve.pool_reuses_earlier_turns",
     functions=("transformers.cli.serving.chat_completion.ChatCompletionHandler.handle_request",
                "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation"),

@@ -1,7 +1,5 @@
 """Notebook 07's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from ..findings import Decisions, Finding
-from ..pipeline.bisect.upstream_code import GENERATE
-from ..pipeline.report import asks
+from ..findings import GENERATE, Decisions, Finding
 from ..quotes import CONTROL, HYBRID, LENGTHS_35168, SLICED, passage
 
 _SLIDING = ("Other cache layer types can have different semantics—for example, sliding layers may track cumulative "
@@ -22,7 +20,6 @@ FINDING = Finding(
         "regress.mask_contract_holds_across_families": passage(CONTROL, "states", SLICED, cites="matrix.neither_fails"),
         "regress.flash_attention_2_matches_sdpa": passage(CONTROL, "extends", "- eager, SDPA, and FlashAttention where applicable;"),
     },
-    ask=asks.control,
     bisect="regress.mask_contract_holds_across_families",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",

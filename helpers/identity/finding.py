@@ -1,6 +1,5 @@
 """Notebook 01's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
 from ..findings import Decisions, Finding
-from ..pipeline.report import asks
 from ..quotes import CONTROL, IDENTITY_15, passage
 
 FINDING = Finding(
@@ -15,7 +14,6 @@ FINDING = Finding(
         "identity.first_step_logits_equal": passage(CONTROL, "states", IDENTITY_15,
                                                     not_decided="the count 15: the source gives no breakdown; this run counts its own"),
     },
-    ask=asks.control,
     bisect="identity.first_step_logits_equal",
     functions=("transformers.cache_utils.DynamicCache.__init__", "transformers.cache_utils.Cache.update"),
     repro="examples/repro/resume_contract_qwen3_vl.py",

@@ -1,7 +1,5 @@
 """Notebook 02's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from ..findings import Decisions, Finding
-from ..pipeline.bisect.upstream_code import GENERATE
-from ..pipeline.report import asks
+from ..findings import GENERATE, Decisions, Finding
 from ..quotes import CONTROL, SLICED, passage
 
 FINDING = Finding(
@@ -25,7 +23,6 @@ FINDING = Finding(
                                                   "current-token 3D position IDs produced a shape mismatch, whereas generate() prepared "
                                                   "the current-token positions correctly."),
     },
-    ask=asks.control,
     bisect="matrix.neither_fails",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",

@@ -1,7 +1,5 @@
 """Notebook 09's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from ..findings import Decisions, Finding
-from ..pipeline.bisect.upstream_code import QWEN3_VL
-from ..pipeline.report import asks
+from ..findings import QWEN3_VL, Decisions, Finding
 from ..quotes import Quote, CONTROL, NEW_IMAGE, VALIDATION, passage
 
 _MM_STATE = "Qwen3-VL also had important multimodal positional state outside the K/V tensors."
@@ -29,7 +27,6 @@ FINDING = Finding(
         "newimage.rope_deltas_carried_forward": _new_image(_PRESERVE),
         "newimage.guard_check_separates": _new_image(VALIDATION),
     },
-    ask=asks.new_image,
     bisect="newimage.natural_call_silently_wrong",
     functions=(f"{QWEN3_VL}.Qwen3VLForConditionalGeneration._prepare_position_ids_for_generation",
                f"{QWEN3_VL}.Qwen3VLModel.compute_3d_position_ids", f"{QWEN3_VL}.Qwen3VLModel.get_rope_index",

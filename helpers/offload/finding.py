@@ -1,6 +1,5 @@
 """Notebook 05's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
 from ..findings import Decisions, Finding
-from ..pipeline.report import asks
 from ..quotes import Quote, ISSUE_48947, passage
 
 _LINEAR_HYPOTHESIS = "only the correctness of the linear_attention layers' recurrent/conv state under offload looks broken."
@@ -50,7 +49,6 @@ FINDING = Finding(
                                  "replay drifts whatever the hardware does; its step values are not comparable to the report's"),
         "offload.cpu_reports_cuda_requirement": Quote("", "", "machine"),
     },
-    ask=asks.offload,
     bisect="offload.prefetch_reads_unordered_copy",
     functions=("transformers.cache_utils.Cache.update", "transformers.cache_utils.Cache.prefetch",
                "transformers.cache_utils.Cache.offload",

@@ -31,11 +31,11 @@ from . import gpu_decide as gd
 from .arms import OFF
 from .gpu_run import EVENT, MODELS, GpuExperiment, experiment, primary_key, usable_dtypes  # noqa: F401 - tests'
 from .loops import LOOPS, Decision, random_ids
-from ..findings import quotes
+from .finding import FINDING
 
 # Once the lag is injected these hold by construction (never counted as the report's statements: helpers/quotes.py
 # says so in by_construction); GPU_DECIDES: what only a GPU decides, each able to fail, and the arms that feed it.
-BY_CONSTRUCTION = {**{cid: quotes()[cid].by_construction for cid in (
+BY_CONSTRUCTION = {**{cid: FINDING.claims[cid].by_construction for cid in (
     "offload.prefill_identical", "offload.decode_drifts", "offload.first_differing_tensor_is_attention_kv",
     "offload.race_observed_on_device")},
     "offload.drift_only_without_ordering_edge": "the same lag on both releases, and 5.20.0's edge orders the reads it "

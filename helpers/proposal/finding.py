@@ -1,7 +1,5 @@
 """Notebook 08's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from ..findings import Decisions, Finding
-from ..pipeline.bisect.upstream_code import GENERATE
-from ..pipeline.report import asks
+from ..findings import GENERATE, Decisions, Finding
 from ..quotes import CONTROL, ENGINES, IDENTITY, VALIDATION, passage
 
 _FACTORY = "validating K/V shapes, dtype, device, and batch size;"
@@ -23,7 +21,6 @@ FINDING = Finding(
         "api.every_refusal_advice_restores": passage(CONTROL, "extends", VALIDATION),
         "api.resume_matches_full_forward": passage(CONTROL, "extends", ENGINES),
     },
-    ask=asks.control,
     bisect="api.guard_catches_or_names_every_silent_case",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",

@@ -1,6 +1,5 @@
 """Notebook 10's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
 from ..findings import Decisions, Finding
-from ..pipeline.report import asks
 from ..quotes import Quote, CONTROL, ROLLBACK, HYBRID, IDENTITY, passage
 
 def _rollback(text: str) -> Quote:
@@ -31,7 +30,6 @@ FINDING = Finding(
         "rollback.static_max_cache_len_ignored": _rollback(HYBRID),
         "rollback.static_user_cache_beside_config_refused": _rollback(HYBRID),
     },
-    ask=asks.rollback,
     bisect="rollback.hand_rebuild_keeps_length",
     functions=("transformers.cache_utils.Cache.crop", "transformers.cache_utils.Cache.activate_past_recording",
                "transformers.cache_utils.LinearAttentionCacheLayerMixin.crop",

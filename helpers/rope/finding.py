@@ -1,7 +1,5 @@
 """Notebook 03's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from ..findings import Decisions, Finding
-from ..pipeline.bisect.upstream_code import GENERATE
-from ..pipeline.report import asks
+from ..findings import GENERATE, Decisions, Finding
 from ..quotes import CONTROL, passage
 
 FINDING = Finding(
@@ -24,7 +22,6 @@ FINDING = Finding(
         "rope.restored_state_matches": passage(CONTROL, "extends", "the model may need a documented hook for exporting and restoring "
                                                "that metadata."),
     },
-    ask=asks.control,
     bisect="rope.missing_state_diverges_more_than_off_by_one",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",

@@ -1,7 +1,5 @@
 """Notebook 06's finding, declared once: its claims and quotes and what the kit's lists need of it (helpers.findings)."""
-from ..findings import Decisions, Finding
-from ..pipeline.bisect.upstream_code import GENERATE
-from ..pipeline.report import asks
+from ..findings import GENERATE, Decisions, Finding
 from ..quotes import CONTROL, IDENTITY_15, LENGTHS_35168, passage
 
 _KILL = "tests/test_kill_tree.py"
@@ -29,7 +27,6 @@ FINDING = Finding(
                                                     "may diverge."),
         "triage.per_layer_lengths_by_backend": passage(CONTROL, "extends", LENGTHS_35168),
     },
-    ask=asks.triage,
     bisect="triage.identity_matches_original",
     functions=GENERATE,
     repro="examples/repro/resume_contract_qwen3_vl.py",

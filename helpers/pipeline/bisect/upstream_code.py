@@ -8,15 +8,8 @@ import re
 import subprocess
 from typing import Any, Sequence
 
-# The transformers functions whose change can move a notebook's values are named by its finding (helpers.findings).
-# "name|word": a long function of which only the diff hunks that mention `word` are kept.
-GENERATE = ("transformers.generation.utils.GenerationMixin.generate|attention_mask",
-            "transformers.generation.utils.GenerationMixin._prefill|mask",
-            "transformers.generation.utils.GenerationMixin.prepare_inputs_for_generation",
-            "transformers.generation.utils.GenerationMixin._prepare_attention_mask_for_generation",
-            "transformers.generation.utils.GenerationMixin._prepare_cache_for_generation",
-            "transformers.generation.utils.GenerationMixin._update_model_kwargs_for_generation")
-QWEN3_VL = "transformers.models.qwen3_vl.modeling_qwen3_vl"
+from ...findings import QWEN3_VL
+
 # The lines a thread should quote from a function's diff, where its first changed lines are not those.
 QUOTE = {"transformers.generation.utils.GenerationMixin.generate": r'attention_mask"\]( == 1\)|\s*= None)',
          "transformers.cache_utils.Cache.update": r"wait_stream",

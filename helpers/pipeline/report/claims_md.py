@@ -7,7 +7,8 @@ from typing import Any
 
 from ...results import KINDS
 from .paste import cell, code, code_refs, fmt_scalar, one_line, pairs
-from .sources import SOURCES, Source, kind_of, setup_rows, source_of
+from ...findings import sources
+from .sources import Source, kind_of, setup_rows, source_of
 from .statements import Statement, count, quote_of, statements as source_statements, tally
 
 MARK = {"skipped": "⏭️", "error": "⚠️"}
@@ -197,8 +198,8 @@ def statements(claims: list[tuple[str, dict[str, Any]]], title: str) -> list[str
 
 
 def by_source(results: list[dict[str, Any]]) -> list[tuple[Source, list[dict[str, Any]]]]:
-    """The results grouped by the source their notebook answers, in SOURCES order."""
-    return [(src, mine) for key, src in SOURCES.items()
+    """The results grouped by the source their notebook answers, in sources() order."""
+    return [(src, mine) for key, src in sources().items()
             if (mine := [r for r in results if source_of(r["notebook"]).key == key])]
 
 

@@ -17,7 +17,7 @@ from .claims_md import all_claims
 from .fit import Part, clauses, drop_asides, fit, fit_clauses
 from .paste import code, code_refs
 from .records import RELEASES_FILE, RUN_STATUS, load_json, load_results
-from .sources import SOURCES, Source
+from ...findings import Source, sources
 from .statements import source_key
 from .verdict_line import count_parts
 
@@ -30,9 +30,9 @@ HEAD_CHARS = 640  # the rest: the run, the releases, what is not verified, the R
 
 
 def screen_chars() -> int:
-    """The first screen's budget: the head, and one block and repro name for each declared source (SOURCES), so
+    """The first screen's budget: the head, and one block and repro name for each declared source (helpers.findings.sources()), so
     a new source brings its own room and no constant is edited."""
-    return HEAD_CHARS + len(SOURCES) * (BLOCK_CHARS + REPRO_CHARS)
+    return HEAD_CHARS + len(sources()) * (BLOCK_CHARS + REPRO_CHARS)
 SEPS = ("; ", ". ")
 
 
@@ -135,12 +135,12 @@ def run_line(run: dict[str, Any], current: list[dict[str, Any]]) -> list[str]:
 
 
 def _sources(rows: dict[str, list[dict[str, Any]]]) -> list[tuple[Source, dict[str, Claims]]]:
-    """Every source with claims on some release (SOURCES order), with its claims per release."""
+    """Every source with claims on some release (helpers.findings.sources() order), with its claims per release."""
     by_release = {rel: all_claims(res) for rel, res in rows.items()}
     keys = {source_key(nb, c) for claims in by_release.values() for nb, c in claims}
-    return [(SOURCES[key], {rel: mine for rel, claims in by_release.items()
+    return [(sources()[key], {rel: mine for rel, claims in by_release.items()
                             if (mine := [(nb, c) for nb, c in claims if source_key(nb, c) == key])})
-            for key in sorted(keys, key=list(SOURCES).index)]  # a source none declares is refused here
+            for key in sorted(keys, key=list(sources()).index)]  # a source none declares is refused here
 
 
 def first_screen(out: Path, run: dict[str, Any], current: list[dict[str, Any]],
