@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# The public names of the sources (helpers.pipeline.report.sources holds their setups).
+# The public names of the sources (each declared, with its setup, in the helpers/<package>/ask.py answering it).
 CONTROL = "control"  # the Qwen3-VL resume-contract control (transformers 5.14.1)
 ISSUE_48947 = "48947"  # transformers issue #48947 (hybrid offloading drift)
 NEW_IMAGE = "new-image"  # Qwen3-VL multi-turn resume with a new image (QwenLM/Qwen3-VL#1685, #1412): no text quoted

@@ -1,4 +1,4 @@
-"""Kill tests for the guard's checks (make mutants: helpers/proposal/checks.py) on hand-made calls: each feeds a check the
+"""Kill tests for the guard's checks (make mutants: packages/kvresume/kvresume/checks.py) on hand-made calls: each feeds a check the
 measurement that tells it from a near miss (a cache whose widest layer is not its reported length, a 4-D mask, an
 empty or one-token decoder feed, a sliding layer). No model runs."""
 from __future__ import annotations

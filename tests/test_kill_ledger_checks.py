@@ -1,4 +1,4 @@
-"""Kill tests for the guard's ledger checks (make mutants: helpers/proposal/ledger_checks.py) on hand-made ledgers and calls:
+"""Kill tests for the guard's ledger checks (make mutants: packages/kvresume/kvresume/ledger_checks.py) on hand-made ledgers and calls:
 each refusal's check name, whole message and `fix`, and each boundary (one slot more/less, one position off) with a
 refused case and a valid twin. No model runs."""
 from __future__ import annotations
@@ -138,6 +138,23 @@ def test_ledger_length_a_mask_wider_or_narrower_than_the_ids_is_not_a_whole_sequ
     lc.ledger_length(call(ledger, 4, fed=4, given=given, mask=torch.ones(1, 8, dtype=torch.long)))
     e = refused(lc.ledger_length, call(ledger, 4, fed=1, given=given, mask=torch.ones(1, 8, dtype=torch.long)))
     assert e.fix == {"crop": 3}  # sliced as a whole sequence, whatever the mask
+
+
+def test_ledger_length_whole_ids_all_fed_beside_their_cached_first_tokens_are_refused():
+    """generate() feeds all n ids while the cache holds the first n-1 of them: crop to 0 with n columns; each
+    boundary passes: fed sliced (1 of 5), the last cached token differing, a mask of cached + ids columns, no cache."""
+    ledger = led([[1, 2, 3, 4]])
+    e = refused(lc.ledger_length, call(ledger, 5, fed=5, given=[[1, 2, 3, 4, 5]]))
+    assert e.check == "ledger_length" and e.fix["crop"] == 0 and same(e.fix["attention_mask"], [[1, 1, 1, 1, 1]])
+    assert str(e).startswith("generate() feeds all 5 input_ids beside a cache that holds the first 4 of them")
+    assert "a mask of 5 columns" in str(e)
+    lc.ledger_length(call(ledger, 5, fed=1, given=[[1, 2, 3, 4, 5]]))  # sliced: only the uncached one fed
+    lc.ledger_length(call(ledger, 5, fed=4, given=[[1, 2, 3, 4, 5]]))  # one fewer than given: not this rule
+    lc.ledger_length(call(ledger, 5, fed=5, given=[[1, 2, 3, 9, 5]]))  # the 4th differs: not the cached ones
+    lc.ledger_length(call(ledger, 5, fed=5, given=[[1, 2, 3, 4, 5]], mask=torch.ones(1, 9, dtype=torch.long)))
+    lc.ledger_length(call(ledger, 5, given=[[1, 2, 3, 4, 5]]))  # fed unknown (no dry run)
+    e = refused(lc.ledger_length, call(led([[1]]), 2, fed=2, given=[[1, 7]]))  # one cached, its id first
+    assert e.fix["crop"] == 0
 
 
 # ledger_mask

@@ -1,4 +1,4 @@
-"""The guard's checks on a hybrid's linear-attention layers (helpers/proposal/linear_checks.py): a case each must refuse
+"""The guard's checks on a hybrid's linear-attention layers (packages/kvresume/kvresume/linear_checks.py): a case each must refuse
 (where the installed release makes it), its valid twin, the advice applied, and the decisions fed contradicting
 measurements."""
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""`transformers serve`'s re-prefill, the source notebook 11 answers: its entry (SOURCE) and its Ask writer (`ask`),
-found by the report (helpers.findings.sources); no notebook imports this module."""
+"""`transformers serve`'s re-prefill (notebook 11 answers it): its SOURCE and Ask writer, for the report only."""
 from __future__ import annotations
 
 from pathlib import Path

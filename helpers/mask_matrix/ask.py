@@ -1,5 +1,4 @@
-"""The resume-contract control, the source notebooks 01-04, 07 and 08 answer: its entry (SOURCE) and its Ask writer (`ask`),
-found by the report (helpers.findings.sources); no notebook imports this module."""
+"""The resume-contract control (notebooks 01-04, 07, 08 answer it): its SOURCE and Ask writer, for the report."""
 from __future__ import annotations
 
 from pathlib import Path

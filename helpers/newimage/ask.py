@@ -1,5 +1,4 @@
-"""A new image after a cached turn, the source notebook 09 answers: its entry (SOURCE) and its Ask writer (`ask`),
-found by the report (helpers.findings.sources); no notebook imports this module."""
+"""A new image after a cached turn (notebook 09 answers it): its SOURCE and Ask writer, for the report only."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,4 @@
-"""transformers issue #48947, the source notebook 05 answers: its entry (SOURCE) and its Ask writer (`ask`),
-found by the report (helpers.findings.sources); no notebook imports this module."""
+"""transformers issue #48947 (notebook 05 answers it): its SOURCE and Ask writer, for the report only."""
 from __future__ import annotations
 
 from pathlib import Path

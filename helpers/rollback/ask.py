@@ -1,5 +1,4 @@
-"""A hybrid's cache rolled back, the source notebook 10 answers: its entry (SOURCE) and its Ask writer (`ask`),
-found by the report (helpers.findings.sources); no notebook imports this module."""
+"""A hybrid's cache rolled back (notebook 10 answers it): its SOURCE and Ask writer, for the report only."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,4 @@
-"""A user's rebuild triaged, the source notebook 06 answers: its entry (SOURCE) and its Ask writer (`ask`),
-found by the report (helpers.findings.sources); no notebook imports this module."""
+"""A user's rebuild triaged (notebook 06 answers it): its SOURCE and Ask writer, for the report only."""
 from __future__ import annotations
 
 from pathlib import Path
