@@ -76,9 +76,7 @@ CLAIM_TEXT = {
     "offload.unlagged_run_drifts": "On CUDA with no injected lag, offloading=True in the report's loop drifts beyond the noise floor on some model (the 64-layer layout included where it ran); logits decide, end-state drift is shown apart.",
 }
 CUDA_CLAIMS = tuple(CLAIM_TEXT)  # the two decided from device timing / unlagged arms last
-KIND_NOT_BEYOND = {"offload.prefill_identical": "reproduces", "offload.decode_drifts": "reproduces",
-                   "offload.first_differing_tensor_is_attention_kv": "refutes"}
-CLAIM_KINDS = {cid: KIND_NOT_BEYOND.get(cid, "beyond") for cid in CUDA_CLAIMS}
+CLAIM_KINDS = {cid: FINDING.kinds()[cid] for cid in CUDA_CLAIMS}  # from their quotes' roles
 SIMULATED = "[simulated on CPU under recording stream stand-ins, not a GPU measurement] "
 
 
