@@ -132,9 +132,16 @@ SCOPE: list[Scope] = [
     Scope("packages/kvresume/kvresume/factory.py", ("*",), ("tests/test_api.py", "tests/test_kill_api.py",
                                                              PACKAGE_TESTS + "test_factory.py")),
     # which generate() settings resume() must re-prefill or count over the whole sequence
-    Scope("packages/kvresume/kvresume/whole.py", ("needs_prefill", "counts_whole"), (PACKAGE_TESTS + "test_whole.py",)),
-    # which calls the prefix pool cannot resume, and what tells two models' caches apart
-    Scope("packages/kvresume/kvresume/pool.py", ("unpooled", "identity"), (PACKAGE_TESTS + "test_pool_rules.py",)),
+    Scope("packages/kvresume/kvresume/whole.py", ("*", "_Whole.*", "_WholeProcessor.*"),
+          tuple(PACKAGE_TESTS + f for f in ("test_whole.py", "test_whole_units.py", "test_server_caches.py"))),
+    # which calls the prefix pool cannot resume, what tells two models' caches apart, which cache a call resumes,
+    # what the pool keeps under its budgets, and which failed resumes it re-prefills
+    Scope("packages/kvresume/kvresume/pool.py", ("unpooled", "identity", "_bytes", "_length", "Pool.over", "Pool.generate",
+                                                 "Pool._plain", "Pool._pooled", "Pool._best", "Pool._keep"),
+          tuple(PACKAGE_TESTS + f for f in ("test_pool_rules.py", "test_pool_fast.py", "test_server_caches.py"))),
+    # which rows the cache holds against the ids' (selected, or repeated as generate() expands the ids), a stale ledger
+    Scope("packages/kvresume/kvresume/row_checks.py", ("*",), tuple(PACKAGE_TESTS + f for f in ("test_rows_rules.py", "test_rows_units.py", "test_rows_expanded.py", "test_rows.py",
+                                                                                 "test_rows_stale.py"))),
 ]
 SCOPE += decision_scopes()  # the deciding modules: each finding declares its own
 
