@@ -1,6 +1,7 @@
 """make bench's estimator (helpers.pipeline.tools.bench): the median of paired ratios and its interval."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -36,15 +37,25 @@ def test_write_replaces_only_the_text_between_the_markers(tmp_path: Path):
     assert doc.read_text() == f"head\n{bench.BEGIN}\nnew\n{bench.END}\ntail\n"
 
 
-def test_the_instruction_count_is_read_from_cachegrinds_summary():
-    assert bench.refs("==7== \n==7== I   refs:      20,057,150,352\n") == 20_057_150_352
+def test_the_instruction_count_is_read_per_process_from_cachegrinds_summary():
+    report = "==7== \n==7== I   refs:      20,057,150,352\n==9== I   refs:      1,024\n"
+    assert bench.refs(report) == {7: 20_057_150_352, 9: 1024}
 
 
 def test_instructions_per_token_is_the_long_runs_extra_count_over_the_new_tokens(monkeypatch):
     fake = {(False, 1): 100, (False, 11): 1100, (True, 1): 150, (True, 11): 1170}
     monkeypatch.setattr(bench.shutil, "which", lambda _: "/usr/bin/valgrind")
-    monkeypatch.setattr(bench, "counted", lambda folder, tracked, n: fake[tracked, n])
+    monkeypatch.setattr(bench, "counted", lambda folder, new: fake)
     assert bench.instructions(build("dense"), 10) == {False: 100.0, True: 102.0}
+
+
+def test_each_run_is_read_from_its_forked_process(monkeypatch):
+    stderr = "==5== I   refs:      900\n==6== I   refs:      1,900\n==7== I   refs:      950\n==8== I   refs:      2,000\n" \
+             "==4== I   refs:      800\n"
+    stdout = 'loading\n{"5": [false, 1], "6": [false, 11], "7": [true, 1], "8": [true, 11]}\n'
+    done = bench.subprocess.CompletedProcess([], 0, stdout, stderr)
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: done)
+    assert bench.counted("folder", 10) == {(False, 1): 900, (False, 11): 1900, (True, 1): 950, (True, 11): 2000}
 
 
 def test_without_valgrind_the_count_says_why(monkeypatch):
@@ -52,10 +63,15 @@ def test_without_valgrind_the_count_says_why(monkeypatch):
     assert bench.instructions(build("dense"), 10).startswith("not counted: no valgrind")
 
 
-def test_the_counted_child_loads_the_saved_model_and_runs_the_tracked_generate(tmp_path: Path, monkeypatch):
+def test_the_counted_child_forks_one_process_per_arm_and_length(tmp_path: Path, monkeypatch, capfd):
+    import json
+
     monkeypatch.setattr(bench.gc, "freeze", lambda: None)  # not this test process's heap
     build("dense").save_pretrained(tmp_path)
-    bench.child(f"1,2,{tmp_path}")  # what valgrind counts: the saved model, tracked, 2 new tokens after a warm-up
+    bench.child(f"2,{tmp_path}")  # what valgrind counts: the saved model warmed up, then each run in its own fork
+    runs = json.loads(capfd.readouterr().out.strip().splitlines()[-1])
+    assert sorted(map(tuple, runs.values())) == [(False, 1), (False, 3), (True, 1), (True, 3)]
+    assert len(runs) == 4 and str(os.getpid()) not in runs
 
 
 def test_the_table_names_the_kits_commit_it_ran_at(monkeypatch):
@@ -64,7 +80,7 @@ def test_the_table_names_the_kits_commit_it_ran_at(monkeypatch):
     import torch
     from helpers.pipeline.run.record import git_state
 
-    monkeypatch.setattr(bench, "models", lambda: {"tiny": (lambda: build("dense"), 1)})
+    monkeypatch.setattr(bench, "models", lambda: {"tiny": (lambda: build("dense"), 1, True)})
     monkeypatch.setattr(bench.gc, "freeze", lambda: None)
     head, *_, row = bench.table(torch.device("cpu"), 2, None, count_them=False)
     commit = git_state()[0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import json
 import math
 import os
 import re
@@ -21,7 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,12 +51,15 @@ def mid_model() -> torch.nn.Module:
     return transformers.Qwen3ForCausalLM(cfg).eval()
 
 
-def models() -> dict[str, tuple[Callable[[], torch.nn.Module], int]]:
-    """Each bench model's builder and its pairs of runs (the tiny model's overhead is the larger share of a token's
-    time, and a run of it is ~14 times shorter)."""
+def models() -> dict[str, tuple[Callable[[], torch.nn.Module], int, bool]]:
+    """Each bench model's builder, its pairs of runs (the tiny model's overhead is the larger share of a token's
+    time, and a run of it is ~14 times shorter) and whether its instructions are counted: the tiny model's are, where
+    tracking's share of a token is largest (its hooks cost per layer and per token what they cost on a wider model,
+    whose forward costs more); the 64M model's are not (its matmuls under valgrind take ~9 of make bench's minutes)."""
     from kvresume.testing import build
 
-    return {"tiny (kvresume.testing dense)": (lambda: build("dense"), 101), "Qwen3 random 512x10": (mid_model, 11)}
+    return {"tiny (kvresume.testing dense)": (lambda: build("dense"), 101, True),
+            "Qwen3 random 512x10": (mid_model, 11, False)}
 
 
 def overhead(times: dict[bool, list[float]]) -> tuple[float, float, float]:
@@ -72,44 +75,57 @@ def overhead(times: dict[bool, list[float]]) -> tuple[float, float, float]:
 
 def instructions(m: torch.nn.Module, new: int) -> dict[bool, float] | str:
     """Instructions per decoded token of greedy generate() on `m`, untracked (False) and tracked (True):
-    (I(START + new tokens) - I(START)) / new of each arm, counted by valgrind's cachegrind in four processes that load
-    `m` saved (one thread per pool, PYTHONHASHSEED=0: a count does not depend on the machine's load); a string: why
-    not counted."""
+    (I(START + new tokens) - I(START)) / new of each arm, counted by valgrind's cachegrind (one thread per pool,
+    PYTHONHASHSEED=0: a count does not depend on the machine's load); a string: why not counted."""
     if shutil.which("valgrind") is None:
         return "not counted: no valgrind (apt-get install valgrind)"
-    jobs = [(tracked, n) for tracked in (False, True) for n in (START, START + new)]
-    with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(os.cpu_count()) as pool:
+    with tempfile.TemporaryDirectory() as folder:
         m.save_pretrained(folder)
-        counts = dict(zip(jobs, pool.map(lambda job: counted(folder, *job), jobs)))
+        counts = counted(folder, new)
     return {t: (counts[t, START + new] - counts[t, START]) / new for t in (False, True)}
 
 
-def counted(folder: str, tracked: bool, new: int) -> int:
-    """Instructions of one process that loads the model saved in `folder`, warms up and runs one generate() of `new`
-    tokens."""
+def counted(folder: str, new: int) -> dict[tuple[bool, int], int]:
+    """Instructions of each (tracked, tokens) run of `child` in one valgrind process: a forked process's count starts
+    from its parent's at the fork, so importing, loading and warming up, done once before the forks, cancel in the
+    differences."""
     cmd = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null", sys.executable, "-m",
-           "helpers.pipeline.tools.bench", "--child", f"{int(tracked)},{new},{folder}"]
+           "helpers.pipeline.tools.bench", "--child", f"{new},{folder}"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True,
                           env={**os.environ, "PYTHONHASHSEED": "0", **dict.fromkeys(THREADS, "1")})
-    return refs(done.stderr)
+    totals = refs(done.stderr)
+    runs = json.loads(done.stdout.strip().splitlines()[-1])
+    return {(bool(tracked), n): totals[int(pid)] for pid, (tracked, n) in runs.items()}
 
 
-def refs(report: str) -> int:
-    """cachegrind's instruction count (`I refs`) from its summary."""
-    return int(re.search(r"I\s+refs:\s+([\d,]+)", report).group(1).replace(",", ""))
+def refs(report: str) -> dict[int, int]:
+    """cachegrind's instruction count (`I refs`) of each process in its summary, by pid."""
+    return {int(pid): int(n.replace(",", "")) for pid, n in re.findall(r"==(\d+)== I\s+refs:\s+([\d,]+)", report)}
 
 
 def child(spec: str) -> None:
-    """`--child TRACKED,NEW,FOLDER`: what `counted` counts (one thread, the bench's prompt, an 8-token warm-up)."""
+    """`--child NEW,FOLDER`: what `counted` counts: the saved model loaded on one thread, then one forked process per
+    arm and length, all at once, each one generate() of START or START + NEW tokens (a first call's one-time costs are
+    in both lengths' counts and cancel: no warm-up); prints {pid: [tracked, tokens]}."""
     import transformers
 
-    tracked, new, folder = spec.split(",", 2)
+    new, folder = spec.split(",", 1)
     torch.set_num_threads(1)
     m = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     prompt = torch.randint(10, 2000, (1, 32), generator=torch.Generator().manual_seed(0))
-    decode_seconds(m, prompt, 8, tracked == "1")
     gc.freeze()  # a full collection's walk over torch's and transformers' objects is not what is counted
-    decode_seconds(m, prompt, int(new), tracked == "1")
+    runs: dict[int, list[Any]] = {}
+    for tracked in (False, True):
+        for n in (START, START + int(new)):
+            pid = os.fork()
+            if pid == 0:
+                decode_seconds(m, prompt, n, tracked)
+                os._exit(0)
+            runs[pid] = [tracked, n]
+    failed = {pid: status for pid in runs if (status := os.waitpid(pid, 0)[1])}
+    if failed:
+        raise RuntimeError(f"counted runs failed (pid: wait status): {failed}")
+    print(json.dumps(runs), flush=True)
 
 
 def sync(device: torch.device) -> None:
@@ -209,7 +225,7 @@ def table(device: torch.device, new: int, runs: int | None, count_them: bool = T
              "overhead [95%] | "
              "instructions/token: untracked, tracked | overhead (instructions) | one resume(): extra memory |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for label, (make, pairs) in models().items():
+    for label, (make, pairs, counts_it) in models().items():
         m = make().to(device)
         if device.type == "cuda":
             m = m.to(torch.bfloat16)
@@ -218,7 +234,8 @@ def table(device: torch.device, new: int, runs: int | None, count_them: bool = T
         plain, tracked = statistics.median(times[False]), statistics.median(times[True])
         mid, low, high = overhead(times)
         params = sum(p.numel() for p in m.parameters()) / 1e6
-        count = instructions(m, COUNTED) if count_them and device.type == "cpu" else "not counted (--no-count, or CUDA)"
+        count = (instructions(m, COUNTED) if count_them and counts_it and device.type == "cpu" else
+                 "not counted (--no-count, or CUDA)" if counts_it else "not counted (the tiny model's share bounds it)")
         counts = count if isinstance(count, str) else f"{count[False] / 1e6:.3f}M, {count[True] / 1e6:.3f}M"
         extra = "" if isinstance(count, str) else f"{100 * (count[True] / count[False] - 1):+.2f}%"
         lines.append(f"| {label} | {params:.1f}M | {runs or pairs} | {plain:.3f} | {tracked:.3f} | {mid:+.1f}% "
@@ -242,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="CPU threads (1: no OpenMP spinning on a shared CPU)")
     parser.add_argument("--write", action="store_true", help="put the table into docs/performance.md")
     parser.add_argument("--count", action=argparse.BooleanOptionalAction, default=True,
-                        help="instructions per token under valgrind (CPU; four processes a model)")
+                        help="instructions per token under valgrind (CPU; one process a model)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
