@@ -83,10 +83,8 @@ def distinct_texts(values: list[Any], limit: int = 70) -> list[str]:
     return texts
 
 
-# Behaviour differences, in the order matrix.md lists them.
+# Behaviour differences: the kinds of value classify tells apart.
 KINDS = ("shape", "None vs a value", "boolean", "error type", "source fact", "count", "text")
-# Above this relative size a float difference is called out in its notebook's line (display only).
-LARGE_FLOAT = 1e-3
 _ERROR_NAME = re.compile(r"\b[A-Z]\w*(Error|Exception|Warning)\b")
 _SOURCE_LOCATION = re.compile(r"\.py:\d+")
 

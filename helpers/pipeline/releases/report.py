@@ -1,12 +1,11 @@
-"""outputs/matrix.md: the run, "What changed" and "Changes by kind of value" (kinds), the releases, every verdict,
-every difference."""
+"""outputs/matrix.md: the run, "What changed" (kinds), the releases, every verdict, every difference."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Sequence
 
 from .envs import pinned_release
-from .kinds import change_section, detail_section
+from .kinds import change_section
 from .facts import differences, distinct_texts, group_differences
 from ..paths import output_dir
 from ..report.summary import commit_text, truncate
@@ -56,7 +55,6 @@ def build_matrix(out_base: Path, releases: Sequence[str], max_diff_lines: int = 
              "says what changed; the tables after it hold every verdict and every differing value.", ""]
     lines += _matrix_run(out_base)
     lines += change_section(ran, releases)
-    lines += detail_section(ran)
 
     lines += ["## Releases", "", "| release | status | transformers / tokenizers / huggingface-hub | environment | run |",
               "|---|---|---|---|---|"]
