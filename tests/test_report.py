@@ -20,6 +20,14 @@ from helpers.pipeline.report import summary
 from helpers.pipeline.report import scrub as scrub_mod
 from helpers.pipeline.paths import repo_root
 
+_REMOTE_ATTR = re.compile(r"<(?!a\b)(\w+)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//", re.IGNORECASE)
+
+
+def remote_references(html: str) -> list[str]:
+    """Tags (other than plain <a> links) whose src or href loads something from the network."""
+    return [m.group(0) for m in _REMOTE_ATTR.finditer(html)]
+
+
 RUN_A = {"run_id": "20261202T203000Z-a1b2", "command": "run-all", "started": "2026-12-02T20:30:00Z",
          "finished": "2026-12-02T20:30:42Z", "status": "complete", "kit_commit": "f3a57f9c0ffee", "kit_dirty": True,
          "parameters": {"seq_len": 16},
@@ -332,7 +340,7 @@ def test_html_is_self_contained_with_the_environment_at_the_top(real_run):
     for cell in nb["cells"]:  # every cell rendered under its own id: a page that drops ids is not the notebook's
         assert f'id="cell-id={cell["id"]}"' in html, cell["id"]
     assert not re.search(r"""\b(?:src|href)\s*=\s*["']?(?:https?:)?//""", html), "loads something remote"
-    assert html_page.remote_references(html) == [] and "require.js" not in html and "MathJax.js" not in html
+    assert remote_references(html) == [] and "require.js" not in html and "MathJax.js" not in html
     assert "Last run on" not in html  # no typed environment that could contradict the measured one
 
 
@@ -433,9 +441,9 @@ def test_remote_loaders_are_stripped_and_detected():
             '<script src="https://cdn.jsdelivr.net/npm/mathjax@2/MathJax.js?config=TeX-AMS_CHTML-full"> </script>\n'
             '<script type="text/x-mathjax-config">MathJax.Hub.Config({});</script>\n<!-- End of mathjax configuration -->\n'
             '<script type="module">/* inline */</script></head><body><img src="data:image/png;base64,AA"></body>')
-    assert len(html_page.remote_references(page)) == 3
+    assert len(remote_references(page)) == 3
     clean = html_page.strip_remote(page)
-    assert html_page.remote_references(clean) == [] and "MathJax" not in clean and "require" not in clean
+    assert remote_references(clean) == [] and "MathJax" not in clean and "require" not in clean
     assert '<script type="module">/* inline */</script>' in clean and "data:image/png" in clean
 
 

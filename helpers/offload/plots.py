@@ -1,4 +1,4 @@
-"""Notebook 05's figures, saved through helpers.plots.save_figure into outputs/figures/ and shown."""
+"""Notebook 05's figures, saved through helpers.plots.finish into outputs/figures/ and shown."""
 from __future__ import annotations
 
 from typing import Any
@@ -7,15 +7,11 @@ from kvresume import compat
 
 
 def _finish(fig: Any, stem: str, name: str) -> Any:
-    import matplotlib.pyplot as plt
-
-    from ..plots import save_figure
+    """Laid out, then saved, shown and closed by helpers.plots.finish (pyplot imported only once a figure is drawn)."""
+    from ..plots import finish
 
     fig.tight_layout()
-    path = save_figure(fig, stem, name)
-    plt.show()
-    plt.close(fig)
-    return path
+    return finish(fig, stem, name)
 
 
 def schedule_heatmap(record: Any, stem: str, name: str = "schedule", marked: list[dict[str, Any]] | None = None,

@@ -24,17 +24,11 @@ _IMG_SRC = re.compile(r"<img\b[^>]*?\bsrc\s*=\s*[\"']?(?!data:)([^\"'\s>]+)", re
 _REMOTE_SCRIPT = re.compile(r"<script\b[^>]*\bsrc\s*=\s*[\"']?(?:https?:)?//[^>]*>\s*</script>", re.IGNORECASE)
 _REMOTE_LINK = re.compile(r"<link\b[^>]*\bhref\s*=\s*[\"']?(?:https?:)?//[^>]*>", re.IGNORECASE)
 _MATHJAX_CONFIG = re.compile(r"<!-- Load mathjax -->.*?<!-- End of mathjax configuration -->", re.IGNORECASE | re.DOTALL)
-_REMOTE_ATTR = re.compile(r"<(?!a\b)(\w+)\b[^>]*\b(?:src|href)\s*=\s*[\"']?(?:https?:)?//", re.IGNORECASE)
 
 
 def external_images(html: str) -> list[str]:
     """src of every <img> that is not an embedded data: URI."""
     return _IMG_SRC.findall(html)
-
-
-def remote_references(html: str) -> list[str]:
-    """Tags (other than plain <a> links) whose src or href loads something from the network."""
-    return [m.group(0) for m in _REMOTE_ATTR.finditer(html)]
 
 
 def strip_remote(html: str) -> str:
