@@ -83,7 +83,7 @@ def test_any_verdict_of_any_kind_renders(tmp_path):
 
 # --------------------------------------------------------------------------- one section per source
 
-def test_one_section_per_source_each_opening_with_three_lines_and_the_setup_gap(tmp_path):
+def test_one_section_per_source_each_opening_with_its_count_and_what_was_not_tested_and_the_setup_gap(tmp_path):
     run_record(tmp_path, "01_a", "05_b", "06_c", "07_d")
     write(tmp_path, "01_a", [claim("a.one", "reproduces", "reproduced"), claim("a.new", "beyond", "holds")])
     write(tmp_path, "05_b", [claim("b.refuted", "refutes", "refuted"), claim("b.sim", "simulation", "holds"),
@@ -97,14 +97,14 @@ def test_one_section_per_source_each_opening_with_three_lines_and_the_setup_gap(
     assert issue == "transformers issue `#48947`: hybrid offloading drift"
     c = section(text, f"## {control}")
     assert "`a.one`" in c and "`d.reg`" in c and "`b.sim`" not in c  # 01 and 07 answer the control
-    opening = [line for line in c.splitlines() if line.startswith("- **")][:3]
-    assert [line.split(":**")[0] for line in opening] == ["- **Reproduced", "- **New here", "- **Not tested here"]
-    assert opening[0] == "- **Reproduced:** 1 of 2 of the source's statements tested here; not reproduced: `d.reg`."
-    assert opening[1] == "- **New here:** 1 beyond (1 holds)."
+    opening = [line for line in c.splitlines() if line.startswith("- **")][:2]
+    assert [line.split(":**")[0] for line in opening] == ["- **Counted", "- **Not tested here"]
+    assert opening[0] == ("- **Counted:** reproduced 1 of 2 on 5.17.0 (statements tested); the kit's own checks hold "
+                          "1 of 1 on 5.17.0.")  # the pages' count line (verdict_line.count_line)
     assert "| dtype | float16 | float32 | differs |" in c and "| release | 5.14.1 | 5.17.0 | differs |" in c
     assert "Gap: release 5.17.0 instead of 5.14.1; dtype float32 instead of float16" in c
     b = section(text, f"## {issue}")
-    assert "- **Reproduced:** 0 of 0 of the source's statements tested here; 1 not tested here" in b and "1 refutes (1 hypothesis refuted); 1 simulation (1 holds)" in b
+    assert "- **Counted:** 1 not tested here (needs CUDA); hypothesis `b.refuted` refuted (why); apart: 1 simulation(s)." in b
     assert "| release | 5.17.0 | 5.17.0 | same |" in b and "| dtype | bfloat16 | float32 | differs |" in b
     assert "1 claim(s) skipped or in error (reasons below)" in b
     assert f"- `b.cuda` ⏭️ skipped: {paste.code_refs(LONG_REASON)}" in b  # the reason whole, never cut

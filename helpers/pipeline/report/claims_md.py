@@ -1,4 +1,4 @@
-"""The claims of one run as Markdown: counts per kind, one section per source (three opening lines, the
+"""The claims of one run as Markdown: counts per kind, one section per source (two opening lines, the
 source's setup beside this run's, the rows, notes, undecided claims with whole reasons, statements)."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from ...results import KINDS
 from .paste import cell, code, code_refs, fmt_scalar, one_line, pairs
 from ...findings import sources
 from .sources import Source, kind_of, setup_rows, source_of
-from .statements import Statement, count, quote_of, statements as source_statements, tally
+from .statements import Statement, quote_of, tally
+from .verdict_line import count_line
 
 MARK = {"skipped": "⏭️", "error": "⚠️"}
 KIND_TEXT = {"reproduces": "the source states it", "refutes": "a hypothesis the source puts forward, tested",
@@ -117,35 +118,20 @@ def claims_table(claims: list[tuple[str, dict[str, Any]]], run: str = "this run"
             *[claim_row(nb, c) for nb, c in claims], ""]
 
 
-def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    """The three lines: what reproduced, what is new, what was not tested here and why."""
-    counted = count(source_statements(claims))  # the first screen's rules: cited and by construction apart
-    missed = [c.get("id") for s in counted.tested if s.verdict == "not_reproduced" for _, c in s.claims
-              if c.get("verdict") == "not_reproduced"]
-    apart = len(counted.by_construction) + len(counted.cited)
-    line1 = (f"- **Reproduced:** {len(counted.reproduced)} of {len(counted.tested)} of the source's statements tested here"
-             + (f"; not reproduced: {', '.join(code(m) for m in missed)}" if missed else "")
-             + (f"; {len(counted.not_tested)} not tested here (reasons below)" if counted.not_tested else "")
-             + (f"; {apart} listed apart (by construction, or decided by another claim's measurement)" if apart else "")
-             + "." if counted.tested or counted.not_tested or apart
-             else "- **Reproduced:** nothing here is a statement of the source (see the kinds below).")
-    new: dict[str, list[dict[str, Any]]] = {}
-    for _, c in claims:
-        new.setdefault(kind_of(c), []).append(c)
-    parts = [f"{len(cs)} {kind} ({sum(c.get('verdict') == KINDS[kind][0] for c in cs)} "
-             f"{'hypothesis refuted' if kind == 'refutes' else KINDS[kind][0]})"
-             for kind, cs in new.items() if kind in ("refutes", "beyond", "simulation")]
-    line2 = "- **New here:** " + ("; ".join(parts) if parts else "nothing beyond the source's own statements") + "."
+def _opening(source: Source, claims: list[tuple[str, dict[str, Any]]], release: str) -> list[str]:
+    """Two lines: the source's count as the pages say it (verdict_line.count_line), what was not tested here and why."""
+    counted = count_line({release: claims}) or "no claim decided"
     skipped = [c for _, c in claims if c.get("verdict") in ("skipped", "error")]
     why = f"{len(skipped)} claim(s) skipped or in error (reasons below); " if skipped else ""
-    line3 = f"- **Not tested here:** {why}{code_refs(source.not_tested) or 'nothing declared.'}"
-    return [line1, line2, line3]
+    return [f"- **Counted:** {code_refs(counted)}.",
+            f"- **Not tested here:** {why}{code_refs(source.not_tested) or 'nothing declared.'}"]
 
 
 def source_section(source: Source, results: list[dict[str, Any]]) -> list[str]:
-    """One source: the three opening lines, setups side by side, the claims, notes, undecided, statements."""
+    """One source: the two opening lines, setups side by side, the claims, notes, undecided, statements."""
     claims = [(nb, c) for nb, c in all_claims(results) if kind_of(c) != "environment"]
-    lines = [f"## {code_refs(source.title)}", "", *_opening(source, claims), ""]
+    release = str(next(((r.get("environment") or {}).get("transformers") for r in results), None) or "?")
+    lines = [f"## {code_refs(source.title)}", "", *_opening(source, claims, release), ""]
     if source.setup:
         rows, gap = setup_rows(source, [r.get("environment") or {} for r in results])
         scale = logit_scale(claims)
