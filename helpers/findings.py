@@ -194,10 +194,6 @@ def decisions() -> list[Decisions]:
     return [d for f in found() for d in f.decisions]
 
 
-def expected_claims() -> dict[str, set[str]]:
-    return {f.stem: set(f.claims) for f in found()}
-
-
 def prefixes() -> dict[str, str]:
     return {f.prefix: f.stem for f in found()}
 

@@ -30,7 +30,7 @@ CUDA_ONLY = {"offload.prefill_identical", "offload.decode_drifts", "offload.firs
              "regress.flash_attention_2_matches_sdpa"}
 CPU_ONLY = {"offload.cpu_reports_cuda_requirement"}  # decided only where CUDA is absent
 ENVIRONMENT_CHECKS = {"offload.cpu_reports_cuda_requirement"}  # facts about the machine, never findings
-EXPECTED_CLAIMS = findings.expected_claims()  # each notebook's claims, as its finding declares them
+EXPECTED_CLAIMS = {f.stem: set(f.claims) for f in findings.found()}  # each notebook's claims, as its finding declares them
 # Kinds declared by notebooks 01-04 (every other claim of theirs is `reproduces`: a statement of the control).
 KINDS_01_04 = {"rope.fresh_instance_diverges": "beyond", "rope.restored_state_matches": "beyond"}
 SOURCES = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -83,8 +83,6 @@ def distinct_texts(values: list[Any], limit: int = 70) -> list[str]:
     return texts
 
 
-# Behaviour differences: the kinds of value classify tells apart.
-KINDS = ("shape", "None vs a value", "boolean", "error type", "source fact", "count", "text")
 _ERROR_NAME = re.compile(r"\b[A-Z]\w*(Error|Exception|Warning)\b")
 _SOURCE_LOCATION = re.compile(r"\.py:\d+")
 
@@ -118,7 +116,8 @@ def relative_size(values: list[Any]) -> float | None:
 
 
 def classify(key: str, values: dict[str, Any]) -> str:
-    """'float', 'source location', 'environment' or one of KINDS for one differing value."""
+    """'float', 'source location', 'environment' or the behaviour difference one differing value is: 'shape', 'None vs
+    a value', 'boolean', 'error type', 'source fact', 'count' or 'text'."""
     present = [v for v in values.values() if v is not _ABSENT]
     low = key.lower()
     if low.startswith("environment."):
