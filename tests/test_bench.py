@@ -91,9 +91,11 @@ def test_the_serving_table_goes_between_its_own_markers(tmp_path):
     from helpers.pipeline.tools import serve_bench
 
     rows = [dict(turn="1", prompt=10, reused=0, plain_s=0.2, pooled_s=0.1, equal=True),
+            dict(turn="1", prompt=12, reused=0, plain_s=0.3, pooled_s=0.1, equal=True),
+            dict(turn="1", prompt=14, reused=0, plain_s=0.4, pooled_s=0.4, equal=True),
             dict(turn="new chat", prompt=9, reused=0, plain_s=0.1, pooled_s=0.1, equal=False)]
-    text = serve_bench.table(rows)
-    assert "| 1 | 10 | 0 | 200 ms | 100 ms | 2.0x | yes |" in text and text.endswith("| 1.0x | NO |")
+    text = serve_bench.table(rows)  # each turn: the chats' medians, the median of their own speed-ups
+    assert "| 1 | 12 | 0 | 300 ms | 100 ms | 2.0x | yes |" in text and text.endswith("| 1.0x | NO |"), text
     doc = tmp_path / "performance.md"
     begin, end = serve_bench.MARKERS
     doc.write_text(f"a\n{bench.BEGIN}\nkept\n{bench.END}\n{begin}\nold\n{end}\nz\n")
@@ -107,5 +109,22 @@ def test_the_miss_cost_is_the_median_of_the_new_chats_and_an_untimed_one_is_said
     rows = [dict(turn="1", plain_s=0.1, pooled_s=0.1), *(dict(turn=f"new chat {i}", plain_s=1.0, pooled_s=p)
                                                            for i, p in enumerate((1.5, 1.0, 1.25, float("nan"))))]
     text = serve_bench.miss_cost(rows)
-    assert "median of 3 +25.0% (from +0.0% to +50.0%); 1 replied no content, not timed." in text, text
+    assert ("median of 3 +25.0% (from +0.0% to +50.0%; goal within 3%: not resolved: the samples lie either side of "
+            "it); 1 replied no content, not timed.") in text, text
     assert "not timed" in serve_bench.miss_cost(rows[:1])
+    exact = [dict(turn=f"new chat {i}", plain_s=1.0, pooled_s=p) for i, p in enumerate((1.03, 0.9))]
+    assert "met by every sample" in serve_bench.miss_cost(exact)  # exactly at the goal is within it
+    over = [dict(turn=f"new chat {i}", plain_s=1.0, pooled_s=p) for i, p in enumerate((1.031, 1.2))]
+    assert "missed by every sample" in serve_bench.miss_cost(over)
+
+
+def test_the_last_turns_speedup_is_judged_against_its_goal_from_the_chats_median():
+    from helpers.pipeline.tools import serve_bench
+
+    turn = lambda t, a, b: dict(turn=t, prompt=1, reused=0, plain_s=a, pooled_s=b, equal=True)  # noqa: E731
+    rows = [turn("1", 1, 1), turn("8", 5, 1), turn("8", 6, 1), turn("8", 1, 1), turn("new chat 1", 1, 1)]
+    assert serve_bench.goals(rows) == ("Turn 8: first token 5.0x sooner pooled than plain (median of 3 chats; goal "
+                                       "5x: met).")
+    rows[1] = turn("8", 4, 1)
+    assert "4.0x" in serve_bench.goals(rows) and "missed by 1.25x" in serve_bench.goals(rows)
+    assert "not timed" in serve_bench.goals(rows[-1:])
