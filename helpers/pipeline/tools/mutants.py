@@ -118,7 +118,8 @@ SCOPE: list[Scope] = [
     Scope("helpers/pipeline/report/summary.py", ("missing_notebooks",), ("tests/test_summary.py", "tests/test_kill_summary.py")),
     Scope("packages/kvresume/kvresume/ledger_checks.py", ("*",), ("tests/test_ledger.py", "tests/test_kill_ledger_checks.py",
                                                                     "tests/test_kill_ledger_refuse.py",
-                                                                    PACKAGE_TESTS + "test_ledger_contract.py")),
+                                                                    PACKAGE_TESTS + "test_ledger_contract.py",
+                                                                    PACKAGE_TESTS + "test_ledger_checks_units.py")),
     # the rest of the package: the ledger, its recording, resume() and the factory, with their package tests
     Scope("packages/kvresume/kvresume/ledger.py", ("*", "Ledger.*"), ("tests/test_ledger.py", "tests/test_kill_ledger.py",
                                                              *(PACKAGE_TESTS + f for f in LEDGER_TESTS))),
