@@ -1,8 +1,9 @@
-"""Colab, played offline: a fresh virtual environment holding only torch (Colab's own build; here the
-local CPU wheel) and Colab's preinstalled jupyter stack, a stand-in `google.colab` imported at kernel
-start, KVKIT_REPO pointing at a bare clone of the committed tree (HEAD: commit before running this), a
-/content-like working directory. Notebook 01 is executed as a Colab user opens it: its own first cell
-installs the kit, then the rest runs on the tiny default. Packages come from PyPI through pip's cache."""
+"""Colab, played offline: a fresh virtual environment holding only what Colab ships (its torch build, numpy,
+pandas, matplotlib, ...: here this environment's copies, laid in by tests/venvs.py) and Colab's older jupyter
+stack, a stand-in `google.colab` imported at kernel start, KVKIT_REPO pointing at a bare clone of the committed
+tree (HEAD: commit before running this), a /content-like working directory. Notebook 01 is executed as a Colab
+user opens it: its own first cell installs the kit, then the rest runs on the tiny default. Packages come from
+PyPI through pip's cache."""
 from __future__ import annotations
 
 import json
@@ -18,10 +19,12 @@ from helpers.pipeline.tools import colab
 from helpers.pipeline.paths import repo_root
 from helpers.pipeline.releases.envs import pinned_release
 from helpers.results import verdict_for
+from venvs import fresh_venv  # tests/ is on sys.path
 
 ROOT = repo_root()
 NOTEBOOK = "01_identity_reconstruction"
-TORCH = "torch==2.13.0"
+# What Colab ships besides its jupyter stack (its own transformers too: left out, for the cell to install).
+COLAB_SHIPS = ["torch", "numpy", "pandas", "matplotlib", "pillow", "requests", "tqdm"]
 # Colab's preinstalled jupyter stack (older than the latest releases, as Colab's is): the cell must leave it alone.
 COLAB_JUPYTER = ["ipykernel==6.17.1", "ipython==7.34.0", "jupyter_client==7.4.9"]
 WATCHED = ["torch", "ipykernel", "ipython", "jupyter_client", "jupyter_core", "traitlets", "tornado", "pyzmq"]
@@ -67,10 +70,8 @@ def colab_machine(tmp_path_factory) -> dict:
     """The fresh environment, stand-in module, kernelspec, bare clone and /content folder (built once)."""
     tmp = tmp_path_factory.mktemp("colab")
     started = time.monotonic()
-    venv = tmp / "venv"
-    sh([sys.executable, "-m", "venv", str(venv)], env=clean_env())
-    python = venv / "bin" / "python"
-    sh([str(python), "-m", "pip", "install", "-q", TORCH, *COLAB_JUPYTER], env=clean_env())
+    python = fresh_venv(tmp / "venv", COLAB_SHIPS, clean_env())  # this environment's files, linked in
+    sh([str(python), "-m", "pip", "install", "-q", *COLAB_JUPYTER], env=clean_env())
     stub = tmp / "colab-stub" / "google" / "colab"
     stub.mkdir(parents=True)
     (stub / "__init__.py").write_text('"""Stand-in for Colab\'s google.colab (its presence is what the cell tests)."""\n')

@@ -10,17 +10,19 @@ import shutil
 import subprocess
 import sys
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 from helpers.proposal import upstream
 from helpers.pipeline.paths import repo_root
+from venvs import fresh_venv  # tests/ is on sys.path
 
 PACKAGE = repo_root() / "packages" / "kvresume"
 # The contract on the pinned release (transformers 5.17.0): documented usage passes, plain generate()'s misuse xfails.
 EXPECTED = {"passed": 47, "xfailed": 15}
-TORCH, TRANSFORMERS = "torch==2.13.0+cpu", "transformers==5.17.0"
+GIVEN = ["2.13.0+cpu", "5.17.0"]  # torch, transformers
 ABSENT = ["pytest", "pandas", "helpers", "matplotlib", "papermill", "IPython"]
 
 
@@ -72,10 +74,9 @@ def test_the_readme_example_in_a_fresh_venv(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "OMP_NUM_THREADS": "1",
            **{k: v for k, v in os.environ.items() if k.startswith("PIP_")}}  # pip's index, links and cache as set here
     venv = tmp_path / "venv"
-    _sh([sys.executable, "-m", "venv", str(venv)], env=env)
-    python = str(venv / "bin" / "python")
+    assert [metadata.version("torch"), metadata.version("transformers")] == GIVEN, "the venv's torch and transformers"
+    python = str(fresh_venv(venv, ["torch", "transformers"], env))  # this environment's, linked in (tests/venvs.py)
     pip = [python, "-m", "pip", "install", "-q", "--no-compile", "--disable-pip-version-check"]
-    _sh(pip + [TORCH, TRANSFORMERS], env=env)
     source = tmp_path / "kvresume-src"  # a copy: setuptools leaves build/ beside the sources it builds
     shutil.copytree(PACKAGE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     _sh(pip + [str(source)], env=env, cwd=tmp_path)
