@@ -1,10 +1,9 @@
 """The fork servers behind warm kernels and forked notebook workers (helpers/pipeline/run/forks.py): a child
 gets the client's stdio, cwd and environment in a session of its own; its exit code comes back; a client
 that goes away, or the server's parent, takes the child with it; a bad request or a lost server does not
-pass for an exit. And the runner's kernel client (ready.py): ready at its own request's idle status."""
+pass for an exit."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -12,14 +11,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from queue import Empty
 
 import pytest
 
 from helpers.pipeline.paths import repo_root
 from helpers.pipeline.run import procs
 from helpers.pipeline.run.forks import Forked
-from helpers.pipeline.run.ready import ReadyClient, _is_idle_of
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or not hasattr(os, "pidfd_open"), reason="Linux only")
 
@@ -138,74 +135,3 @@ def test_the_servers_parent_going_away_ends_the_children(tmp_path):
     assert _gone_within(forked.pid, 5), "a child outlived the run that started its server"
     assert all(_gone_within(pid, 5) for pid in server), "the server outlived its parent"
 
-
-# --------------------------------------------------------------------------- ready.ReadyClient
-
-class _Channel:
-    """An async channel fed by the fake kernel below."""
-
-    def __init__(self) -> None:
-        self.queue: list[dict] = []
-
-    async def get_msg(self, timeout: float | None = None) -> dict:
-        if not self.queue:
-            await asyncio.sleep(min(timeout or 0, 0.01))
-            raise Empty
-        return self.queue.pop(0)
-
-
-class _FakeKernel(ReadyClient):
-    """A kernel that is down for the first `down` requests, then answers the whole backlog while IOPub is
-    not yet connected (their idle statuses lost), then answers each request as it comes."""
-
-    def __init__(self, down: int) -> None:
-        self.shell, self.iopub = _Channel(), _Channel()
-        self.down, self.sent, self.handled = down, [], None
-
-    shell_channel = property(lambda self: self.shell)
-    iopub_channel = property(lambda self: self.iopub)
-
-    def kernel_info(self) -> str:
-        msg_id = f"req{len(self.sent)}"
-        self.sent.append(msg_id)
-        if len(self.sent) == self.down + 1:  # the kernel comes up: backlog answered, IOPub not yet connected
-            self.shell.queue += [self._reply(m) for m in self.sent]
-        elif len(self.sent) > self.down + 1:
-            self.shell.queue.append(self._reply(msg_id))
-            self.iopub.queue += [self._status("busy", msg_id), self._status("idle", msg_id)]
-        return msg_id
-
-    @staticmethod
-    def _reply(msg_id: str) -> dict:
-        return {"msg_type": "kernel_info_reply", "parent_header": {"msg_id": msg_id},
-                "content": {"protocol_version": "5.3"}}
-
-    @staticmethod
-    def _status(state: str, msg_id: str) -> dict:
-        return {"msg_type": "status", "content": {"execution_state": state}, "parent_header": {"msg_id": msg_id}}
-
-    async def _async_is_alive(self) -> bool:
-        return True
-
-    def _handle_kernel_info_reply(self, msg: dict) -> None:
-        self.handled = msg["parent_header"]["msg_id"]
-
-
-def test_ready_after_a_backlog_whose_idle_statuses_were_lost(monkeypatch):
-    monkeypatch.setattr("helpers.pipeline.run.ready.IOPUB_WAIT_S", 0.05)
-    kernel = _FakeKernel(down=3)
-    asyncio.run(asyncio.wait_for(kernel.wait_for_ready(timeout=10), 5))
-    assert kernel.handled == kernel.sent[-1] and len(kernel.sent) == 5  # its own request's reply, not a stale one
-
-
-def test_never_ready_without_an_idle_status_times_out(monkeypatch):
-    monkeypatch.setattr("helpers.pipeline.run.ready.IOPUB_WAIT_S", 0.02)
-    kernel = _FakeKernel(down=10 ** 6)
-    with pytest.raises(RuntimeError, match="didn't respond"):
-        asyncio.run(kernel.wait_for_ready(timeout=0.2))
-
-
-def test_idle_status_only_of_the_request_itself():
-    assert _is_idle_of(_FakeKernel._status("idle", "a"), "a")
-    assert not _is_idle_of(_FakeKernel._status("idle", "b"), "a")
-    assert not _is_idle_of(_FakeKernel._status("busy", "a"), "a")

@@ -114,7 +114,7 @@ def _papermill(path: Path, parameters: dict[str, Any], out: Path) -> str:
     """papermill into `out`, quietly; '' or the one-line failure."""
     import papermill as pm
 
-    from .ready import WarmKernelManager  # jupyter_client, which papermill imports too
+    from .stub import WarmKernelManager  # jupyter_client, which papermill imports too
 
     extra = {"kernel_manager_class": WarmKernelManager} if os.environ.get("KVKIT_ZYGOTE") else {}
     try:

@@ -46,7 +46,7 @@ def _warm_imports() -> None:
     from jupyter_client.provisioning import KernelProvisionerFactory
 
     import helpers
-    from . import ready  # noqa: F401 - the workers' kernel client
+    from . import stub  # noqa: F401 - the workers' kernel manager
     from .execute import notebooks
 
     os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
