@@ -4,6 +4,7 @@ what the README says. Both are e2e (`make test`, not `make test-fast`): they run
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -67,10 +68,40 @@ def _sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return out
 
 
+# Run in the fresh venv after `pip install "kvresume[serve]"`: `kvresume serve` (the console script) started without a
+# model, tiny chat and VLM folders built meanwhile, a stock openai client (the serving extra brings it) asking a
+# 2-turn chat and one image twice; prints each reply and its cached tokens as JSON.
+SERVE_CHAT = """import base64, io, json, sys
+from pathlib import Path
+from PIL import Image
+from kvresume.serving.folders import chat_folder, launch, ready, vlm_folder
+root = Path(sys.argv[1])
+proc, port, log = launch([str(Path(sys.executable).with_name("kvresume")), "serve"], None, root / "serve.log")
+chat, vlm = chat_folder(root / "chat"), vlm_folder(root / "vlm")
+try:
+    _, client = ready(proc, port, log)
+    def ask(folder, messages):
+        r = client.chat.completions.create(model=str(folder), messages=messages, max_tokens=6, temperature=0)
+        return [r.choices[0].message.content, r.usage.prompt_tokens_details.cached_tokens]
+    msgs = [{"role": "user", "content": "turn 0: say more about the cache"}]
+    first = ask(chat, msgs)
+    second = ask(chat, msgs + [{"role": "assistant", "content": first[0]}, {"role": "user", "content": "turn 1: and?"}])
+    png = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(png, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": "what?"}]}]
+    print(json.dumps([first, second, ask(vlm, image), ask(vlm, image)]))
+finally:
+    proc.terminate()
+"""
+
+
 @pytest.mark.e2e
-def test_the_readme_example_in_a_fresh_venv(tmp_path):
+def test_the_readme_example_and_kvresume_serve_in_a_fresh_venv(tmp_path):
     """A venv with torch and transformers only, `pip install packages/kvresume` (built, not editable), the README's
-    example run from a folder outside the checkout: it prints what the README says."""
+    example run from a folder outside the checkout: it prints what the README says. Then `pip install
+    "packages/kvresume[serve]"` (the test requirements' pins as constraints): `kvresume serve` answers a stock openai
+    client's chat and image requests, reporting the cached tokens of each one that continues an earlier one."""
     env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "OMP_NUM_THREADS": "1",
            **{k: v for k, v in os.environ.items() if k.startswith("PIP_")}}  # pip's index, links and cache as set here
     venv = tmp_path / "venv"
@@ -93,3 +124,10 @@ def test_the_readme_example_in_a_fresh_venv(tmp_path):
     (tmp_path / "example.py").write_text(code)
     out = _sh([python, "example.py"], env=env, cwd=tmp_path)
     assert out.stdout.strip().splitlines() == says, out.stdout + out.stderr[-2000:]
+    _sh(pip + ["-c", str(repo_root() / "requirements-tests.txt"), f"{source}[serve]"], env=env, cwd=tmp_path)
+    (tmp_path / "serve_chat.py").write_text(SERVE_CHAT)
+    out = _sh([python, "serve_chat.py", str(tmp_path)], env={**env, "HF_HUB_OFFLINE": "1"}, cwd=tmp_path, timeout=600)
+    first, second, image, again = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(isinstance(r[0], str) and r[0] for r in (first, second, image, again)), out.stdout
+    assert first[1] == 0 and second[1] > 8 and image[1] == 0 and again[1] > 16, (first, second, image, again)
+    assert again[0] == image[0], "the same image asked again answers the same"
