@@ -72,4 +72,4 @@ def test_readme_commands_name_what_exists():
 def test_parameters_page_is_rendered_from_the_notebooks():
     page = (ROOT / paramdoc.PAGE).read_text(encoding="utf-8")
     assert page == paramdoc.render(), "docs/parameters.md is stale: run `make generate` (see docs/adding-a-finding.md)"
-    assert "| `seq_len` | `64` | the report used 4096 |" in page
+    assert "| `seq_len` | `64` | 05 | the report used 4096 |" in page and "| `revision` | `None` | all |" in page

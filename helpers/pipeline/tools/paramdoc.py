@@ -14,7 +14,8 @@ from ..run.params import parameters_source
 PAGE = Path("docs") / "parameters.md"
 HEAD = """# Notebook parameters
 
-Every notebook's `parameters` cell (`python -m helpers.pipeline.tools.colab --write docs/parameters.md`).
+Every notebook's `parameters` cell (`python -m helpers.pipeline.tools.colab --write docs/parameters.md`), each
+distinct row (name, default, meaning) once, with the notebooks (by number) whose cell declares it.
 Pass any of them as `make run NB=.. ARGS="-p NAME VALUE"` (or `make run-all ARGS=...`: a parameter only some
 notebooks declare goes only to those); values are checked before any kernel starts
 ([running.md](running.md)). In Colab, edit the `parameters` cell itself.
@@ -43,32 +44,25 @@ def parameter_rows(path: Path) -> list[tuple[str, str, str]]:
             if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)]
 
 
-def _table(rows: list[tuple[str, str, str]]) -> list[str]:
-    return ["| parameter | default | what it is |", "|---|---|---|",
-            *[f"| `{name}` | {code(default)} | {cell(note)} |" for name, default, note in rows], ""]
-
-
-def usual(cells: dict[str, list[tuple[str, str, str]]]) -> list[tuple[str, str, str]]:
-    """Per parameter every notebook declares, the row (default and meaning) more than half of them hold, if any."""
-    if len(cells) < 2:
-        return []
-    rows = [row for rows in cells.values() for row in rows]
-    names = [name for name, _, _ in next(iter(cells.values())) if all(name in {r[0] for r in c} for c in cells.values())]
-    out = []
-    for name in names:
-        best = max((row for row in rows if row[0] == name), key=rows.count)
-        if 2 * rows.count(best) > len(cells):
-            out.append(best)
-    return out
+def _where(stems: list[str], every: list[str]) -> str:
+    """The notebooks a row holds in: `all`, `all but 05`, or their numbers."""
+    if stems == every:
+        return "all"
+    if 2 * len(stems) <= len(every):
+        return " ".join(stems)
+    return "all but " + " ".join(s for s in every if s not in stems)
 
 
 def render(root: Path | None = None) -> str:
-    """The whole page: each parameter's usual row once, then each notebook's rows that differ from it."""
+    """The whole page: each distinct row (name, default, meaning) once, with the notebooks that declare it."""
     root = root or repo_root()
-    cells = {p.stem: rows for p in sorted((root / "notebooks").glob("*.ipynb")) if (rows := parameter_rows(p))}
-    shared = usual(cells)
-    out = [HEAD, "## Every notebook, unless its section says otherwise", "", *_table(shared)] if shared else [HEAD]
-    for stem, rows in cells.items():
-        own = [row for row in rows if row not in shared]
-        out += [f"## {stem}", ""] + (_table(own) if own else ["Only the parameters every notebook has.", ""])
-    return "\n".join(out)
+    cells = {p.stem[:2]: rows for p in sorted((root / "notebooks").glob("*.ipynb")) if (rows := parameter_rows(p))}
+    held: dict[tuple[str, str, str], list[str]] = {}
+    for nb, rows in cells.items():
+        for row in rows:
+            held.setdefault(row, []).append(nb)
+    names = list(dict.fromkeys(name for name, _, _ in held))
+    out = [HEAD, "| parameter | default | notebooks | what it is |", "|---|---|---|---|"]
+    for row, nbs in sorted(held.items(), key=lambda item: names.index(item[0][0])):
+        out.append(f"| `{row[0]}` | {code(row[1])} | {_where(nbs, list(cells))} | {cell(row[2])} |")
+    return "\n".join(out + [""])
