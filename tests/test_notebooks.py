@@ -20,6 +20,7 @@ from helpers.results import verdict_for
 from helpers.pipeline.run import batch, execute
 from helpers.pipeline.tools import colab
 from helpers.pipeline.paths import repo_root
+from inprocess import run_one  # tests/ is on sys.path
 
 from tinyfacts import NOT_ON_TINY  # noqa: E402 - tests/ is on sys.path
 
@@ -163,7 +164,7 @@ def test_two_cpu_runs_give_identical_numbers(run, tmp_path):
     again = tmp_path / "again"
     os.environ["KVKIT_OUTPUT_DIR"] = str(again)
     try:
-        assert execute.run_one(SOURCES[1]).ok  # 02: the mask/position matrix, every call's logits compared
+        assert run_one(SOURCES[1]).ok  # 02: the mask/position matrix, every call's logits compared
     finally:
         del os.environ["KVKIT_OUTPUT_DIR"]
     def same(data: dict) -> dict:  # the run record (id, times, commit) differs by design
@@ -176,7 +177,7 @@ def test_two_cpu_runs_give_identical_numbers(run, tmp_path):
 def test_failing_notebook_does_not_stop_the_others(tmp_path):
     os.environ["KVKIT_OUTPUT_DIR"] = str(tmp_path)
     try:
-        bad = execute.run_one(SOURCES[0], {"model_id": "tiny-does-not-exist"})
+        bad = run_one(SOURCES[0], {"model_id": "tiny-does-not-exist"})
     finally:
         del os.environ["KVKIT_OUTPUT_DIR"]
     assert not bad.ok and "ModelUnavailableError" in bad.error

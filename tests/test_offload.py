@@ -10,8 +10,8 @@ import torch
 
 from helpers import hybrid, models
 from helpers.offload import gpu, loops, schedule, source, standins
-from helpers.pipeline.run import execute
 from helpers.pipeline.paths import repo_root
+from inprocess import run_one  # tests/ is on sys.path
 
 NO_CUDA = not torch.cuda.is_available()
 
@@ -141,7 +141,7 @@ def test_source_facts_match_the_recorded_schedule():
 def test_notebook_cuda_sections_execute_on_cpu_under_stand_ins(tmp_path):
     os.environ["KVKIT_OUTPUT_DIR"] = str(tmp_path)
     try:
-        result = execute.run_one(repo_root() / "notebooks" / "05_hybrid_offloading_drift.ipynb",
+        result = run_one(repo_root() / "notebooks" / "05_hybrid_offloading_drift.ipynb",
                                 {"simulate_cuda_on_cpu": True, "n_steps": 3, "replay_lags": [0, 12]})
     finally:
         del os.environ["KVKIT_OUTPUT_DIR"]

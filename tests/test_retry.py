@@ -10,6 +10,7 @@ import pytest
 
 from helpers.pipeline.run import execute
 from helpers.pipeline.run.record import RunRecord
+from inprocess import run_one  # tests/ is on sys.path
 
 NB = Path("notebooks/02_mask_position_matrix.ipynb")
 EMPTY = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
@@ -36,18 +37,18 @@ def standin(tmp_path, monkeypatch):
 
 def test_a_kernel_that_died_before_replying_is_started_once_more(standin):
     calls = standin(fails=1)
-    res = execute.run_one(NB)
+    res = run_one(NB)
     assert res.ok and res.status == "ok" and len(calls) == 2
     assert res.retried == f"run again once: the first kernel failed (RuntimeError: {execute.KERNEL_DIED})"
 
 
 def test_a_second_death_or_another_failure_is_not_hidden(standin):
     calls = standin(fails=2)
-    res = execute.run_one(NB)
+    res = run_one(NB)
     assert not res.ok and execute.KERNEL_DIED in res.error and res.retried and len(calls) == 2
     calls.clear()
     standin(fails=1, error="ZeroDivisionError in cell 3")
-    res = execute.run_one(NB)
+    res = run_one(NB)
     assert not res.ok and not res.retried and len(calls) == 1
 
 

@@ -15,6 +15,7 @@ from helpers.compare import NoiseFloor
 from helpers.pipeline.run import execute
 from helpers.pipeline.paths import repo_root
 from helpers.results import Results
+from inprocess import run_one  # tests/ is on sys.path
 
 ROOT = repo_root()
 EXAMPLE = "examples/my_rebuild.py"
@@ -426,7 +427,7 @@ def test_controls_on_the_tiny_model_name_the_branches(bundle, prompt):
 
 def _run(tmp_path: Path, monkeypatch, **params) -> tuple[execute.RunResult, dict]:
     monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
-    result = execute.run_one(ROOT / "notebooks" / "06_rebuild_triage.ipynb", params)
+    result = run_one(ROOT / "notebooks" / "06_rebuild_triage.ipynb", params)
     return result, json.loads((tmp_path / "results" / "06_rebuild_triage.json").read_text())
 
 

@@ -13,9 +13,10 @@ from transformers import DynamicCache, StaticCache
 
 from helpers import models
 from helpers.pipeline.paths import repo_root
-from helpers.pipeline.run import execute, params
+from helpers.pipeline.run import params
 from helpers.triage import pattern_checks, patterns, rebuilds
 from helpers.triage import run as triage_run
+from inprocess import run_one  # tests/ is on sys.path
 
 ROOT = repo_root()
 NB = ROOT / "notebooks" / "06_rebuild_triage.ipynb"
@@ -154,7 +155,7 @@ def test_bad_pattern_values_are_refused_in_one_line_before_any_kernel(tmp_path, 
 @pytest.mark.parametrize("pattern,cache_class", [("prompt_reuse", "dynamic"), ("one_token", "static")])
 def test_notebook_06_runs_each_pattern(tmp_path, monkeypatch, pattern, cache_class):
     monkeypatch.setenv("KVKIT_OUTPUT_DIR", str(tmp_path))
-    result = execute.run_one(NB, {"pattern": pattern, "cache_class": cache_class, "rebuild": "streaming"})
+    result = run_one(NB, {"pattern": pattern, "cache_class": cache_class, "rebuild": "streaming"})
     assert result.ok, result.error
     data = json.loads((tmp_path / "results" / "06_rebuild_triage.json").read_text())
     m = data["measurements"]

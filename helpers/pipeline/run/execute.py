@@ -126,15 +126,6 @@ def _papermill(path: Path, parameters: dict[str, Any], out: Path) -> str:
     return ""
 
 
-def run_one(path: Path, parameters: dict[str, Any] | None = None) -> RunResult:
-    """Execute one notebook in this process into outputs/notebooks/ (no run record); failures are returned."""
-    out = output_dir("notebooks") / path.name
-    start = time.perf_counter()
-    error, retried = _execute(path, parameters or {}, out)
-    return RunResult(path.stem, not error, round(time.perf_counter() - start, 2), str(out), error,
-                     "failed" if error else "ok", retried=retried)
-
-
 def _exec_main(argv: list[str]) -> int:
     """Child entry (`runner _exec NB --out-json F --params JSON`): run one notebook (its HTML is rendered by the
     runner, schedule.HtmlRenderer), write {status, error, phases} to F. SIGTERM/SIGINT shut its kernel down and exit at once."""
