@@ -141,8 +141,9 @@ upstream-tests: env ## write outputs/upstream/test_resume_contract.py (standalon
 # 256 new tokens): ms (median of interleaved pairs' ratios, 101/11 pairs, with its 95% interval) and instructions under
 # valgrind's cachegrind (apt-get install valgrind; the same count whatever the load), and one resume()'s extra memory;
 # into docs/performance.md ("Tracking cost"). BENCH_ARGS="--runs 9 --new 128 --no-count --device cuda" changes it.
-# Then time to first token per turn of an 8-turn chat through plain `transformers serve` and `kvresume serve`
-# (helpers.pipeline.tools.serve_bench, about a minute), into its "Serving" section.
+# Then time to first token per turn of 3 8-turn chats through plain `transformers serve` and `kvresume serve`, new
+# chats both servers miss, and a miss timed in-process (helpers.pipeline.tools.serve_bench; 4 minutes of the 14 on a
+# loaded 2-core CPU), into its "Serving" section.
 BENCH_ARGS ?=
 bench: env ## tracking cost per token, one resume()'s memory, first-token time through the real servers: docs/performance.md
 	$(PY) -m helpers.pipeline.tools.bench --write $(BENCH_ARGS)

@@ -128,3 +128,14 @@ def test_the_last_turns_speedup_is_judged_against_its_goal_from_the_chats_median
     rows[1] = turn("8", 4, 1)
     assert "4.0x" in serve_bench.goals(rows) and "missed by 1.25x" in serve_bench.goals(rows)
     assert "not timed" in serve_bench.goals(rows[-1:])
+
+
+def test_the_in_process_miss_is_decided_by_its_interval_against_the_goal():
+    from helpers.pipeline.tools import serve_bench
+
+    def line(ratios):
+        return serve_bench.miss_cpu({True: ratios, False: [1.0] * len(ratios)}, 1235)
+    assert "+1.0% [" in line([1.01] * 11) and "goal within 3%: met by its 95% interval" in line([1.01] * 11)
+    assert "missed by its 95% interval" in line([1.10] * 11)  # a contradicting measurement: 10% over on every pair
+    assert "not resolved: its 95% interval lies either side of it" in line([0.9, 1.1] * 5 + [1.0])
+    assert "11 interleaved pairs on new 1235-token prompts" in line([1.0] * 11)

@@ -1,7 +1,9 @@
 """Time to first token per turn of a few chats (each turn: the chats' median) through two real servers, plain `transformers serve` and `kvresume serve`,
 on a local ~24M-parameter random Llama (kvresume.serving.folders, byte-level BPE, a chat template), with the `openai`
 client, streamed: prompt tokens, tokens the pool reused (the usage's cached_tokens), each first token's latency,
-and whether the replies are equal. Turns alternate between the servers so that load drifts alike on both.
+and whether the replies are equal. Turns alternate between the servers so that load drifts alike on both. A miss is
+also timed in-process, where the servers' latency noise does not reach it: thread CPU time of generate() to its
+first token, pooled against untracked, in interleaved pairs on new chats.
 
     python -m helpers.pipeline.tools.serve_bench [--turns 8] [--size 24M] [--words 150] [--chats 3] [--write]
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -36,16 +39,25 @@ def _turn(client: Any, model: str, messages: list[dict], new: int) -> tuple[str,
     return text, first or float("nan"), usage.prompt_tokens if usage else 0, (details and details.cached_tokens) or 0
 
 
-def run(turns: int, size: str, words: int, new: int, misses: int = 5, chats: int = 3) -> list[dict[str, Any]]:
+def words_of_text() -> list[str]:
+    from kvresume.serving.folders import corpus
+
+    return " ".join(corpus()).split()
+
+
+def alone(j: int, words: int, turns: int) -> list[dict[str, str]]:
+    """The j-th new chat: one user message as long as a chat's user turns, from the corpus's end."""
+    return [{"role": "user", "content": " ".join(words_of_text()[-words * turns * (j + 1):][:words * turns])}]
+
+
+def run(folder: Path, turns: int, words: int, new: int, misses: int = 5, chats: int = 3) -> list[dict[str, Any]]:
     """One row per turn of each of `chats` chats (prompt tokens, reused, plain and pooled first-token seconds, replies
     equal), each chat other text, then `misses` new chats as long as a chat, which the pool misses (the first server
     asked alternates)."""
-    from kvresume.serving.folders import PLAIN, POOLED, chat_folder, corpus, start
+    from kvresume.serving.folders import PLAIN, POOLED, start
 
-    root = Path(tempfile.mkdtemp(prefix="serve-bench-"))
-    folder = chat_folder(root / f"chat-{size}", size=size)
-    servers = [start(PLAIN, folder, root / "plain.log"), start(POOLED, folder, root / "pooled.log")]
-    text = " ".join(corpus()).split()
+    servers = [start(PLAIN, folder, folder.parent / "plain.log"), start(POOLED, folder, folder.parent / "pooled.log")]
+    text = words_of_text()
     assert len(text) >= (chats + misses) * turns * words, "the corpus is shorter than the chats"
     rows = []
     try:
@@ -62,9 +74,8 @@ def run(turns: int, size: str, words: int, new: int, misses: int = 5, chats: int
                     messages.append({"role": "assistant", "content": got[-1][0]})
                 rows.append(_row(str(i + 1), got, c + 1))
         for j in range(misses):
-            alone = [{"role": "user", "content": " ".join(text[-words * turns * (j + 1):][:words * turns])}]
             order = servers if j % 2 == 0 else servers[::-1]
-            got = [_turn(client, str(folder), alone, new) for _, client in order]
+            got = [_turn(client, str(folder), alone(j, words, turns), new) for _, client in order]
             rows.append(_row(f"new chat {j + 1}", got if j % 2 == 0 else got[::-1]))
     finally:
         for proc, _ in servers:
@@ -126,6 +137,41 @@ def _against(ratios: list[float], within: float) -> str:
     return "not resolved: the samples lie either side of it"
 
 
+def miss_pairs(folder: Path, prompts: list[Any]) -> dict[bool, list[float]]:
+    """Thread CPU seconds of generate() to its first token on each new prompt, in interleaved pairs: {True: the
+    pooled model (kvresume.pool.attach, each prompt a miss), False: the same weights untracked}."""
+    import torch
+    import transformers
+
+    from kvresume import pool
+
+    plain, pooled = (transformers.AutoModelForCausalLM.from_pretrained(folder).eval() for _ in range(2))
+    attached = pool.attach(pooled)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # thread CPU time counts this thread only: no work on others
+    try:
+        with torch.no_grad():
+            for ids in prompts:
+                for tracked, model in ((False, plain), (True, pooled)):
+                    start = time.thread_time()
+                    model.generate(ids, max_new_tokens=1, do_sample=False)
+                    times[tracked].append(time.thread_time() - start)
+                assert attached.last.reused == 0, attached.last.line()  # a miss
+    finally:
+        torch.set_num_threads(threads)
+    return times
+
+
+def miss_cpu(times: dict[bool, list[float]], n: int, within: float = 0.03) -> str:
+    """The in-process miss line: the pairs' median pooled/plain CPU-time ratio, its 95% interval against the goal."""
+    median, low, high = bench.overhead(times)
+    verdict = _against([1 + low / 100, 1 + high / 100], within).replace("every sample", "its 95% interval")
+    return (f"A miss in-process (thread CPU time of generate() to its first token, {len(times[True])} interleaved pairs "
+            f"on new {n}-token prompts, one thread): {median:+.1f}% [{low:+.1f}, {high:+.1f}] (goal within "
+            f"{100 * within:g}%: {verdict.replace('the samples lie', 'its 95% interval lies')}).")
+
+
 def header(args: argparse.Namespace) -> str:
     """What the run was: when, where, at which commit, on which releases, with what chat."""
     import os
@@ -163,9 +209,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chats", type=int, default=3, help="chats of other text (each turn's cells: their median)")
     parser.add_argument("--misses", type=int, default=5, help="new chats after the chat (the pool's misses)")
     parser.add_argument("--write", action="store_true", help="put the table into docs/performance.md")
+    parser.add_argument("--pairs", type=int, default=11, help="in-process miss pairs (the new chats' text)")
     args = parser.parse_args(argv)
-    rows = run(args.turns, args.size, args.words, args.new, args.misses, args.chats)
-    lines = [header(args), "", table(rows), "", goals(rows), miss_cost(rows)]
+    import transformers
+
+    from kvresume.serving.folders import chat_folder
+
+    folder = chat_folder(Path(tempfile.mkdtemp(prefix="serve-bench-")) / f"chat-{args.size}", size=args.size)
+    rows = run(folder, args.turns, args.words, args.new, args.misses, args.chats)
+    tok = transformers.AutoTokenizer.from_pretrained(folder)
+    assert len(words_of_text()) >= (args.chats + args.pairs) * args.turns * args.words, "the corpus is too short"
+    prompts = [tok.apply_chat_template(alone(j, args.words, args.turns), add_generation_prompt=True,
+                                       return_tensors="pt", return_dict=True)["input_ids"] for j in range(args.pairs)]
+    times = miss_pairs(folder, prompts)
+    lines = [header(args), "", table(rows), "", goals(rows), miss_cost(rows),
+             miss_cpu(times, int(statistics.median(p.shape[1] for p in prompts)))]
     print("\n".join(lines))
     if args.write:
         bench.write(lines, markers=MARKERS)
