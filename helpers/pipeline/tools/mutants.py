@@ -143,6 +143,54 @@ SCOPE: list[Scope] = [
     # which rows the cache holds against the ids' (selected, or repeated as generate() expands the ids), a stale ledger
     Scope("packages/kvresume/kvresume/row_checks.py", ("*",), tuple(PACKAGE_TESTS + f for f in ("test_rows_rules.py", "test_rows_units.py", "test_rows_expanded.py", "test_rows.py",
                                                                                  "test_rows_stale.py"))),
+    # the rest of the package, module by module, each with the fast tests that call it
+    # what the guard reads from generate()'s arguments and its first model call
+    Scope("packages/kvresume/kvresume/call.py", ("*", "ResumeCall.*"),
+          ("tests/test_kill_checks.py", *(PACKAGE_TESTS + f for f in ("test_contract.py", "test_ledger_checks_units.py",
+                                                                      "test_rows_rules.py", "test_tracking_units.py",
+                                                                      "test_call_units.py")))),
+    # what differs between releases (cache and keyword names, the text config, the rope state, the linear count)
+    Scope("packages/kvresume/kvresume/compat.py", ("*",),
+          tuple(PACKAGE_TESTS + f for f in ("test_compat_units.py", "test_factory.py", "test_contract.py"))),
+    # which slot a fingerprint reads and which rows match
+    Scope("packages/kvresume/kvresume/fingerprint.py", ("*",),
+          tuple(PACKAGE_TESTS + f for f in ("test_rows_units.py", "test_rows_sliding.py", "test_tracking_hooks.py",
+                                            "test_tracking_steps.py", "test_ledger_units.py", "test_fingerprint_units.py"))),
+    # the guard: which checks run where, and the dry run that stops before any layer writes
+    Scope("packages/kvresume/kvresume/guard.py", ("*",),
+          ("tests/test_api.py", "tests/test_kill_api.py",
+           *(PACKAGE_TESTS + f for f in ("test_contract.py", "test_ledger_contract.py", "test_chat_dryrun.py",
+                                         "test_guard_units.py")))),
+    # image slots keyed by their pixels: the spans, the reusable cut, the fed slices
+    Scope("packages/kvresume/kvresume/images.py", ("*", "_Encoder.*"),
+          tuple(PACKAGE_TESTS + f for f in ("test_images.py", "test_tracking_hooks.py", "test_images_units.py"))),
+    # which layers hold K/V or linear state, their lengths, their bitwise equality
+    Scope("packages/kvresume/kvresume/layers.py", ("*",),
+          ("tests/test_api.py", "tests/test_regress.py",
+           *(PACKAGE_TESTS + f for f in ("test_chat_dryrun.py", "test_layers_units.py")))),
+    # what a pickled tracked model holds
+    Scope("packages/kvresume/kvresume/pickling.py", ("*", "Hook.*"),
+          tuple(PACKAGE_TESTS + f for f in ("test_tracking_pickle.py", "test_pickling_units.py"))),
+    # what of a cache resume() reuses and why the common prefix broke
+    Scope("packages/kvresume/kvresume/prefix.py", ("*",),
+          tuple(PACKAGE_TESTS + f for f in ("test_reuse_parts.py", "test_reuse_calls.py", "test_chat_prefix.py",
+                                            "test_chat_template.py", "test_prefix_units.py"))),
+    # the resume-state object: its checks, validation against a model, save and load
+    Scope("packages/kvresume/kvresume/state.py", ("*", "ResumeState.*"),
+          ("tests/test_resume.py", "tests/test_rope_boundary.py", PACKAGE_TESTS + "test_state_units.py")),
+    # one tracked write, decode steps and the unfolded tail
+    Scope("packages/kvresume/kvresume/writes.py", ("*", "Write.*", "Steps.*", "Tail.*"),
+          tuple(PACKAGE_TESTS + f for f in ("test_writes_units.py", "test_rows_units.py", "test_tracking_fast.py",
+                                            "test_tracking_hooks.py", "test_tracking_steps.py", "test_tracking_units.py"))),
+    # the serving folders: the tiny model folders the serve tests load; left out: free_port, launch, ready, start
+    # (they start server processes and wait on sockets, run only by the e2e serve tests)
+    Scope("packages/kvresume/kvresume/serving/folders.py", ("corpus", "tokenizer", "config", "parameters", "chat_folder",
+                                                            "vlm_folder"), (PACKAGE_TESTS + "test_folders_units.py",)),
+    # kvresume serve: its argument parsing, what the pool is given, the per-request tag and the cached tokens
+    # reported; left out: install (it patches transformers' server classes, exercised only inside a server process by
+    # the e2e serve tests), _logger and PooledLoader (5.25's model process)
+    Scope("packages/kvresume/kvresume/serving/serve.py", ("main", "pooled", "_local", "record_for", "_with_cached",
+                                                          "_tagged"), (PACKAGE_TESTS + "test_serve_units.py",)),
 ]
 SCOPE += decision_scopes()  # the deciding modules: each finding declares its own
 

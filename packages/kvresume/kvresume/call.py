@@ -93,7 +93,7 @@ class ResumeCall:
     def feed(self, model: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         """Record what generate() gave its first model call (these keyword arguments)."""
         decoder = is_encoder_decoder(model)
-        self.fed_ids, _, self.fed = fed_ids(model, kwargs, decoder)
+        self.fed_ids, _, self.fed = fed_ids(model, kwargs, decoder)  # pragma: no mutate - decoder given: model unread
         self.fed_mask = kwargs.get("decoder_attention_mask" if decoder else "attention_mask")
 
     @property
@@ -130,7 +130,7 @@ def is_encoder_decoder(model: torch.nn.Module) -> bool:
 def layer_types(model: torch.nn.Module) -> tuple[str, ...]:
     """The decoder's per-layer attention types from the model's config (empty where it lists none)."""
     try:
-        return tuple(getattr(compat.text_config(model.config), "layer_types", None) or ())
+        return tuple(getattr(compat.text_config(model.config), "layer_types", None) or ())  # pragma: no mutate - caught
     except Exception:  # noqa: BLE001 - a config without a text part lists none
         return ()
 
@@ -163,7 +163,7 @@ def from_generate(model: torch.nn.Module, inputs: torch.Tensor | None, kwargs: d
     given = dict(kwargs)
     if inputs is not None and not decoder:
         given["inputs_embeds" if inputs.is_floating_point() else "input_ids"] = inputs
-    ids, _, n = fed_ids(model, given, decoder)
+    ids, _, n = fed_ids(model, given, decoder)  # pragma: no mutate - decoder given: model unread
     if n is None:
         return None
     return _call(model, cache, n, kwargs, decoder, ids, *processed(processed_length))
@@ -177,7 +177,7 @@ def multimodal(kwargs: dict[str, Any]) -> dict[str, Any]:
 def from_forward(model: torch.nn.Module, kwargs: dict[str, Any]) -> ResumeCall | None:
     """A call of its own from one forward call's keyword arguments (generate()'s internal calls)."""
     decoder = is_encoder_decoder(model)
-    cache, n = compat.cache_from_kwargs(kwargs), fed_ids(model, kwargs, decoder)[2]
+    cache, n = compat.cache_from_kwargs(kwargs), fed_ids(model, kwargs, decoder)[2]  # pragma: no mutate - decoder given: model unread
     if cache is None or n is None:
         return None
     call = _call(model, cache, n, kwargs, decoder)

@@ -41,7 +41,7 @@ def window_start(cache: Any, layer: int, held: int) -> int | None:
     """The first slot a sliding layer's keys show (it keeps its last ones) when the cache holds `held`; None for a
     layer that shows every slot from 0."""
     lay = _layers(cache)[layer]
-    return held - int(lay.keys.shape[-2]) if getattr(lay, "is_sliding", False) else None
+    return held - int(lay.keys.shape[-2]) if getattr(lay, "is_sliding", False) else None  # pragma: no mutate - 4-D keys
 
 
 def known_layer(cache: Any) -> int | None:
@@ -61,18 +61,18 @@ def known_layer(cache: Any) -> int | None:
 
 def bits(values: torch.Tensor) -> torch.Tensor:
     """The raw bits of float values as integers of the same width (exact equality, NaN == NaN)."""
-    return values.view(_INT[values.element_size()]) if values.is_floating_point() else values
+    return values.view(_INT[values.element_size()]) if values.is_floating_point() else values  # pragma: no mutate - ints view as themselves
 
 
 def window_prints(cache: Any, layer: int, start: int, stop: int) -> torch.Tensor | None:
     """A sliding layer's fingerprints of slots start..stop-1 (stop: the slots held), zeros for those it no longer
     shows (a prefill longer than its window: never compared, they are gone); a copy. None: nothing shown."""
     keys = _layers(cache)[layer].keys
-    first = stop - int(keys.shape[-2])
+    first = stop - int(keys.shape[-2])  # pragma: no mutate - 4-D keys: axis 2 is axis -2
     if first >= stop:
         return None
     shown = key_prints(keys, max(start, first) - first, stop - first).clone()
-    if start >= first:
+    if start >= first:  # pragma: no mutate - at start == first the zeros below are 0 wide
         return shown
     return torch.cat([shown.new_zeros(shown.shape[0], first - start, shown.shape[-1]), shown], 1)
 
@@ -85,7 +85,7 @@ def slot_prints(cache: Any, layer: int | None, start: int, stop: int) -> torch.T
     if layer is None or layer >= len(layers):
         return None
     keys = getattr(layers[layer], "keys", None)
-    if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[-2] < stop:
+    if not isinstance(keys, torch.Tensor) or keys.dim() != 4 or keys.shape[-2] < stop:  # pragma: no mutate - 4-D keys
         return None
     return key_prints(keys, start, stop)
 

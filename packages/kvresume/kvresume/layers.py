@@ -37,7 +37,7 @@ def layer_length(layer: Any) -> int | None:
 
 def stored_width(layer: Any) -> int | None:
     """How many K/V slots the layer physically stores (None: no K/V)."""
-    return int(layer.keys.shape[-2]) if has_kv(layer) else None
+    return int(layer.keys.shape[-2]) if has_kv(layer) else None  # pragma: no mutate - 4-D keys: axis 2 is axis -2
 
 
 def lengths(cache: Any) -> list[int | None]:

@@ -45,8 +45,8 @@ def misplaced(led: Ledger) -> int | None:
     if led.positions.shape[0] != 1 or led.length == 0:
         return None
     real = led.mask != 0
-    pos = led.positions[0].masked_fill(~real, -1)  # (padding never raises the running maximum)
-    bad = (real[:, 1:] & (pos[:, 1:] <= pos.cummax(-1).values[:, :-1])).any(0).nonzero()
+    pos = led.positions[0].masked_fill(~real, -1)  # pragma: no mutate - padding never raises the running maximum
+    bad = (real[:, 1:] & (pos[:, 1:] <= pos.cummax(-1).values[:, :-1])).any(0).nonzero()  # pragma: no mutate - 2-D
     return int(bad[0]) + 1 if bad.numel() else None
 
 
@@ -65,14 +65,14 @@ def start_positions(kept: Ledger) -> torch.Tensor:
     if kept.length == 0:
         return torch.zeros(kept.batch, dtype=torch.long)
     pos = kept.positions.amax(0).masked_fill(kept.mask == 0, -1)
-    return pos.amax(-1) + 1
+    return pos.amax(-1) + 1  # pragma: no mutate - 2-D: dim 1 is dim -1
 
 
 def text_positions(kept: Ledger, suffix_mask: torch.Tensor) -> torch.Tensor:
     """[batch, f] positions of the suffix as a no-cache run gives them: each row's attended tokens count on from the
     kept ones; padding at 1 (generate()'s own fill)."""
     m = suffix_mask.long().cpu()
-    ids = start_positions(kept).view(-1, 1) + m.cumsum(-1) - 1
+    ids = start_positions(kept).view(-1, 1) + m.cumsum(-1) - 1  # pragma: no mutate - 2-D: dim 1 is dim -1
     return ids.masked_fill(m == 0, 1)
 
 
@@ -102,7 +102,7 @@ def _content_at(text: str, c: int, messages: Sequence[dict[str, Any]] | None, ol
     at c and the old text still holds it further on, the template changed what came before it: None)."""
     if messages is None:
         return None
-    at = 0
+    at = 0  # pragma: no mutate - str.find(x, None) reads from 0 alike
     for i, message in enumerate(messages):
         content = message.get("content")
         if not isinstance(content, str) or not content:
