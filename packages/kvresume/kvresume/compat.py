@@ -173,7 +173,7 @@ def carry_linear_length(target: Any, source: Any) -> bool:
 def kv_geometry(text: Any) -> tuple[int, int]:
     """(key/value heads, head dim) a text config's attention layers store."""
     heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
-    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)  # pragma: no mutate - int(a / b)
     return heads, head_dim
 
 

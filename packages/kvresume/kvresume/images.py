@@ -176,10 +176,10 @@ def _cut(keep: int, cached: list[Span], given: list[Span]) -> int:
     same = {(s.row, s.start, s.end, s.digest) for s in given}
     known = {(s.row, s.start, s.end, s.digest) for s in cached}
     for s in cached:
-        if s.start < keep and (s.row, s.start, s.end, s.digest) not in same:
+        if s.start < keep and (s.row, s.start, s.end, s.digest) not in same:  # pragma: no mutate - start == keep: keep
             keep = min(keep, s.start)
     for s in given:  # split by the cut, or over cached slots written without this image's record
-        if s.start < keep and (keep < s.end or (s.row, s.start, s.end, s.digest) not in known):
+        if s.start < keep and (keep < s.end or (s.row, s.start, s.end, s.digest) not in known):  # pragma: no mutate - alike
             keep = s.start
     return keep
 

@@ -42,7 +42,7 @@ def mask_slots(mask: Any, batch: int, f: int, device: Any) -> torch.Tensor:
     """The written slots' mask bits [batch, f] (ones where no 2-D mask of these rows was given) as one view op (a
     mask's last f columns by `as_strided`), not yet made `plain`."""
     if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[-1] >= f and mask.shape[0] == batch:
-        n = mask.shape[-1]
+        n = mask.shape[-1]  # pragma: no mutate - 2-D
         if n == f:
             return mask
         s0, s1 = mask.stride()
@@ -111,7 +111,7 @@ class Steps:
         each is f columns longer than the one before, as generate()'s are, else step by step), the keys' prints."""
         ids, positions, masks = (list(part) for part in zip(*self.steps))
         batch, f = ids[0].shape[0], self.f
-        mask = _grown_masks(masks, batch, f)
+        mask = _grown_masks(masks, batch, f)  # pragma: no mutate - a fast path: the step-by-step one gives the same
         if mask is None:
             mask = torch.cat([mask_slots(m, batch, f, ids[0].device) for m in masks], 1)
         return Ledger(plain(torch.cat(ids, 1)), as_rows(torch.cat(positions, 1), batch, self.length), plain(mask), None,
@@ -125,7 +125,7 @@ def _grown_masks(masks: list[Any], batch: int, f: int) -> torch.Tensor | None:
     if not isinstance(m0, torch.Tensor) or m0.dim() != 2 or m0.shape[0] != batch or m0.shape[1] < f:
         return None
     n0, k = m0.shape[1], len(masks)
-    if batch * (k * n0 + f * k * (k - 1) // 2) > MASKS:
+    if batch * (k * n0 + f * k * (k - 1) // 2) > MASKS:  # pragma: no mutate - k (k - 1) is even
         return None
     for j, m in enumerate(masks):
         if not isinstance(m, torch.Tensor) or m.shape != (batch, n0 + j * f) or m.device != m0.device:
@@ -160,7 +160,7 @@ class Tail:
         """Append one decode step (kvresume.steps.decode_step) to the last `Steps` where it continues them; False where
         the cache did not take its f slots after these writes."""
         past, f, keys = self.length, ids.shape[1], self.grown.keys
-        if keys.shape[-2] - past != f:
+        if keys.shape[-2] - past != f:  # pragma: no mutate - 4-D keys
             return False
         run = self.chunks[-1]
         if type(run) is not Steps or run.f != f or run.layer != self.layer:

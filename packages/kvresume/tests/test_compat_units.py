@@ -59,6 +59,8 @@ def test_the_per_step_logits_or_an_error_naming_the_output():
     assert compat.generate_logits(SimpleNamespace(logits=[1, 2])) == (1, 2)
     with pytest.raises(AttributeError, match=f"^Out carries no per-step logits on transformers {compat.TRANSFORMERS_VERSION}$"):
         compat.generate_logits(type("Out", (), {"logits": None})())
+    with pytest.raises(AttributeError, match="^SimpleNamespace carries no per-step logits"):
+        compat.generate_logits(SimpleNamespace())
 
 
 def test_layers_and_their_keys_values():
@@ -154,6 +156,13 @@ def test_pairs_are_detached_clones_and_a_cache_is_built_from_them():
     assert len(pairs) == 2 and torch.equal(pairs[0][1], keys * 2) and torch.equal(pairs[1][0], keys + 1)
     assert not pairs[0][0].requires_grad and pairs[0][0].data_ptr() != compat.cache_layers(cache)[0].keys.data_ptr()
     assert isinstance(compat.dynamic_cache(), DynamicCache)
+    assert compat.dynamic_cache(None, ddp_cache_data=[(keys, keys)]).get_seq_length() == 2  # keywords passed on
+    from transformers import MistralConfig
+
+    config = MistralConfig(num_hidden_layers=1, sliding_window=4, num_attention_heads=2, num_key_value_heads=1,
+                           hidden_size=8)
+    sliding = compat.cache_from_pairs([(keys, keys)], config)
+    assert "Sliding" in type(compat.cache_layers(sliding)[0]).__name__
 
 
 def test_the_text_rotary_embedding_not_a_vision_towers():
@@ -187,6 +196,7 @@ def test_a_static_capacity_is_its_smallest_full_layer():
     owner = SimpleNamespace(self_attention_cache=SimpleNamespace(layers=[layer(5)]), layers=[layer(9)])
     assert compat.static_capacity(owner) == 5
     assert compat.static_capacity(SimpleNamespace(self_attention_cache=None, layers=[layer(9)])) == 9
+    assert compat.static_capacity(SimpleNamespace(layers=[SimpleNamespace(max_cache_len=3)])) == 3  # not said: full
 
 
 def test_both_releases_build_a_cache_from_tensor_data_with_its_config():

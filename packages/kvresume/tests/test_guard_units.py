@@ -72,3 +72,102 @@ def test_an_encoder_decoders_forward_call_is_checked_on_the_decoders_positions(c
     checked.clear()
     guard.check_forward_call(m, {"decoder_input_ids": T([[7]]), "cache": DynamicCache(), "position_ids": T([[0]])})
     assert [p for _, p, _ in checked] == [False]
+
+
+@pytest.fixture
+def parts(monkeypatch):
+    """guard's collaborators replaced by recorders: generate() (its inputs and keywords), the first-call checks, the
+    expansion note, the rope state; the call from_generate reads holds one cached slot."""
+    from contextlib import contextmanager
+
+    from kvresume import compat
+
+    seen: dict = {"generate": [], "notes": [], "put": [], "checked": 0}
+
+    def generate(inputs, *args, **kwargs):
+        seen["generate"].append((inputs, args, kwargs))
+        if kwargs.get("refuse"):
+            raise guard.ResumeInputError("refused")
+        return "generated"
+
+    @contextmanager
+    def checked(model, call, then=None):
+        seen["checked"] += 1
+        yield
+
+    one = SimpleNamespace(lengths=(0, 1))
+    monkeypatch.setattr(compat, "plain_generate", lambda model: generate)
+    monkeypatch.setattr(compat, "get_rope_state", lambda model: "state")
+    monkeypatch.setattr(compat, "put_rope_state", lambda model, state: seen["put"].append((model, state)))
+    monkeypatch.setattr(guard, "checked_first_call", checked)
+    monkeypatch.setattr(guard, "note_expansion", lambda c, model, kwargs: seen["notes"].append((c, model, kwargs)))
+    monkeypatch.setattr(guard, "from_generate", lambda model, inputs, kwargs, processed: seen.get("call", one))
+    return seen
+
+
+def test_the_dry_run_asks_for_one_new_token_beside_the_callers_arguments_without_a_streamer(parts):
+    m = object()
+    guard._dry_run(m, "ids", {"do_sample": False, "streamer": "s"}, None)
+    assert parts["generate"] == [("ids", (), {"max_new_tokens": 1, "do_sample": False})] and parts["put"] == [(m, "state")]
+
+
+def test_the_dry_run_asks_for_one_new_token_in_the_callers_generation_config(parts):
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(max_new_tokens=9, do_sample=False)
+    guard._dry_run(object(), None, {"generation_config": config}, None)
+    (_, _, kwargs), = parts["generate"]
+    assert list(kwargs) == ["generation_config"] and kwargs["generation_config"].max_new_tokens == 1
+    assert config.max_new_tokens == 9  # the caller's config untouched
+
+
+def test_check_resume_inputs_notes_the_expansion_and_dry_runs_a_call_on_a_filled_cache(parts, monkeypatch):
+    runs = []
+    monkeypatch.setattr(guard, "_dry_run", lambda model, inputs, kwargs, c: runs.append((model, inputs, kwargs, c)))
+    m = object()
+    guard.check_resume_inputs(m, "ids", do_sample=False)
+    c = parts.get("call", SimpleNamespace())
+    assert len(runs) == 1 and runs[0][:3] == (m, "ids", {"do_sample": False})
+    assert parts["notes"] == [(runs[0][3], m, {"do_sample": False})]
+    parts["call"] = SimpleNamespace(lengths=(0, 0))
+    guard.check_resume_inputs(m, "ids")
+    parts["call"] = None
+    guard.check_resume_inputs(m, "ids")
+    assert len(runs) == 1 and len(parts["notes"]) == 1 and c is not None
+
+
+def test_guarded_generate_checks_a_call_on_a_filled_cache_and_puts_the_rope_state_back_on_a_refusal(parts):
+    m = object()
+    assert guarded_call(m, parts) == "generated"
+    assert parts["checked"] == 1 and parts["notes"][0][1:] == (m, {"x": 1})
+    with pytest.raises(guard.ResumeInputError):
+        guard.guarded_generate(m, "ids", refuse=True)
+    assert parts["put"] == [(m, "state")]
+    parts["call"] = None
+    assert guard.guarded_generate(m, "ids", "positional", x=2) == "generated"
+    assert parts["generate"][-1] == ("ids", ("positional",), {"x": 2}) and parts["checked"] == 2
+    parts["call"] = SimpleNamespace(lengths=(0, 0))
+    guard.guarded_generate(m, "ids", x=3)
+    assert parts["checked"] == 2 and len(parts["notes"]) == 2
+
+
+def guarded_call(m, parts):
+    out = guard.guarded_generate(m, "ids", "positional", x=1)
+    assert parts["generate"][-1] == ("ids", ("positional",), {"x": 1})
+    return out
+
+
+def test_run_checks_reads_a_filled_cache_only_and_passes_which_checks_on(monkeypatch):
+    seen = []
+    monkeypatch.setattr(guard, "first_error", lambda c, checks, positions: seen.append(positions))
+    guard.run_checks(None)
+    guard.run_checks(SimpleNamespace(lengths=(0, 0)))
+    assert seen == []
+    guard.run_checks(SimpleNamespace(lengths=(0, 1)), positions=True)
+    guard.run_checks(SimpleNamespace(lengths=(3, 3)), positions=False)
+    assert seen == [True, False]
+    error = guard.ResumeInputError("no")
+    monkeypatch.setattr(guard, "first_error", lambda c, checks, positions: error)
+    with pytest.raises(guard.ResumeInputError) as info:
+        guard.run_checks(SimpleNamespace(lengths=(0, 1)))
+    assert info.value is error

@@ -208,7 +208,10 @@ def test_resume_cuts_its_record_before_another_picture_and_refuses_image_ids_wit
     with pytest.raises(ResumeInputError) as info:
         im.limit_record(llava(), same, ids, {}, record(2), 5)
     assert info.value.check == "image_unverified" and info.value.fix == {"resume": True}
-    assert str(info.value).startswith("the conversation's ids hold image placeholders the cache wrote with an image")
+    assert str(info.value) == (
+        "the conversation's ids hold image placeholders the cache wrote with an image, but no pixel_values were passed, "
+        "so whether it is the same image cannot be told: pass the whole conversation's pixel_values and image_grid_thw "
+        "to resume()")
     rec = record(1)
     im.limit_record(llava(), same, ids, {}, rec, 5)  # the reuse ends before the image: nothing to tell
     assert rec.reused == 1
@@ -287,3 +290,18 @@ def test_rope_index_gets_the_grids_the_token_types_where_taken_and_a_mask_of_one
     m.model = NoTypes()
     assert im.rope_index(m, ids, kwargs) == (None, None) and seen["types"] == "not taken"
     assert im.fed(m, ids, kwargs, 3)[1] is None
+
+
+def test_three_images_in_a_row_and_placeholders_past_the_last_image():
+    ids = T([[IMG, 1, IMG, IMG, IMG, IMG, IMG]])
+    grid = T([[1, 1, 1], [1, 1, 2], [1, 1, 1]])  # 1, 2 and 1 tokens (merge 1); two placeholders left over
+    got = im.spans(qwen(merge=1), {"input_ids": ids, "pixel_values": pixels(4), "image_grid_thw": grid})
+    assert [(s.start, s.end, s.index) for s in got] == [(0, 1, 0), (2, 4, 1), (4, 5, 2)]
+
+
+def test_a_model_without_a_config_or_a_merge_size():
+    assert im.spans(SimpleNamespace(), {"input_ids": T([[IMG]]), "pixel_values": pixels(1),
+                                        "image_grid_thw": T([[1, 1, 1]])}) is None
+    plain = SimpleNamespace(config=SimpleNamespace(vision_config=SimpleNamespace(), image_token_id=IMG))
+    got = im.spans(plain, {"input_ids": T([[IMG, IMG]]), "pixel_values": pixels(2), "image_grid_thw": T([[1, 1, 2]])})
+    assert [(s.start, s.end) for s in got] == [(0, 2)]  # a merge of 1: two tokens

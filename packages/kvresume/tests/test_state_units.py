@@ -81,6 +81,7 @@ def test_an_unreadable_tensor_file_is_named_with_its_error(tmp_path):
     assert message.startswith("tensors.safetensors: unreadable, truncated or not a safetensors file (")
     kind, _, first = message.partition("(")[2].partition(": ")
     assert kind in ("SafetensorError", "OSError", "ValueError", "RuntimeError") and first.strip(")") and "None" not in first
+    assert first.strip(")") != kind  # its message, not its type again
 
 
 def test_an_error_without_a_message_is_named_by_its_type(tmp_path, monkeypatch):
@@ -103,3 +104,88 @@ def test_the_tensors_are_placed_on_the_device_asked(tmp_path, monkeypatch):
     monkeypatch.setattr(safetensors.torch, "load_file", lambda path, device: seen.append(device) or real(path, device))
     st.load(st.save(small(), tmp_path), device=torch.device("cpu"))
     assert seen == ["cpu"]
+
+
+def test_the_document_is_sorted_and_indented(tmp_path):
+    st.save(small(), tmp_path)
+    text = (tmp_path / st.JSON_FILE).read_text()
+    assert text == json.dumps(json.loads(text), indent=2, sort_keys=True) + "\n" and text.startswith('{\n  "batch_size": 1,')
+
+
+def test_an_unreadable_or_other_format_document_is_named(tmp_path):
+    st.save(small(), tmp_path)
+    (tmp_path / st.JSON_FILE).write_text('{"n_layers": 1,')
+    with pytest.raises(st.ResumeStateError, match=r"^state.json: unreadable \(JSONDecodeError: "):
+        st.load(tmp_path)
+    st.save(small(), tmp_path)
+    edit(tmp_path, format_version=99)
+    with pytest.raises(st.ResumeStateError) as info:
+        st.load(tmp_path)
+    assert str(info.value) == "state.json: field format_version: file has 99, this kit reads 1"
+
+
+def test_a_negative_processed_length_and_a_missing_layer_tensor_are_named(tmp_path):
+    from safetensors.torch import load_file
+
+    st.save(small(), tmp_path)
+    edit(tmp_path, processed_length=-1)
+    with pytest.raises(st.ResumeStateError) as info:
+        st.load(tmp_path)
+    assert str(info.value) == "state.json: field processed_length is -1, must be at least 0"
+    st.save(small(), tmp_path)
+    tensors = load_file(str(tmp_path / st.TENSOR_FILE))
+    tensors.pop("layers.0.keys")
+    save_file(tensors, str(tmp_path / st.TENSOR_FILE))
+    with pytest.raises(st.ResumeStateError) as info:
+        st.load(tmp_path)
+    assert str(info.value) == "tensors.safetensors: field layers.0.keys is missing (state.json n_layers is 1)"
+
+
+def test_a_round_trip_loads_on_the_device_asked(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(st, "load", lambda directory, device="cpu": seen.append(device) or "loaded")
+    assert st.round_trip(small(), tmp_path, "cuda:7") == "loaded" and seen == ["cuda:7"]
+
+
+def broken(**change) -> st.ResumeState:
+    import dataclasses
+
+    return dataclasses.replace(small(batch=2), **change)
+
+
+K4 = torch.zeros(2, 1, 2, 4)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(kv=[]), "layer count: the state holds no cache layers"),
+    (dict(kv=[(K4, torch.zeros(2, 1, 2, 3))]), "K/V shapes: layer 0 keys [2, 1, 2, 4] != values [2, 1, 2, 3]"),
+    (dict(kv=[(K4, K4), (K4.half(), K4.half())]), "dtype: layer 1 is torch.float16/torch.float16, layer 0 is torch.float32"),
+    (dict(kv=[(K4, K4), (K4, K4.to("meta"))]), "device: layer 1 is on cpu, layer 0 on cpu"),
+    (dict(kv=[(torch.zeros(3, 1, 2, 4), torch.zeros(3, 1, 2, 4))]),
+     "batch size: layer 0 K/V batch 3 != attention_mask batch 2"),
+    (dict(kv=[(torch.zeros(2, 1, 5, 4),) * 2]), "processed length: layer 0 holds 5 K/V slots but processed_length is 2 "
+                                                "(identity DynamicLayer caches keep one slot per token)"),
+    (dict(suffix_ids=torch.ones(3, 1, dtype=torch.long)), "batch size: suffix_ids batch 3 != attention_mask batch 2"),
+    (dict(suffix_ids=torch.ones(2, dtype=torch.long)), "attention_mask and suffix_ids must be 2-D [batch, length]; got "
+                                                       "[2, 3] and [2]"),
+    (dict(attention_mask=torch.ones(2, 3, 1)), "attention_mask and suffix_ids must be 2-D [batch, length]; got "
+                                               "[2, 3, 1] and [2, 1]"),
+])
+def test_each_inconsistency_is_named(change, message):
+    with pytest.raises(st.ResumeStateError) as info:
+        broken(**change).check()
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("name, why", [("suffix_ids", "the unprocessed suffix"), ("attention_mask", "the full mask"),
+                                       ("layers.0.values", "state.json n_layers is 1")])
+def test_a_missing_tensor_is_named_with_why_it_should_be_there(tmp_path, name, why):
+    from safetensors.torch import load_file
+
+    st.save(small(), tmp_path)
+    tensors = load_file(str(tmp_path / st.TENSOR_FILE))
+    tensors.pop(name)
+    save_file(tensors, str(tmp_path / st.TENSOR_FILE))
+    with pytest.raises(st.ResumeStateError) as info:
+        st.load(tmp_path)
+    assert str(info.value) == f"tensors.safetensors: field {name} is missing ({why})"

@@ -101,6 +101,9 @@ def test_decode_steps_ledger_with_grown_masks_or_step_by_step():
     odd = w.Steps(f=1, layer=0, start=0, keys=k)
     odd.steps = [(T([[1]]), T([[0]]), None), (T([[2]]), T([[1]]), T([[0, 0]]))]
     assert same(odd.ledger().mask, [[1, 0]])
+    one = w.Steps(f=1, layer=0, start=0, keys=k)
+    one.steps = [(T([[1]]), T([[0]]), None)]
+    assert same(one.ledger().mask, [[1]]) and same(one.ledger().token_ids, [[1]])
 
 
 def grown(batch, n0, f, k):
@@ -127,6 +130,7 @@ def test_masks_that_do_not_grow_as_generate_s_are_left_to_the_step_by_step_path(
     assert w._grown_masks(masks[:2] + [masks[2].tolist()], 1, 1) is None
     assert w._grown_masks(masks[:2] + [masks[2].to("meta")], 1, 1) is None
     assert w._grown_masks([masks[0][:, :1]], 1, 1) is not None  # exactly f wide
+    assert w._grown_masks([T([5])], 1, 1) is None  # 1-D, as long as the batch
 
 
 def test_grown_masks_at_their_size_limit(monkeypatch):
