@@ -123,7 +123,7 @@ generate: env ## rewrite every generated file: the Colab cells, README's table, 
 	$(PY) -m helpers.pipeline.tools.colab --write notebooks/*.ipynb README.md docs/parameters.md
 	KVKIT_UPDATE_GOLDEN=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_decisions.py -k golden
 
-# mutants: mutation testing (mutmut) of the decision functions listed in helpers/pipeline/tools/mutants.py SCOPE, on the
+# mutants: mutation testing (mutmut) of the decision functions listed in helpers/pipeline/tools/mutant_scope.py SCOPE, on the
 # fast tests only; prints killed/total per module and every survivor, fails below 90% killed in any module.
 # MODULES="compare tree" restricts it; not part of `make test` (see README for its time here).
 MODULES ?=

@@ -1,5 +1,6 @@
-"""make mutants' driver (helpers/pipeline/tools/mutants.py): its SCOPE names real modules, functions and test files, so a
-renamed decision cannot silently drop out of mutation testing; the generated mutmut config and the report."""
+"""make mutants' driver (helpers/pipeline/tools/mutants.py): its SCOPE (mutant_scope.py) names real modules,
+functions and test files, so a renamed decision cannot silently drop out of mutation testing; the generated mutmut
+config and the report."""
 from __future__ import annotations
 
 import ast
