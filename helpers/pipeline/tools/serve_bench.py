@@ -1,9 +1,10 @@
-"""Time to first token per turn of a few chats (each turn: the chats' median) through two real servers, plain `transformers serve` and `kvresume serve`,
-on a local ~24M-parameter random Llama (kvresume.serving.folders, byte-level BPE, a chat template), with the `openai`
-client, streamed: prompt tokens, tokens the pool reused (the usage's cached_tokens), each first token's latency,
-and whether the replies are equal. Turns alternate between the servers so that load drifts alike on both. A miss is
-also timed in-process, where the servers' latency noise does not reach it: thread CPU time of generate() to its
-first token, pooled against untracked, in interleaved pairs on new chats.
+"""Time to first token per turn of a few chats (each turn: the chats' median) through two real servers, plain
+`transformers serve` and `kvresume serve`, on a local ~24M-parameter random Llama (kvresume.serving.folders,
+byte-level BPE, a chat template), with the `openai` client, streamed: prompt tokens, tokens the pool reused (the
+usage's cached_tokens), each first token's latency, and whether the replies are equal. Turns alternate between the
+servers so that load drifts alike on both. A miss is also timed in-process, where the servers' latency noise does
+not reach it: thread CPU time of generate() to its first token, pooled against untracked, in interleaved pairs on
+new chats.
 
     python -m helpers.pipeline.tools.serve_bench [--turns 8] [--size 24M] [--words 150] [--chats 3] [--write]
 
@@ -45,9 +46,9 @@ def words_of_text() -> list[str]:
     return " ".join(corpus()).split()
 
 
-def alone(j: int, words: int, turns: int) -> list[dict[str, str]]:
-    """The j-th new chat: one user message as long as a chat's user turns, from the corpus's end."""
-    return [{"role": "user", "content": " ".join(words_of_text()[-words * turns * (j + 1):][:words * turns])}]
+def alone(text: list[str], j: int, words: int, turns: int) -> list[dict[str, str]]:
+    """The j-th new chat: one user message as long as a chat's user turns, from the end of `text`."""
+    return [{"role": "user", "content": " ".join(text[-words * turns * (j + 1):][:words * turns])}]
 
 
 def run(folder: Path, turns: int, words: int, new: int, misses: int = 5, chats: int = 3) -> list[dict[str, Any]]:
@@ -75,7 +76,7 @@ def run(folder: Path, turns: int, words: int, new: int, misses: int = 5, chats: 
                 rows.append(_row(str(i + 1), got, c + 1))
         for j in range(misses):
             order = servers if j % 2 == 0 else servers[::-1]
-            got = [_turn(client, str(folder), alone(j, words, turns), new) for _, client in order]
+            got = [_turn(client, str(folder), alone(text, j, words, turns), new) for _, client in order]
             rows.append(_row(f"new chat {j + 1}", got if j % 2 == 0 else got[::-1]))
     finally:
         for proc, _ in servers:
@@ -92,8 +93,6 @@ def _row(turn: str, got: list[tuple[str, float, int, int]], chat: int = 0) -> di
 def per_turn(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The chats' rows of each turn as one: median prompt, reused and first-token times, the median of the chats'
     speed-ups (pooled over plain, each chat's own), replies equal in every chat; the new chats' rows as they are."""
-    import statistics
-
     turns: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         turns.setdefault(r["turn"], []).append(r)
@@ -116,25 +115,25 @@ def goals(rows: list[dict[str, Any]], speedup: float = 5.0) -> str:
 
 def miss_cost(rows: list[dict[str, Any]], within: float = 0.03) -> str:
     """The pool's cost on a miss: the median of the new chats' pooled/plain first-token ratios, with their range."""
-    import statistics
-
     misses = [r for r in rows if r["turn"].startswith("new chat")]
     ratios = sorted(r["pooled_s"] / r["plain_s"] for r in misses if math.isfinite(r["pooled_s"] / r["plain_s"]))
     if not ratios:
         return f"A miss: not timed ({len(misses)} new chats, none with a first content token on both servers)."
     return (f"A miss (the new chats, first server asked alternating): pooled/plain first-token time, median of "
             f"{len(ratios)} {100 * (statistics.median(ratios) - 1):+.1f}% (from {100 * (ratios[0] - 1):+.1f}% to "
-            f"{100 * (ratios[-1] - 1):+.1f}%; goal within {100 * within:g}%: {_against(ratios, within)})" +
+            f"{100 * (ratios[-1] - 1):+.1f}%; goal within {100 * within:g}%: "
+            f"{_against(ratios[0], ratios[-1], within)})" +
             (f"; {len(misses) - len(ratios)} replied no content, not timed." if len(ratios) < len(misses) else "."))
 
 
-def _against(ratios: list[float], within: float) -> str:
-    """Met where every sample is within the goal, missed where none is; else the samples' spread decides nothing."""
-    if ratios[-1] <= 1 + within + 1e-12:  # exactly at the goal is within it (floats' rounding aside)
-        return "met by every sample"
-    if ratios[0] > 1 + within + 1e-12:
-        return "missed by every sample"
-    return "not resolved: the samples lie either side of it"
+def _against(low: float, high: float, within: float, by: str = "every sample",
+             spread: str = "the samples lie") -> str:
+    """Met where all of [low, high] (ratios) is within the goal, missed where none is; else it decides nothing."""
+    if high <= 1 + within + 1e-12:  # exactly at the goal is within it (floats' rounding aside)
+        return f"met by {by}"
+    if low > 1 + within + 1e-12:
+        return f"missed by {by}"
+    return f"not resolved: {spread} either side of it"
 
 
 def miss_pairs(folder: Path, prompts: list[Any]) -> dict[bool, list[float]]:
@@ -166,10 +165,10 @@ def miss_pairs(folder: Path, prompts: list[Any]) -> dict[bool, list[float]]:
 def miss_cpu(times: dict[bool, list[float]], n: int, within: float = 0.03) -> str:
     """The in-process miss line: the pairs' median pooled/plain CPU-time ratio, its 95% interval against the goal."""
     median, low, high = bench.overhead(times)
-    verdict = _against([1 + low / 100, 1 + high / 100], within).replace("every sample", "its 95% interval")
-    return (f"A miss in-process (thread CPU time of generate() to its first token, {len(times[True])} interleaved pairs "
-            f"on new {n}-token prompts, one thread): {median:+.1f}% [{low:+.1f}, {high:+.1f}] (goal within "
-            f"{100 * within:g}%: {verdict.replace('the samples lie', 'its 95% interval lies')}).")
+    verdict = _against(1 + low / 100, 1 + high / 100, within, "its 95% interval", "its 95% interval lies")
+    return (f"A miss in-process (thread CPU time of generate() to its first token, {len(times[True])} interleaved "
+            f"pairs on new {n}-token prompts, one thread): {median:+.1f}% [{low:+.1f}, {high:+.1f}] (goal within "
+            f"{100 * within:g}%: {verdict}).")
 
 
 def header(args: argparse.Namespace) -> str:
@@ -217,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = chat_folder(Path(tempfile.mkdtemp(prefix="serve-bench-")) / f"chat-{args.size}", size=args.size)
     rows = run(folder, args.turns, args.words, args.new, args.misses, args.chats)
-    tok = transformers.AutoTokenizer.from_pretrained(folder)
-    assert len(words_of_text()) >= (args.chats + args.pairs) * args.turns * args.words, "the corpus is too short"
-    prompts = [tok.apply_chat_template(alone(j, args.words, args.turns), add_generation_prompt=True,
+    tok, text = transformers.AutoTokenizer.from_pretrained(folder), words_of_text()
+    assert len(text) >= (args.chats + args.pairs) * args.turns * args.words, "the corpus is too short"
+    prompts = [tok.apply_chat_template(alone(text, j, args.words, args.turns), add_generation_prompt=True,
                                        return_tensors="pt", return_dict=True)["input_ids"] for j in range(args.pairs)]
     times = miss_pairs(folder, prompts)
     lines = [header(args), "", table(rows), "", goals(rows), miss_cost(rows),
